@@ -1,0 +1,30 @@
+"""riqr's runtime: the pure core (partitioner, codecs, ownership, merges, engines, errors), the bus
+adapters' protocols, the Python driver API (``connect``) and the CLI."""
+
+from runtime.client import Client, Store, connect
+from runtime.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    KeyNotFound,
+    MalformedKey,
+    NotConnected,
+    PartitionUnavailable,
+    RiqrError,
+    StoreNotFound,
+    Unavailable,
+)
+
+__all__ = [
+    "connect",
+    "Client",
+    "Store",
+    "RiqrError",
+    "BadRequest",
+    "MalformedKey",
+    "KeyNotFound",
+    "StoreNotFound",
+    "Unavailable",
+    "PartitionUnavailable",
+    "DeadlineExceeded",
+    "NotConnected",
+]

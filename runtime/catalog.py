@@ -1,0 +1,96 @@
+"""The store catalog entry: what a store is, independent of who holds it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.errors import SchemaError
+from runtime.keys import KeySchema
+
+__all__ = ["StoreSpec", "ValueField", "validate_store_name"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+KINDS = ("kv",)
+
+
+def validate_store_name(name: str) -> str:
+    """Store names appear in URLs and actor names: letters, digits, ``.``, ``_`` and ``-``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SchemaError(
+            f"store name {name!r} is invalid: use 1-200 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            store=str(name),
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ValueField:
+    """One column of a store's value, as Spark typed it."""
+
+    name: str
+    type_name: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"column": self.name, "type": self.type_name}
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """A store's definition.
+
+    ``partitions`` is fixed for the life of the store (the partitioner depends on it); ``actors`` is how
+    many query actors share the partitions; ``standbys`` how many extra copies each partition has.
+    ``value_fields`` lists the value columns: one column means values are scalars, several mean maps.
+    """
+
+    name: str
+    key: KeySchema
+    value_fields: tuple[ValueField, ...]
+    kind: str = "kv"
+    partitions: int = 4
+    actors: int = 2
+    standbys: int = 0
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        validate_store_name(self.name)
+        if self.kind not in KINDS:
+            raise SchemaError(f"store kind {self.kind!r} is not supported; supported: {', '.join(KINDS)}")
+        if self.partitions < 1:
+            raise SchemaError(f"a store needs at least one partition, got {self.partitions}")
+        if not 1 <= self.actors <= self.partitions:
+            raise SchemaError(
+                f"actors must be between 1 and the number of partitions ({self.partitions}), got {self.actors}"
+            )
+        if self.standbys < 0:
+            raise SchemaError(f"standbys must not be negative, got {self.standbys}")
+        if not self.value_fields:
+            raise SchemaError(f"store {self.name!r} needs at least one value column")
+
+    @property
+    def scalar_value(self) -> bool:
+        return len(self.value_fields) == 1
+
+    def to_json(self) -> dict[str, Any]:
+        """The catalog entry served by ``GET /stores``."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "key": self.key.to_json(),
+            "value": [f.to_json() for f in self.value_fields],
+            "partitions": self.partitions,
+            "actors": self.actors,
+            "standbys": self.standbys,
+        }
+
+    def same_layout(self, other: StoreSpec) -> bool:
+        """Whether ``other`` can reuse the actors and data of this store (same key, partitions, value)."""
+        return (self.kind, self.key, self.value_fields, self.partitions) == (
+            other.kind,
+            other.key,
+            other.value_fields,
+            other.partitions,
+        )

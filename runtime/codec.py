@@ -1,0 +1,49 @@
+"""The value codec: values are stored and carried between verticles as msgpack bytes.
+
+Spark hands values over as Arrow; the query actor turns each into a plain Python value (a scalar for a
+one-column value, a ``{column: value}`` map for several) and packs it. Types msgpack has no native form
+for are turned into their JSON-friendly form once, here, so REST and Python callers see the same value:
+timestamps and dates as ISO-8601 strings, decimals as strings, bytes stay bytes (base64 in JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+from typing import Any
+
+import msgpack
+
+__all__ = ["encode_value", "decode_value", "to_jsonable"]
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, (_dt.datetime, _dt.date, _dt.time)):
+        return obj.isoformat()
+    if isinstance(obj, decimal.Decimal):
+        return str(obj)
+    if isinstance(obj, _dt.timedelta):
+        return obj.total_seconds()
+    raise TypeError(f"cannot encode a value of type {type(obj).__name__}")
+
+
+def encode_value(value: Any) -> bytes:
+    """Pack a value as msgpack."""
+    return msgpack.packb(value, default=_default, use_bin_type=True)
+
+
+def decode_value(data: bytes) -> Any:
+    """Unpack a value packed by ``encode_value``."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Make a decoded value JSON-serializable: bytes become base64 text, tuples lists."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value

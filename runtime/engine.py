@@ -1,0 +1,133 @@
+"""The in-memory sorted key-value engine, and the per-partition state a query actor holds.
+
+``SortedKV`` keeps a dict for point reads and a sorted key list for scans. ``PartitionState`` wraps one
+partition's ``SortedKV`` with the position it reflects: the source (the Spark query id) and the last
+``batch_id`` it applied. Applying a batch id at or below that position is a no-op, which makes delivery
+idempotent: a batch Spark replays after a crash changes nothing. A batch from a *different* source (the
+topology was restarted from a fresh checkpoint, so Spark recomputes everything) resets the partition
+first, because the new source will re-emit every key it still has.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+__all__ = ["SortedKV", "PartitionState", "ApplyResult"]
+
+# Past this many new keys in one batch (relative to the store size), re-sorting beats insort.
+_RESORT_FRACTION = 0.05
+
+
+class SortedKV:
+    """An in-memory map with keys kept in their natural order. Values are opaque bytes."""
+
+    __slots__ = ("_data", "_keys")
+
+    def __init__(self) -> None:
+        self._data: dict[Any, bytes] = {}
+        self._keys: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: Any) -> bytes | None:
+        return self._data.get(key)
+
+    def write_many(self, rows: Iterable[tuple[Any, bytes | None]]) -> None:
+        """Apply upserts and deletes (a ``None`` value deletes) in order; the last write of a key wins."""
+        data = self._data
+        new_keys: set[Any] = set()
+        deleted: set[Any] = set()
+        for key, value in rows:
+            if value is None:
+                if key in data:
+                    del data[key]
+                    if key in new_keys:
+                        new_keys.discard(key)
+                    else:
+                        deleted.add(key)
+            else:
+                if key not in data:
+                    if key in deleted:
+                        deleted.discard(key)
+                    else:
+                        new_keys.add(key)
+                data[key] = value
+        self._reindex(new_keys, deleted)
+
+    def _reindex(self, new_keys: set[Any], deleted: set[Any]) -> None:
+        keys = self._keys
+        if deleted:
+            if len(deleted) > _RESORT_FRACTION * len(keys):
+                keys = [k for k in keys if k not in deleted]
+            else:
+                for key in deleted:
+                    del keys[bisect.bisect_left(keys, key)]
+        if new_keys:
+            if len(new_keys) > _RESORT_FRACTION * len(keys):
+                keys.extend(new_keys)
+                keys.sort()
+            else:
+                for key in sorted(new_keys):
+                    bisect.insort(keys, key)
+        self._keys = keys
+
+    def range(self, lo: Any = None, hi: Any = None) -> Iterator[tuple[Any, bytes]]:
+        """Entries with ``lo <= key <= hi`` in key order; a ``None`` bound is open."""
+        keys = self._keys
+        start = 0 if lo is None else bisect.bisect_left(keys, lo)
+        stop = len(keys) if hi is None else bisect.bisect_right(keys, hi)
+        data = self._data
+        for i in range(start, stop):
+            key = keys[i]
+            yield key, data[key]
+
+    def clear(self) -> None:
+        self._data.clear()
+        self._keys.clear()
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What applying one partition's slice of a batch did."""
+
+    partition: int
+    applied: bool
+    rows: int
+    reset: bool = False
+
+
+class PartitionState:
+    """One partition: its data and the position (source, last batch id) that data reflects."""
+
+    __slots__ = ("partition", "kv", "source", "batch_id", "available")
+
+    def __init__(self, partition: int, *, available: bool = True) -> None:
+        self.partition = partition
+        self.kv = SortedKV()
+        self.source: str | None = None
+        self.batch_id = -1
+        # False when the partition's state was lost (the actor restarted) and not yet rebuilt.
+        self.available = available
+
+    def apply(self, source: str, batch_id: int, rows: Sequence[tuple[Any, bytes | None]]) -> ApplyResult:
+        """Apply a batch's rows for this partition unless this position was already applied."""
+        reset = False
+        if self.source is not None and source != self.source:
+            self.kv.clear()
+            self.batch_id = -1
+            reset = True
+        self.source = source
+        if batch_id <= self.batch_id:
+            return ApplyResult(self.partition, False, 0, reset)
+        self.kv.write_many(rows)
+        self.batch_id = batch_id
+        if reset:
+            # A new source re-emits its whole state, so the partition is complete again.
+            self.available = True
+        return ApplyResult(self.partition, True, len(rows), reset)
+
+    def position(self) -> dict[str, Any]:
+        return {"source": self.source, "batch_id": self.batch_id}

@@ -1,0 +1,156 @@
+"""One exception tree for riqr.
+
+Every error carries the HTTP status it maps to (``status``) and a stable machine-readable ``code``. The
+errors cross Ray (an actor raises, a facade or client re-raises), so they pickle by value: ``__reduce__``
+rebuilds them from their message and details, whatever the subclass's constructor looks like. The one
+HTTP middleware (``runtime.http_app``) renders them; nothing else maps errors to statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "RiqrError",
+    "BadRequest",
+    "MalformedKey",
+    "MalformedRange",
+    "NotFound",
+    "StoreNotFound",
+    "KeyNotFound",
+    "Conflict",
+    "StoreConflict",
+    "Unavailable",
+    "PartitionUnavailable",
+    "OwnerUnavailable",
+    "DeadlineExceeded",
+    "SchemaError",
+    "NotConnected",
+]
+
+
+def _rebuild(cls: type[RiqrError], message: str, details: dict[str, Any]) -> RiqrError:
+    err = cls.__new__(cls)
+    RiqrError.__init__(err, message, **details)
+    return err
+
+
+class RiqrError(Exception):
+    """Base of every riqr error. ``status`` is the HTTP status; ``code`` names the error for machines."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.details))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON body of an error response: ``{"error": {"code", "message", ...details}}``."""
+        return {"error": {"code": self.code, "message": self.message, **self.details}}
+
+    def headers(self) -> dict[str, str]:
+        """Extra HTTP headers this error asks for (Retry-After for unavailability)."""
+        return {}
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is type(self)
+            and isinstance(other, RiqrError)
+            and (other.message, other.details) == (self.message, self.details)
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.message))
+
+
+class BadRequest(RiqrError):
+    """The caller sent something riqr cannot interpret."""
+
+    status = 400
+    code = "bad-request"
+
+
+class MalformedKey(BadRequest):
+    """A key that does not parse by the store's key schema."""
+
+    code = "malformed-key"
+
+
+class MalformedRange(BadRequest):
+    """A range bound that does not parse, or an unusable range."""
+
+    code = "malformed-range"
+
+
+class NotFound(RiqrError):
+    status = 404
+    code = "not-found"
+
+
+class StoreNotFound(NotFound):
+    code = "store-not-found"
+
+
+class KeyNotFound(NotFound):
+    code = "key-not-found"
+
+
+class Conflict(RiqrError):
+    status = 409
+    code = "conflict"
+
+
+class StoreConflict(Conflict):
+    """A store is declared again with a definition that differs from the registered one."""
+
+    code = "store-conflict"
+
+
+class SchemaError(BadRequest):
+    """A DataFrame cannot be materialized: unsupported column type, missing column, and so on."""
+
+    code = "schema-error"
+
+
+class Unavailable(RiqrError):
+    """Nobody can answer right now; the caller may retry after ``retry_after`` seconds."""
+
+    status = 503
+    code = "unavailable"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(int(self.details.get("retry_after", 1)))}
+
+
+class PartitionUnavailable(Unavailable):
+    """A partition has no live owner that holds its state."""
+
+    code = "partition-unavailable"
+
+
+class OwnerUnavailable(Unavailable):
+    """The actor owning a partition is restarting or dead."""
+
+    code = "owner-unavailable"
+
+
+class DeadlineExceeded(RiqrError):
+    """The answer did not arrive within the request's deadline."""
+
+    status = 504
+    code = "deadline-exceeded"
+
+
+class NotConnected(RiqrError):
+    """The riqr runtime (registry, facades) is not deployed in the Ray namespace asked for."""
+
+    status = 503
+    code = "not-connected"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}

@@ -1,0 +1,274 @@
+"""The facade core: resolve owners from the cached view, route key queries, scatter-gather scans.
+
+It talks to the rest of riqr only through the ``Bus`` protocol: ``fetch_view``/``fetch_epoch`` reach
+the registry, ``owner(uuid)`` gives an ``OwnerClient`` for a query actor. ``verticles.bus.RayBus`` is the
+Ray adapter; unit tests pass in-process fakes. Nothing here imports Ray.
+
+The view is cached and refreshed in the background when the registry's epoch moves, so no request asks
+the registry, except once when a request names a store the cached view does not know (so a store created
+a moment ago is not reported missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol, Sequence
+
+from runtime.codec import decode_value
+from runtime.coalesce import Coalescer
+from runtime.errors import (
+    DeadlineExceeded,
+    KeyNotFound,
+    MalformedRange,
+    OwnerUnavailable,
+    PartitionUnavailable,
+    RiqrError,
+    StoreNotFound,
+)
+from runtime.merge import merge_sorted, sum_counts
+from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, Route
+
+__all__ = ["OwnerClient", "Bus", "FacadeCore", "instance_json"]
+
+log = logging.getLogger(__name__)
+
+
+class OwnerClient(Protocol):
+    """How a facade calls one query actor."""
+
+    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]: ...
+
+    async def scan(self, partitions: Sequence[int], lo: Any, hi: Any) -> Sequence[tuple[Any, bytes]]: ...
+
+    async def count(self, partitions: Sequence[int]) -> int: ...
+
+
+class Bus(Protocol):
+    """How a facade reaches the registry and the query actors."""
+
+    async def fetch_view(self) -> ClusterView: ...
+
+    async def fetch_epoch(self) -> int: ...
+
+    def owner(self, uuid: str) -> OwnerClient: ...
+
+
+def instance_json(view: ClusterView, info: ActorInfo) -> dict[str, Any]:
+    """A seed-000 metadata instance for a query actor, plus riqr's fields.
+
+    ``host``/``port`` are the HTTP verticle on the actor's node, so a client that follows the metadata
+    lands on the node holding the data.
+    """
+    endpoint = view.endpoints.get(info.node_id)
+    return {
+        "host": endpoint.host if endpoint else info.node_ip,
+        "port": endpoint.port if endpoint else None,
+        "state-store-names": [info.store],
+        "actor": info.uuid,
+        "node": info.node_id,
+        "partitions": list(info.partitions),
+    }
+
+
+class FacadeCore:
+    """Routing and scatter-gather over a cached ``ClusterView``."""
+
+    def __init__(self, bus: Bus, *, timeout: float = 10.0, refresh_interval: float = 1.0) -> None:
+        self._bus = bus
+        self.timeout = timeout
+        self._refresh_interval = refresh_interval
+        self._view = ClusterView()
+        self._refresh_lock = asyncio.Lock()
+        self._coalescers: dict[str, Coalescer[tuple[int, Any], bytes | None | RiqrError]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    # -- the cached view ------------------------------------------------------------------------------
+
+    @property
+    def view(self) -> ClusterView:
+        return self._view
+
+    async def start(self) -> None:
+        """Load the view and keep it fresh in the background."""
+        await self.refresh()
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            try:
+                await self._watcher
+            except asyncio.CancelledError:
+                pass
+            self._watcher = None
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_interval)
+            try:
+                epoch = await self._bus.fetch_epoch()
+                if epoch != self._view.epoch:
+                    await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the registry may be restarting; keep serving the cached view
+                log.warning("could not refresh the cluster view", exc_info=True)
+
+    async def refresh(self) -> ClusterView:
+        """Fetch the view from the registry (one fetch at a time; concurrent callers share it)."""
+        epoch_before = self._view.epoch
+        async with self._refresh_lock:
+            if self._view.epoch != epoch_before:
+                return self._view
+            view = await self._bus.fetch_view()
+            if view.epoch >= self._view.epoch:
+                self._view = view
+                stale = set(self._coalescers) - set(view.actors)
+                for uuid in stale:
+                    del self._coalescers[uuid]
+            return self._view
+
+    async def table(self, store: str) -> OwnershipTable:
+        """The ownership table of ``store``, refreshing once if the cached view does not know it."""
+        table = self._view.table(store)
+        if table is None:
+            table = (await self.refresh()).table(store)
+        if table is None:
+            raise StoreNotFound(f"store {store!r} is not known; GET /stores lists the stores", store=store)
+        return table
+
+    # -- key queries ----------------------------------------------------------------------------------
+
+    def _coalescer(self, uuid: str) -> Coalescer[tuple[int, Any], bytes | None | RiqrError]:
+        coalescer = self._coalescers.get(uuid)
+        if coalescer is None:
+            owner = self._bus.owner(uuid)
+
+            async def send(items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:
+                return await owner.get_many(items)
+
+            coalescer = self._coalescers[uuid] = Coalescer(send)
+        return coalescer
+
+    def _route(self, table: OwnershipTable, key: Any) -> Route:
+        verdict = table.resolve(key)
+        if not isinstance(verdict, Route):
+            raise PartitionUnavailable(
+                f"partition {verdict.partition} of store {table.spec.name} has no owner right now",
+                store=table.spec.name,
+                partition=verdict.partition,
+            )
+        return verdict
+
+    async def _guard(self, awaitable: Any, what: str) -> Any:
+        """Run one request under the deadline; an unreachable owner triggers a view refresh."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await awaitable
+        except TimeoutError:
+            raise DeadlineExceeded(f"{what} did not complete within {self.timeout:g}s", timeout=self.timeout) from None
+        except OwnerUnavailable:
+            asyncio.ensure_future(self._refresh_quietly())
+            raise
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except Exception:
+            log.warning("could not refresh the cluster view", exc_info=True)
+
+    async def get(self, store: str, key: Any) -> Any:
+        """The value of ``key`` in ``store``; ``KeyNotFound`` when absent."""
+        table = await self.table(store)
+        typed = table.spec.key.coerce(key)
+        route = self._route(table, typed)
+        answer = await self._guard(self._coalescer(route.owner).submit((route.partition, typed)), f"get on {store}")
+        if isinstance(answer, RiqrError):
+            raise answer
+        if answer is None:
+            raise KeyNotFound(f"key {typed!r} is not in store {store!r}", store=store, key=typed)
+        return decode_value(answer)
+
+    # -- scatter-gather -------------------------------------------------------------------------------
+
+    def _owners(self, table: OwnershipTable) -> dict[str, list[int]]:
+        missing = table.unassigned()
+        if missing:
+            raise PartitionUnavailable(
+                f"partitions {missing} of store {table.spec.name} have no owner right now; a partial answer "
+                "would be wrong, so none is given",
+                store=table.spec.name,
+                partitions=missing,
+            )
+        return table.by_owner()
+
+    async def range(self, store: str, lo: Any = None, hi: Any = None) -> list[tuple[Any, Any]]:
+        """Entries with ``lo <= key <= hi`` (a ``None`` bound is open) over all partitions, in key order."""
+        table = await self.table(store)
+        try:
+            lo_t = None if lo is None else table.spec.key.coerce(lo)
+            hi_t = None if hi is None else table.spec.key.coerce(hi)
+        except RiqrError as err:
+            raise MalformedRange(err.message, store=store) from None
+        if lo_t is not None and hi_t is not None and lo_t > hi_t:
+            return []
+        owners = self._owners(table)
+
+        async def gather() -> list[Sequence[tuple[Any, bytes]]]:
+            calls = [self._bus.owner(uuid).scan(parts, lo_t, hi_t) for uuid, parts in owners.items()]
+            return list(await asyncio.gather(*calls))
+
+        runs = await self._guard(gather(), f"scan of {store}")
+        return [(key, decode_value(value)) for key, value in merge_sorted(runs)]
+
+    async def all(self, store: str) -> list[tuple[Any, Any]]:
+        """Every entry of ``store`` in key order."""
+        return await self.range(store, None, None)
+
+    async def approximate_num_entries(self, store: str) -> int:
+        table = await self.table(store)
+        owners = self._owners(table)
+
+        async def gather() -> list[int]:
+            return list(await asyncio.gather(*(self._bus.owner(u).count(p) for u, p in owners.items())))
+
+        return sum_counts(await self._guard(gather(), f"count of {store}"))
+
+    # -- metadata and catalog -------------------------------------------------------------------------
+
+    async def catalog(self) -> list[dict[str, Any]]:
+        view = await self.refresh() if not self._view.tables else self._view
+        return [spec.to_json() for spec in view.stores()]
+
+    def _instances(self, view: ClusterView, store: str | None = None) -> list[dict[str, Any]]:
+        infos = [i for i in view.actors.values() if store is None or i.store == store]
+        infos.sort(key=lambda i: (i.store, i.partitions, i.uuid))
+        return [instance_json(view, i) for i in infos]
+
+    async def metadata(self) -> list[dict[str, Any]]:
+        """Every query actor as a seed-000 instance."""
+        if not self._view.actors:
+            await self.refresh()
+        return self._instances(self._view)
+
+    async def metadata_for_store(self, store: str) -> list[dict[str, Any]]:
+        await self.table(store)
+        return self._instances(self._view, store)
+
+    async def metadata_for_key(self, store: str, key: Any) -> dict[str, Any]:
+        """The instance that owns ``key``'s partition, whether or not the key is present."""
+        table = await self.table(store)
+        typed = table.spec.key.coerce(key)
+        route = self._route(table, typed)
+        view = self._view
+        info = view.actors.get(route.owner)
+        if info is None:
+            raise PartitionUnavailable(
+                f"the owner of partition {route.partition} of {store} is not registered",
+                store=store,
+                partition=route.partition,
+            )
+        standbys = [instance_json(view, view.actors[u]) for u in route.standbys if u in view.actors]
+        return {**instance_json(view, info), "partition": route.partition, "standbys": standbys}

@@ -1,0 +1,46 @@
+"""Splitting a micro-batch by partition and addressing the slices to owners (pure, tested without Ray)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from runtime.ownership import OwnershipTable
+
+__all__ = ["PARTITION_COLUMN", "split_by_partition", "slices_for_owners"]
+
+# The column the sink adds in Spark; its name cannot clash with a user's column by accident.
+PARTITION_COLUMN = "__riqr_partition"
+
+
+def split_by_partition(table: pa.Table, partitions: int) -> dict[int, pa.Table]:
+    """Rows of ``table`` grouped by ``PARTITION_COLUMN`` (dropped from the slices), in their order.
+
+    Raises ``ValueError`` if a row names a partition outside ``[0, partitions)``, which would mean the
+    write path and the store disagree on the partition count.
+    """
+    if table.num_rows == 0:
+        return {}
+    part = table.column(PARTITION_COLUMN)
+    lo, hi = pc.min(part).as_py(), pc.max(part).as_py()
+    if lo is None or lo < 0 or hi >= partitions:
+        raise ValueError(f"partition column holds values in [{lo}, {hi}] but the store has {partitions} partitions")
+    body = table.drop_columns([PARTITION_COLUMN])
+    out: dict[int, pa.Table] = {}
+    for p in range(lo, hi + 1):
+        piece = body.filter(pc.equal(part, p))
+        if piece.num_rows:
+            out[p] = piece
+    return out
+
+
+def slices_for_owners(table: OwnershipTable, split: dict[int, pa.Table]) -> dict[str, dict[int, pa.Table | None]]:
+    """For every actor holding a copy of some partition: each of its partitions -> its slice or None.
+
+    Every partition an actor holds is listed, even with no rows, so each partition records that it has
+    seen the batch id (its position moves forward with every batch).
+    """
+    out: dict[str, dict[int, pa.Table | None]] = {}
+    for uuid, parts in table.all_owners().items():
+        out[uuid] = {p: split.get(p) for p in parts}
+    return out

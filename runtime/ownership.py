@@ -1,0 +1,173 @@
+"""Ownership as a value: who holds which partition, the cluster view, and placement planning.
+
+``OwnershipTable.resolve`` returns a verdict, never raises: a ``Route`` to the active owner, or an
+``Unassigned`` saying the partition has no owner, which the facade turns into a 503. ``ClusterView`` is
+the whole immutable picture a facade caches (catalog, tables, actors, HTTP endpoints) with the epoch that
+grows on every change; a facade refreshes when it sees a newer epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from runtime.catalog import StoreSpec
+from runtime.partitioner import partition_of
+
+__all__ = [
+    "PartitionOwners",
+    "OwnershipTable",
+    "Route",
+    "Unassigned",
+    "ActorInfo",
+    "Endpoint",
+    "ClusterView",
+    "plan_placement",
+    "Placement",
+]
+
+
+@dataclass(frozen=True)
+class PartitionOwners:
+    """The active owner of a partition and its standbys, by actor uuid."""
+
+    active: str | None
+    standbys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    """Verdict: ask ``owner`` about ``partition``."""
+
+    partition: int
+    owner: str
+    standbys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unassigned:
+    """Verdict: ``partition`` has no active owner right now."""
+
+    partition: int
+
+
+@dataclass(frozen=True)
+class OwnershipTable:
+    """Partition -> owners for one store."""
+
+    spec: StoreSpec
+    partitions: tuple[PartitionOwners, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.partitions) != self.spec.partitions:
+            raise ValueError(
+                f"table for {self.spec.name} has {len(self.partitions)} entries, spec says {self.spec.partitions}"
+            )
+
+    def partition_of(self, key: Any) -> int:
+        return partition_of(self.spec.key.type, key, self.spec.partitions)
+
+    def route(self, partition: int) -> Route | Unassigned:
+        owners = self.partitions[partition]
+        if owners.active is None:
+            return Unassigned(partition)
+        return Route(partition, owners.active, owners.standbys)
+
+    def resolve(self, key: Any) -> Route | Unassigned:
+        """The verdict for a typed key."""
+        return self.route(self.partition_of(key))
+
+    def by_owner(self) -> dict[str, list[int]]:
+        """Active owner uuid -> the partitions it answers for, in partition order."""
+        out: dict[str, list[int]] = {}
+        for p, owners in enumerate(self.partitions):
+            if owners.active is not None:
+                out.setdefault(owners.active, []).append(p)
+        return out
+
+    def unassigned(self) -> list[int]:
+        return [p for p, owners in enumerate(self.partitions) if owners.active is None]
+
+    def all_owners(self) -> dict[str, list[int]]:
+        """Every actor (active or standby) -> the partitions it holds a copy of."""
+        out: dict[str, list[int]] = {}
+        for p, owners in enumerate(self.partitions):
+            for uuid in ((owners.active,) if owners.active else ()) + owners.standbys:
+                out.setdefault(uuid, []).append(p)
+        return out
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """A query actor: its uuid (its name on the bus), its store, where it runs, what it holds."""
+
+    uuid: str
+    store: str
+    node_id: str
+    node_ip: str
+    partitions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The HTTP verticle of a node."""
+
+    node_id: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Everything a facade needs to route, as one immutable value stamped with an epoch."""
+
+    epoch: int = 0
+    tables: Mapping[str, OwnershipTable] = field(default_factory=dict)
+    actors: Mapping[str, ActorInfo] = field(default_factory=dict)
+    endpoints: Mapping[str, Endpoint] = field(default_factory=dict)
+
+    def table(self, store: str) -> OwnershipTable | None:
+        return self.tables.get(store)
+
+    def stores(self) -> list[StoreSpec]:
+        return [self.tables[name].spec for name in sorted(self.tables)]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One planned query actor: its index within the store, the node to place it on, its partitions."""
+
+    index: int
+    node_id: str | None
+    partitions: tuple[int, ...]
+
+
+def plan_placement(spec: StoreSpec, nodes: Sequence[str]) -> list[Placement]:
+    """Spread a store's actors over nodes round-robin, and its partitions over actors round-robin.
+
+    Partition ``p`` goes to actor ``p % actors``; actor ``i`` to node ``nodes[i % len(nodes)]`` (sorted,
+    so the plan is deterministic). With no known node the placement is left to Ray.
+    """
+    ordered = sorted(nodes)
+    plans = []
+    for i in range(spec.actors):
+        parts = tuple(p for p in range(spec.partitions) if p % spec.actors == i)
+        node = ordered[i % len(ordered)] if ordered else None
+        plans.append(Placement(i, node, parts))
+    return plans
+
+
+def table_from_placement(spec: StoreSpec, uuids: Sequence[str], plans: Sequence[Placement]) -> OwnershipTable:
+    """The ownership table for actors created from ``plans`` (``uuids[i]`` runs ``plans[i]``).
+
+    Standbys, when asked for, are the next actors round the ring, so a partition's copies never share
+    an actor.
+    """
+    owners: list[PartitionOwners] = []
+    holder = {p: i for i, plan in enumerate(plans) for p in plan.partitions}
+    n = len(plans)
+    for p in range(spec.partitions):
+        i = holder[p]
+        standbys = tuple(uuids[(i + k) % n] for k in range(1, min(spec.standbys, n - 1) + 1))
+        owners.append(PartitionOwners(uuids[i], standbys))
+    return OwnershipTable(spec, tuple(owners))

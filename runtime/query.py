@@ -1,0 +1,118 @@
+"""The query core: the plain class a QueryVerticle delegates to.
+
+It holds some partitions of one store, applies Arrow slices of Spark micro-batches idempotently, and
+answers batched queries: many keys in one call, one scan or count over several partitions per call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from runtime.catalog import StoreSpec
+from runtime.codec import encode_value
+from runtime.engine import ApplyResult, PartitionState
+from runtime.errors import PartitionUnavailable, RiqrError
+from runtime.merge import merge_sorted
+
+__all__ = ["QueryCore", "rows_from_arrow"]
+
+log = logging.getLogger(__name__)
+
+
+def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes | None]]:
+    """Turn an Arrow slice into ``(key, packed value or None)`` rows, in the slice's order.
+
+    A one-column value is stored as the scalar; several columns as a ``{column: value}`` map. A null
+    value (every value column null) is a delete. Rows with a null key are dropped, as Kafka Streams
+    drops records with a null key.
+    """
+    keys = table.column(spec.key.column).to_pylist()
+    names = [f.name for f in spec.value_fields]
+    columns = [table.column(name).to_pylist() for name in names]
+    rows: list[tuple[Any, bytes | None]] = []
+    dropped = 0
+    if len(columns) == 1:
+        for key, value in zip(keys, columns[0]):
+            if key is None:
+                dropped += 1
+                continue
+            rows.append((key, None if value is None else encode_value(value)))
+    else:
+        for i, key in enumerate(keys):
+            if key is None:
+                dropped += 1
+                continue
+            record = {name: col[i] for name, col in zip(names, columns)}
+            is_delete = all(v is None for v in record.values())
+            rows.append((key, None if is_delete else encode_value(record)))
+    if dropped:
+        log.warning("store %s: dropped %d rows with a null key", spec.name, dropped)
+    return rows
+
+
+class QueryCore:
+    """Some partitions of one store, with idempotent batch application and batched reads."""
+
+    def __init__(self, spec: StoreSpec, partitions: Iterable[int], *, recovered: bool = False) -> None:
+        self.spec = spec
+        # A restarted actor has lost its in-memory state: its partitions answer 503 until rebuilt,
+        # rather than answering from an empty store.
+        self.partitions: dict[int, PartitionState] = {
+            p: PartitionState(p, available=not recovered) for p in sorted(partitions)
+        }
+
+    def _partition(self, p: int) -> PartitionState:
+        state = self.partitions.get(p)
+        if state is None:
+            raise PartitionUnavailable(
+                f"partition {p} of store {self.spec.name} is not held here", store=self.spec.name, partition=p
+            )
+        if not state.available:
+            raise PartitionUnavailable(
+                f"partition {p} of store {self.spec.name} lost its state when its actor restarted and has "
+                "not been rebuilt yet",
+                store=self.spec.name,
+                partition=p,
+                retry_after=5,
+            )
+        return state
+
+    def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
+        """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None)."""
+        results = []
+        for p, table in sorted(slices.items()):
+            state = self.partitions.get(p)
+            if state is None:
+                raise PartitionUnavailable(
+                    f"partition {p} of store {self.spec.name} is not held here",
+                    store=self.spec.name,
+                    partition=p,
+                )
+            rows = rows_from_arrow(self.spec, table) if table is not None and table.num_rows else []
+            results.append(state.apply(source, batch_id, rows))
+        return results
+
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None | RiqrError]:
+        """One answer per ``(partition, key)``: the packed value, None when absent, or the error."""
+        out: list[bytes | None | RiqrError] = []
+        for p, key in items:
+            try:
+                out.append(self._partition(p).kv.get(key))
+            except RiqrError as err:
+                out.append(err)
+        return out
+
+    def scan(self, partitions: Sequence[int], lo: Any = None, hi: Any = None) -> list[tuple[Any, bytes]]:
+        """Entries with ``lo <= key <= hi`` over ``partitions``, merged in key order."""
+        states = [self._partition(p) for p in partitions]
+        return list(merge_sorted([s.kv.range(lo, hi) for s in states]))
+
+    def count(self, partitions: Sequence[int]) -> int:
+        return sum(len(self._partition(p).kv) for p in partitions)
+
+    def positions(self) -> dict[int, dict[str, Any]]:
+        """What each partition reflects: the source and last batch id applied, and availability."""
+        return {p: {**s.position(), "available": s.available} for p, s in self.partitions.items()}

@@ -1,0 +1,82 @@
+"""The registry's state as a plain class: catalog, ownership tables, actors, endpoints, and the epoch.
+
+Every change bumps the epoch; facades compare epochs to know when to refresh. The Registry verticle is a
+thin shell over this class that also creates the query actors a new store needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from runtime.catalog import StoreSpec
+from runtime.errors import StoreConflict, StoreNotFound
+from runtime.ownership import ActorInfo, ClusterView, Endpoint, OwnershipTable
+
+__all__ = ["RegistryState"]
+
+
+class RegistryState:
+    """Mutable holder of the cluster's routing facts, handing out immutable ``ClusterView`` snapshots."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+        self._tables: dict[str, OwnershipTable] = {}
+        self._actors: dict[str, ActorInfo] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+
+    def view(self) -> ClusterView:
+        return ClusterView(self.epoch, dict(self._tables), dict(self._actors), dict(self._endpoints))
+
+    def existing(self, spec: StoreSpec) -> OwnershipTable | None:
+        """The table of a store declared again; ``StoreConflict`` if the new declaration differs."""
+        table = self._tables.get(spec.name)
+        if table is None:
+            return None
+        if not table.spec.same_layout(spec):
+            raise StoreConflict(
+                f"store {spec.name!r} already exists with a different definition "
+                f"(existing: {table.spec.to_json()}, new: {spec.to_json()}); drop it first",
+                store=spec.name,
+            )
+        return table
+
+    def install(self, table: OwnershipTable, actors: list[ActorInfo]) -> int:
+        """Register a new store with its actors."""
+        self._tables[table.spec.name] = table
+        for info in actors:
+            self._actors[info.uuid] = info
+        return self._bump()
+
+    def drop(self, store: str) -> list[str]:
+        """Forget a store; returns the uuids of its actors (for the caller to stop)."""
+        if store not in self._tables:
+            raise StoreNotFound(f"store {store!r} is not known", store=store)
+        del self._tables[store]
+        uuids = [u for u, info in self._actors.items() if info.store == store]
+        for uuid in uuids:
+            del self._actors[uuid]
+        self._bump()
+        return uuids
+
+    def register_endpoint(self, endpoint: Endpoint) -> int:
+        if self._endpoints.get(endpoint.node_id) != endpoint:
+            self._endpoints[endpoint.node_id] = endpoint
+            self._bump()
+        return self.epoch
+
+    def unregister_endpoint(self, node_id: str) -> int:
+        if self._endpoints.pop(node_id, None) is not None:
+            self._bump()
+        return self.epoch
+
+    def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
+        """A restarted actor came back, possibly on another node."""
+        info = self._actors.get(uuid)
+        if info is not None and (info.node_id, info.node_ip) != (node_id, node_ip):
+            self._actors[uuid] = replace(info, node_id=node_id, node_ip=node_ip)
+            self._bump()
+        return self.epoch
+
+    def _bump(self) -> int:
+        self.epoch += 1
+        return self.epoch

@@ -1,0 +1,181 @@
+"""``materialize``: the foreachBatch sink that wires a streaming DataFrame into a riqr store.
+
+The partition column is computed in Spark SQL (``runtime.partitioner.spark_partition_sql``, no Python
+UDF). Each micro-batch comes to the driver as Arrow (``DataFrame.toArrow``), is split by partition, and
+every owner of a partition (active and standbys) receives ``apply(source, batch_id, slices)`` over Ray.
+The batch completes only when all owners acknowledged; if one fails, the exception fails the Spark
+query before it commits the batch, and the replay after restart is a no-op wherever it had landed.
+
+``source`` is the streaming query's id from its checkpoint: stable across restarts of the same
+checkpoint, new for a fresh one (see ``runtime.engine.PartitionState``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+import ray
+
+from runtime.catalog import StoreSpec, ValueField
+from runtime.config import DEFAULT_NAMESPACE, REGISTRY_NAME
+from runtime.errors import NotConnected, SchemaError
+from runtime.ingest import PARTITION_COLUMN, slices_for_owners, split_by_partition
+from runtime.keys import KeySchema, key_type_for_spark
+from runtime.ownership import ClusterView
+from runtime.partitioner import spark_partition_sql
+
+__all__ = ["materialize", "store_spec_for", "BatchDelivery", "DEFAULT_TRIGGER"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRIGGER = "250 milliseconds"
+
+
+def store_spec_for(
+    schema: Any,
+    store: str,
+    key: str,
+    value: str | Sequence[str] | None = None,
+    *,
+    partitions: int = 4,
+    actors: int = 2,
+    standbys: int = 0,
+) -> StoreSpec:
+    """The store definition for a DataFrame ``schema`` (a Spark ``StructType``)."""
+    types = {f.name: f.dataType.simpleString() for f in schema.fields}
+    if key not in types:
+        raise SchemaError(f"key column {key!r} is not in the DataFrame (columns: {', '.join(types)})", column=key)
+    if value is None:
+        value_cols = [c for c in types if c != key]
+    elif isinstance(value, str):
+        value_cols = [value]
+    else:
+        value_cols = list(value)
+    missing = [c for c in value_cols if c not in types]
+    if missing:
+        raise SchemaError(f"value columns {missing} are not in the DataFrame (columns: {', '.join(types)})")
+    if key in value_cols:
+        raise SchemaError(f"column {key!r} cannot be both the key and part of the value")
+    key_type = key_type_for_spark(types[key], key)
+    return StoreSpec(
+        name=store,
+        key=KeySchema(key, key_type.name),
+        value_fields=tuple(ValueField(c, types[c]) for c in value_cols),
+        partitions=partitions,
+        actors=actors,
+        standbys=standbys,
+    )
+
+
+def _registry(namespace: str) -> Any:
+    try:
+        return ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    except ValueError:
+        raise NotConnected(
+            f"no riqr runtime in Ray namespace {namespace!r}; start it with `riqr up --namespace {namespace}`",
+            namespace=namespace,
+        ) from None
+
+
+def _read_query_id(checkpoint: str) -> str:
+    """The streaming query id Spark wrote to ``<checkpoint>/metadata`` when the query started."""
+    parsed = urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        raise SchemaError(f"checkpoint {checkpoint!r}: only local checkpoint directories are supported so far")
+    with open(os.path.join(parsed.path if parsed.scheme else checkpoint, "metadata"), encoding="utf-8") as f:
+        return str(json.loads(f.readline())["id"])
+
+
+class BatchDelivery:
+    """The foreachBatch function: split a micro-batch by partition and deliver it to the owners."""
+
+    def __init__(self, spec: StoreSpec, namespace: str, checkpoint: str, *, timeout: float = 120.0) -> None:
+        self.spec = spec
+        self.namespace = namespace
+        self.checkpoint = checkpoint
+        self.timeout = timeout
+        self._source: str | None = None
+        self._view: ClusterView | None = None
+        self._handles: dict[str, Any] = {}
+
+    def _current_view(self) -> ClusterView:
+        registry = _registry(self.namespace)
+        epoch = ray.get(registry.epoch.remote(), timeout=self.timeout)
+        if self._view is None or self._view.epoch != epoch:
+            self._view = ray.get(registry.view.remote(), timeout=self.timeout)
+        return self._view
+
+    def _handle(self, uuid: str) -> Any:
+        handle = self._handles.get(uuid)
+        if handle is None:
+            handle = self._handles[uuid] = ray.get_actor(uuid, namespace=self.namespace)
+        return handle
+
+    def deliver(self, source: str, batch_id: int, table: Any) -> int:
+        """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``; returns rows sent."""
+        view = self._current_view()
+        ownership = view.table(self.spec.name)
+        if ownership is None:
+            raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
+        split = split_by_partition(table, self.spec.partitions)
+        refs = [
+            self._handle(uuid).apply.remote(source, batch_id, slices)
+            for uuid, slices in slices_for_owners(ownership, split).items()
+        ]
+        ray.get(refs, timeout=self.timeout)
+        return table.num_rows
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        if self._source is None:
+            self._source = _read_query_id(self.checkpoint)
+        table = batch_df.toArrow()
+        rows = self.deliver(self._source, batch_id, table)
+        log.info(
+            "store %s: batch %d delivered, %d rows in %.0f ms",
+            self.spec.name,
+            batch_id,
+            rows,
+            (time.monotonic() - started) * 1000,
+        )
+
+
+def materialize(
+    df: Any,
+    *,
+    store: str,
+    key: str,
+    value: str | Sequence[str] | None = None,
+    checkpoint: str,
+    namespace: str = DEFAULT_NAMESPACE,
+    partitions: int = 4,
+    actors: int = 2,
+    standbys: int = 0,
+    trigger: str = DEFAULT_TRIGGER,
+    output_mode: str = "update",
+) -> Any:
+    """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
+
+    ``value`` names the value column(s); by default every column but the key. The store is created
+    (with its query actors) if it does not exist. Returns the ``StreamingQuery``.
+    """
+    spec = store_spec_for(df.schema, store, key, value, partitions=partitions, actors=actors, standbys=standbys)
+    ray.get(_registry(namespace).create_store.remote(spec))
+    value_cols = [f.name for f in spec.value_fields]
+    partition_sql = spark_partition_sql(spec.key.type, key, spec.partitions)
+    from pyspark.sql import functions as F
+
+    shaped = df.select(key, *value_cols, F.expr(partition_sql).alias(PARTITION_COLUMN))
+    return (
+        shaped.writeStream.foreachBatch(BatchDelivery(spec, namespace, checkpoint))
+        .outputMode(output_mode)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=trigger)
+        .queryName(f"riqr-{namespace}-{store}")
+        .start()
+    )

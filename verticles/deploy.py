@@ -1,0 +1,152 @@
+"""The one place riqr's actors are created: names, namespace, lifetime and restart options.
+
+Every verticle is a detached named actor in the riqr namespace, so it outlives the driver that made it
+(``riqr up`` returns; the topology job comes and goes). Verticles ask for no CPU: they are I/O bound and
+must never wait for Spark's tasks to free a slot. Query actors and the registry restart forever
+(``max_restarts=-1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from runtime.catalog import StoreSpec
+from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name
+from verticles.facade import FacadeVerticle
+from verticles.http import HttpVerticle
+from verticles.query import QueryVerticle
+from verticles.registry import Registry
+
+__all__ = [
+    "Deployment",
+    "ensure_registry",
+    "create_query_verticle",
+    "up",
+    "down",
+    "alive_nodes",
+    "kill_actors",
+    "query_actor_infos",
+]
+
+log = logging.getLogger(__name__)
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def _on_node(node_id: str | None) -> dict[str, Any]:
+    if node_id is None:
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)}
+
+
+def _verticle_options(name: str, namespace: str, node_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "lifetime": "detached",
+        "num_cpus": 0,
+        **_on_node(node_id),
+        **extra,
+    }
+
+
+def alive_nodes() -> list[str]:
+    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+
+def ensure_registry(namespace: str) -> Any:
+    """The registry of ``namespace``, created if missing."""
+    options = _verticle_options(REGISTRY_NAME, namespace, get_if_exists=True, max_restarts=-1)
+    handle = ray.remote(Registry).options(**options).remote(namespace)
+    ray.get(handle.epoch.remote())
+    return handle
+
+
+def create_query_verticle(
+    namespace: str, uuid: str, spec: StoreSpec, partitions: Sequence[int], node_id: str | None
+) -> Any:
+    """A query actor named ``uuid`` holding ``partitions`` of ``spec``, placed on ``node_id`` if alive."""
+    options = _verticle_options(uuid, namespace, node_id, max_restarts=-1)
+    return ray.remote(QueryVerticle).options(**options).remote(uuid, spec, list(partitions), namespace)
+
+
+@dataclass(frozen=True)
+class NodeEndpoint:
+    node_id: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    namespace: str
+    endpoints: tuple[NodeEndpoint, ...]
+
+
+def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
+    """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent."""
+    ns = config.namespace
+    ensure_registry(ns)
+    endpoints = []
+    for node_id in nodes if nodes is not None else alive_nodes():
+        facade = (
+            ray.remote(FacadeVerticle)
+            .options(**_verticle_options(facade_name(node_id), ns, node_id, get_if_exists=True, max_restarts=-1))
+            .remote(ns, config.request_timeout)
+        )
+        http = (
+            ray.remote(HttpVerticle)
+            .options(**_verticle_options(http_name(node_id), ns, node_id, get_if_exists=True, max_restarts=-1))
+            .remote(ns, config.http_host, config.http_port, config.advertise_host, config.request_timeout)
+        )
+        where = ray.get(http.start.remote())
+        ray.get(facade.ready.remote())
+        endpoints.append(NodeEndpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))  # type: ignore[call-overload]
+    return Deployment(ns, tuple(endpoints))
+
+
+def _named_in(namespace: str) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
+
+
+def kill_actors(namespace: str, names: Sequence[str]) -> None:
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        except ValueError:
+            pass
+
+
+def query_actor_infos(namespace: str) -> list[dict[str, Any]]:
+    """``info()`` of every live query actor in ``namespace`` (used by a restarted registry)."""
+    handles = [ray.get_actor(n, namespace=namespace) for n in _named_in(namespace) if _UUID.match(n)]
+    out = []
+    for handle in handles:
+        try:
+            out.append(ray.get(handle.info.remote(), timeout=30))
+        except Exception:  # an actor that cannot answer is left out; its partitions stay unassigned
+            log.warning("a query actor did not answer while the registry rebuilt", exc_info=True)
+    return out
+
+
+def down(namespace: str) -> list[str]:
+    """Stop every riqr actor of ``namespace``: HTTP servers first, then facades, query actors, registry."""
+    names = _named_in(namespace)
+    for name in [n for n in names if n.startswith("riqr-http-")]:
+        try:
+            ray.get(ray.get_actor(name, namespace=namespace).stop.remote(), timeout=10)
+        except Exception:
+            log.warning("HTTP verticle %s did not stop cleanly", name, exc_info=True)
+    order = sorted(names, key=lambda n: (n == REGISTRY_NAME, not n.startswith("riqr-"), n))
+    kill_actors(namespace, order)
+    return order

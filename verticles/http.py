@@ -1,0 +1,70 @@
+"""HttpVerticle: the REST API of one node, an aiohttp server inside an async Ray actor.
+
+It carries its own ``FacadeCore`` (the co-located facade): a REST request is routed inside this process
+and only the call to the owning query actor crosses Ray. The app itself comes from
+``runtime.http_app.build_app``; this actor owns start and stop, and registers its endpoint with the
+registry so metadata can point clients at it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ray
+from aiohttp import web
+
+from runtime.config import REGISTRY_NAME
+from runtime.facade import FacadeCore
+from runtime.http_app import build_app
+from verticles.bus import RayBus
+
+__all__ = ["HttpVerticle"]
+
+log = logging.getLogger(__name__)
+
+
+class HttpVerticle:
+    """Serves the REST API on ``host:port`` (port 0 picks a free port)."""
+
+    def __init__(
+        self, namespace: str, host: str, port: int, advertise_host: str | None = None, timeout: float = 10.0
+    ) -> None:
+        self.namespace = namespace
+        self.host = host
+        self.port = port
+        self.advertise_host = advertise_host or ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.core = FacadeCore(RayBus(namespace), timeout=timeout)
+        self._runner: web.AppRunner | None = None
+        self.bound_port: int | None = None
+
+    async def start(self) -> dict[str, object]:
+        """Start serving (idempotent) and register the endpoint; returns where it listens."""
+        if self._runner is None:
+            await self.core.start()
+            runner = web.AppRunner(build_app(self.core), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+            try:
+                await site.start()
+            except OSError as err:
+                await runner.cleanup()
+                raise RuntimeError(f"cannot listen on {self.host}:{self.port}: {err.strerror}") from err
+            self._runner = runner
+            sockets = site._server.sockets if site._server else []  # noqa: SLF001 - the bound port
+            self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
+            registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
+            await registry.register_endpoint.remote(self.node_id, self.advertise_host, self.bound_port)
+            log.info("riqr REST API on http://%s:%s", self.advertise_host, self.bound_port)
+        return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port}
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.core.stop()
+        try:
+            registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
+            await registry.unregister_endpoint.remote(self.node_id)
+        except ValueError:
+            pass

@@ -1,0 +1,71 @@
+"""QueryVerticle: a Ray actor named by a uuid, holding some partitions of one store.
+
+A thin shell over ``runtime.query.QueryCore``. It runs calls one at a time (a plain, non-async actor),
+so a batch is applied atomically with respect to reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import ray
+
+from runtime.catalog import StoreSpec
+from runtime.config import REGISTRY_NAME
+from runtime.engine import ApplyResult
+from runtime.errors import RiqrError
+from runtime.query import QueryCore
+
+__all__ = ["QueryVerticle"]
+
+log = logging.getLogger(__name__)
+
+
+class QueryVerticle:
+    """Holds ``partitions`` of ``spec``; its actor name is ``uuid``."""
+
+    def __init__(self, uuid: str, spec: StoreSpec, partitions: Sequence[int], namespace: str) -> None:
+        ctx = ray.get_runtime_context()
+        self.uuid = uuid
+        self.node_id = ctx.get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
+        recovered = bool(ctx.was_current_actor_reconstructed)
+        self.core = QueryCore(spec, partitions, recovered=recovered)
+        if recovered:
+            log.warning("query actor %s of %s restarted; its partitions are unavailable until rebuilt", uuid, spec.name)
+            try:
+                registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+                registry.actor_moved.remote(uuid, self.node_id, self.node_ip)
+            except ValueError:
+                log.warning("registry not found while reporting the restart of %s", uuid)
+
+    def ready(self) -> dict[str, str]:
+        """Where this actor runs; the registry waits on this before publishing the actor."""
+        return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
+
+    def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
+        return self.core.apply(source, batch_id, slices)
+
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None | RiqrError]:
+        return self.core.get_many(items)
+
+    def scan(self, partitions: Sequence[int], lo: Any = None, hi: Any = None) -> list[tuple[Any, bytes]]:
+        return self.core.scan(partitions, lo, hi)
+
+    def count(self, partitions: Sequence[int]) -> int:
+        return self.core.count(partitions)
+
+    def positions(self) -> dict[int, dict[str, Any]]:
+        return self.core.positions()
+
+    def info(self) -> dict[str, Any]:
+        """What this actor is, for the registry to rebuild its tables after a restart."""
+        return {
+            "uuid": self.uuid,
+            "spec": self.core.spec,
+            "partitions": sorted(self.core.partitions),
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+        }
