@@ -1,0 +1,99 @@
+"""In-process fakes of the bus: the registry and query actors as plain objects (unit tests only)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from runtime.catalog import StoreSpec, ValueField
+from runtime.errors import OwnerUnavailable, RiqrError
+from runtime.ingest import PARTITION_COLUMN, slices_for_owners, split_by_partition
+from runtime.keys import KeySchema
+from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
+from runtime.partitioner import partition_of
+from runtime.query import QueryCore
+from runtime.registry import RegistryState
+
+
+def kv_spec(name: str = "s", key_type: str = "string", partitions: int = 4, actors: int = 2) -> StoreSpec:
+    return StoreSpec(name, KeySchema("key", key_type), (ValueField("value", "string"),), partitions=partitions, actors=actors)
+
+
+class FakeOwner:
+    """A query actor in-process, with switches to fail or stall."""
+
+    def __init__(self, core: QueryCore) -> None:
+        self.core = core
+        self.calls: list[str] = []
+        self.down = False
+        self.stall = 0.0
+
+    async def _enter(self, name: str) -> None:
+        self.calls.append(name)
+        await asyncio.sleep(self.stall)
+        if self.down:
+            raise OwnerUnavailable("fake owner is down", retry_after=1)
+
+    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:
+        await self._enter("get_many")
+        return self.core.get_many(items)
+
+    async def scan(self, partitions: Sequence[int], lo: Any, hi: Any) -> Sequence[tuple[Any, bytes]]:
+        await self._enter("scan")
+        return self.core.scan(partitions, lo, hi)
+
+    async def count(self, partitions: Sequence[int]) -> int:
+        await self._enter("count")
+        return self.core.count(partitions)
+
+
+class FakeBus:
+    """A registry and its query actors, in-process. ``load`` feeds a store like the sink does."""
+
+    def __init__(self) -> None:
+        self.state = RegistryState()
+        self.owners: dict[str, FakeOwner] = {}
+        self.view_fetches = 0
+        self._next = 0
+        self.state.register_endpoint(Endpoint("node-a", "host-a", 7400))
+
+    def create_store(self, spec: StoreSpec) -> None:
+        plans = plan_placement(spec, ["node-a", "node-b"])
+        uuids = []
+        for _ in plans:
+            self._next += 1
+            uuids.append(f"00000000-0000-4000-8000-{self._next:012d}")
+        table = table_from_placement(spec, uuids, plans)
+        holdings = table.all_owners()
+        infos = []
+        for uuid, plan in zip(uuids, plans):
+            self.owners[uuid] = FakeOwner(QueryCore(spec, holdings[uuid]))
+            infos.append(ActorInfo(uuid, spec.name, plan.node_id or "node-a", "10.0.0.1", tuple(holdings[uuid])))
+        self.state.install(table, infos)
+
+    def load(self, store: str, rows: dict[Any, Any], batch_id: int = 0, source: str = "q") -> None:
+        table = self.state.view().tables[store]
+        spec = table.spec
+        keys = list(rows)
+        arrow = pa.table(
+            {
+                "key": keys,
+                "value": [rows[k] for k in keys],
+                PARTITION_COLUMN: pa.array([partition_of(spec.key.type, k, spec.partitions) for k in keys], pa.int32()),
+            }
+        )
+        split = split_by_partition(arrow, spec.partitions)
+        for uuid, slices in slices_for_owners(table, split).items():
+            self.owners[uuid].core.apply(source, batch_id, slices)
+
+    async def fetch_view(self) -> ClusterView:
+        self.view_fetches += 1
+        return self.state.view()
+
+    async def fetch_epoch(self) -> int:
+        return self.state.epoch
+
+    def owner(self, uuid: str) -> FakeOwner:
+        return self.owners[uuid]

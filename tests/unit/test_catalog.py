@@ -1,0 +1,55 @@
+import pytest
+
+from runtime.catalog import StoreSpec, ValueField, validate_store_name
+from runtime.errors import SchemaError
+from runtime.keys import KeySchema
+
+
+def spec(**kw: object) -> StoreSpec:
+    args: dict = {"name": "order-count", "key": KeySchema("key", "string"), "value_fields": (ValueField("count", "bigint"),)}
+    args.update(kw)
+    return StoreSpec(**args)
+
+
+def test_defaults_and_json() -> None:
+    s = spec()
+    assert (s.partitions, s.actors, s.standbys, s.kind) == (4, 2, 0, "kv")
+    assert s.scalar_value
+    assert s.to_json() == {
+        "name": "order-count",
+        "kind": "kv",
+        "key": {"column": "key", "type": "string"},
+        "value": [{"column": "count", "type": "bigint"}],
+        "partitions": 4,
+        "actors": 2,
+        "standbys": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"name": "has space"},
+        {"name": ""},
+        {"name": "../x"},
+        {"partitions": 0},
+        {"actors": 0},
+        {"actors": 5},
+        {"standbys": -1},
+        {"value_fields": ()},
+        {"kind": "graph"},
+    ],
+)
+def test_invalid_specs_are_rejected(kw: dict) -> None:
+    with pytest.raises(SchemaError):
+        spec(**kw)
+
+
+def test_names() -> None:
+    assert validate_store_name("customer-v1-changelog") == "customer-v1-changelog"
+
+
+def test_same_layout_ignores_actor_count_but_not_partitions() -> None:
+    assert spec().same_layout(spec(actors=4))
+    assert not spec().same_layout(spec(partitions=8))
+    assert not spec().same_layout(spec(key=KeySchema("key", "long")))

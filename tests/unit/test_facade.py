@@ -1,0 +1,150 @@
+import asyncio
+
+import pytest
+
+from runtime.errors import (
+    DeadlineExceeded,
+    KeyNotFound,
+    MalformedKey,
+    MalformedRange,
+    OwnerUnavailable,
+    PartitionUnavailable,
+    StoreNotFound,
+)
+from runtime.facade import FacadeCore
+from runtime.ownership import OwnershipTable, PartitionOwners
+from tests.unit.fakes import FakeBus, kv_spec
+
+CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
+
+
+@pytest.fixture
+def bus() -> FakeBus:
+    b = FakeBus()
+    b.create_store(kv_spec("customers"))
+    b.load("customers", CUSTOMERS)
+    return b
+
+
+@pytest.fixture
+async def facade(bus: FakeBus) -> FacadeCore:
+    core = FacadeCore(bus, timeout=1.0, refresh_interval=0.01)
+    await core.start()
+    yield core
+    await core.stop()
+
+
+async def test_get_routes_to_the_owner(facade: FacadeCore, bus: FakeBus) -> None:
+    assert await facade.get("customers", "2") == "adam"
+    assert sum(o.calls.count("get_many") for o in bus.owners.values()) == 1
+
+
+async def test_absent_keys_and_unknown_stores_are_404s(facade: FacadeCore) -> None:
+    with pytest.raises(KeyNotFound):
+        await facade.get("customers", "99")
+    with pytest.raises(StoreNotFound):
+        await facade.get("nope", "1")
+
+
+async def test_concurrent_gets_to_one_owner_share_calls(facade: FacadeCore, bus: FakeBus) -> None:
+    keys = [str(i) for i in range(1, 8)] * 20
+    values = await asyncio.gather(*(facade.get("customers", k) for k in keys))
+    assert values == [CUSTOMERS[k] for k in keys]
+    calls = sum(o.calls.count("get_many") for o in bus.owners.values())
+    assert calls <= 2 * len(bus.owners)  # 140 lookups, a call or two per owner
+
+
+async def test_all_and_range_merge_across_owners_in_key_order(facade: FacadeCore) -> None:
+    assert await facade.all("customers") == sorted(CUSTOMERS.items())
+    assert await facade.range("customers", "1", "5") == [(k, CUSTOMERS[k]) for k in "12345"]
+    assert await facade.range("customers", None, "2") == [("1", "john"), ("2", "adam")]
+    assert await facade.range("customers", "6", None) == [("6", "mathew"), ("7", "will")]
+    assert await facade.range("customers", "5", "1") == []
+
+
+async def test_integer_keys_parse_from_text_and_range_numerically(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("ints", key_type="long"))
+    bus.load("ints", {i: f"v{i}" for i in [1, 2, 10, 20, 100]})
+    core = FacadeCore(bus)
+    assert await core.get("ints", "10") == "v10"
+    assert [k for k, _ in await core.range("ints", "2", "20")] == [2, 10, 20]
+    with pytest.raises(MalformedKey):
+        await core.get("ints", "ten")
+    with pytest.raises(MalformedRange):
+        await core.range("ints", "x", None)
+
+
+async def test_count_sums_over_owners(facade: FacadeCore) -> None:
+    assert await facade.approximate_num_entries("customers") == 7
+
+
+async def test_a_partition_without_owner_is_503_never_a_partial_answer(facade: FacadeCore, bus: FakeBus) -> None:
+    table = bus.state.view().tables["customers"]
+    owners = list(table.partitions)
+    owners[1] = PartitionOwners(None)
+    bus.state.install(OwnershipTable(table.spec, tuple(owners)), [])
+    await facade.refresh()
+    with pytest.raises(PartitionUnavailable) as info:
+        await facade.all("customers")
+    assert info.value.details["partitions"] == [1]
+    with pytest.raises(PartitionUnavailable):
+        await facade.approximate_num_entries("customers")
+    key_in_1 = next(k for k in CUSTOMERS if table.partition_of(k) == 1)
+    with pytest.raises(PartitionUnavailable):
+        await facade.get("customers", key_in_1)
+
+
+async def test_a_down_owner_is_503_and_triggers_a_refresh(facade: FacadeCore, bus: FakeBus) -> None:
+    for owner in bus.owners.values():
+        owner.down = True
+    fetches = bus.view_fetches
+    with pytest.raises(OwnerUnavailable):
+        await facade.get("customers", "1")
+    await asyncio.sleep(0.01)
+    assert bus.view_fetches > fetches
+
+
+async def test_a_slow_owner_is_a_504(bus: FakeBus) -> None:
+    core = FacadeCore(bus, timeout=0.05)
+    for owner in bus.owners.values():
+        owner.stall = 0.5
+    with pytest.raises(DeadlineExceeded):
+        await core.get("customers", "1")
+    with pytest.raises(DeadlineExceeded):
+        await core.all("customers")
+
+
+async def test_a_store_created_after_start_is_found_by_refreshing_once(facade: FacadeCore, bus: FakeBus) -> None:
+    bus.create_store(kv_spec("late"))
+    bus.load("late", {"k": "v"})
+    assert await facade.get("late", "k") == "v"
+
+
+async def test_the_watcher_picks_up_epoch_changes(facade: FacadeCore, bus: FakeBus) -> None:
+    bus.create_store(kv_spec("watched"))
+    for _ in range(100):
+        if facade.view.table("watched") is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert facade.view.table("watched") is not None
+
+
+async def test_metadata_shapes(facade: FacadeCore) -> None:
+    instances = await facade.metadata()
+    assert len(instances) == 2
+    first = instances[0]
+    assert set(first) == {"host", "port", "state-store-names", "actor", "node", "partitions"}
+    assert first["state-store-names"] == ["customers"]
+    by_node = {i["node"]: (i["host"], i["port"]) for i in instances}
+    assert by_node["node-a"] == ("host-a", 7400)  # the node's HTTP verticle
+    assert by_node["node-b"] == ("10.0.0.1", None)  # no HTTP verticle registered on that node
+    assert await facade.metadata_for_store("customers") == instances
+    owner = await facade.metadata_for_key("customers", "nobody-has-this-key")
+    assert owner["partition"] in owner["partitions"] and owner["standbys"] == []
+    with pytest.raises(StoreNotFound):
+        await facade.metadata_for_store("nope")
+
+
+async def test_catalog(facade: FacadeCore) -> None:
+    [entry] = await facade.catalog()
+    assert entry["name"] == "customers" and entry["key"] == {"column": "key", "type": "string"}

@@ -1,0 +1,108 @@
+"""The REST contract of seed 000 on the app factory, over a fake bus (no Ray)."""
+
+import msgpack
+import pytest
+
+from runtime.facade import FacadeCore
+from runtime.http_app import build_app
+from tests.unit.fakes import FakeBus, kv_spec
+
+CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
+
+
+@pytest.fixture
+async def client(aiohttp_client):  # type: ignore[no-untyped-def]
+    bus = FakeBus()
+    bus.create_store(kv_spec("customer-v1-changelog"))
+    bus.load("customer-v1-changelog", CUSTOMERS)
+    bus.create_store(kv_spec("order-count"))
+    bus.load("order-count", {"1": 1, "2": 1, "": 1})
+    bus.create_store(kv_spec("ints", key_type="long"))
+    bus.load("ints", {2: "two", 10: "ten"})
+    return await aiohttp_client(build_app(FacadeCore(bus, timeout=1.0)))
+
+
+async def test_get(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/customer-v1-changelog/get/2")
+    assert resp.status == 200 and resp.content_type == "application/json"
+    assert await resp.json() == {"response": "adam"}
+
+
+async def test_get_the_empty_key(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/order-count/get/")
+    assert await resp.json() == {"response": 1}
+
+
+async def test_all_in_key_order(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/stores/customer-v1-changelog/all")).json()
+    assert body == {"result": [{"key": k, "value": v} for k, v in sorted(CUSTOMERS.items())]}
+
+
+async def test_range_inclusive_either_end_optional(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/stores/customer-v1-changelog/range?from=1&to=5")).json()
+    assert [e["key"] for e in body["result"]] == ["1", "2", "3", "4", "5"]
+    body = await (await client.get("/stores/customer-v1-changelog/range?to=2")).json()
+    assert [e["key"] for e in body["result"]] == ["1", "2"]
+    body = await (await client.get("/stores/customer-v1-changelog/range?from=6")).json()
+    assert [e["key"] for e in body["result"]] == ["6", "7"]
+    body = await (await client.get("/stores/ints/range?from=3&to=10")).json()
+    assert body == {"result": [{"key": 10, "value": "ten"}]}
+
+
+async def test_approximate_num_entries(client) -> None:  # type: ignore[no-untyped-def]
+    assert await (await client.get("/stores/customer-v1-changelog/approximate-num-entries")).json() == {"result": 7}
+
+
+async def test_metadata_paths(client) -> None:  # type: ignore[no-untyped-def]
+    everything = (await (await client.get("/metadata")).json())["result"]
+    assert len(everything) == 6
+    for instance in everything:
+        assert {"host", "port", "state-store-names"} <= set(instance)
+    store = (await (await client.get("/metadata/stores/order-count")).json())["result"]
+    assert len(store) == 2 and all(i["state-store-names"] == ["order-count"] for i in store)
+    owner = (await (await client.get("/metadata/stores/order-count/key/1")).json())["result"]
+    assert owner["state-store-names"] == ["order-count"] and owner["partition"] in owner["partitions"]
+    absent = (await (await client.get("/metadata/stores/order-count/key/no-such-key")).json())["result"]
+    assert "partition" in absent
+
+
+async def test_catalog(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/stores")).json()
+    assert [s["name"] for s in body["result"]] == ["customer-v1-changelog", "ints", "order-count"]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/stores/customer-v1-changelog/get/99", 404, "key-not-found"),
+        ("/stores/nope/get/1", 404, "store-not-found"),
+        ("/stores/nope/all", 404, "store-not-found"),
+        ("/metadata/stores/nope", 404, "store-not-found"),
+        ("/stores/ints/get/abc", 400, "malformed-key"),
+        ("/stores/ints/range?from=abc", 400, "malformed-range"),
+        ("/metadata/stores/ints/key/1.5", 400, "malformed-key"),
+        ("/no/such/path", 404, "not-found"),
+    ],
+)
+async def test_errors_are_json_with_the_right_status(client, path: str, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path)
+    assert resp.status == status
+    assert (await resp.json())["error"]["code"] == code
+
+
+async def test_wrong_method_is_405_json(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.post("/stores/order-count/get/1")
+    assert resp.status == 405
+    assert (await resp.json())["error"]["code"] == "method-not-allowed"
+
+
+async def test_msgpack_on_request(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/customer-v1-changelog/get/2", headers={"Accept": "application/msgpack"})
+    assert resp.content_type == "application/msgpack"
+    assert msgpack.unpackb(await resp.read()) == {"response": "adam"}
+
+
+async def test_keys_with_slashes_and_percent_encoding_reach_the_store(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/customer-v1-changelog/get/a%2Fb")
+    assert resp.status == 404
+    assert (await resp.json())["error"]["key"] == "a/b"

@@ -1,0 +1,40 @@
+import pyarrow as pa
+import pytest
+
+from runtime.ingest import PARTITION_COLUMN, slices_for_owners, split_by_partition
+from runtime.ownership import OwnershipTable, PartitionOwners
+from tests.unit.fakes import kv_spec
+
+
+def batch(keys: list[str], parts: list[int]) -> pa.Table:
+    return pa.table({"key": keys, "value": [k.upper() for k in keys], PARTITION_COLUMN: pa.array(parts, pa.int32())})
+
+
+def test_split_groups_rows_by_partition_keeping_their_order_and_dropping_the_column() -> None:
+    out = split_by_partition(batch(["a", "b", "c", "d"], [1, 3, 1, 3]), 4)
+    assert sorted(out) == [1, 3]
+    assert out[1].column_names == ["key", "value"]
+    assert out[1].column("key").to_pylist() == ["a", "c"]
+    assert out[3].column("key").to_pylist() == ["b", "d"]
+
+
+def test_split_of_an_empty_batch_is_empty() -> None:
+    assert split_by_partition(batch([], []), 4) == {}
+
+
+def test_split_refuses_partitions_the_store_does_not_have() -> None:
+    with pytest.raises(ValueError, match="4 partitions"):
+        split_by_partition(batch(["a"], [4]), 4)
+
+
+def test_every_holder_gets_every_partition_it_holds_even_empty_ones() -> None:
+    spec = kv_spec(partitions=4, actors=2)
+    table = OwnershipTable(
+        spec, (PartitionOwners("a", ("b",)), PartitionOwners("b"), PartitionOwners("a"), PartitionOwners("b"))
+    )
+    split = split_by_partition(batch(["x"], [0]), 4)
+    out = slices_for_owners(table, split)
+    assert set(out) == {"a", "b"}
+    assert set(out["a"]) == {0, 2} and set(out["b"]) == {0, 1, 3}
+    assert out["a"][0] is split[0] and out["b"][0] is split[0]
+    assert out["a"][2] is None

@@ -1,0 +1,57 @@
+from runtime.ownership import (
+    ClusterView,
+    OwnershipTable,
+    PartitionOwners,
+    Route,
+    Unassigned,
+    plan_placement,
+    table_from_placement,
+)
+from runtime.partitioner import partition_of
+from tests.unit.fakes import kv_spec
+
+
+def test_placement_spreads_actors_over_nodes_and_partitions_over_actors() -> None:
+    plans = plan_placement(kv_spec(partitions=4, actors=2), ["n2", "n1"])
+    assert [(p.index, p.node_id, p.partitions) for p in plans] == [(0, "n1", (0, 2)), (1, "n2", (1, 3))]
+
+
+def test_placement_without_known_nodes_leaves_it_to_ray() -> None:
+    assert [p.node_id for p in plan_placement(kv_spec(), [])] == [None, None]
+
+
+def test_resolve_routes_to_the_owner_of_the_key_partition() -> None:
+    spec = kv_spec(partitions=4, actors=2)
+    table = table_from_placement(spec, ["a", "b"], plan_placement(spec, ["n"]))
+    for key in ["1", "2", "", "ü"]:
+        p = partition_of(spec.key.type, key, 4)
+        assert table.resolve(key) == Route(p, "a" if p % 2 == 0 else "b")
+
+
+def test_resolve_returns_a_verdict_for_an_unowned_partition() -> None:
+    spec = kv_spec(partitions=2, actors=1)
+    table = OwnershipTable(spec, (PartitionOwners(None), PartitionOwners("a")))
+    verdicts = {table.route(0), table.route(1)}
+    assert verdicts == {Unassigned(0), Route(1, "a")}
+    assert table.unassigned() == [0]
+    assert table.by_owner() == {"a": [1]}
+
+
+def test_standbys_are_other_actors_and_hold_copies() -> None:
+    spec = kv_spec(partitions=4, actors=2)
+    spec = type(spec)(**{**spec.__dict__, "standbys": 1})
+    table = table_from_placement(spec, ["a", "b"], plan_placement(spec, ["n"]))
+    assert table.partitions[0] == PartitionOwners("a", ("b",))
+    assert table.partitions[1] == PartitionOwners("b", ("a",))
+    assert table.all_owners() == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
+    assert table.by_owner() == {"a": [0, 2], "b": [1, 3]}
+
+
+def test_view_lists_stores_sorted() -> None:
+    a, b = kv_spec("b-store"), kv_spec("a-store")
+    view = ClusterView(
+        1,
+        {s.name: table_from_placement(s, ["x", "y"], plan_placement(s, [])) for s in (a, b)},
+    )
+    assert [s.name for s in view.stores()] == ["a-store", "b-store"]
+    assert view.table("missing") is None

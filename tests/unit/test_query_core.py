@@ -1,0 +1,54 @@
+import pyarrow as pa
+import pytest
+
+from runtime.catalog import StoreSpec, ValueField
+from runtime.codec import decode_value
+from runtime.errors import PartitionUnavailable
+from runtime.keys import KeySchema
+from runtime.query import QueryCore, rows_from_arrow
+from tests.unit.fakes import kv_spec
+
+
+def test_rows_from_arrow_scalar_values_nulls_delete_null_keys_drop() -> None:
+    spec = kv_spec()
+    rows = rows_from_arrow(spec, pa.table({"key": ["a", None, "b"], "value": ["x", "y", None]}))
+    assert [(k, None if v is None else decode_value(v)) for k, v in rows] == [("a", "x"), ("b", None)]
+
+
+def test_rows_from_arrow_multi_column_values_are_maps() -> None:
+    spec = StoreSpec("s", KeySchema("id", "long"), (ValueField("name", "string"), ValueField("n", "bigint")))
+    rows = rows_from_arrow(spec, pa.table({"id": [1, 2], "name": ["a", None], "n": [3, None]}))
+    assert rows[0][0] == 1 and decode_value(rows[0][1]) == {"name": "a", "n": 3}
+    assert rows[1] == (2, None)  # every value column null: a delete
+
+
+def test_apply_get_scan_count() -> None:
+    core = QueryCore(kv_spec(), [0, 2])
+    core.apply("q", 0, {0: pa.table({"key": ["b", "d"], "value": ["B", "D"]}), 2: pa.table({"key": ["a", "c"], "value": ["A", "C"]})})
+    assert [decode_value(v) if v else v for v in core.get_many([(0, "b"), (2, "a"), (2, "zz")])] == ["B", "A", None]
+    assert [k for k, _ in core.scan([0, 2])] == ["a", "b", "c", "d"]
+    assert [k for k, _ in core.scan([0, 2], "b", "c")] == ["b", "c"]
+    assert core.count([0, 2]) == 4 and core.count([0]) == 2
+
+
+def test_empty_slices_still_advance_the_position() -> None:
+    core = QueryCore(kv_spec(), [0, 2])
+    core.apply("q", 3, {0: None, 2: pa.table({"key": ["a"], "value": ["A"]})})
+    assert core.positions() == {0: {"source": "q", "batch_id": 3, "available": True}, 2: {"source": "q", "batch_id": 3, "available": True}}
+
+
+def test_partitions_not_held_here_are_reported_per_key() -> None:
+    core = QueryCore(kv_spec(), [0])
+    answers = core.get_many([(0, "x"), (1, "y")])
+    assert answers[0] is None and isinstance(answers[1], PartitionUnavailable)
+    with pytest.raises(PartitionUnavailable):
+        core.apply("q", 0, {1: None})
+
+
+def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:
+    core = QueryCore(kv_spec(), [0, 2], recovered=True)
+    with pytest.raises(PartitionUnavailable, match="restarted"):
+        core.scan([0, 2])
+    with pytest.raises(PartitionUnavailable):
+        core.count([0])
+    assert isinstance(core.get_many([(0, "k")])[0], PartitionUnavailable)
