@@ -28,7 +28,17 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["CUSTOMER_STORE", "ORDER_COUNT_STORE", "latest_by_key", "order_counts", "start", "main"]
+__all__ = [
+    "CUSTOMER_STORE",
+    "ORDER_COUNT_STORE",
+    "latest_by_key",
+    "order_counts",
+    "start",
+    "start_customers",
+    "start_order_counts",
+    "checkpoint_for",
+    "main",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +72,48 @@ def order_counts(orders: Any, customers: Any) -> Any:
     return enriched.groupBy("key").agg(F.count(F.lit(1)).alias("count"))
 
 
+def _common(namespace: str, partitions: int, actors: int, trigger: str | None) -> dict[str, Any]:
+    from topologies.sink import DEFAULT_TRIGGER
+
+    return {"namespace": namespace, "partitions": partitions, "actors": actors, "trigger": trigger or DEFAULT_TRIGGER}
+
+
+def checkpoint_for(home: Path, namespace: str, store: str) -> Path:
+    """Where the query feeding ``store`` keeps its Spark checkpoint."""
+    return home / "checkpoints" / namespace / store
+
+
+def start_customers(spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None) -> Any:
+    """The query feeding ``customer-v1-changelog``."""
+    from topologies.sink import materialize
+    from topologies.sources import read_topic
+
+    return materialize(
+        latest_by_key(read_topic(spark, home, "customer")),
+        store=CUSTOMER_STORE,
+        key="key",
+        value="value",
+        checkpoint=str(checkpoint_for(home, namespace, CUSTOMER_STORE)),
+        **_common(namespace, partitions, actors, trigger),
+    )
+
+
+def start_order_counts(spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None) -> Any:
+    """The query feeding ``order-count``."""
+    from topologies.sink import materialize
+    from topologies.sources import read_topic, read_topic_batch
+
+    snapshot = latest_by_key(read_topic_batch(spark, home, "customer"))
+    return materialize(
+        order_counts(read_topic(spark, home, "order"), snapshot),
+        store=ORDER_COUNT_STORE,
+        key="key",
+        value="count",
+        checkpoint=str(checkpoint_for(home, namespace, ORDER_COUNT_STORE)),
+        **_common(namespace, partitions, actors, trigger),
+    )
+
+
 def start(
     spark: Any,
     home: Path,
@@ -72,21 +124,8 @@ def start(
     trigger: str | None = None,
 ) -> list[Any]:
     """Start the two streaming queries; returns them (customer store first)."""
-    from topologies.sink import DEFAULT_TRIGGER, materialize
-    from topologies.sources import read_topic, read_topic_batch
-
-    checkpoints = home / "checkpoints" / namespace
-    common = {"namespace": namespace, "partitions": partitions, "actors": actors, "trigger": trigger or DEFAULT_TRIGGER}
-    customers = latest_by_key(read_topic(spark, home, "customer"))
-    q1 = materialize(
-        customers, store=CUSTOMER_STORE, key="key", value="value", checkpoint=str(checkpoints / CUSTOMER_STORE), **common
-    )
-    snapshot = latest_by_key(read_topic_batch(spark, home, "customer"))
-    counts = order_counts(read_topic(spark, home, "order"), snapshot)
-    q2 = materialize(
-        counts, store=ORDER_COUNT_STORE, key="key", value="count", checkpoint=str(checkpoints / ORDER_COUNT_STORE), **common
-    )
-    return [q1, q2]
+    options = {"namespace": namespace, "partitions": partitions, "actors": actors, "trigger": trigger}
+    return [start_customers(spark, home, **options), start_order_counts(spark, home, **options)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,19 +39,23 @@ log = logging.getLogger(__name__)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
-def _on_node(node_id: str | None) -> dict[str, Any]:
+def _on_node(node_id: str | None, pinned: bool) -> dict[str, Any]:
     if node_id is None:
         return {}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=not pinned)}
 
 
-def _verticle_options(name: str, namespace: str, node_id: str | None = None, **extra: Any) -> dict[str, Any]:
+def _verticle_options(
+    name: str, namespace: str, node_id: str | None = None, *, pinned: bool = False, **extra: Any
+) -> dict[str, Any]:
+    """Options of a detached verticle. ``pinned``: it must run on ``node_id`` (a per-node verticle);
+    otherwise the node is a preference Ray may override (a query actor when its node is gone)."""
     return {
         "name": name,
         "namespace": namespace,
         "lifetime": "detached",
         "num_cpus": 0,
-        **_on_node(node_id),
+        **_on_node(node_id, pinned),
         **extra,
     }
 
@@ -101,12 +105,12 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     for node_id in nodes if nodes is not None else alive_nodes():
         facade = (
             ray.remote(FacadeVerticle)
-            .options(**_verticle_options(facade_name(node_id), ns, node_id, get_if_exists=True, max_restarts=-1))
+            .options(**_verticle_options(facade_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1))
             .remote(ns, config.request_timeout)
         )
         http = (
             ray.remote(HttpVerticle)
-            .options(**_verticle_options(http_name(node_id), ns, node_id, get_if_exists=True, max_restarts=-1))
+            .options(**_verticle_options(http_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1))
             .remote(ns, config.http_host, config.http_port, config.advertise_host, config.request_timeout)
         )
         where = ray.get(http.start.remote())

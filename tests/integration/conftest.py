@@ -1,0 +1,140 @@
+"""One real local Ray cluster (two nodes on this machine) and one SparkSession for the whole session.
+
+Each group of tests deploys riqr in a namespace of its own and removes it afterwards, so tests do not
+see each other's stores.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from runtime.config import RuntimeConfig
+from tests.integration.helpers import http_get, wait_for
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SEED_CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
+SEED_ORDER_COUNTS = {"": 1, "1": 1, "2": 1}
+
+
+@dataclass
+class RayCluster:
+    cluster: Any
+    address: str
+    dashboard_url: str
+    node_ids: list[str]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    # Ray jobs run their entrypoint with this PATH: make `python` the interpreter running the tests.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": 0},
+    )
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ctx = ray.init(address=cluster.address, log_to_driver=False)
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    assert len(nodes) == 2
+    yield RayCluster(cluster, cluster.address, "http://" + ctx.dashboard_url, nodes)
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@dataclass
+class Runtime:
+    namespace: str
+    endpoints: dict[str, str]  # node id -> base URL
+
+    @property
+    def url(self) -> str:
+        return next(iter(self.endpoints.values()))
+
+    def registry(self) -> Any:
+        import ray
+
+        from runtime.config import REGISTRY_NAME
+
+        return ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
+
+
+def deploy_runtime(prefix: str) -> Runtime:
+    from verticles import deploy
+
+    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    deployment = deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"))
+    return Runtime(namespace, {ep.node_id: ep.url for ep in deployment.endpoints})
+
+
+@pytest.fixture(scope="session")
+def spark(ray_cluster: RayCluster) -> Iterator[Any]:
+    from topologies.spark import spark_session
+
+    session = spark_session("local[2]", app_name="riqr-tests", conf={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@dataclass
+class Topology:
+    runtime: Runtime
+    home: Path
+    queries: list[Any]
+
+    def stop(self) -> None:
+        for q in self.queries:
+            q.stop()
+
+
+def start_food_orders(spark: Any, runtime: Runtime, home: Path) -> Topology:
+    from topologies import food_orders
+
+    queries = food_orders.start(spark, home, namespace=runtime.namespace, trigger="200 milliseconds")
+    return Topology(runtime, home, queries)
+
+
+def produce(home: Path, topic: str, lines: str) -> None:
+    from runtime.landing import parse_console_lines, write_records
+
+    write_records(home, topic, parse_console_lines(lines.splitlines()))
+
+
+def load_seed(topology: Topology) -> None:
+    from runtime.cli import SEED_CUSTOMERS as customers, SEED_ORDERS as orders
+
+    produce(topology.home, "customer", customers)
+    produce(topology.home, "order", orders)
+    url = topology.runtime.url
+    wait_for(
+        lambda: http_get(f"{url}/stores/customer-v1-changelog/approximate-num-entries")[2] == {"result": 7}
+        and http_get(f"{url}/stores/order-count/approximate-num-entries")[2] == {"result": 3},
+        what="the seed data in both stores",
+    )
+
+
+@pytest.fixture(scope="session")
+def seeded(ray_cluster: RayCluster, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """The seed-000 scenario, loaded by the real topology; its queries stop once the data is in."""
+    from verticles import deploy
+
+    runtime = deploy_runtime("riqr-seed")
+    topology = start_food_orders(spark, runtime, tmp_path_factory.mktemp("seed-home"))
+    try:
+        load_seed(topology)
+    finally:
+        topology.stop()
+    yield runtime
+    deploy.down(runtime.namespace)

@@ -1,0 +1,59 @@
+"""The Python driver API gives the same answers as REST, sync and async, with riqr's exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import runtime
+from tests.integration.conftest import SEED_CUSTOMERS, SEED_ORDER_COUNTS, Runtime
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def client(seeded: Runtime) -> runtime.Client:
+    return runtime.connect(seeded.namespace)
+
+
+def test_sync_queries(client: runtime.Client) -> None:
+    customers = client.store("customer-v1-changelog")
+    assert customers.get("2") == "adam"
+    assert customers.all() == sorted(SEED_CUSTOMERS.items())
+    assert customers.range("1", "5") == [(k, SEED_CUSTOMERS[k]) for k in "12345"]
+    assert customers.range(None, "1") == [("1", "john")]
+    assert customers.approximate_num_entries() == 7
+    assert client.store("order-count").all() == sorted(SEED_ORDER_COUNTS.items())
+    assert client.store("order-count").get("") == 1
+
+
+def test_async_queries(client: runtime.Client) -> None:
+    async def run() -> tuple:
+        customers = client.store("customer-v1-changelog")
+        return await asyncio.gather(
+            customers.get_async("7"),
+            customers.all_async(),
+            customers.range_async("6", None),
+            customers.approximate_num_entries_async(),
+        )
+
+    one, everything, tail, count = asyncio.run(run())
+    assert one == "will" and everything == sorted(SEED_CUSTOMERS.items())
+    assert tail == [("6", "mathew"), ("7", "will")] and count == 7
+
+
+def test_errors_are_riqrs_own(client: runtime.Client) -> None:
+    with pytest.raises(runtime.KeyNotFound):
+        client.store("order-count").get("99")
+    with pytest.raises(runtime.StoreNotFound):
+        client.store("nope").all()
+    with pytest.raises(runtime.KeyNotFound):
+        asyncio.run(client.store("order-count").get_async("99"))
+
+
+def test_catalog_and_owner(client: runtime.Client) -> None:
+    assert [s["name"] for s in client.stores()] == ["customer-v1-changelog", "order-count"]
+    owner = client.store("order-count").owner("1")
+    assert owner["partition"] in owner["partitions"]
+    assert len(client.metadata()) == 4
