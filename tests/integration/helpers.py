@@ -19,8 +19,17 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict
         return err.code, dict(err.headers), json.loads(err.read() or b"null")
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 90.0, what: str = "condition", interval: float = 0.1) -> Any:
-    """Poll until ``condition()`` is truthy (exceptions count as not yet); returns its value."""
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float = 90.0,
+    what: str = "condition",
+    interval: float = 0.1,
+    fatal: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Poll until ``condition()`` is truthy; returns its value.
+
+    Exceptions count as "not yet", except those in ``fatal``, which end the wait at once.
+    """
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:
@@ -28,6 +37,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 90.0, what: str = "c
             value = condition()
             if value:
                 return value
+        except fatal:
+            raise
         except Exception as err:  # not ready yet
             last = err
         time.sleep(interval)

@@ -1,0 +1,88 @@
+"""The README's cluster path, end to end with the real command-line tools:
+
+riqr up -> ray job submit (the topology as a Ray job) -> riqr produce -> REST -> ray job stop -> riqr down
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from ray.job_submission import JobSubmissionClient
+
+from runtime.cli import SEED_CUSTOMERS, SEED_ORDERS
+from tests.integration.conftest import REPO, SEED_CUSTOMERS as CUSTOMERS, RayCluster
+from tests.integration.helpers import http_get, wait_for
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+
+
+class JobDied(AssertionError):
+    pass
+
+
+def run(*args: str, stdin: str | None = None, timeout: float = 180) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], input=stdin, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
+    )
+    assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    namespace = f"riqr-job-{uuid.uuid4().hex[:8]}"
+    job_id = f"riqr-food-orders-{uuid.uuid4().hex[:8]}"
+    dashboard = ray_cluster.dashboard_url
+    out = run(
+        BIN / "riqr", "up", "--address", ray_cluster.address, "--namespace", namespace,
+        "--host", "127.0.0.1", "--port", "0", "--advertise-host", "127.0.0.1",
+    )
+    urls = re.findall(r"REST API at (http://\S+)", out)
+    assert len(urls) == 2, out
+    try:
+        run(
+            BIN / "ray", "job", "submit", "--address", dashboard, "--submission-id", job_id, "--no-wait",
+            "--working-dir", ".",
+            # Both test nodes share this machine's session directory: an eager install of the job's
+            # working_dir on the second node would unpack over the directory the driver runs in. On
+            # a real cluster each node has its own disk and the README's plain command is enough.
+            "--runtime-env-json", '{"config": {"eager_install": false}}',
+            "--",
+            "python", "-m", "topologies.food_orders", "--namespace", namespace, "--home", str(tmp_path),
+            "--partitions", "2", "--actors", "2", "--trigger", "200 milliseconds",
+        )
+        run(BIN / "riqr", "produce", "customer", "--home", str(tmp_path), stdin=SEED_CUSTOMERS)
+        run(BIN / "riqr", "produce", "order", "--home", str(tmp_path), stdin=SEED_ORDERS)
+
+        def seeded() -> bool:
+            all_customers = http_get(f"{urls[1]}/stores/customer-v1-changelog/all")[2]
+            orders = http_get(f"{urls[0]}/stores/order-count/approximate-num-entries")[2]
+            return all_customers == {"result": [{"key": k, "value": v} for k, v in sorted(CUSTOMERS.items())]} and orders == {"result": 3}
+
+        jobs = JobSubmissionClient(dashboard)
+
+        def seeded_or_job_died() -> bool:
+            status = jobs.get_job_status(job_id)
+            if status.is_terminal():
+                raise JobDied(f"job {job_id} ended {status}:\n{jobs.get_job_logs(job_id)[-4000:]}")
+            return seeded()
+
+        wait_for(seeded_or_job_died, timeout=240, what="the Ray job's topology serving the seed data", fatal=(JobDied,))
+        assert http_get(f"{urls[1]}/stores/order-count/get/1")[2] == {"response": 1}
+        assert http_get(f"{urls[0]}/stores/order-count/get/")[2] == {"response": 1}
+    finally:
+        subprocess.run([BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO)
+        run(BIN / "riqr", "down", "--address", ray_cluster.address, "--namespace", namespace)
+    # The verticles are gone: nothing of the namespace is left behind.
+    import ray
+
+    left = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
+    assert left == []
+    assert os.path.isdir(tmp_path / "checkpoints" / namespace)
