@@ -149,7 +149,7 @@ class FacadeCore:
             async def send(items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:
                 return await owner.get_many(items)
 
-            coalescer = self._coalescers[uuid] = Coalescer(send)
+            coalescer = self._coalescers[uuid] = Coalescer(send, max_in_flight=1)
         return coalescer
 
     def _route(self, table: OwnershipTable, key: Any) -> Route:

@@ -1,0 +1,21 @@
+"""cluster.yaml is a valid Ray cluster-launcher file (checked against Ray's own schema, no cluster started)."""
+
+from pathlib import Path
+
+import yaml
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+CLUSTER_YAML = Path(__file__).resolve().parents[2] / "cluster.yaml"
+
+
+def test_cluster_yaml_passes_rays_schema() -> None:
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    validate_config(prepare_config(config))
+
+
+def test_cluster_yaml_sets_riqr_up_on_every_node() -> None:
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    assert config["provider"]["type"] == "local"
+    assert any("scripts/setup" in c for c in config["setup_commands"])
+    assert any("--head" in c for c in config["head_start_ray_commands"])
+    assert any("RAY_HEAD_IP" in c for c in config["worker_start_ray_commands"])
