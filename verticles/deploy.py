@@ -32,6 +32,7 @@ __all__ = [
     "alive_nodes",
     "kill_actors",
     "query_actor_infos",
+    "http_endpoints",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,21 @@ def query_actor_infos(namespace: str) -> list[dict[str, Any]]:
             out.append(ray.get(handle.info.remote(), timeout=30))
         except Exception:  # an actor that cannot answer is left out; its partitions stay unassigned
             log.warning("a query actor did not answer while the registry rebuilt", exc_info=True)
+    return out
+
+
+def http_endpoints(namespace: str) -> list[dict[str, Any]]:
+    """Where each serving HTTP verticle of ``namespace`` listens (used by a restarted registry)."""
+    out = []
+    for name in _named_in(namespace):
+        if name.startswith("riqr-http-"):
+            try:
+                where = ray.get(ray.get_actor(name, namespace=namespace).where.remote(), timeout=30)
+            except Exception:
+                log.warning("HTTP verticle %s did not answer while the registry rebuilt", name, exc_info=True)
+                continue
+            if where is not None:
+                out.append(where)
     return out
 
 

@@ -58,6 +58,12 @@ class HttpVerticle:
             log.info("riqr REST API on http://%s:%s", self.advertise_host, self.bound_port)
         return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port}
 
+    async def where(self) -> dict[str, object] | None:
+        """Where this verticle serves, or None if it is not serving (a restarted registry asks)."""
+        if self._runner is None:
+            return None
+        return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port}
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()

@@ -2,7 +2,8 @@
 
 A thin shell over ``runtime.registry.RegistryState``. Creating a store also creates its query actors
 (through ``verticles.deploy``, the one place actors are made). If the registry itself restarts, it
-rebuilds its tables from the query actors, which each know their store and partitions, and starts its
+rebuilds its tables from the query actors, which each know their store and partitions, and its endpoints
+from the HTTP verticles, and starts its
 epoch past any value it handed out before (epochs are wall-clock based on a rebuild), so facades refresh.
 """
 
@@ -57,6 +58,8 @@ class Registry:
                 ActorInfo(m["uuid"], name, m["node_id"], m["node_ip"], tuple(m["partitions"])) for m in members
             ]
             self.state.install(table, actors)
+        for where in deploy.http_endpoints(self.namespace):
+            self.state.register_endpoint(Endpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
         log.warning("registry restarted; rebuilt %d stores from their query actors", len(by_store))
 
     def epoch(self) -> int:

@@ -107,3 +107,20 @@ def test_redeclaring_with_another_layout_is_a_conflict(runtime_ns: Runtime, stor
             ray.get(runtime_ns.registry().create_store.remote(other))
         except ray.exceptions.RayTaskError as err:
             raise err.cause from None
+
+
+def test_a_restarted_registry_rebuilds_its_tables_from_the_query_actors(runtime_ns: Runtime, store: BatchDelivery) -> None:
+    registry = runtime_ns.registry()
+    epoch_before = ray.get(registry.epoch.remote())
+    ray.kill(registry, no_restart=False)
+
+    def rebuilt() -> bool:
+        view = ray.get(runtime_ns.registry().view.remote(), timeout=10)
+        return view.epoch > epoch_before and "scores" in view.tables
+
+    wait_for(rebuilt, what="the registry coming back with the store")
+    view = ray.get(runtime_ns.registry().view.remote())
+    assert sorted(p for info in view.actors.values() if info.store == "scores" for p in info.partitions) == [0, 1, 2, 3]
+    assert {f"http://{ep.host}:{ep.port}" for ep in view.endpoints.values()} == set(runtime_ns.endpoints.values())
+    # Facades follow the new epoch; queries keep working through it.
+    wait_for(lambda: http_get(f"{runtime_ns.url}/stores/scores/get/10")[2] == {"response": 100}, what="queries after the rebuild")
