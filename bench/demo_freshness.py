@@ -46,11 +46,16 @@ def main() -> None:
     riqr = Path(sys.executable).parent / "riqr"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     started = time.monotonic()
-    demo = subprocess.Popen([str(riqr), "demo", "--port", str(args.port), "--home", str(home)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    demo = subprocess.Popen(
+        [str(riqr), "demo", "--port", str(args.port), "--home", str(home)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         while get(f"{base}/stores/order-count/approximate-num-entries") != (200, {"result": 3}) or get(
-            f"{base}/stores/customer-v1-changelog/approximate-num-entries") != (200, {"result": 7}):
+            f"{base}/stores/customer-v1-changelog/approximate-num-entries"
+        ) != (200, {"result": 7}):
             if demo.poll() is not None:
                 raise SystemExit(f"riqr demo exited with {demo.returncode}")
             if time.monotonic() - started > 300:
@@ -68,13 +73,17 @@ def main() -> None:
                     raise SystemExit(f"record {key} not visible after 60 s")
                 time.sleep(0.01)
             lags.append(time.monotonic() - produced)
-            print(f"  record {i + 1}/{args.records} visible after {lags[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
+            print(
+                f"  record {i + 1}/{args.records} visible after {lags[-1] * 1000:.0f} ms", file=sys.stderr, flush=True
+            )
             time.sleep(0.3)  # let the next record start in a fresh trigger interval rather than in phase
         lags.sort()
         print(f"\ntime from `riqr demo` to ready: {ready:.1f} s")
-        print(f"freshness over {len(lags)} records (produced -> visible over REST): "
-              f"median {statistics.median(lags) * 1000:.0f} ms, p90 {lags[int(len(lags) * 0.9) - 1] * 1000:.0f} ms, "
-              f"max {lags[-1] * 1000:.0f} ms")
+        print(
+            f"freshness over {len(lags)} records (produced -> visible over REST): "
+            f"median {statistics.median(lags) * 1000:.0f} ms, p90 {lags[int(len(lags) * 0.9) - 1] * 1000:.0f} ms, "
+            f"max {lags[-1] * 1000:.0f} ms"
+        )
     finally:
         demo.send_signal(signal.SIGINT)
         try:

@@ -23,7 +23,9 @@ def key_name(i: int) -> str:
     return f"k{i:07d}"
 
 
-async def _worker(session: aiohttp.ClientSession, url: str, keys: int, stop_at: float, out: list[float], errors: list[int], seed: int) -> None:
+async def _worker(
+    session: aiohttp.ClientSession, url: str, keys: int, stop_at: float, out: list[float], errors: list[int], seed: int
+) -> None:
     rng = random.Random(seed)
     while time.perf_counter() < stop_at:
         started = time.perf_counter()
@@ -38,7 +40,9 @@ async def run(url: str, keys: int, concurrency: int, duration: float, warmup: fl
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         if warmup > 0:
-            await asyncio.gather(*(_worker(session, url, keys, time.perf_counter() + warmup, [], [], -i) for i in range(concurrency)))
+            await asyncio.gather(
+                *(_worker(session, url, keys, time.perf_counter() + warmup, [], [], -i) for i in range(concurrency))
+            )
         latencies: list[float] = []
         errors: list[int] = []
         started = time.perf_counter()

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any
 
 import pyarrow as pa
 
@@ -74,9 +73,22 @@ def load_store(namespace: str, keys: int) -> str:
 
 def drive(url: str, args: argparse.Namespace) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--url", url, "--keys", str(args.keys),
-         "--concurrency", str(args.concurrency), "--duration", str(args.duration)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "bench.loadgen",
+            "--url",
+            url,
+            "--keys",
+            str(args.keys),
+            "--concurrency",
+            str(args.concurrency),
+            "--duration",
+            str(args.duration),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -102,7 +114,9 @@ def main() -> None:
     ray.init(namespace=namespace, log_to_driver=False, include_dashboard=False)
     try:
         t0 = time.monotonic()
-        deployment = deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"))
+        deployment = deploy.up(
+            RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
+        )
         store = load_store(namespace, args.keys)
         print(f"  riqr up and {args.keys:,} keys loaded in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         bare = ray.remote(BareHttp).options(num_cpus=0).remote()
@@ -117,13 +131,17 @@ def main() -> None:
                 results[name].append(drive(url, args))
                 print(f"  round {r + 1}/{args.rounds} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
         riqr, ceiling = summarize(results["riqr"]), summarize(results["ceiling"])
-        print(f"\nGET by key over HTTP: {args.keys:,} keys, concurrency {args.concurrency}, "
-              f"{args.duration:g}s x {args.rounds} rounds (medians)")
+        print(
+            f"\nGET by key over HTTP: {args.keys:,} keys, concurrency {args.concurrency}, "
+            f"{args.duration:g}s x {args.rounds} rounds (medians)"
+        )
         print(f"{'target':<10}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
         for name, s in (("riqr", riqr), ("ceiling", ceiling)):
             print(f"{name:<10}{s['rps']:>10.0f}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['errors']:>8.0f}")
-        print(f"ratio riqr/ceiling: throughput {riqr['rps'] / ceiling['rps']:.2f}, "
-              f"p99 {riqr['p99_ms'] / ceiling['p99_ms']:.2f}x")
+        print(
+            f"ratio riqr/ceiling: throughput {riqr['rps'] / ceiling['rps']:.2f}, "
+            f"p99 {riqr['p99_ms'] / ceiling['p99_ms']:.2f}x"
+        )
     finally:
         deploy.down(namespace)
         ray.shutdown()

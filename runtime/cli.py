@@ -1,21 +1,23 @@
 """The ``riqr`` command: ``demo``, ``up``, ``down``, ``produce``.
 
-    riqr demo [--port 7400]          local Ray + Spark, the seed-000 food orders served over REST
-    riqr up [--address ADDR]         deploy the verticles on a running Ray cluster
-    riqr down [--address ADDR]       remove them
-    echo "1--john" | riqr produce customer    append records to a landing directory
+riqr demo [--port 7400]          local Ray + Spark, the seed-000 food orders served over REST
+riqr up [--address ADDR]         deploy the verticles on a running Ray cluster
+riqr down [--address ADDR]       remove them
+echo "1--john" | riqr produce customer    append records to a landing directory
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PORT, RuntimeConfig, riqr_home
 from runtime.errors import RiqrError
@@ -125,7 +127,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     queries: list[Any] = []
     spark = None
     try:
-        config = RuntimeConfig(namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost")
+        config = RuntimeConfig(
+            namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost"
+        )
         try:
             deployment = deploy.up(config)
         except Exception as err:
@@ -159,10 +163,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     finally:
         _say("[riqr demo] shutting down ...")
         for q in queries:
-            try:
+            with contextlib.suppress(Exception):
                 q.stop()
-            except Exception:
-                pass
         if spark is not None:
             spark.stop()
         try:
@@ -237,4 +239,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -10,7 +10,8 @@ items it carried.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Generic, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
 __all__ = ["Coalescer"]
 

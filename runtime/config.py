@@ -6,7 +6,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_NAMESPACE", "DEFAULT_PORT", "RuntimeConfig", "riqr_home", "REGISTRY_NAME", "facade_name", "http_name"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_PORT",
+    "RuntimeConfig",
+    "riqr_home",
+    "REGISTRY_NAME",
+    "facade_name",
+    "http_name",
+]
 
 DEFAULT_NAMESPACE = "riqr"
 DEFAULT_PORT = 7400

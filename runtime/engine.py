@@ -11,8 +11,9 @@ first, because the new source will re-emit every key it still has.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 __all__ = ["SortedKV", "PartitionState", "ApplyResult"]
 

@@ -12,11 +12,13 @@ a moment ago is not reported missing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from runtime.codec import decode_value
 from runtime.coalesce import Coalescer
+from runtime.codec import decode_value
 from runtime.errors import (
     DeadlineExceeded,
     KeyNotFound,
@@ -98,10 +100,8 @@ class FacadeCore:
     async def stop(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
-            except asyncio.CancelledError:
-                pass
             self._watcher = None
 
     async def _watch(self) -> None:

@@ -17,9 +17,9 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from runtime.errors import BadRequest
 

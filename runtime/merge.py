@@ -9,7 +9,8 @@ entry from the earlier source wins and the duplicate is dropped rather than sent
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 __all__ = ["merge_sorted", "sum_counts"]
 

@@ -8,8 +8,9 @@ grows on every change; a facade refreshes when it sees a newer epoch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from runtime.catalog import StoreSpec
 from runtime.partitioner import partition_of

@@ -7,7 +7,8 @@ answers batched queries: many keys in one call, one scan or count over several p
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 

@@ -25,8 +25,9 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
     "CUSTOMER_STORE",
@@ -83,7 +84,9 @@ def checkpoint_for(home: Path, namespace: str, store: str) -> Path:
     return home / "checkpoints" / namespace / store
 
 
-def start_customers(spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None) -> Any:
+def start_customers(
+    spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None
+) -> Any:
     """The query feeding ``customer-v1-changelog``."""
     from topologies.sink import materialize
     from topologies.sources import read_topic
@@ -98,7 +101,9 @@ def start_customers(spark: Any, home: Path, *, namespace: str, partitions: int =
     )
 
 
-def start_order_counts(spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None) -> Any:
+def start_order_counts(
+    spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None
+) -> Any:
     """The query feeding ``order-count``."""
     from topologies.sink import materialize
     from topologies.sources import read_topic, read_topic_batch
@@ -124,8 +129,10 @@ def start(
     trigger: str | None = None,
 ) -> list[Any]:
     """Start the two streaming queries; returns them (customer store first)."""
-    options = {"namespace": namespace, "partitions": partitions, "actors": actors, "trigger": trigger}
-    return [start_customers(spark, home, **options), start_order_counts(spark, home, **options)]
+    return [
+        start_customers(spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger),
+        start_order_counts(spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger),
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m topologies.food_orders", description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
-    parser.add_argument("--home", default=None, help="riqr home (landing dirs, checkpoints); default $RIQR_HOME or ~/.riqr")
+    parser.add_argument(
+        "--home", default=None, help="riqr home (landing dirs, checkpoints); default $RIQR_HOME or ~/.riqr"
+    )
     parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or a local cluster")
     parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
     parser.add_argument("--partitions", type=int, default=4)

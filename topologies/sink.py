@@ -16,7 +16,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import ray

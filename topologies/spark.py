@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 __all__ = ["spark_session", "DEFAULT_CONF"]
 
@@ -12,6 +12,7 @@ __all__ = ["spark_session", "DEFAULT_CONF"]
 DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.metricsEnabled": "false",
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",

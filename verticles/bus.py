@@ -7,7 +7,8 @@ an error raised inside the actor is re-raised as itself.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Sequence, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
@@ -48,7 +49,9 @@ class RayOwner:
             try:
                 self._handle = ray.get_actor(self.uuid, namespace=self._namespace)
             except ValueError:
-                raise OwnerUnavailable(f"query actor {self.uuid} is not running", actor=self.uuid, retry_after=5) from None
+                raise OwnerUnavailable(
+                    f"query actor {self.uuid} is not running", actor=self.uuid, retry_after=5
+                ) from None
         return self._handle
 
     async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:

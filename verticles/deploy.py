@@ -8,10 +8,12 @@ must never wait for Spark's tasks to free a slot. Query actors and the registry 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -49,8 +51,8 @@ def _on_node(node_id: str | None, pinned: bool) -> dict[str, Any]:
 def _verticle_options(
     name: str, namespace: str, node_id: str | None = None, *, pinned: bool = False, **extra: Any
 ) -> dict[str, Any]:
-    """Options of a detached verticle. ``pinned``: it must run on ``node_id`` (a per-node verticle);
-    otherwise the node is a preference Ray may override (a query actor when its node is gone)."""
+    """Options of a detached verticle. ``pinned``: it must run on ``node_id``; otherwise the node is only
+    a preference that Ray may override."""
     return {
         "name": name,
         "namespace": namespace,
@@ -61,6 +63,16 @@ def _verticle_options(
     }
 
 
+def _actor_class(cls: type) -> Any:
+    """``ray.remote`` applied to a verticle class (typed loosely: Ray's actor classes defeat mypy)."""
+    return ray.remote(cls)
+
+
+def _get(ref: Any, timeout: float | None = None) -> Any:
+    """``ray.get`` of one object ref, typed as what the verticle returns (Any to mypy)."""
+    return ray.get(ref, timeout=timeout)
+
+
 def alive_nodes() -> list[str]:
     return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
 
@@ -68,7 +80,7 @@ def alive_nodes() -> list[str]:
 def ensure_registry(namespace: str) -> Any:
     """The registry of ``namespace``, created if missing."""
     options = _verticle_options(REGISTRY_NAME, namespace, get_if_exists=True, max_restarts=-1)
-    handle = ray.remote(Registry).options(**options).remote(namespace)
+    handle = _actor_class(Registry).options(**options).remote(namespace)
     ray.get(handle.epoch.remote())
     return handle
 
@@ -77,8 +89,11 @@ def create_query_verticle(
     namespace: str, uuid: str, spec: StoreSpec, partitions: Sequence[int], node_id: str | None
 ) -> Any:
     """A query actor named ``uuid`` holding ``partitions`` of ``spec``, placed on ``node_id`` if alive."""
-    options = _verticle_options(uuid, namespace, node_id, max_restarts=-1)
-    return ray.remote(QueryVerticle).options(**options).remote(uuid, spec, list(partitions), namespace)
+    # Pinned: a soft preference let Ray put both actors of a store on one node while the other node was
+    # busy starting workers. A restarted actor answers 503 until rebuilt wherever it runs, so pinning
+    # costs nothing today; moving partitions off a dead node is the registry's job (a later issue).
+    options = _verticle_options(uuid, namespace, node_id, pinned=True, max_restarts=-1)
+    return _actor_class(QueryVerticle).options(**options).remote(uuid, spec, list(partitions), namespace)
 
 
 @dataclass(frozen=True)
@@ -105,18 +120,22 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     endpoints = []
     for node_id in nodes if nodes is not None else alive_nodes():
         facade = (
-            ray.remote(FacadeVerticle)
-            .options(**_verticle_options(facade_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1))
+            _actor_class(FacadeVerticle)
+            .options(
+                **_verticle_options(facade_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1)
+            )
             .remote(ns, config.request_timeout)
         )
         http = (
-            ray.remote(HttpVerticle)
-            .options(**_verticle_options(http_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1))
+            _actor_class(HttpVerticle)
+            .options(
+                **_verticle_options(http_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1)
+            )
             .remote(ns, config.http_host, config.http_port, config.advertise_host, config.request_timeout)
         )
-        where = ray.get(http.start.remote())
+        where = _get(http.start.remote())
         ray.get(facade.ready.remote())
-        endpoints.append(NodeEndpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))  # type: ignore[call-overload]
+        endpoints.append(NodeEndpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
     return Deployment(ns, tuple(endpoints))
 
 
@@ -126,19 +145,17 @@ def _named_in(namespace: str) -> list[str]:
 
 def kill_actors(namespace: str, names: Sequence[str]) -> None:
     for name in names:
-        try:
+        with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-        except ValueError:
-            pass
 
 
 def query_actor_infos(namespace: str) -> list[dict[str, Any]]:
     """``info()`` of every live query actor in ``namespace`` (used by a restarted registry)."""
     handles = [ray.get_actor(n, namespace=namespace) for n in _named_in(namespace) if _UUID.match(n)]
-    out = []
+    out: list[dict[str, Any]] = []
     for handle in handles:
         try:
-            out.append(ray.get(handle.info.remote(), timeout=30))
+            out.append(_get(handle.info.remote(), timeout=30))
         except Exception:  # an actor that cannot answer is left out; its partitions stay unassigned
             log.warning("a query actor did not answer while the registry rebuilt", exc_info=True)
     return out
@@ -146,11 +163,11 @@ def query_actor_infos(namespace: str) -> list[dict[str, Any]]:
 
 def http_endpoints(namespace: str) -> list[dict[str, Any]]:
     """Where each serving HTTP verticle of ``namespace`` listens (used by a restarted registry)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for name in _named_in(namespace):
         if name.startswith("riqr-http-"):
             try:
-                where = ray.get(ray.get_actor(name, namespace=namespace).where.remote(), timeout=30)
+                where: dict[str, Any] | None = _get(ray.get_actor(name, namespace=namespace).where.remote(), 30)
             except Exception:
                 log.warning("HTTP verticle %s did not answer while the registry rebuilt", name, exc_info=True)
                 continue

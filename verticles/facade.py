@@ -6,7 +6,8 @@ A thin async shell over ``runtime.facade.FacadeCore``. Answers travel as envelop
 
 from __future__ import annotations
 
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from runtime.errors import RiqrError
 from runtime.facade import FacadeCore

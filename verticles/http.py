@@ -8,7 +8,9 @@ registry so metadata can point clients at it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import ray
 from aiohttp import web
@@ -37,6 +39,26 @@ class HttpVerticle:
         self.core = FacadeCore(RayBus(namespace), timeout=timeout)
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray restarted this actor: nobody will call start(), so serve again by ourselves, on the port
+            # this node had (the registry still lists it), so clients' URLs keep working.
+            self._restarting = asyncio.get_event_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        for attempt in range(30):
+            try:
+                if self.port == 0:
+                    registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
+                    view = await registry.view.remote()
+                    previous = view.endpoints.get(self.node_id)
+                    if previous is not None:
+                        self.port = previous.port
+                await self.start()
+                log.warning("HTTP verticle restarted on port %s", self.bound_port)
+                return
+            except Exception:
+                log.warning("HTTP verticle restart attempt %d failed", attempt + 1, exc_info=True)
+                await asyncio.sleep(1)
 
     async def start(self) -> dict[str, object]:
         """Start serving (idempotent) and register the endpoint; returns where it listens."""
@@ -51,7 +73,8 @@ class HttpVerticle:
                 await runner.cleanup()
                 raise RuntimeError(f"cannot listen on {self.host}:{self.port}: {err.strerror}") from err
             self._runner = runner
-            sockets = site._server.sockets if site._server else []  # noqa: SLF001 - the bound port
+            server: Any = site._server  # the bound port is only on the server's sockets
+            sockets = server.sockets if server is not None else []
             self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
             registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
             await registry.register_endpoint.remote(self.node_id, self.advertise_host, self.bound_port)

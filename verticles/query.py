@@ -7,7 +7,8 @@ so a batch is applied atomically with respect to reads.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import ray

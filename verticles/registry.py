@@ -54,9 +54,7 @@ class Registry:
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name)
                 continue
-            actors = [
-                ActorInfo(m["uuid"], name, m["node_id"], m["node_ip"], tuple(m["partitions"])) for m in members
-            ]
+            actors = [ActorInfo(m["uuid"], name, m["node_id"], m["node_ip"], tuple(m["partitions"])) for m in members]
             self.state.install(table, actors)
         for where in deploy.http_endpoints(self.namespace):
             self.state.register_endpoint(Endpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
@@ -84,7 +82,8 @@ class Registry:
         ]
         where = ray.get([h.ready.remote() for h in handles])
         actors = [
-            ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(holdings[uuid])) for uuid, w in zip(uuids, where)
+            ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(holdings[uuid]))
+            for uuid, w in zip(uuids, where)
         ]
         self.state.install(table, actors)
         log.info("created store %s: %d partitions on %d actors", spec.name, spec.partitions, len(actors))

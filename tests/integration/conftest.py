@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,9 @@ def deploy_runtime(prefix: str) -> Runtime:
     from verticles import deploy
 
     namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    deployment = deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"))
+    deployment = deploy.up(
+        RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
+    )
     return Runtime(namespace, {ep.node_id: ep.url for ep in deployment.endpoints})
 
 
@@ -113,14 +116,17 @@ def produce(home: Path, topic: str, lines: str) -> None:
 
 
 def load_seed(topology: Topology) -> None:
-    from runtime.cli import SEED_CUSTOMERS as customers, SEED_ORDERS as orders
+    from runtime.cli import SEED_CUSTOMERS as customers
+    from runtime.cli import SEED_ORDERS as orders
 
     produce(topology.home, "customer", customers)
     produce(topology.home, "order", orders)
     url = topology.runtime.url
     wait_for(
-        lambda: http_get(f"{url}/stores/customer-v1-changelog/approximate-num-entries")[2] == {"result": 7}
-        and http_get(f"{url}/stores/order-count/approximate-num-entries")[2] == {"result": 3},
+        lambda: (
+            http_get(f"{url}/stores/customer-v1-changelog/approximate-num-entries")[2] == {"result": 7}
+            and http_get(f"{url}/stores/order-count/approximate-num-entries")[2] == {"result": 3}
+        ),
         what="the seed data in both stores",
     )
 

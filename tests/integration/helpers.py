@@ -6,7 +6,8 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:

@@ -16,7 +16,8 @@ import pytest
 from ray.job_submission import JobSubmissionClient
 
 from runtime.cli import SEED_CUSTOMERS, SEED_ORDERS
-from tests.integration.conftest import REPO, SEED_CUSTOMERS as CUSTOMERS, RayCluster
+from tests.integration.conftest import REPO, RayCluster
+from tests.integration.conftest import SEED_CUSTOMERS as CUSTOMERS
 from tests.integration.helpers import http_get, wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,22 +42,52 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
     job_id = f"riqr-food-orders-{uuid.uuid4().hex[:8]}"
     dashboard = ray_cluster.dashboard_url
     out = run(
-        BIN / "riqr", "up", "--address", ray_cluster.address, "--namespace", namespace,
-        "--host", "127.0.0.1", "--port", "0", "--advertise-host", "127.0.0.1",
+        BIN / "riqr",
+        "up",
+        "--address",
+        ray_cluster.address,
+        "--namespace",
+        namespace,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--advertise-host",
+        "127.0.0.1",
     )
     urls = re.findall(r"REST API at (http://\S+)", out)
     assert len(urls) == 2, out
     try:
         run(
-            BIN / "ray", "job", "submit", "--address", dashboard, "--submission-id", job_id, "--no-wait",
-            "--working-dir", ".",
+            BIN / "ray",
+            "job",
+            "submit",
+            "--address",
+            dashboard,
+            "--submission-id",
+            job_id,
+            "--no-wait",
+            "--working-dir",
+            ".",
             # Both test nodes share this machine's session directory: an eager install of the job's
             # working_dir on the second node would unpack over the directory the driver runs in. On
             # a real cluster each node has its own disk and the README's plain command is enough.
-            "--runtime-env-json", '{"config": {"eager_install": false}}',
+            "--runtime-env-json",
+            '{"config": {"eager_install": false}}',
             "--",
-            "python", "-m", "topologies.food_orders", "--namespace", namespace, "--home", str(tmp_path),
-            "--partitions", "2", "--actors", "2", "--trigger", "200 milliseconds",
+            "python",
+            "-m",
+            "topologies.food_orders",
+            "--namespace",
+            namespace,
+            "--home",
+            str(tmp_path),
+            "--partitions",
+            "2",
+            "--actors",
+            "2",
+            "--trigger",
+            "200 milliseconds",
         )
         run(BIN / "riqr", "produce", "customer", "--home", str(tmp_path), stdin=SEED_CUSTOMERS)
         run(BIN / "riqr", "produce", "order", "--home", str(tmp_path), stdin=SEED_ORDERS)
@@ -64,7 +95,9 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
         def seeded() -> bool:
             all_customers = http_get(f"{urls[1]}/stores/customer-v1-changelog/all")[2]
             orders = http_get(f"{urls[0]}/stores/order-count/approximate-num-entries")[2]
-            return all_customers == {"result": [{"key": k, "value": v} for k, v in sorted(CUSTOMERS.items())]} and orders == {"result": 3}
+            return all_customers == {
+                "result": [{"key": k, "value": v} for k, v in sorted(CUSTOMERS.items())]
+            } and orders == {"result": 3}
 
         jobs = JobSubmissionClient(dashboard)
 
@@ -78,7 +111,9 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
         assert http_get(f"{urls[1]}/stores/order-count/get/1")[2] == {"response": 1}
         assert http_get(f"{urls[0]}/stores/order-count/get/")[2] == {"response": 1}
     finally:
-        subprocess.run([BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO)
+        subprocess.run(
+            [BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO
+        )
         run(BIN / "riqr", "down", "--address", ray_cluster.address, "--namespace", namespace)
     # The verticles are gone: nothing of the namespace is left behind.
     import ray

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -60,7 +61,9 @@ def test_a_batch_replayed_by_spark_changes_nothing(live: Topology, spark: Any) -
     positions_before = [ray.get(h.positions.remote()) for h in handles]
     assert all(p["batch_id"] == last for pos in positions_before for p in pos.values())
 
-    live.queries[1] = food_orders.start_order_counts(spark, live.home, namespace=live.runtime.namespace, trigger="200 milliseconds")
+    live.queries[1] = food_orders.start_order_counts(
+        spark, live.home, namespace=live.runtime.namespace, trigger="200 milliseconds"
+    )
     wait_for(lambda: (checkpoint / "commits" / str(last)).exists(), what=f"Spark replaying batch {last}")
     assert http_get(f"{url}/stores/order-count/all")[2] == before
     positions_after = [ray.get(h.positions.remote()) for h in handles]

@@ -28,7 +28,10 @@ def test_get(seeded: Runtime) -> None:
     for url in seeded.endpoints.values():
         assert http_get(f"{url}/stores/customer-v1-changelog/get/2")[:3:2] == (200, {"response": "adam"})
         assert http_get(f"{url}/stores/order-count/get/1")[:3:2] == (200, {"response": 1})
-        assert http_get(f"{url}/stores/order-count/get/")[:3:2] == (200, {"response": 1})  # the order with the empty key
+        assert http_get(f"{url}/stores/order-count/get/")[:3:2] == (
+            200,
+            {"response": 1},
+        )  # the order with the empty key
 
 
 def test_range_both_ends_inclusive(seeded: Runtime) -> None:

@@ -6,7 +6,8 @@ exercise the real actors and HTTP verticles without waiting on micro-batch trigg
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -36,15 +37,25 @@ def runtime_ns(ray_cluster: RayCluster) -> Iterator[Runtime]:
 
 def arrow_batch(spark: Any, rows: list[tuple[int, int | None]]) -> pa.Table:
     df = spark.createDataFrame(rows, "user bigint, score bigint")
-    return df.selectExpr("user", "score", f"{spark_partition_sql(SPEC.key.type, 'user', 4)} AS {PARTITION_COLUMN}").toArrow()
+    return df.selectExpr(
+        "user", "score", f"{spark_partition_sql(SPEC.key.type, 'user', 4)} AS {PARTITION_COLUMN}"
+    ).toArrow()
 
 
 @pytest.fixture
 def store(runtime_ns: Runtime, spark: Any) -> Iterator[BatchDelivery]:
     registry = runtime_ns.registry()
-    ray.get(registry.create_store.remote(SPEC))
+    view = ray.get(registry.create_store.remote(SPEC))
     delivery = BatchDelivery(SPEC, runtime_ns.namespace, checkpoint="unused")
     delivery.deliver("query-1", 0, arrow_batch(spark, [(i, i * 10) for i in [1, 2, 10, 20, 100, -5]]))
+    # The store is recreated for every test: wait until each REST API's cached view knows its new actors
+    # (facades poll the registry's epoch every second).
+    actors = {u for u, info in view.actors.items() if info.store == SPEC.name}
+    for url in runtime_ns.endpoints.values():
+        wait_for(
+            lambda url=url: {i["actor"] for i in http_get(f"{url}/metadata/stores/scores")[2]["result"]} == actors,
+            what="the REST API seeing the new store",
+        )
     yield delivery
     ray.get(registry.drop_store.remote(SPEC.name))
 
@@ -85,7 +96,9 @@ def test_a_dead_owner_is_a_503_with_retry_after_never_a_wrong_answer(runtime_ns:
         assert body["error"]["code"] == "owner-unavailable"
 
 
-def test_a_restarted_owner_says_503_until_rebuilt_rather_than_answering_empty(runtime_ns: Runtime, store: BatchDelivery) -> None:
+def test_a_restarted_owner_says_503_until_rebuilt_rather_than_answering_empty(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
     url = runtime_ns.url
     owner = http_get(f"{url}/metadata/stores/scores/key/1")[2]["result"]
     ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=False)
@@ -109,7 +122,9 @@ def test_redeclaring_with_another_layout_is_a_conflict(runtime_ns: Runtime, stor
             raise err.cause from None
 
 
-def test_a_restarted_registry_rebuilds_its_tables_from_the_query_actors(runtime_ns: Runtime, store: BatchDelivery) -> None:
+def test_a_restarted_registry_rebuilds_its_tables_from_the_query_actors(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
     registry = runtime_ns.registry()
     epoch_before = ray.get(registry.epoch.remote())
     ray.kill(registry, no_restart=False)
@@ -123,4 +138,17 @@ def test_a_restarted_registry_rebuilds_its_tables_from_the_query_actors(runtime_
     assert sorted(p for info in view.actors.values() if info.store == "scores" for p in info.partitions) == [0, 1, 2, 3]
     assert {f"http://{ep.host}:{ep.port}" for ep in view.endpoints.values()} == set(runtime_ns.endpoints.values())
     # Facades follow the new epoch; queries keep working through it.
-    wait_for(lambda: http_get(f"{runtime_ns.url}/stores/scores/get/10")[2] == {"response": 100}, what="queries after the rebuild")
+    wait_for(
+        lambda: http_get(f"{runtime_ns.url}/stores/scores/get/10")[2] == {"response": 100},
+        what="queries after the rebuild",
+    )
+
+
+def test_a_restarted_http_verticle_serves_again_on_the_same_url(runtime_ns: Runtime, store: BatchDelivery) -> None:
+    from runtime.config import http_name
+
+    node_id, url = next(iter(runtime_ns.endpoints.items()))
+    ray.kill(ray.get_actor(http_name(node_id), namespace=runtime_ns.namespace), no_restart=False)
+    wait_for(
+        lambda: http_get(f"{url}/stores/scores/get/10")[2] == {"response": 100}, what="the REST API back on its URL"
+    )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -18,7 +19,9 @@ from runtime.registry import RegistryState
 
 
 def kv_spec(name: str = "s", key_type: str = "string", partitions: int = 4, actors: int = 2) -> StoreSpec:
-    return StoreSpec(name, KeySchema("key", key_type), (ValueField("value", "string"),), partitions=partitions, actors=actors)
+    return StoreSpec(
+        name, KeySchema("key", key_type), (ValueField("value", "string"),), partitions=partitions, actors=actors
+    )
 
 
 class FakeOwner:

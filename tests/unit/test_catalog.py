@@ -6,7 +6,11 @@ from runtime.keys import KeySchema
 
 
 def spec(**kw: object) -> StoreSpec:
-    args: dict = {"name": "order-count", "key": KeySchema("key", "string"), "value_fields": (ValueField("count", "bigint"),)}
+    args: dict = {
+        "name": "order-count",
+        "key": KeySchema("key", "string"),
+        "value_fields": (ValueField("count", "bigint"),),
+    }
     args.update(kw)
     return StoreSpec(**args)
 

@@ -29,7 +29,15 @@ def test_produce_reads_riqr_home_from_the_environment(tmp_path, monkeypatch) -> 
 
 def test_seed_curls_cover_every_seed_path() -> None:
     curls = "\n".join(cli.seed_curls("http://localhost:7400"))
-    for path in ["/metadata", "/metadata/stores/order-count", "/key/1", "/all", "/get/2", "range?from=1&to=5", "approximate-num-entries"]:
+    for path in [
+        "/metadata",
+        "/metadata/stores/order-count",
+        "/key/1",
+        "/all",
+        "/get/2",
+        "range?from=1&to=5",
+        "approximate-num-entries",
+    ]:
         assert path in curls
 
 

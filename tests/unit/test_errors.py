@@ -37,4 +37,6 @@ def test_unavailable_errors_ask_for_retry_after() -> None:
 
 def test_json_body_names_the_code_and_details() -> None:
     body = E.KeyNotFound("key '9' is not in store 'o'", store="o", key="9").to_json()
-    assert body == {"error": {"code": "key-not-found", "message": "key '9' is not in store 'o'", "store": "o", "key": "9"}}
+    assert body == {
+        "error": {"code": "key-not-found", "message": "key '9' is not in store 'o'", "store": "o", "key": "9"}
+    }

@@ -106,3 +106,32 @@ async def test_keys_with_slashes_and_percent_encoding_reach_the_store(client) ->
     resp = await client.get("/stores/customer-v1-changelog/get/a%2Fb")
     assert resp.status == 404
     assert (await resp.json())["error"]["key"] == "a/b"
+
+
+HOSTILE_PATHS = [
+    "/stores/%ff%fe/get/1",
+    "/stores/customer-v1-changelog/get/%ff",
+    "/stores/customer-v1-changelog/get/" + "x" * 5000,
+    "/stores/customer-v1-changelog/get/%00",
+    "/stores/customer-v1-changelog/get/../../etc/passwd",
+    "/stores/ints/get/-",
+    "/stores/ints/get/1e10",
+    "/stores/ints/get/" + "9" * 400,
+    "/stores/ints/range?from=&to=",
+    "/stores/ints/range?from=1&from=2",
+    "/stores/ints/range?to=%ff",
+    "/stores/customer-v1-changelog/range?from=%ff",
+    "/metadata/stores/%2e%2e/key/1",
+    "/metadata/stores/ints/key/" + "1" * 30,
+    "/stores//all",
+    "/stores/customer-v1-changelog/approximate-num-entries/extra",
+    "/metadata/",
+]
+
+
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
+async def test_nothing_a_client_sends_is_a_500(client, path: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path)
+    assert 200 <= resp.status < 500, (path, resp.status, await resp.text())
+    if resp.status >= 400:
+        assert "error" in await resp.json()

@@ -24,7 +24,11 @@ def test_rows_from_arrow_multi_column_values_are_maps() -> None:
 
 def test_apply_get_scan_count() -> None:
     core = QueryCore(kv_spec(), [0, 2])
-    core.apply("q", 0, {0: pa.table({"key": ["b", "d"], "value": ["B", "D"]}), 2: pa.table({"key": ["a", "c"], "value": ["A", "C"]})})
+    core.apply(
+        "q",
+        0,
+        {0: pa.table({"key": ["b", "d"], "value": ["B", "D"]}), 2: pa.table({"key": ["a", "c"], "value": ["A", "C"]})},
+    )
     assert [decode_value(v) if v else v for v in core.get_many([(0, "b"), (2, "a"), (2, "zz")])] == ["B", "A", None]
     assert [k for k, _ in core.scan([0, 2])] == ["a", "b", "c", "d"]
     assert [k for k, _ in core.scan([0, 2], "b", "c")] == ["b", "c"]
@@ -34,7 +38,10 @@ def test_apply_get_scan_count() -> None:
 def test_empty_slices_still_advance_the_position() -> None:
     core = QueryCore(kv_spec(), [0, 2])
     core.apply("q", 3, {0: None, 2: pa.table({"key": ["a"], "value": ["A"]})})
-    assert core.positions() == {0: {"source": "q", "batch_id": 3, "available": True}, 2: {"source": "q", "batch_id": 3, "available": True}}
+    assert core.positions() == {
+        0: {"source": "q", "batch_id": 3, "available": True},
+        2: {"source": "q", "batch_id": 3, "available": True},
+    }
 
 
 def test_partitions_not_held_here_are_reported_per_key() -> None:
