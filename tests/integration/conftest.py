@@ -6,6 +6,7 @@ see each other's stores.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -131,16 +132,29 @@ def load_seed(topology: Topology) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def seeded(ray_cluster: RayCluster, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
-    """The seed-000 scenario, loaded by the real topology; its queries stop once the data is in."""
+@contextlib.contextmanager
+def seeded_food_orders(spark: Any, prefix: str, home: Path, *, keep_running: bool) -> Iterator[Topology]:
+    """riqr in a fresh namespace, the food-orders topology on it, the seed data loaded and visible.
+
+    With ``keep_running`` false the streaming queries stop once the data is in (the stores keep it), so
+    read-only tests do not share the two cores with idle micro-batches. Everything is removed on exit.
+    """
     from verticles import deploy
 
-    runtime = deploy_runtime("riqr-seed")
-    topology = start_food_orders(spark, runtime, tmp_path_factory.mktemp("seed-home"))
+    runtime = deploy_runtime(prefix)
+    topology = start_food_orders(spark, runtime, home)
     try:
         load_seed(topology)
+        if not keep_running:
+            topology.stop()
+        yield topology
     finally:
         topology.stop()
-    yield runtime
-    deploy.down(runtime.namespace)
+        deploy.down(runtime.namespace)
+
+
+@pytest.fixture(scope="session")
+def seeded(ray_cluster: RayCluster, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """The seed-000 scenario, loaded by the real topology (stopped once loaded), for read-only tests."""
+    with seeded_food_orders(spark, "riqr-seed", tmp_path_factory.mktemp("seed-home"), keep_running=False) as topology:
+        yield topology.runtime

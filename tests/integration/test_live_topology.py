@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import ray
 
-from tests.integration.conftest import RayCluster, Topology, deploy_runtime, load_seed, produce, start_food_orders
+from tests.integration.conftest import RayCluster, Topology, produce, seeded_food_orders
 from tests.integration.helpers import http_get, wait_for
 
 pytestmark = pytest.mark.integration
@@ -16,16 +16,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def live(ray_cluster: RayCluster, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    from verticles import deploy
-
-    runtime = deploy_runtime("riqr-live")
-    topology = start_food_orders(spark, runtime, tmp_path_factory.mktemp("live-home"))
-    try:
-        load_seed(topology)
+    with seeded_food_orders(spark, "riqr-live", tmp_path_factory.mktemp("live-home"), keep_running=True) as topology:
         yield topology
-    finally:
-        topology.stop()
-        deploy.down(runtime.namespace)
 
 
 def value(url: str) -> Any:
