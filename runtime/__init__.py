@@ -1,7 +1,7 @@
 """riqr's runtime: the pure core (partitioner, codecs, ownership, merges, engines, errors), the bus
 adapters' protocols, the Python driver API (``connect``) and the CLI."""
 
-from runtime.client import Client, Store, connect
+from runtime.client import Client, Page, Store, connect
 from runtime.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -18,6 +18,7 @@ __all__ = [
     "connect",
     "Client",
     "Store",
+    "Page",
     "RiqrError",
     "BadRequest",
     "MalformedKey",

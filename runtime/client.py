@@ -14,12 +14,20 @@ and scatter-gathers over Ray. Errors are riqr's own (``runtime.errors``): ``KeyN
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, NamedTuple
 
 from runtime.config import DEFAULT_NAMESPACE, facade_name
 from runtime.errors import NotConnected, RiqrError
 
-__all__ = ["connect", "Client", "Store"]
+__all__ = ["connect", "Client", "Store", "Page"]
+
+
+class Page(NamedTuple):
+    """A page of a scan: its entries and the cursor of the next page (None after the last)."""
+
+    entries: list[tuple[Any, Any]]
+    next: str | None
 
 
 def _unwrap(envelope: tuple[str, Any]) -> Any:
@@ -50,13 +58,47 @@ class Store:
         """The value of ``key``; raises ``KeyNotFound`` when absent."""
         return self._call("get", self.name, key)
 
-    def all(self) -> list[tuple[Any, Any]]:
-        """Every ``(key, value)`` in key order."""
-        return self._call("all", self.name)
+    def all(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        """Every ``(key, value)`` in key order (or reversed). For big stores prefer ``iterate``."""
+        return self._call("all", self.name, reverse)
 
-    def range(self, lo: Any = None, hi: Any = None) -> list[tuple[Any, Any]]:
-        """Entries with ``lo <= key <= hi`` in key order; a ``None`` bound is open."""
-        return self._call("range", self.name, lo, hi)
+    def range(self, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        """Entries with ``lo <= key <= hi`` in key order (or reversed); a ``None`` bound is open."""
+        return self._call("range", self.name, lo, hi, reverse)
+
+    def prefix(self, prefix: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        """Entries whose (string) key starts with ``prefix``."""
+        return self._call("prefix", self.name, prefix, reverse)
+
+    def page(
+        self,
+        limit: int,
+        cursor: str | None = None,
+        *,
+        lo: Any = None,
+        hi: Any = None,
+        prefix: str | None = None,
+        reverse: bool = False,
+    ) -> Page:
+        """At most ``limit`` entries and the cursor of the next page (``None`` after the last page).
+
+        Pass the cursor back to continue the same scan (its bounds and direction travel in the cursor).
+        Paging through a store that is being updated never repeats a key and never skips one that was
+        present throughout.
+        """
+        entries, next_cursor = self._call("page", self.name, limit, cursor, lo, hi, prefix, reverse)
+        return Page(entries, next_cursor)
+
+    def iterate(
+        self, *, lo: Any = None, hi: Any = None, prefix: str | None = None, reverse: bool = False, page_size: int = 1000
+    ) -> Iterator[tuple[Any, Any]]:
+        """Every entry of a range or prefix scan, fetched a page at a time (memory stays at one page)."""
+        page = self.page(page_size, lo=lo, hi=hi, prefix=prefix, reverse=reverse)
+        while True:
+            yield from page.entries
+            if page.next is None:
+                return
+            page = self.page(page_size, page.next)
 
     def approximate_num_entries(self) -> int:
         return self._call("approximate_num_entries", self.name)
@@ -68,11 +110,38 @@ class Store:
     async def get_async(self, key: Any) -> Any:
         return await self._acall("get", self.name, key)
 
-    async def all_async(self) -> list[tuple[Any, Any]]:
-        return await self._acall("all", self.name)
+    async def all_async(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        return await self._acall("all", self.name, reverse)
 
-    async def range_async(self, lo: Any = None, hi: Any = None) -> list[tuple[Any, Any]]:
-        return await self._acall("range", self.name, lo, hi)
+    async def range_async(self, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        return await self._acall("range", self.name, lo, hi, reverse)
+
+    async def prefix_async(self, prefix: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        return await self._acall("prefix", self.name, prefix, reverse)
+
+    async def page_async(
+        self,
+        limit: int,
+        cursor: str | None = None,
+        *,
+        lo: Any = None,
+        hi: Any = None,
+        prefix: str | None = None,
+        reverse: bool = False,
+    ) -> Page:
+        entries, next_cursor = await self._acall("page", self.name, limit, cursor, lo, hi, prefix, reverse)
+        return Page(entries, next_cursor)
+
+    async def iterate_async(
+        self, *, lo: Any = None, hi: Any = None, prefix: str | None = None, reverse: bool = False, page_size: int = 1000
+    ) -> AsyncIterator[tuple[Any, Any]]:
+        page = await self.page_async(page_size, lo=lo, hi=hi, prefix=prefix, reverse=reverse)
+        while True:
+            for entry in page.entries:
+                yield entry
+            if page.next is None:
+                return
+            page = await self.page_async(page_size, page.next)
 
     async def approximate_num_entries_async(self) -> int:
         return await self._acall("approximate_num_entries", self.name)

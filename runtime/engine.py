@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.scan import Scan
+
 __all__ = ["SortedKV", "PartitionState", "ApplyResult"]
 
 # Past this many new keys in one batch (relative to the store size), re-sorting beats insort.
@@ -75,15 +77,31 @@ class SortedKV:
                     bisect.insort(keys, key)
         self._keys = keys
 
-    def range(self, lo: Any = None, hi: Any = None) -> Iterator[tuple[Any, bytes]]:
-        """Entries with ``lo <= key <= hi`` in key order; a ``None`` bound is open."""
+    def scan(self, scan: Scan) -> Iterator[tuple[Any, bytes]]:
+        """The entries ``scan`` covers, in its direction. Lazy: a caller taking a page reads only that."""
         keys = self._keys
-        start = 0 if lo is None else bisect.bisect_left(keys, lo)
-        stop = len(keys) if hi is None else bisect.bisect_right(keys, hi)
+        lo, hi = scan.lo, scan.hi
+        if lo is None:
+            start = 0
+        elif lo.inclusive:
+            start = bisect.bisect_left(keys, lo.key)
+        else:
+            start = bisect.bisect_right(keys, lo.key)
+        if hi is None:
+            stop = len(keys)
+        elif hi.inclusive:
+            stop = bisect.bisect_right(keys, hi.key)
+        else:
+            stop = bisect.bisect_left(keys, hi.key)
         data = self._data
-        for i in range(start, stop):
+        indices = range(stop - 1, start - 1, -1) if scan.reverse else range(start, stop)
+        for i in indices:
             key = keys[i]
             yield key, data[key]
+
+    def range(self, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> Iterator[tuple[Any, bytes]]:
+        """Entries with ``lo <= key <= hi``; a ``None`` bound is open."""
+        return self.scan(Scan.closed(lo, hi, reverse=reverse))
 
     def clear(self) -> None:
         self._data.clear()

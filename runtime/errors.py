@@ -15,6 +15,8 @@ __all__ = [
     "BadRequest",
     "MalformedKey",
     "MalformedRange",
+    "MalformedCursor",
+    "InvalidParameter",
     "NotFound",
     "StoreNotFound",
     "KeyNotFound",
@@ -85,6 +87,18 @@ class MalformedRange(BadRequest):
     """A range bound that does not parse, or an unusable range."""
 
     code = "malformed-range"
+
+
+class MalformedCursor(BadRequest):
+    """A paging cursor that this server did not issue for this query."""
+
+    code = "malformed-cursor"
+
+
+class InvalidParameter(BadRequest):
+    """A query parameter with a value riqr cannot use (a limit too large, ``reverse=maybe``...)."""
+
+    code = "invalid-parameter"
 
 
 class NotFound(RiqrError):

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 from runtime.coalesce import Coalescer
 from runtime.codec import decode_value
 from runtime.errors import (
     DeadlineExceeded,
+    InvalidParameter,
     KeyNotFound,
     MalformedRange,
     OwnerUnavailable,
@@ -28,10 +29,22 @@ from runtime.errors import (
     RiqrError,
     StoreNotFound,
 )
-from runtime.merge import merge_sorted, sum_counts
+from runtime.merge import merge_sorted_async, sum_counts
 from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, Route
+from runtime.scan import Scan, decode_cursor, encode_cursor, prefix_scan
 
-__all__ = ["OwnerClient", "Bus", "FacadeCore", "instance_json"]
+__all__ = ["OwnerClient", "Bus", "FacadeCore", "instance_json", "check_limit", "MAX_PAGE"]
+
+# The largest page a client may ask for; larger results are for NDJSON streaming or cursors.
+MAX_PAGE = 10_000
+
+
+def check_limit(limit: int, maximum: int = MAX_PAGE) -> int:
+    """A page size a client asked for, or ``InvalidParameter``."""
+    if not 1 <= limit <= maximum:
+        raise InvalidParameter(f"limit must be between 1 and {maximum}, got {limit}", limit=limit, maximum=maximum)
+    return limit
+
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +54,7 @@ class OwnerClient(Protocol):
 
     async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]: ...
 
-    async def scan(self, partitions: Sequence[int], lo: Any, hi: Any) -> Sequence[tuple[Any, bytes]]: ...
+    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]: ...
 
     async def count(self, partitions: Sequence[int]) -> int: ...
 
@@ -76,9 +89,19 @@ def instance_json(view: ClusterView, info: ActorInfo) -> dict[str, Any]:
 class FacadeCore:
     """Routing and scatter-gather over a cached ``ClusterView``."""
 
-    def __init__(self, bus: Bus, *, timeout: float = 10.0, refresh_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        timeout: float = 10.0,
+        refresh_interval: float = 1.0,
+        page_size: int = 1000,
+        max_page: int = MAX_PAGE,
+    ) -> None:
         self._bus = bus
         self.timeout = timeout
+        self.page_size = page_size
+        self.max_page = max_page
         self._refresh_interval = refresh_interval
         self._view = ClusterView()
         self._refresh_lock = asyncio.Lock()
@@ -204,28 +227,114 @@ class FacadeCore:
             )
         return table.by_owner()
 
-    async def range(self, store: str, lo: Any = None, hi: Any = None) -> list[tuple[Any, Any]]:
-        """Entries with ``lo <= key <= hi`` (a ``None`` bound is open) over all partitions, in key order."""
+    async def make_scan(
+        self, store: str, *, lo: Any = None, hi: Any = None, prefix: str | None = None, reverse: bool = False
+    ) -> Scan:
+        """The scan of ``store`` for a key range (both ends inclusive, ``None`` open) or a key prefix."""
         table = await self.table(store)
+        key = table.spec.key
+        if prefix is not None:
+            if lo is not None or hi is not None:
+                raise InvalidParameter("a prefix scan cannot also have from/to bounds", store=store)
+            if key.type_name != "string":
+                raise InvalidParameter(
+                    f"prefix scans need string keys; store {store!r} has {key.type_name} keys", store=store
+                )
+            return prefix_scan(prefix, reverse=reverse)
         try:
-            lo_t = None if lo is None else table.spec.key.coerce(lo)
-            hi_t = None if hi is None else table.spec.key.coerce(hi)
+            lo_t = None if lo is None else key.coerce(lo)
+            hi_t = None if hi is None else key.coerce(hi)
         except RiqrError as err:
             raise MalformedRange(err.message, store=store) from None
-        if lo_t is not None and hi_t is not None and lo_t > hi_t:
-            return []
-        owners = self._owners(table)
+        return Scan.closed(lo_t, hi_t, reverse=reverse)
 
-        async def gather() -> list[Sequence[tuple[Any, bytes]]]:
-            calls = [self._bus.owner(uuid).scan(parts, lo_t, hi_t) for uuid, parts in owners.items()]
-            return list(await asyncio.gather(*calls))
+    async def _owner_entries(
+        self, uuid: str, partitions: list[int], scan: Scan, page_size: int
+    ) -> AsyncGenerator[tuple[Any, bytes], None]:
+        """One owner's part of a scan, a page at a time, with the next page fetched while one is used."""
+        owner = self._bus.owner(uuid)
+        what = f"scan page from {uuid}"
+        pending: asyncio.Future[Any] | None = asyncio.ensure_future(
+            self._guard(owner.scan(partitions, scan, page_size), what)
+        )
+        try:
+            while pending is not None:
+                page = await pending
+                pending = None
+                if len(page) == page_size:
+                    scan = scan.after(page[-1][0])
+                    pending = asyncio.ensure_future(self._guard(owner.scan(partitions, scan, page_size), what))
+                for entry in page:
+                    yield entry
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
 
-        runs = await self._guard(gather(), f"scan of {store}")
-        return [(key, decode_value(value)) for key, value in merge_sorted(runs)]
+    async def stream(
+        self, store: str, scan: Scan, page_size: int | None = None
+    ) -> AsyncGenerator[tuple[Any, Any], None]:
+        """The entries of ``scan`` over all partitions, merged in order as they are consumed.
 
-    async def all(self, store: str) -> list[tuple[Any, Any]]:
-        """Every entry of ``store`` in key order."""
-        return await self.range(store, None, None)
+        Memory is about two pages per owner whatever the result's size, so a caller can stream a whole
+        store. Each page call has the request deadline; the stream as a whole has none.
+        """
+        table = await self.table(store)
+        if scan.is_empty():
+            return
+        size = page_size or self.page_size
+        sources = [self._owner_entries(u, p, scan, size) for u, p in self._owners(table).items()]
+        try:
+            async for key, value in merge_sorted_async(sources, reverse=scan.reverse):
+                yield key, decode_value(value)
+        finally:
+            for source in sources:
+                await source.aclose()
+
+    async def collect(self, store: str, scan: Scan, limit: int | None = None) -> list[tuple[Any, Any]]:
+        """The entries of ``scan`` as a list (at most ``limit``)."""
+        page_size = self.page_size if limit is None else min(self.page_size, limit)
+        out: list[tuple[Any, Any]] = []
+        if limit == 0:
+            return out
+        stream = self.stream(store, scan, page_size)
+        try:
+            async for entry in stream:
+                out.append(entry)
+                if limit is not None and len(out) >= limit:
+                    break
+        finally:
+            await stream.aclose()
+        return out
+
+    async def page(
+        self, store: str, scan: Scan, limit: int, cursor: str | None = None
+    ) -> tuple[list[tuple[Any, Any]], str | None]:
+        """One page of at most ``limit`` entries, and the cursor of the next page (None at the end).
+
+        With a ``cursor`` the scan it encodes is continued and ``scan`` is ignored.
+        """
+        check_limit(limit, self.max_page)
+        if cursor is not None:
+            scan = decode_cursor(store, cursor)
+        entries = await self.collect(store, scan, limit + 1)
+        if len(entries) <= limit:
+            return entries, None
+        entries = entries[:limit]
+        return entries, encode_cursor(store, scan, entries[-1][0])
+
+    async def range(
+        self, store: str, lo: Any = None, hi: Any = None, *, reverse: bool = False
+    ) -> list[tuple[Any, Any]]:
+        """Entries with ``lo <= key <= hi`` (a ``None`` bound is open) over all partitions, in key order."""
+        return await self.collect(store, await self.make_scan(store, lo=lo, hi=hi, reverse=reverse))
+
+    async def all(self, store: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        """Every entry of ``store`` in key order (or reversed)."""
+        return await self.range(store, reverse=reverse)
+
+    async def prefix(self, store: str, prefix: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
+        """Entries whose (string) key starts with ``prefix``, in key order (or reversed)."""
+        return await self.collect(store, await self.make_scan(store, prefix=prefix, reverse=reverse))
 
     async def approximate_num_entries(self, store: str) -> int:
         table = await self.table(store)

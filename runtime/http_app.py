@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import msgpack
 from aiohttp import web
 
 from runtime.codec import to_jsonable
-from runtime.errors import RiqrError
+from runtime.errors import InvalidParameter, RiqrError
 from runtime.facade import FacadeCore
+from runtime.scan import Scan, decode_cursor
 
 __all__ = ["build_app", "FACADE"]
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 FACADE: web.AppKey[FacadeCore] = web.AppKey("riqr.facade", FacadeCore)
 MSGPACK = "application/msgpack"
+NDJSON = "application/x-ndjson"
+_STREAM_CHUNK = 64 * 1024  # bytes of NDJSON gathered before a write
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -99,16 +102,106 @@ async def get_key(request: web.Request) -> web.Response:
     return _reply(request, {"response": await request.app[FACADE].get(store, key)})
 
 
-async def all_entries(request: web.Request) -> web.Response:
-    store = request.match_info["store"]
-    return _reply(request, {"result": _entries(await request.app[FACADE].all(store))})
+_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 
 
-async def range_entries(request: web.Request) -> web.Response:
+def _bool_param(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    if raw.lower() in _TRUE or raw == "":
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise InvalidParameter(f"{name} must be true or false, got {raw!r}", parameter=name)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidParameter(f"{name} must be an integer, got {raw!r}", parameter=name) from None
+
+
+def _wants_ndjson(request: web.Request) -> bool:
+    return NDJSON in request.headers.get("Accept", "")
+
+
+async def _scan_reply(request: web.Request, store: str, scan: Scan) -> web.StreamResponse:
+    """Answer a scan: NDJSON stream if asked, one page if ``limit``/``cursor`` given, else all at once."""
+    facade = request.app[FACADE]
+    limit = _int_param(request, "limit")
+    cursor = request.query.get("cursor")
+    if _wants_ndjson(request):
+        if limit is not None and limit < 1:
+            raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
+        if cursor is not None:
+            scan = decode_cursor(store, cursor)
+        return await _stream_ndjson(request, facade.stream(store, scan), limit)
+    if limit is not None or cursor is not None:
+        entries, next_cursor = await facade.page(store, scan, facade.page_size if limit is None else limit, cursor)
+        return _reply(request, {"result": _entries(entries), "next": next_cursor})
+    return _reply(request, {"result": _entries(await facade.collect(store, scan))})
+
+
+def _ndjson_line(entry: tuple[Any, Any]) -> str:
+    return json.dumps({"key": to_jsonable(entry[0]), "value": to_jsonable(entry[1])}, ensure_ascii=False)
+
+
+async def _stream_ndjson(
+    request: web.Request, stream: AsyncGenerator[tuple[Any, Any], None], limit: int | None
+) -> web.StreamResponse:
+    """Write one ``{"key", "value"}`` line per entry as the merge produces them, 64 KiB at a time.
+
+    The first entry is awaited before the response starts, so errors found up front (unknown store,
+    unavailable partition) still get their status. An error after that ends the stream with an
+    ``{"error": ...}`` line, since the status is already sent.
+    """
+    try:
+        entry = await anext(stream, None)  # errors here go to the middleware with their status
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await response.prepare(request)
+        sent, chunk, size = 0, [], 0
+        try:
+            while entry is not None:
+                line = _ndjson_line(entry)
+                chunk.append(line)
+                size += len(line) + 1
+                sent += 1
+                if size >= _STREAM_CHUNK:
+                    await response.write(("\n".join(chunk) + "\n").encode())
+                    chunk, size = [], 0
+                entry = None if limit is not None and sent >= limit else await anext(stream, None)
+        except RiqrError as err:
+            chunk.append(json.dumps(err.to_json()))
+        if chunk:
+            await response.write(("\n".join(chunk) + "\n").encode())
+        await response.write_eof()
+        return response
+    finally:
+        await stream.aclose()
+
+
+async def all_entries(request: web.Request) -> web.StreamResponse:
     store = request.match_info["store"]
-    lo = request.query.get("from")
-    hi = request.query.get("to")
-    return _reply(request, {"result": _entries(await request.app[FACADE].range(store, lo, hi))})
+    scan = await request.app[FACADE].make_scan(store, reverse=_bool_param(request, "reverse"))
+    return await _scan_reply(request, store, scan)
+
+
+async def range_entries(request: web.Request) -> web.StreamResponse:
+    store = request.match_info["store"]
+    lo, hi = request.query.get("from"), request.query.get("to")
+    scan = await request.app[FACADE].make_scan(store, lo=lo, hi=hi, reverse=_bool_param(request, "reverse"))
+    return await _scan_reply(request, store, scan)
+
+
+async def prefix_entries(request: web.Request) -> web.StreamResponse:
+    store, prefix = request.match_info["store"], request.match_info["prefix"]
+    scan = await request.app[FACADE].make_scan(store, prefix=prefix, reverse=_bool_param(request, "reverse"))
+    return await _scan_reply(request, store, scan)
 
 
 async def approximate_num_entries(request: web.Request) -> web.Response:
@@ -127,5 +220,6 @@ def build_app(facade: FacadeCore) -> web.Application:
     app.router.add_get("/stores/{store}/all", all_entries)
     app.router.add_get("/stores/{store}/get/{key:.*}", get_key)
     app.router.add_get("/stores/{store}/range", range_entries)
+    app.router.add_get("/stores/{store}/prefix/{prefix:.*}", prefix_entries)
     app.router.add_get("/stores/{store}/approximate-num-entries", approximate_num_entries)
     return app

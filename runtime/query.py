@@ -6,6 +6,7 @@ answers batched queries: many keys in one call, one scan or count over several p
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from runtime.codec import encode_value
 from runtime.engine import ApplyResult, PartitionState
 from runtime.errors import PartitionUnavailable, RiqrError
 from runtime.merge import merge_sorted
+from runtime.scan import Scan
 
 __all__ = ["QueryCore", "rows_from_arrow"]
 
@@ -106,10 +108,16 @@ class QueryCore:
                 out.append(err)
         return out
 
-    def scan(self, partitions: Sequence[int], lo: Any = None, hi: Any = None) -> list[tuple[Any, bytes]]:
-        """Entries with ``lo <= key <= hi`` over ``partitions``, merged in key order."""
+    def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
+        """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order.
+
+        The partition engines are read lazily, so a page costs its own size, not the store's.
+        """
         states = [self._partition(p) for p in partitions]
-        return list(merge_sorted([s.kv.range(lo, hi) for s in states]))
+        if scan.is_empty():
+            return []
+        merged = merge_sorted([s.kv.scan(scan) for s in states], reverse=scan.reverse)
+        return list(merged if limit is None else itertools.islice(merged, limit))
 
     def count(self, partitions: Sequence[int]) -> int:
         return sum(len(self._partition(p).kv) for p in partitions)

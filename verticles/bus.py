@@ -16,6 +16,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from runtime.config import REGISTRY_NAME
 from runtime.errors import NotConnected, OwnerUnavailable, RiqrError
 from runtime.ownership import ClusterView
+from runtime.scan import Scan
 
 __all__ = ["RayBus", "RayOwner"]
 
@@ -57,8 +58,8 @@ class RayOwner:
     async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:
         return await _call(self.uuid, self._actor().get_many.remote(items))
 
-    async def scan(self, partitions: Sequence[int], lo: Any, hi: Any) -> Sequence[tuple[Any, bytes]]:
-        return await _call(self.uuid, self._actor().scan.remote(list(partitions), lo, hi))
+    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
+        return await _call(self.uuid, self._actor().scan.remote(list(partitions), scan, limit))
 
     async def count(self, partitions: Sequence[int]) -> int:
         return await _call(self.uuid, self._actor().count.remote(list(partitions)))

@@ -45,13 +45,36 @@ class FacadeVerticle:
         await self._ready()
         return await _envelope(self.core.get(store, key))
 
-    async def range(self, store: str, lo: Any = None, hi: Any = None) -> Envelope:
+    async def range(self, store: str, lo: Any = None, hi: Any = None, reverse: bool = False) -> Envelope:
         await self._ready()
-        return await _envelope(self.core.range(store, lo, hi))
+        return await _envelope(self.core.range(store, lo, hi, reverse=reverse))
 
-    async def all(self, store: str) -> Envelope:
+    async def all(self, store: str, reverse: bool = False) -> Envelope:
         await self._ready()
-        return await _envelope(self.core.all(store))
+        return await _envelope(self.core.all(store, reverse=reverse))
+
+    async def prefix(self, store: str, prefix: str, reverse: bool = False) -> Envelope:
+        await self._ready()
+        return await _envelope(self.core.prefix(store, prefix, reverse=reverse))
+
+    async def page(
+        self,
+        store: str,
+        limit: int,
+        cursor: str | None = None,
+        lo: Any = None,
+        hi: Any = None,
+        prefix: str | None = None,
+        reverse: bool = False,
+    ) -> Envelope:
+        """One page of a range or prefix scan, and the cursor of the next (see ``FacadeCore.page``)."""
+        await self._ready()
+
+        async def run() -> tuple[list[tuple[Any, Any]], str | None]:
+            scan = await self.core.make_scan(store, lo=lo, hi=hi, prefix=prefix, reverse=reverse)
+            return await self.core.page(store, scan, limit, cursor)
+
+        return await _envelope(run())
 
     async def approximate_num_entries(self, store: str) -> Envelope:
         await self._ready()

@@ -18,6 +18,7 @@ from runtime.config import REGISTRY_NAME
 from runtime.engine import ApplyResult
 from runtime.errors import RiqrError
 from runtime.query import QueryCore
+from runtime.scan import Scan
 
 __all__ = ["QueryVerticle"]
 
@@ -52,8 +53,8 @@ class QueryVerticle:
     def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None | RiqrError]:
         return self.core.get_many(items)
 
-    def scan(self, partitions: Sequence[int], lo: Any = None, hi: Any = None) -> list[tuple[Any, bytes]]:
-        return self.core.scan(partitions, lo, hi)
+    def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
+        return self.core.scan(partitions, scan, limit)
 
     def count(self, partitions: Sequence[int]) -> int:
         return self.core.count(partitions)

@@ -16,6 +16,7 @@ from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, 
 from runtime.partitioner import partition_of
 from runtime.query import QueryCore
 from runtime.registry import RegistryState
+from runtime.scan import Scan
 
 
 def kv_spec(name: str = "s", key_type: str = "string", partitions: int = 4, actors: int = 2) -> StoreSpec:
@@ -43,9 +44,9 @@ class FakeOwner:
         await self._enter("get_many")
         return self.core.get_many(items)
 
-    async def scan(self, partitions: Sequence[int], lo: Any, hi: Any) -> Sequence[tuple[Any, bytes]]:
+    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
         await self._enter("scan")
-        return self.core.scan(partitions, lo, hi)
+        return self.core.scan(partitions, scan, limit)
 
     async def count(self, partitions: Sequence[int]) -> int:
         await self._enter("count")

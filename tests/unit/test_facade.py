@@ -4,6 +4,7 @@ import pytest
 
 from runtime.errors import (
     DeadlineExceeded,
+    InvalidParameter,
     KeyNotFound,
     MalformedKey,
     MalformedRange,
@@ -148,3 +149,72 @@ async def test_metadata_shapes(facade: FacadeCore) -> None:
 async def test_catalog(facade: FacadeCore) -> None:
     [entry] = await facade.catalog()
     assert entry["name"] == "customers" and entry["key"] == {"column": "key", "type": "string"}
+
+
+async def test_reverse_and_prefix(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("words"))
+    bus.load("words", {w: w.upper() for w in ["apple", "apricot", "banana", "app", "b"]})
+    core = FacadeCore(bus, page_size=2)  # tiny pages: every scan spans several page calls per owner
+    assert [k for k, _ in await core.all("words", reverse=True)] == ["banana", "b", "apricot", "apple", "app"]
+    assert [k for k, _ in await core.prefix("words", "ap")] == ["app", "apple", "apricot"]
+    assert [k for k, _ in await core.prefix("words", "ap", reverse=True)] == ["apricot", "apple", "app"]
+    assert await core.range("words", "b", "a") == []
+
+
+async def test_prefix_needs_string_keys_and_no_bounds(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("ints", key_type="long"))
+    core = FacadeCore(bus)
+    with pytest.raises(InvalidParameter, match="string keys"):
+        await core.make_scan("ints", prefix="1")
+    with pytest.raises(InvalidParameter, match="from/to"):
+        await core.make_scan("customers", prefix="1", lo="1")
+
+
+async def test_pages_follow_cursors_to_the_end(facade: FacadeCore) -> None:
+    scan = await facade.make_scan("customers")
+    seen, cursor = [], None
+    while True:
+        entries, cursor = await facade.page("customers", scan, 3, cursor)
+        seen += entries
+        if cursor is None:
+            break
+    assert seen == sorted(CUSTOMERS.items())
+    with pytest.raises(InvalidParameter):
+        await facade.page("customers", scan, 0)
+    with pytest.raises(InvalidParameter):
+        await facade.page("customers", scan, facade.max_page + 1)
+
+
+async def test_paging_while_the_store_changes_never_repeats_or_skips_a_stable_key(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("busy"))
+    stable = {f"k{i:05d}": "v" for i in range(0, 2_000, 2)}
+    bus.load("busy", stable)
+    core = FacadeCore(bus, page_size=64)
+    scan = await core.make_scan("busy")
+    seen: list[str] = []
+    cursor = None
+    batch = 1
+    while True:
+        entries, cursor = await core.page("busy", scan, 97, cursor)
+        seen += [k for k, _ in entries]
+        # Between pages: new keys appear everywhere (odd numbers), some come and go.
+        bus.load("busy", {f"k{i:05d}": "new" for i in range(batch, 2_000, 37)}, batch_id=batch)
+        batch += 1
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)), "a key was returned twice"
+    assert set(stable) <= set(seen), "a key present throughout was skipped"
+    assert seen == sorted(seen)
+
+
+async def test_stream_reads_lazily_page_by_page(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("big"))
+    bus.load("big", {f"k{i:05d}": i for i in range(5_000)})
+    core = FacadeCore(bus, page_size=100)
+    scan = await core.make_scan("big")
+    stream = core.stream("big", scan)
+    first = [await anext(stream) for _ in range(10)]
+    await stream.aclose()
+    assert [k for k, _ in first] == [f"k{i:05d}" for i in range(10)]
+    scans = sum(o.calls.count("scan") for o in bus.owners.values() if o.core.spec.name == "big")
+    assert scans <= 4  # a page and a prefetched page per owner, not the 50 pages of the store

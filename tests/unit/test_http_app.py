@@ -1,5 +1,7 @@
 """The REST contract of seed 000 on the app factory, over a fake bus (no Ray)."""
 
+import json
+
 import msgpack
 import pytest
 
@@ -135,3 +137,60 @@ async def test_nothing_a_client_sends_is_a_500(client, path: str) -> None:  # ty
     assert 200 <= resp.status < 500, (path, resp.status, await resp.text())
     if resp.status >= 400:
         assert "error" in await resp.json()
+
+
+async def test_reverse_limit_and_cursor_over_rest(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/stores/customer-v1-changelog/all?reverse=true&limit=3")).json()
+    assert [e["key"] for e in body["result"]] == ["7", "6", "5"]
+    keys = [e["key"] for e in body["result"]]
+    while body["next"] is not None:
+        body = await (await client.get(f"/stores/customer-v1-changelog/all?limit=3&cursor={body['next']}")).json()
+        keys += [e["key"] for e in body["result"]]
+    assert keys == ["7", "6", "5", "4", "3", "2", "1"]  # the cursor keeps the direction it was issued for
+
+
+async def test_range_reverse_and_prefix_paths(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/stores/customer-v1-changelog/range?from=2&to=4&reverse=true")).json()
+    assert [e["key"] for e in body["result"]] == ["4", "3", "2"]
+    body = await (await client.get("/stores/order-count/prefix/")).json()
+    assert [e["key"] for e in body["result"]] == ["", "1", "2"]
+    body = await (await client.get("/stores/customer-v1-changelog/prefix/1")).json()
+    assert body == {"result": [{"key": "1", "value": "john"}]}
+
+
+async def test_ndjson_streams_one_entry_per_line(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/customer-v1-changelog/all", headers={"Accept": "application/x-ndjson"})
+    assert resp.status == 200 and resp.content_type == "application/x-ndjson"
+    lines = [json.loads(line) for line in (await resp.text()).splitlines()]
+    assert lines == [{"key": k, "value": v} for k, v in sorted(CUSTOMERS.items())]
+    resp = await client.get(
+        "/stores/customer-v1-changelog/range?from=2&limit=2", headers={"Accept": "application/x-ndjson"}
+    )
+    assert [json.loads(line)["key"] for line in (await resp.text()).splitlines()] == ["2", "3"]
+
+
+async def test_ndjson_errors_before_the_first_entry_keep_their_status(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/nope/all", headers={"Accept": "application/x-ndjson"})
+    assert resp.status == 404 and (await resp.json())["error"]["code"] == "store-not-found"
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ("all?limit=0", "invalid-parameter"),
+        ("all?limit=100000", "invalid-parameter"),
+        ("all?limit=ten", "invalid-parameter"),
+        ("all?reverse=maybe", "invalid-parameter"),
+        ("all?cursor=garbage", "malformed-cursor"),
+        ("prefix/1?limit=-1", "invalid-parameter"),
+    ],
+)
+async def test_bad_scan_parameters_are_400s(client, query: str, code: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(f"/stores/customer-v1-changelog/{query}")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == code
+
+
+async def test_prefix_on_integer_keys_is_a_400(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/ints/prefix/1")
+    assert resp.status == 400 and "string keys" in (await resp.json())["error"]["message"]

@@ -1,6 +1,9 @@
+import asyncio
 import random
 
-from runtime.merge import merge_sorted, sum_counts
+import pytest
+
+from runtime.merge import merge_sorted, merge_sorted_async, sum_counts
 
 
 def test_k_way_merge_keeps_key_order() -> None:
@@ -33,3 +36,38 @@ def test_merge_is_lazy() -> None:
 def test_counts_add() -> None:
     assert sum_counts([3, 0, 4]) == 7
     assert sum_counts([]) == 0
+
+
+def test_reverse_merge() -> None:
+    runs = [[("4", "d"), ("1", "a")], [("5", "e"), ("3", "c"), ("2", "b")]]
+    assert [k for k, _ in merge_sorted(runs, reverse=True)] == ["5", "4", "3", "2", "1"]
+
+
+async def _agen(items):  # type: ignore[no-untyped-def]
+    for item in items:
+        await asyncio.sleep(0)
+        yield item
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+async def test_async_merge_matches_the_sync_merge(reverse: bool) -> None:
+    rng = random.Random(3)
+    keys = rng.sample(range(5_000), 1_000)
+    runs = [sorted(((k, k) for k in keys if k % 4 == r), reverse=reverse) for r in range(4)] + [[]]
+    merged = [e async for e in merge_sorted_async([_agen(r) for r in runs], reverse=reverse)]
+    assert merged == list(merge_sorted(runs, reverse=reverse))
+    assert merged == sorted(((k, k) for k in keys), reverse=reverse)
+
+
+async def test_async_merge_pulls_only_what_is_consumed() -> None:
+    pulled = []
+
+    async def counting(start: int):  # type: ignore[no-untyped-def]
+        for i in range(start, 1_000_000, 2):
+            pulled.append(i)
+            yield i, i
+
+    merged = merge_sorted_async([counting(0), counting(1)])
+    assert [await anext(merged) for _ in range(5)] == [(i, i) for i in range(5)]
+    assert len(pulled) <= 7
+    await merged.aclose()

@@ -6,6 +6,7 @@ from runtime.codec import decode_value
 from runtime.errors import PartitionUnavailable
 from runtime.keys import KeySchema
 from runtime.query import QueryCore, rows_from_arrow
+from runtime.scan import Scan
 from tests.unit.fakes import kv_spec
 
 
@@ -30,8 +31,11 @@ def test_apply_get_scan_count() -> None:
         {0: pa.table({"key": ["b", "d"], "value": ["B", "D"]}), 2: pa.table({"key": ["a", "c"], "value": ["A", "C"]})},
     )
     assert [decode_value(v) if v else v for v in core.get_many([(0, "b"), (2, "a"), (2, "zz")])] == ["B", "A", None]
-    assert [k for k, _ in core.scan([0, 2])] == ["a", "b", "c", "d"]
-    assert [k for k, _ in core.scan([0, 2], "b", "c")] == ["b", "c"]
+    assert [k for k, _ in core.scan([0, 2], Scan())] == ["a", "b", "c", "d"]
+    assert [k for k, _ in core.scan([0, 2], Scan.closed("b", "c"))] == ["b", "c"]
+    assert [k for k, _ in core.scan([0, 2], Scan(reverse=True), limit=3)] == ["d", "c", "b"]
+    assert [k for k, _ in core.scan([0, 2], Scan().after("b"), limit=1)] == ["c"]
+    assert core.scan([0, 2], Scan.closed("c", "b")) == []
     assert core.count([0, 2]) == 4 and core.count([0]) == 2
 
 
@@ -55,7 +59,7 @@ def test_partitions_not_held_here_are_reported_per_key() -> None:
 def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:
     core = QueryCore(kv_spec(), [0, 2], recovered=True)
     with pytest.raises(PartitionUnavailable, match="restarted"):
-        core.scan([0, 2])
+        core.scan([0, 2], Scan())
     with pytest.raises(PartitionUnavailable):
         core.count([0])
     assert isinstance(core.get_many([(0, "k")])[0], PartitionUnavailable)

@@ -1,0 +1,113 @@
+"""What a scan covers, as a value: bounds (each inclusive or not), direction, and resuming after a key.
+
+A ``Scan`` travels from the facade to every owner; each owner answers one page of it at a time, and the
+facade continues with ``scan.after(last_key)``. Because a page resumes strictly after the last key it
+returned, paging through a store that is being updated never repeats a key and never skips one that was
+present throughout. ``encode_cursor``/``decode_cursor`` make that position an opaque token for clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgpack
+
+from runtime.errors import MalformedCursor
+
+__all__ = ["Bound", "Scan", "prefix_scan", "encode_cursor", "decode_cursor"]
+
+_CURSOR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One end of a scan."""
+
+    key: Any
+    inclusive: bool = True
+
+
+@dataclass(frozen=True)
+class Scan:
+    """The keys between ``lo`` and ``hi`` (``None``: open), in key order or reversed."""
+
+    lo: Bound | None = None
+    hi: Bound | None = None
+    reverse: bool = False
+
+    @classmethod
+    def closed(cls, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> Scan:
+        """Both ends inclusive (the seed's ``range?from=&to=``); ``None`` leaves an end open."""
+        return cls(
+            None if lo is None else Bound(lo),
+            None if hi is None else Bound(hi),
+            reverse,
+        )
+
+    def after(self, key: Any) -> Scan:
+        """The rest of this scan once ``key`` has been returned (strictly past it, in scan direction)."""
+        if self.reverse:
+            return replace(self, hi=Bound(key, inclusive=False))
+        return replace(self, lo=Bound(key, inclusive=False))
+
+    def is_empty(self) -> bool:
+        """Whether no key can fall inside (for example ``from`` above ``to``)."""
+        if self.lo is None or self.hi is None:
+            return False
+        if self.lo.key > self.hi.key:
+            return True
+        return self.lo.key == self.hi.key and not (self.lo.inclusive and self.hi.inclusive)
+
+
+def _successor(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix`` (None: there is none)."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last < 0x10FFFF:
+            return "".join(chars) + chr(last + 1)
+    return None
+
+
+def prefix_scan(prefix: str, *, reverse: bool = False) -> Scan:
+    """The keys starting with ``prefix`` (string keys; the empty prefix is every key)."""
+    if prefix == "":
+        return Scan(reverse=reverse)
+    upper = _successor(prefix)
+    return Scan(Bound(prefix), None if upper is None else Bound(upper, inclusive=False), reverse)
+
+
+def _wire_key(key: Any) -> Any:
+    return list(key) if isinstance(key, tuple) else key
+
+
+def encode_cursor(store: str, scan: Scan, last_key: Any) -> str:
+    """An opaque token continuing ``scan`` of ``store`` after ``last_key``."""
+    hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
+    lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
+    packed = msgpack.packb([_CURSOR_VERSION, store, scan.reverse, lo, hi, _wire_key(last_key)], use_bin_type=True)
+    return base64.urlsafe_b64encode(packed).decode("ascii").rstrip("=")
+
+
+def _key_from_wire(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+def decode_cursor(store: str, token: str) -> Scan:
+    """The scan a cursor continues, already moved past its last key. ``MalformedCursor`` if not ours."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        version, cursor_store, reverse, lo, hi, last = msgpack.unpackb(raw, raw=False)
+    except (ValueError, TypeError, binascii.Error, msgpack.UnpackException):
+        raise MalformedCursor("the cursor is not one this server issued", store=store) from None
+    if version != _CURSOR_VERSION or cursor_store != store:
+        raise MalformedCursor(f"the cursor belongs to another query, not to store {store!r}", store=store)
+    scan = Scan(
+        None if lo is None else Bound(_key_from_wire(lo[0]), bool(lo[1])),
+        None if hi is None else Bound(_key_from_wire(hi[0]), bool(hi[1])),
+        bool(reverse),
+    )
+    return scan.after(_key_from_wire(last))

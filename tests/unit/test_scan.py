@@ -1,0 +1,57 @@
+import pytest
+
+from runtime.engine import SortedKV
+from runtime.errors import MalformedCursor
+from runtime.scan import Bound, Scan, decode_cursor, encode_cursor, prefix_scan
+
+
+@pytest.fixture
+def kv() -> SortedKV:
+    store = SortedKV()
+    store.write_many([(k, k.encode()) for k in ["a", "ab", "abc", "abd", "ac", "b", "b\U0010ffff", "c"]])
+    return store
+
+
+def keys(kv: SortedKV, scan: Scan) -> list[str]:
+    return [k for k, _ in kv.scan(scan)]
+
+
+def test_bounds_inclusive_and_exclusive(kv: SortedKV) -> None:
+    assert keys(kv, Scan(Bound("ab"), Bound("ac"))) == ["ab", "abc", "abd", "ac"]
+    assert keys(kv, Scan(Bound("ab", False), Bound("ac", False))) == ["abc", "abd"]
+    assert keys(kv, Scan(Bound("ab"), Bound("ac"), reverse=True)) == ["ac", "abd", "abc", "ab"]
+
+
+def test_after_resumes_strictly_past_the_key_in_either_direction(kv: SortedKV) -> None:
+    assert keys(kv, Scan.closed("a", "b").after("abc")) == ["abd", "ac", "b"]
+    assert keys(kv, Scan.closed("a", "b", reverse=True).after("abc")) == ["ab", "a"]
+    assert keys(kv, Scan().after("zzz")) == []
+
+
+def test_prefix(kv: SortedKV) -> None:
+    assert keys(kv, prefix_scan("ab")) == ["ab", "abc", "abd"]
+    assert keys(kv, prefix_scan("ab", reverse=True)) == ["abd", "abc", "ab"]
+    assert keys(kv, prefix_scan("b")) == ["b", "b\U0010ffff"]
+    assert keys(kv, prefix_scan("\U0010ffff")) == []
+    assert keys(kv, prefix_scan("")) == ["a", "ab", "abc", "abd", "ac", "b", "b\U0010ffff", "c"]
+    assert keys(kv, prefix_scan("zz")) == []
+
+
+def test_emptiness() -> None:
+    assert Scan.closed("b", "a").is_empty()
+    assert Scan(Bound("a"), Bound("a", False)).is_empty()
+    assert not Scan.closed("a", "a").is_empty()
+    assert not Scan().is_empty()
+
+
+def test_cursor_round_trip_continues_the_same_scan() -> None:
+    scan = Scan.closed(("c1", 5), ("c1", 9), reverse=True)
+    token = encode_cursor("s", scan, ("c1", 7))
+    assert decode_cursor("s", token) == scan.after(("c1", 7))
+    assert "=" not in token and "/" not in token and "+" not in token  # URL-safe
+
+
+@pytest.mark.parametrize("token", ["", "not-base64!", "AAAA", encode_cursor("other", Scan(), "k")])
+def test_foreign_cursors_are_rejected(token: str) -> None:
+    with pytest.raises(MalformedCursor):
+        decode_cursor("s", token)
