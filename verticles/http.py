@@ -34,7 +34,9 @@ class HttpVerticle:
         self.namespace = namespace
         self.host = host
         self.port = port
-        self.advertise_host = advertise_host or ray.util.get_node_ip_address()
+        # Advertise what clients can reach: the bound address, unless it is a wildcard.
+        wildcard = host in ("", "0.0.0.0", "::")
+        self.advertise_host = advertise_host or (ray.util.get_node_ip_address() if wildcard else host)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.core = FacadeCore(RayBus(namespace), timeout=timeout)
         self._runner: web.AppRunner | None = None
