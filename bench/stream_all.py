@@ -57,7 +57,9 @@ class PeakRss:
 def actor_pid(name: str, namespace: str) -> int:
     import ray
 
-    return int(ray.get(ray.get_actor(name, namespace=namespace).__ray_call__.remote(lambda self: __import__("os").getpid())))
+    return int(
+        ray.get(ray.get_actor(name, namespace=namespace).__ray_call__.remote(lambda self: __import__("os").getpid()))
+    )
 
 
 def main() -> None:
@@ -135,12 +137,17 @@ def main() -> None:
         facade_growth = watch_facade.stop()
         assert py_count == args.entries, py_count
 
+        rest_rate, py_rate = count / rest_secs, py_count / py_secs
         print(f"\nstreaming all over {args.entries:,} entries (4 partitions, 2 query actors)")
         print(f"  baseline, one query actor scanning its {n_inside:,} entries in-process: {baseline:,.0f} entries/s")
-        print(f"  REST NDJSON:        {count / rest_secs:>10,.0f} entries/s  ({count / rest_secs / baseline:.2f} of baseline)"
-              f"  HTTP verticle RSS growth {http_growth:.0f} MB")
-        print(f"  Python iterate():   {py_count / py_secs:>10,.0f} entries/s  ({py_count / py_secs / baseline:.2f} of baseline)"
-              f"  facade verticle RSS growth {facade_growth:.0f} MB")
+        print(
+            f"  REST NDJSON:      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)"
+            f"  HTTP verticle RSS growth {http_growth:.0f} MB"
+        )
+        print(
+            f"  Python iterate(): {py_rate:>10,.0f} entries/s ({py_rate / baseline:.2f} of baseline)"
+            f"  facade verticle RSS growth {facade_growth:.0f} MB"
+        )
     finally:
         deploy.down(namespace)
         ray.shutdown()

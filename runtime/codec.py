@@ -39,11 +39,13 @@ def decode_value(data: bytes) -> Any:
 
 
 def to_jsonable(value: Any) -> Any:
-    """Make a decoded value JSON-serializable: bytes become base64 text, tuples lists."""
+    """Make a decoded value JSON-serializable: bytes become base64 text, tuples lists, datetimes ISO-8601."""
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
     return value

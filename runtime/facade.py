@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 from runtime.coalesce import Coalescer
-from runtime.codec import decode_value
+from runtime.codec import decode_value, to_jsonable
 from runtime.errors import (
     DeadlineExceeded,
     InvalidParameter,
@@ -211,7 +211,8 @@ class FacadeCore:
         if isinstance(answer, RiqrError):
             raise answer
         if answer is None:
-            raise KeyNotFound(f"key {typed!r} is not in store {store!r}", store=store, key=typed)
+            shown = to_jsonable(table.spec.key.external(typed))
+            raise KeyNotFound(f"key {shown!r} is not in store {store!r}", store=store, key=shown)
         return decode_value(answer)
 
     # -- scatter-gather -------------------------------------------------------------------------------
@@ -238,12 +239,14 @@ class FacadeCore:
                 raise InvalidParameter("a prefix scan cannot also have from/to bounds", store=store)
             if key.type_name != "string":
                 raise InvalidParameter(
-                    f"prefix scans need string keys; store {store!r} has {key.type_name} keys", store=store
+                    f"prefix scans need a string key (or a string first key column); store {store!r} has "
+                    f"{key.type_label} keys",
+                    store=store,
                 )
-            return prefix_scan(prefix, reverse=reverse)
+            return prefix_scan(prefix, reverse=reverse, composite=key.composite)
         try:
-            lo_t = None if lo is None else key.coerce(lo)
-            hi_t = None if hi is None else key.coerce(hi)
+            lo_t = None if lo is None else key.coerce_bound(lo, upper=False)
+            hi_t = None if hi is None else key.coerce_bound(hi, upper=True)
         except RiqrError as err:
             raise MalformedRange(err.message, store=store) from None
         return Scan.closed(lo_t, hi_t, reverse=reverse)
@@ -271,32 +274,36 @@ class FacadeCore:
                 pending.cancel()
 
     async def stream(
-        self, store: str, scan: Scan, page_size: int | None = None
+        self, store: str, scan: Scan, page_size: int | None = None, *, external: bool = True
     ) -> AsyncGenerator[tuple[Any, Any], None]:
         """The entries of ``scan`` over all partitions, merged in order as they are consumed.
 
         Memory is about two pages per owner whatever the result's size, so a caller can stream a whole
-        store. Each page call has the request deadline; the stream as a whole has none.
+        store. Each page call has the request deadline; the stream as a whole has none. Keys come in
+        their external form (``KeySchema.external``) unless ``external`` is false.
         """
         table = await self.table(store)
         if scan.is_empty():
             return
+        to_external = table.spec.key.external if external else None
         size = page_size or self.page_size
         sources = [self._owner_entries(u, p, scan, size) for u, p in self._owners(table).items()]
         try:
             async for key, value in merge_sorted_async(sources, reverse=scan.reverse):
-                yield key, decode_value(value)
+                yield (to_external(key) if to_external else key), decode_value(value)
         finally:
             for source in sources:
                 await source.aclose()
 
-    async def collect(self, store: str, scan: Scan, limit: int | None = None) -> list[tuple[Any, Any]]:
+    async def collect(
+        self, store: str, scan: Scan, limit: int | None = None, *, external: bool = True
+    ) -> list[tuple[Any, Any]]:
         """The entries of ``scan`` as a list (at most ``limit``)."""
         page_size = self.page_size if limit is None else min(self.page_size, limit)
         out: list[tuple[Any, Any]] = []
         if limit == 0:
             return out
-        stream = self.stream(store, scan, page_size)
+        stream = self.stream(store, scan, page_size, external=external)
         try:
             async for entry in stream:
                 out.append(entry)
@@ -316,11 +323,12 @@ class FacadeCore:
         check_limit(limit, self.max_page)
         if cursor is not None:
             scan = decode_cursor(store, cursor)
-        entries = await self.collect(store, scan, limit + 1)
+        entries = await self.collect(store, scan, limit + 1, external=False)
+        to_external = (await self.table(store)).spec.key.external
         if len(entries) <= limit:
-            return entries, None
+            return [(to_external(k), v) for k, v in entries], None
         entries = entries[:limit]
-        return entries, encode_cursor(store, scan, entries[-1][0])
+        return [(to_external(k), v) for k, v in entries], encode_cursor(store, scan, entries[-1][0])
 
     async def range(
         self, store: str, lo: Any = None, hi: Any = None, *, reverse: bool = False
@@ -369,7 +377,7 @@ class FacadeCore:
     async def metadata_for_key(self, store: str, key: Any) -> dict[str, Any]:
         """The instance that owns ``key``'s partition, whether or not the key is present."""
         table = await self.table(store)
-        typed = table.spec.key.coerce(key)
+        typed = table.spec.key.coerce_bound(key, upper=False)  # only the partition column decides
         route = self._route(table, typed)
         view = self._view
         info = view.actors.get(route.owner)

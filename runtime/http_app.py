@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 import msgpack
 from aiohttp import web
@@ -88,8 +89,38 @@ async def metadata_for_store(request: web.Request) -> web.Response:
     return _reply(request, {"result": await request.app[FACADE].metadata_for_store(store)})
 
 
+async def _split_key(request: web.Request, store: str, raw: str, *, query: bool = False) -> Any:
+    """A key as written in a URL, in the form the facade takes: text, or a tuple of texts.
+
+    Composite keys are written as their components joined by '/', each percent-encoded on its own, so a
+    '/' inside a component is '%2F'. That is why this splits the *raw* (still encoded) text.
+    """
+    decode = unquote_plus if query else unquote
+    table = await request.app[FACADE].table(store)
+    if table.spec.key.composite:
+        return tuple(decode(part) for part in raw.split("/"))
+    return decode(raw)
+
+
+def _raw_path_tail(request: web.Request, skip: int) -> str:
+    """The still-encoded path after its first ``skip`` segments (the key part of the URL)."""
+    parts = request.rel_url.raw_path.split("/", skip + 1)
+    return parts[skip + 1] if len(parts) > skip + 1 else ""
+
+
+def _raw_query(request: web.Request, name: str) -> str | None:
+    """A query parameter's still-encoded value (the last one if repeated), or None."""
+    found = None
+    for pair in request.rel_url.raw_query_string.split("&"):
+        key, _, value = pair.partition("=")
+        if unquote_plus(key) == name:
+            found = value
+    return found
+
+
 async def metadata_for_key(request: web.Request) -> web.Response:
-    store, key = request.match_info["store"], request.match_info["key"]
+    store = request.match_info["store"]
+    key = await _split_key(request, store, _raw_path_tail(request, 4))
     return _reply(request, {"result": await request.app[FACADE].metadata_for_key(store, key)})
 
 
@@ -98,7 +129,8 @@ async def catalog(request: web.Request) -> web.Response:
 
 
 async def get_key(request: web.Request) -> web.Response:
-    store, key = request.match_info["store"], request.match_info["key"]
+    store = request.match_info["store"]
+    key = await _split_key(request, store, _raw_path_tail(request, 3))
     return _reply(request, {"response": await request.app[FACADE].get(store, key)})
 
 
@@ -193,7 +225,9 @@ async def all_entries(request: web.Request) -> web.StreamResponse:
 
 async def range_entries(request: web.Request) -> web.StreamResponse:
     store = request.match_info["store"]
-    lo, hi = request.query.get("from"), request.query.get("to")
+    raw_lo, raw_hi = _raw_query(request, "from"), _raw_query(request, "to")
+    lo = None if raw_lo is None else await _split_key(request, store, raw_lo, query=True)
+    hi = None if raw_hi is None else await _split_key(request, store, raw_hi, query=True)
     scan = await request.app[FACADE].make_scan(store, lo=lo, hi=hi, reverse=_bool_param(request, "reverse"))
     return await _scan_reply(request, store, scan)
 

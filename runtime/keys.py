@@ -1,84 +1,183 @@
-"""Key schemas: parsing keys from text, their canonical bytes, and the matching Spark SQL expression.
+"""Key schemas: parsing keys, their order, their canonical bytes, and the matching Spark SQL expression.
 
-A store's key is one column of the DataFrame it was materialized from. Its type decides three things that
-must agree everywhere:
+A store's key is one or more columns of the DataFrame it was materialized from. The first column is the
+*partition key*: only it decides the partition, so every key sharing it (all bookings of one customer,
+all windows of one user) lives in one partition and a query over them asks one owner.
 
-* how a key written in a URL is parsed (``parse``): ``"10"`` is the integer 10 for a ``long`` key;
-* the key's *canonical bytes*, which the partitioner hashes: UTF-8 of the string, and for integer keys
-  UTF-8 of the decimal form (``-12`` -> ``b"-12"``), so any client in any language can compute them;
-* the Spark SQL expression that computes the same bytes on the write path (``spark_canonical_sql``).
+Each column's type decides:
 
-Keys compare in their natural order (code points for strings, numeric for integers), which is the order
-of every scan.
+* how it is written in a URL and parsed (``parse``): ``"10"`` is the integer 10 for a ``long`` column,
+  ``2026-01-01T10:00:00Z`` a timestamp;
+* its internal value, which orders the keys: code points for strings, numbers for integers, epoch
+  microseconds for timestamps; a composite key is a tuple and orders column by column;
+* its *canonical bytes* for the partitioner: UTF-8 of a string, ASCII decimal of an integer or of a
+  timestamp's epoch microseconds (documented in docs/partitioning.md, computable in any language);
+* the Spark SQL expression producing the same bytes on the write path (``spark_canonical_sql``).
+
+Answers show keys in their *external* form: timestamps as timezone-aware ``datetime`` (ISO-8601 in JSON),
+composite keys as tuples (JSON arrays).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import MalformedKey, SchemaError
 
-__all__ = ["KeyType", "KeySchema", "STRING", "LONG", "INT", "key_type_for_spark"]
+__all__ = [
+    "KeyType",
+    "KeySchema",
+    "STRING",
+    "LONG",
+    "INT",
+    "TIMESTAMP",
+    "TOP",
+    "key_type_for_spark",
+    "micros_to_datetime",
+]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
+class _Top:
+    """Sorts after every key component: the upper end of a prefix bound. One instance, ``TOP``."""
+
+    _instance: _Top | None = None
+
+    def __new__(cls) -> _Top:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self) -> str:
+        return "TOP"
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return other is not self
+
+    def __le__(self, other: object) -> bool:
+        return other is self
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return 0x70B
+
+    def __repr__(self) -> str:
+        return "TOP"
+
+
+TOP = _Top()
+
+
+def micros_to_datetime(micros: int) -> _dt.datetime:
+    return _EPOCH + _dt.timedelta(microseconds=micros)
+
+
+def _datetime_to_micros(value: _dt.datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_dt.UTC)  # naive timestamps are UTC, as Spark's session time zone here
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 @dataclass(frozen=True)
 class KeyType:
-    """A supported key type: its name in the catalog and its value bounds (for integers)."""
+    """A supported key column type: its name in the catalog, its kind and bounds."""
 
     name: str
-    integral: bool = False
+    kind: str = "string"  # string | integer | timestamp
     lo: int = 0
     hi: int = 0
 
     def parse(self, text: str) -> Any:
-        """Parse a key from its URL form, raising ``MalformedKey`` when it does not fit this type."""
-        if not self.integral:
+        """The internal value of a key written as text, or ``MalformedKey``."""
+        if self.kind == "string":
             return text
+        if self.kind == "timestamp":
+            return self._parse_timestamp(text)
         try:
             value = int(text, 10)
         except ValueError:
             raise MalformedKey(f"key {text!r} is not a valid {self.name}", key=text, type=self.name) from None
+        return self._check_int(value, text)
+
+    def _check_int(self, value: int, shown: Any) -> int:
         if not self.lo <= value <= self.hi:
-            raise MalformedKey(f"key {text!r} is out of range for {self.name}", key=text, type=self.name)
+            raise MalformedKey(f"key {shown!r} is out of range for {self.name}", key=str(shown), type=self.name)
         return value
 
+    def _parse_timestamp(self, text: str) -> int:
+        try:
+            parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+        except ValueError:
+            raise MalformedKey(
+                f"key {text!r} is not an ISO-8601 timestamp (for example 2026-01-31T10:00:00Z)",
+                key=text,
+                type=self.name,
+            ) from None
+        return _datetime_to_micros(parsed)
+
     def coerce(self, value: Any) -> Any:
-        """Accept a key given as a Python value (or as text) from the driver API."""
+        """The internal value of a key given by a caller: text, or a Python value of the right type."""
         if isinstance(value, str):
             return self.parse(value)
-        if self.integral and isinstance(value, int) and not isinstance(value, bool):
-            if not self.lo <= value <= self.hi:
-                raise MalformedKey(f"key {value} is out of range for {self.name}", key=value, type=self.name)
-            return value
+        if self.kind == "integer" and isinstance(value, int) and not isinstance(value, bool):
+            return self._check_int(value, value)
+        if self.kind == "timestamp" and isinstance(value, _dt.datetime):
+            return _datetime_to_micros(value)
         raise MalformedKey(
             f"key {value!r} of type {type(value).__name__} does not fit a {self.name} key", type=self.name
         )
 
+    def external(self, value: Any) -> Any:
+        """The form callers see: a ``datetime`` for timestamps, the value itself otherwise."""
+        if self.kind == "timestamp" and isinstance(value, int):
+            return micros_to_datetime(value)
+        return value
+
     def canonical_bytes(self, value: Any) -> bytes:
         """The bytes the partitioner hashes; documented in docs/partitioning.md."""
-        if self.integral:
-            return str(int(value)).encode("ascii")
-        return value.encode("utf-8")
+        if self.kind == "string":
+            return str(value).encode("utf-8")
+        return str(int(value)).encode("ascii")
 
     def spark_canonical_sql(self, column: str) -> str:
         """A Spark SQL expression giving the same bytes as ``canonical_bytes`` for ``column``."""
         quoted = "`" + column.replace("`", "``") + "`"
-        if self.integral:
+        if self.kind == "integer":
             return f"CAST(CAST({quoted} AS STRING) AS BINARY)"
+        if self.kind == "timestamp":
+            return f"CAST(CAST(unix_micros({quoted}) AS STRING) AS BINARY)"
         return f"CAST({quoted} AS BINARY)"
 
 
 STRING = KeyType("string")
-LONG = KeyType("long", integral=True, lo=_INT64_MIN, hi=_INT64_MAX)
-INT = KeyType("int", integral=True, lo=_INT32_MIN, hi=_INT32_MAX)
-_BY_NAME = {t.name: t for t in (STRING, LONG, INT)}
+LONG = KeyType("long", "integer", _INT64_MIN, _INT64_MAX)
+INT = KeyType("int", "integer", _INT32_MIN, _INT32_MAX)
+TIMESTAMP = KeyType("timestamp", "timestamp")
+_BY_NAME = {t.name: t for t in (STRING, LONG, INT, TIMESTAMP)}
 
-# Spark's simpleString names of the types a key may have.
-_SPARK_TO_KEY = {"string": STRING, "bigint": LONG, "int": INT, "smallint": INT, "tinyint": INT}
+# Spark's simpleString names of the types a key column may have.
+_SPARK_TO_KEY = {
+    "string": STRING,
+    "bigint": LONG,
+    "int": INT,
+    "smallint": INT,
+    "tinyint": INT,
+    "timestamp": TIMESTAMP,
+}
 
 
 def key_type_for_spark(simple_string: str, column: str) -> KeyType:
@@ -95,23 +194,89 @@ def key_type_for_spark(simple_string: str, column: str) -> KeyType:
 
 @dataclass(frozen=True)
 class KeySchema:
-    """The key of a store: the column it comes from and its type."""
+    """The key of a store: its first (partition) column and type, and any further columns.
+
+    A one-column key is a scalar; a composite key is a tuple with one value per column.
+    """
 
     column: str
     type_name: str
+    rest: tuple[tuple[str, str], ...] = ()
 
     @property
     def type(self) -> KeyType:
+        """The type of the partition column."""
         return _BY_NAME[self.type_name]
 
-    def parse(self, text: str) -> Any:
-        return self.type.parse(text)
+    @property
+    def columns(self) -> list[tuple[str, KeyType]]:
+        return [(self.column, self.type)] + [(name, _BY_NAME[t]) for name, t in self.rest]
+
+    @property
+    def composite(self) -> bool:
+        return bool(self.rest)
+
+    @property
+    def type_label(self) -> str:
+        """The key's type as one word for messages: ``long``, or ``string, timestamp`` for composites."""
+        return ", ".join(t.name for _, t in self.columns)
+
+    def _components(self, value: Any, *, partial: bool) -> list[Any]:
+        if not self.composite:
+            return [value]
+        if isinstance(value, str):
+            raise MalformedKey(
+                f"this store's key has {len(self.columns)} columns ({self.type_label}); write them as "
+                "components separated by '/'",
+                key=value,
+            )
+        parts = list(value) if isinstance(value, (tuple, list)) else [value]
+        n = len(self.columns)
+        if not (1 <= len(parts) <= n) or (not partial and len(parts) != n):
+            need = f"1 to {n}" if partial else str(n)
+            raise MalformedKey(f"the key needs {need} components ({self.type_label}), got {len(parts)}")
+        return parts
 
     def coerce(self, value: Any) -> Any:
-        return self.type.coerce(value)
+        """A whole key (text or Python value; a tuple of components for composite keys), internal form."""
+        parts = self._components(value, partial=False)
+        typed = [t.coerce(p) for p, (_, t) in zip(parts, self.columns)]
+        return tuple(typed) if self.composite else typed[0]
 
-    def canonical_bytes(self, value: Any) -> bytes:
-        return self.type.canonical_bytes(value)
+    def coerce_bound(self, value: Any, *, upper: bool) -> Any:
+        """A range bound; for composite keys it may give only the leading components.
 
-    def to_json(self) -> dict[str, str]:
-        return {"column": self.column, "type": self.type_name}
+        A partial lower bound is the first key starting with those components; a partial upper bound
+        the last one (it is padded with ``TOP``), so ``from=42&to=42`` covers every key of customer 42.
+        """
+        parts = self._components(value, partial=True)
+        typed = [t.coerce(p) for p, (_, t) in zip(parts, self.columns)]
+        if not self.composite:
+            return typed[0]
+        if upper and len(typed) < len(self.columns):
+            typed.append(TOP)
+        return tuple(typed)
+
+    def parse(self, text: str) -> Any:
+        return self.coerce(text if not self.composite else tuple(text.split("/")))
+
+    def external(self, key: Any) -> Any:
+        """The key as callers see it (``KeyType.external`` per column)."""
+        if not self.composite:
+            return self.type.external(key)
+        return tuple(t.external(v) for v, (_, t) in zip(key, self.columns))
+
+    def partition_value(self, key: Any) -> Any:
+        """The partition column's value of an internal key."""
+        return key[0] if self.composite else key
+
+    def canonical_bytes(self, key: Any) -> bytes:
+        """The partitioner's bytes: those of the partition column only."""
+        return self.type.canonical_bytes(self.partition_value(key))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "type": self.type_name,
+            "columns": [{"column": name, "type": t.name} for name, t in self.columns],
+        }

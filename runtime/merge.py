@@ -61,7 +61,13 @@ async def merge_sorted_async(
             key, value = entry
             heapq.heappush(heap, (_Desc(key) if reverse else key, i, value))
 
-    for i, entry in await asyncio.gather(*(first(i) for i in range(len(sources)))):
+    # Every first read completes (or fails) before we go on, so a failure never leaves another source's
+    # generator running while the caller closes it.
+    firsts = await asyncio.gather(*(first(i) for i in range(len(sources))), return_exceptions=True)
+    for outcome in firsts:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    for i, entry in firsts:  # type: ignore[misc]
         push(i, entry)
     last: Any = _MISSING
     while heap:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.catalog import StoreSpec
-from runtime.partitioner import partition_of
+from runtime.partitioner import partition_of_bytes
 
 __all__ = [
     "PartitionOwners",
@@ -66,7 +66,8 @@ class OwnershipTable:
             )
 
     def partition_of(self, key: Any) -> int:
-        return partition_of(self.spec.key.type, key, self.spec.partitions)
+        """The partition of an internal key (only its partition column counts)."""
+        return partition_of_bytes(self.spec.key.canonical_bytes(key), self.spec.partitions)
 
     def route(self, partition: int) -> Route | Unassigned:
         owners = self.partitions[partition]

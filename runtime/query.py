@@ -20,9 +20,26 @@ from runtime.errors import PartitionUnavailable, RiqrError
 from runtime.merge import merge_sorted
 from runtime.scan import Scan
 
-__all__ = ["QueryCore", "rows_from_arrow"]
+__all__ = ["QueryCore", "rows_from_arrow", "internal_keys"]
 
 log = logging.getLogger(__name__)
+
+
+def _internal_column(column: pa.ChunkedArray, kind: str) -> list[Any]:
+    """A key column's internal values: timestamps as epoch microseconds, others as they are."""
+    if kind == "timestamp":
+        if pa.types.is_timestamp(column.type) and column.type.unit != "us":
+            column = column.cast(pa.timestamp("us", tz=column.type.tz))
+        return column.cast(pa.int64()).to_pylist()
+    return column.to_pylist()
+
+
+def internal_keys(spec: StoreSpec, table: pa.Table) -> list[Any]:
+    """The internal key of every row (a tuple for composite keys; None where any key column is null)."""
+    columns = [_internal_column(table.column(name), t.kind) for name, t in spec.key.columns]
+    if len(columns) == 1:
+        return columns[0]
+    return [None if any(v is None for v in parts) else tuple(parts) for parts in zip(*columns)]
 
 
 def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes | None]]:
@@ -32,7 +49,7 @@ def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes |
     value (every value column null) is a delete. Rows with a null key are dropped, as Kafka Streams
     drops records with a null key.
     """
-    keys = table.column(spec.key.column).to_pylist()
+    keys = internal_keys(spec, table)
     names = [f.name for f in spec.value_fields]
     columns = [table.column(name).to_pylist() for name in names]
     rows: list[tuple[Any, bytes | None]] = []

@@ -16,10 +16,24 @@ from typing import Any
 import msgpack
 
 from runtime.errors import MalformedCursor
+from runtime.keys import TOP
 
 __all__ = ["Bound", "Scan", "prefix_scan", "encode_cursor", "decode_cursor"]
 
 _CURSOR_VERSION = 1
+_TOP_EXT = 1
+
+
+def _pack_default(obj: Any) -> Any:
+    if obj is TOP:
+        return msgpack.ExtType(_TOP_EXT, b"")
+    raise TypeError(f"cannot put {type(obj).__name__} in a cursor")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _TOP_EXT:
+        return TOP
+    raise MalformedCursor("the cursor is not one this server issued")
 
 
 @dataclass(frozen=True)
@@ -72,12 +86,19 @@ def _successor(prefix: str) -> str | None:
     return None
 
 
-def prefix_scan(prefix: str, *, reverse: bool = False) -> Scan:
-    """The keys starting with ``prefix`` (string keys; the empty prefix is every key)."""
+def prefix_scan(prefix: str, *, reverse: bool = False, composite: bool = False) -> Scan:
+    """The keys starting with ``prefix`` (string keys; the empty prefix is every key).
+
+    With ``composite`` the keys are tuples and the prefix applies to their first component.
+    """
     if prefix == "":
         return Scan(reverse=reverse)
+
+    def wrap(value: str) -> Any:
+        return (value,) if composite else value
+
     upper = _successor(prefix)
-    return Scan(Bound(prefix), None if upper is None else Bound(upper, inclusive=False), reverse)
+    return Scan(Bound(wrap(prefix)), None if upper is None else Bound(wrap(upper), inclusive=False), reverse)
 
 
 def _wire_key(key: Any) -> Any:
@@ -88,7 +109,9 @@ def encode_cursor(store: str, scan: Scan, last_key: Any) -> str:
     """An opaque token continuing ``scan`` of ``store`` after ``last_key``."""
     hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
     lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
-    packed = msgpack.packb([_CURSOR_VERSION, store, scan.reverse, lo, hi, _wire_key(last_key)], use_bin_type=True)
+    packed = msgpack.packb(
+        [_CURSOR_VERSION, store, scan.reverse, lo, hi, _wire_key(last_key)], use_bin_type=True, default=_pack_default
+    )
     return base64.urlsafe_b64encode(packed).decode("ascii").rstrip("=")
 
 
@@ -100,7 +123,9 @@ def decode_cursor(store: str, token: str) -> Scan:
     """The scan a cursor continues, already moved past its last key. ``MalformedCursor`` if not ours."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        version, cursor_store, reverse, lo, hi, last = msgpack.unpackb(raw, raw=False)
+        version, cursor_store, reverse, lo, hi, last = msgpack.unpackb(raw, raw=False, ext_hook=_ext_hook)
+    except MalformedCursor:
+        raise
     except (ValueError, TypeError, binascii.Error, msgpack.UnpackException):
         raise MalformedCursor("the cursor is not one this server issued", store=store) from None
     if version != _CURSOR_VERSION or cursor_store != store:

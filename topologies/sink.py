@@ -40,19 +40,28 @@ DEFAULT_TRIGGER = "250 milliseconds"
 def store_spec_for(
     schema: Any,
     store: str,
-    key: str,
+    key: str | Sequence[str],
     value: str | Sequence[str] | None = None,
     *,
     partitions: int = 4,
     actors: int = 2,
     standbys: int = 0,
 ) -> StoreSpec:
-    """The store definition for a DataFrame ``schema`` (a Spark ``StructType``)."""
+    """The store definition for a DataFrame ``schema`` (a Spark ``StructType``).
+
+    ``key`` names the key column, or several for a composite key (the first is the partition column).
+    """
     types = {f.name: f.dataType.simpleString() for f in schema.fields}
-    if key not in types:
-        raise SchemaError(f"key column {key!r} is not in the DataFrame (columns: {', '.join(types)})", column=key)
+    key_cols = [key] if isinstance(key, str) else list(key)
+    if not key_cols:
+        raise SchemaError("a store needs at least one key column")
+    for column in key_cols:
+        if column not in types:
+            raise SchemaError(
+                f"key column {column!r} is not in the DataFrame (columns: {', '.join(types)})", column=column
+            )
     if value is None:
-        value_cols = [c for c in types if c != key]
+        value_cols = [c for c in types if c not in key_cols]
     elif isinstance(value, str):
         value_cols = [value]
     else:
@@ -60,12 +69,13 @@ def store_spec_for(
     missing = [c for c in value_cols if c not in types]
     if missing:
         raise SchemaError(f"value columns {missing} are not in the DataFrame (columns: {', '.join(types)})")
-    if key in value_cols:
-        raise SchemaError(f"column {key!r} cannot be both the key and part of the value")
-    key_type = key_type_for_spark(types[key], key)
+    overlap = [c for c in key_cols if c in value_cols]
+    if overlap:
+        raise SchemaError(f"columns {overlap} cannot be both in the key and in the value")
+    key_types = [key_type_for_spark(types[c], c).name for c in key_cols]
     return StoreSpec(
         name=store,
-        key=KeySchema(key, key_type.name),
+        key=KeySchema(key_cols[0], key_types[0], tuple(zip(key_cols[1:], key_types[1:]))),
         value_fields=tuple(ValueField(c, types[c]) for c in value_cols),
         partitions=partitions,
         actors=actors,
@@ -150,7 +160,7 @@ def materialize(
     df: Any,
     *,
     store: str,
-    key: str,
+    key: str | Sequence[str],
     value: str | Sequence[str] | None = None,
     checkpoint: str,
     namespace: str = DEFAULT_NAMESPACE,
@@ -162,16 +172,18 @@ def materialize(
 ) -> Any:
     """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
 
-    ``value`` names the value column(s); by default every column but the key. The store is created
+    ``key`` names the key column, or a list of columns for a composite key (the first one decides the
+    partition). ``value`` names the value column(s); by default every other column. The store is created
     (with its query actors) if it does not exist. Returns the ``StreamingQuery``.
     """
     spec = store_spec_for(df.schema, store, key, value, partitions=partitions, actors=actors, standbys=standbys)
     ray.get(_registry(namespace).create_store.remote(spec))
     value_cols = [f.name for f in spec.value_fields]
-    partition_sql = spark_partition_sql(spec.key.type, key, spec.partitions)
+    key_cols = [name for name, _ in spec.key.columns]
+    partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)
     from pyspark.sql import functions as F
 
-    shaped = df.select(key, *value_cols, F.expr(partition_sql).alias(PARTITION_COLUMN))
+    shaped = df.select(*key_cols, *value_cols, F.expr(partition_sql).alias(PARTITION_COLUMN))
     return (
         shaped.writeStream.foreachBatch(BatchDelivery(spec, namespace, checkpoint))
         .outputMode(output_mode)

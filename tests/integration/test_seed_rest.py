@@ -73,7 +73,11 @@ def test_catalog_names_kinds_and_schemas(seeded: Runtime) -> None:
     body = http_get(f"{seeded.url}/stores")[2]
     by_name = {s["name"]: s for s in body["result"]}
     assert by_name["order-count"]["value"] == [{"column": "count", "type": "bigint"}]
-    assert by_name["customer-v1-changelog"]["key"] == {"column": "key", "type": "string"}
+    assert by_name["customer-v1-changelog"]["key"] == {
+        "column": "key",
+        "type": "string",
+        "columns": [{"column": "key", "type": "string"}],
+    }
     assert {s["kind"] for s in body["result"]} == {"kv"}
 
 

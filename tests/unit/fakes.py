@@ -13,15 +13,21 @@ from runtime.errors import OwnerUnavailable, RiqrError
 from runtime.ingest import PARTITION_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
-from runtime.partitioner import partition_of
+from runtime.partitioner import partition_of_bytes
 from runtime.query import QueryCore
 from runtime.registry import RegistryState
 from runtime.scan import Scan
 
 
-def kv_spec(name: str = "s", key_type: str = "string", partitions: int = 4, actors: int = 2) -> StoreSpec:
+def kv_spec(
+    name: str = "s",
+    key_type: str = "string",
+    partitions: int = 4,
+    actors: int = 2,
+    rest: tuple[tuple[str, str], ...] = (),
+) -> StoreSpec:
     return StoreSpec(
-        name, KeySchema("key", key_type), (ValueField("value", "string"),), partitions=partitions, actors=actors
+        name, KeySchema("key", key_type, rest), (ValueField("value", "string"),), partitions=partitions, actors=actors
     )
 
 
@@ -78,14 +84,22 @@ class FakeBus:
         self.state.install(table, infos)
 
     def load(self, store: str, rows: dict[Any, Any], batch_id: int = 0, source: str = "q") -> None:
+        """Feed ``rows`` (external keys: tuples for composite keys) as one batch, like the sink would."""
         table = self.state.view().tables[store]
         spec = table.spec
         keys = list(rows)
+        columns: dict[str, Any] = {}
+        for i, (name, key_type) in enumerate(spec.key.columns):
+            values = [k[i] if spec.key.composite else k for k in keys]
+            columns[name] = pa.array(values, pa.timestamp("us", tz="UTC")) if key_type.kind == "timestamp" else values
+        internal = [spec.key.coerce(k) for k in keys]
         arrow = pa.table(
             {
-                "key": keys,
-                "value": [rows[k] for k in keys],
-                PARTITION_COLUMN: pa.array([partition_of(spec.key.type, k, spec.partitions) for k in keys], pa.int32()),
+                **columns,
+                spec.value_fields[0].name: [rows[k] for k in keys],
+                PARTITION_COLUMN: pa.array(
+                    [partition_of_bytes(spec.key.canonical_bytes(k), spec.partitions) for k in internal], pa.int32()
+                ),
             }
         )
         split = split_by_partition(arrow, spec.partitions)

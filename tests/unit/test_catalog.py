@@ -22,7 +22,7 @@ def test_defaults_and_json() -> None:
     assert s.to_json() == {
         "name": "order-count",
         "kind": "kv",
-        "key": {"column": "key", "type": "string"},
+        "key": {"column": "key", "type": "string", "columns": [{"column": "key", "type": "string"}]},
         "value": [{"column": "count", "type": "bigint"}],
         "partitions": 4,
         "actors": 2,

@@ -1,4 +1,5 @@
 import asyncio
+import datetime as dt
 
 import pytest
 
@@ -148,7 +149,11 @@ async def test_metadata_shapes(facade: FacadeCore) -> None:
 
 async def test_catalog(facade: FacadeCore) -> None:
     [entry] = await facade.catalog()
-    assert entry["name"] == "customers" and entry["key"] == {"column": "key", "type": "string"}
+    assert entry["name"] == "customers" and entry["key"] == {
+        "column": "key",
+        "type": "string",
+        "columns": [{"column": "key", "type": "string"}],
+    }
 
 
 async def test_reverse_and_prefix(bus: FakeBus) -> None:
@@ -164,7 +169,7 @@ async def test_reverse_and_prefix(bus: FakeBus) -> None:
 async def test_prefix_needs_string_keys_and_no_bounds(bus: FakeBus) -> None:
     bus.create_store(kv_spec("ints", key_type="long"))
     core = FacadeCore(bus)
-    with pytest.raises(InvalidParameter, match="string keys"):
+    with pytest.raises(InvalidParameter, match="need a string key"):
         await core.make_scan("ints", prefix="1")
     with pytest.raises(InvalidParameter, match="from/to"):
         await core.make_scan("customers", prefix="1", lo="1")
@@ -218,3 +223,24 @@ async def test_stream_reads_lazily_page_by_page(bus: FakeBus) -> None:
     assert [k for k, _ in first] == [f"k{i:05d}" for i in range(10)]
     scans = sum(o.calls.count("scan") for o in bus.owners.values() if o.core.spec.name == "big")
     assert scans <= 4  # a page and a prefetched page per owner, not the 50 pages of the store
+
+
+async def test_composite_keys_get_and_range_over_a_leading_part(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("bookings", rest=(("ts", "timestamp"),)))
+    day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rows = {(c, day + dt.timedelta(days=d)): f"{c}@{d}" for c in ["41", "42", "420"] for d in range(5)}
+    bus.load("bookings", rows)
+    core = FacadeCore(bus)
+    assert await core.get("bookings", ("42", "2026-01-03T00:00:00Z")) == "42@2"
+    everything_of_42 = await core.range("bookings", ("42",), ("42",))
+    assert [v for _, v in everything_of_42] == [f"42@{d}" for d in range(5)]
+    assert everything_of_42[0][0] == ("42", day)
+    window = await core.range("bookings", ("42", "2026-01-02T00:00:00Z"), ("42", "2026-01-04T00:00:00Z"))
+    assert [v for _, v in window] == ["42@1", "42@2", "42@3"]
+    owner = await core.metadata_for_key("bookings", ("42",))
+    assert owner["partition"] == (await core.table("bookings")).partition_of(("42", 0))
+    with pytest.raises(KeyNotFound):
+        await core.get("bookings", ("42", "2030-01-01T00:00:00Z"))
+    with pytest.raises(MalformedKey):
+        await core.get("bookings", ("42",))
+    assert [k for k, _ in await core.prefix("bookings", "42")][-1] == ("420", day + dt.timedelta(days=4))

@@ -1,9 +1,11 @@
 """The REST contract of seed 000 on the app factory, over a fake bus (no Ray)."""
 
+import datetime as dt
 import json
 
 import msgpack
 import pytest
+from yarl import URL
 
 from runtime.facade import FacadeCore
 from runtime.http_app import build_app
@@ -193,4 +195,45 @@ async def test_bad_scan_parameters_are_400s(client, query: str, code: str) -> No
 
 async def test_prefix_on_integer_keys_is_a_400(client) -> None:  # type: ignore[no-untyped-def]
     resp = await client.get("/stores/ints/prefix/1")
-    assert resp.status == 400 and "string keys" in (await resp.json())["error"]["message"]
+    assert resp.status == 400 and "need a string key" in (await resp.json())["error"]["message"]
+
+
+@pytest.fixture
+async def bookings(aiohttp_client):  # type: ignore[no-untyped-def]
+    bus = FakeBus()
+    bus.create_store(kv_spec("bookings", rest=(("ts", "timestamp"),)))
+    day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    bus.load("bookings", {(c, day + dt.timedelta(days=d)): f"{c}@{d}" for c in ["a/b", "42"] for d in range(3)})
+    return await aiohttp_client(build_app(FacadeCore(bus, timeout=1.0)))
+
+
+async def test_composite_keys_in_urls(bookings) -> None:  # type: ignore[no-untyped-def]
+    body = await (await bookings.get("/stores/bookings/get/42/2026-01-02T00:00:00Z")).json()
+    assert body == {"response": "42@1"}
+    body = await (await bookings.get("/stores/bookings/get/a%2Fb/2026-01-01T00:00:00Z")).json()
+    assert body == {"response": "a/b@0"}  # '/' inside a component is %2F
+    body = await (await bookings.get("/stores/bookings/range?from=42&to=42/2026-01-02T00:00:00Z")).json()
+    assert body["result"] == [
+        {"key": ["42", "2026-01-01T00:00:00+00:00"], "value": "42@0"},
+        {"key": ["42", "2026-01-02T00:00:00+00:00"], "value": "42@1"},
+    ]
+    # Sent as written (as curl does); yarl would otherwise normalize %2F in a query string to '/'.
+    body = await (await bookings.get(URL("/stores/bookings/range?from=a%2Fb&to=a%2Fb", encoded=True))).json()
+    assert [e["value"] for e in body["result"]] == ["a/b@0", "a/b@1", "a/b@2"]
+    body = await (await bookings.get("/metadata/stores/bookings/key/42")).json()
+    assert "partition" in body["result"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/stores/bookings/get/42",
+        "/stores/bookings/get/42/not-a-time",
+        "/stores/bookings/get/42/2026-01-01T00:00:00Z/extra",
+        "/stores/bookings/range?from=42/nope",
+    ],
+)
+async def test_malformed_composite_keys_are_400s_that_say_why(bookings, path: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await bookings.get(path)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["message"]

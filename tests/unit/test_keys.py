@@ -1,7 +1,10 @@
+import datetime as dt
+import pickle
+
 import pytest
 
 from runtime.errors import MalformedKey, SchemaError
-from runtime.keys import INT, LONG, STRING, KeySchema, key_type_for_spark
+from runtime.keys import INT, LONG, STRING, TIMESTAMP, TOP, KeySchema, key_type_for_spark
 
 
 def test_string_keys_parse_as_themselves_including_empty_and_non_ascii() -> None:
@@ -63,4 +66,49 @@ def test_spark_types_map_to_key_types() -> None:
 def test_key_schema_delegates_to_its_type() -> None:
     schema = KeySchema("user", "long")
     assert schema.parse("3") == 3
-    assert schema.to_json() == {"column": "user", "type": "long"}
+    assert schema.to_json() == {"column": "user", "type": "long", "columns": [{"column": "user", "type": "long"}]}
+
+
+def test_timestamps_parse_iso_8601_into_epoch_micros_and_show_as_datetimes() -> None:
+    micros = TIMESTAMP.parse("2026-01-31T10:00:00Z")
+    assert micros == TIMESTAMP.parse("2026-01-31T11:00:00+01:00") == TIMESTAMP.parse("2026-01-31T10:00:00")
+    assert TIMESTAMP.external(micros) == dt.datetime(2026, 1, 31, 10, tzinfo=dt.UTC)
+    assert TIMESTAMP.coerce(dt.datetime(2026, 1, 31, 10, tzinfo=dt.UTC)) == micros
+    assert TIMESTAMP.canonical_bytes(micros) == str(micros).encode()
+    assert TIMESTAMP.parse("1969-12-31T23:59:59.999999Z") == -1
+    with pytest.raises(MalformedKey, match="ISO-8601"):
+        TIMESTAMP.parse("yesterday")
+    with pytest.raises(MalformedKey):
+        TIMESTAMP.coerce(5)
+
+
+COMPOSITE = KeySchema("customer", "string", (("ts", "timestamp"),))
+
+
+def test_composite_keys_are_tuples_partitioned_by_their_first_column() -> None:
+    key = COMPOSITE.coerce(("42", "2026-01-01T00:00:00Z"))
+    assert key == ("42", TIMESTAMP.parse("2026-01-01T00:00:00Z"))
+    assert COMPOSITE.canonical_bytes(key) == b"42"
+    assert COMPOSITE.parse("42/2026-01-01T00:00:00Z") == key
+    assert COMPOSITE.external(key) == ("42", dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert COMPOSITE.to_json()["columns"] == [
+        {"column": "customer", "type": "string"},
+        {"column": "ts", "type": "timestamp"},
+    ]
+
+
+def test_composite_keys_need_every_component_but_bounds_may_be_partial() -> None:
+    with pytest.raises(MalformedKey, match="needs 2 components"):
+        COMPOSITE.coerce(("42",))
+    with pytest.raises(MalformedKey, match="separated by '/'"):
+        COMPOSITE.coerce("42")
+    lo, hi = COMPOSITE.coerce_bound(("42",), upper=False), COMPOSITE.coerce_bound(("42",), upper=True)
+    inside = COMPOSITE.coerce(("42", "2030-01-01T00:00:00Z"))
+    assert lo < inside < hi
+    assert hi < COMPOSITE.coerce(("420", "1970-01-01T00:00:00Z"))
+    assert hi == ("42", TOP)
+
+
+def test_top_sorts_after_everything_and_pickles_to_itself() -> None:
+    assert TOP > "zzz" and TOP > 10**30 and not TOP < "a" and TOP > "a" and TOP == TOP
+    assert pickle.loads(pickle.dumps(TOP)) is TOP

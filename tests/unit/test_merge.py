@@ -71,3 +71,20 @@ async def test_async_merge_pulls_only_what_is_consumed() -> None:
     assert [await anext(merged) for _ in range(5)] == [(i, i) for i in range(5)]
     assert len(pulled) <= 7
     await merged.aclose()
+
+
+async def test_a_failing_source_leaves_no_other_source_running() -> None:
+    async def slow():  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.05)
+        yield 1, 1
+
+    async def failing():  # type: ignore[no-untyped-def]
+        raise LookupError("owner gone")
+        yield 0, 0  # pragma: no cover - makes this an async generator
+
+    sources = [slow(), failing()]
+    with pytest.raises(LookupError):
+        async for _ in merge_sorted_async(sources):
+            pass
+    for source in sources:
+        await source.aclose()  # would raise "already running" if the slow read were still in flight
