@@ -9,10 +9,11 @@ from typing import Any
 from runtime.errors import SchemaError
 from runtime.keys import KeySchema
 
-__all__ = ["StoreSpec", "ValueField", "validate_store_name"]
+__all__ = ["StoreSpec", "ValueField", "validate_store_name", "KINDS", "WINDOWED_KINDS"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-KINDS = ("kv",)
+KINDS = ("kv", "window", "session")
+WINDOWED_KINDS = ("window", "session")
 
 
 def validate_store_name(name: str) -> str:
@@ -69,10 +70,22 @@ class StoreSpec:
             raise SchemaError(f"standbys must not be negative, got {self.standbys}")
         if not self.value_fields:
             raise SchemaError(f"store {self.name!r} needs at least one value column")
+        if self.kind in WINDOWED_KINDS and (not self.key.composite or self.key.columns[-1][1].kind != "timestamp"):
+            raise SchemaError(f"a {self.kind} store's key must end with the window start (a timestamp column)")
 
     @property
     def scalar_value(self) -> bool:
         return len(self.value_fields) == 1
+
+    @property
+    def windowed(self) -> bool:
+        """Window and session stores: the key's last column is the window start, the end rides along."""
+        return self.kind in WINDOWED_KINDS
+
+    @property
+    def user_key_columns(self) -> int:
+        """How many key columns the user's key has (a windowed store adds the window start)."""
+        return len(self.key.columns) - (1 if self.windowed else 0)
 
     def to_json(self) -> dict[str, Any]:
         """The catalog entry served by ``GET /stores``."""

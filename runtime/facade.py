@@ -32,6 +32,7 @@ from runtime.errors import (
 from runtime.merge import merge_sorted_async, sum_counts
 from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, Route
 from runtime.scan import Scan, decode_cursor, encode_cursor, prefix_scan
+from runtime.windows import present, require_kind, session_scan, window_scan
 
 __all__ = ["OwnerClient", "Bus", "FacadeCore", "instance_json", "check_limit", "MAX_PAGE"]
 
@@ -205,6 +206,7 @@ class FacadeCore:
     async def get(self, store: str, key: Any) -> Any:
         """The value of ``key`` in ``store``; ``KeyNotFound`` when absent."""
         table = await self.table(store)
+        require_kind(table.spec, "kv")
         typed = table.spec.key.coerce(key)
         route = self._route(table, typed)
         answer = await self._guard(self._coalescer(route.owner).submit((route.partition, typed)), f"get on {store}")
@@ -234,6 +236,11 @@ class FacadeCore:
         """The scan of ``store`` for a key range (both ends inclusive, ``None`` open) or a key prefix."""
         table = await self.table(store)
         key = table.spec.key
+        if (lo is not None or hi is not None or prefix is not None) and table.spec.windowed:
+            raise InvalidParameter(
+                f"store {store!r} is a {table.spec.kind} store: use its {table.spec.kind} queries for key ranges",
+                store=store,
+            )
         if prefix is not None:
             if lo is not None or hi is not None:
                 raise InvalidParameter("a prefix scan cannot also have from/to bounds", store=store)
@@ -279,18 +286,19 @@ class FacadeCore:
         """The entries of ``scan`` over all partitions, merged in order as they are consumed.
 
         Memory is about two pages per owner whatever the result's size, so a caller can stream a whole
-        store. Each page call has the request deadline; the stream as a whole has none. Keys come in
-        their external form (``KeySchema.external``) unless ``external`` is false.
+        store. Each page call has the request deadline; the stream as a whole has none. Entries come as
+        callers see them (``runtime.windows.present``), or as internal ``(key, raw value)`` pairs when
+        ``external`` is false.
         """
         table = await self.table(store)
         if scan.is_empty():
             return
-        to_external = table.spec.key.external if external else None
+        spec = table.spec
         size = page_size or self.page_size
         sources = [self._owner_entries(u, p, scan, size) for u, p in self._owners(table).items()]
         try:
             async for key, value in merge_sorted_async(sources, reverse=scan.reverse):
-                yield (to_external(key) if to_external else key), decode_value(value)
+                yield present(spec, key, value) if external else (key, value)
         finally:
             for source in sources:
                 await source.aclose()
@@ -324,11 +332,11 @@ class FacadeCore:
         if cursor is not None:
             scan = decode_cursor(store, cursor)
         entries = await self.collect(store, scan, limit + 1, external=False)
-        to_external = (await self.table(store)).spec.key.external
-        if len(entries) <= limit:
-            return [(to_external(k), v) for k, v in entries], None
+        spec = (await self.table(store)).spec
+        more = len(entries) > limit
         entries = entries[:limit]
-        return [(to_external(k), v) for k, v in entries], encode_cursor(store, scan, entries[-1][0])
+        shown = [present(spec, k, v) for k, v in entries]
+        return shown, encode_cursor(store, scan, entries[-1][0]) if more else None
 
     async def range(
         self, store: str, lo: Any = None, hi: Any = None, *, reverse: bool = False
@@ -343,6 +351,43 @@ class FacadeCore:
     async def prefix(self, store: str, prefix: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         """Entries whose (string) key starts with ``prefix``, in key order (or reversed)."""
         return await self.collect(store, await self.make_scan(store, prefix=prefix, reverse=reverse))
+
+    async def windows(
+        self,
+        store: str,
+        key: Any = None,
+        *,
+        key_from: Any = None,
+        key_to: Any = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        reverse: bool = False,
+    ) -> Scan:
+        """The scan of a window store's windows: of ``key``, or of a key range (both optional), whose
+        start lies in [``time_from``, ``time_to``]."""
+        spec = (await self.table(store)).spec
+        require_kind(spec, "window")
+        return window_scan(
+            spec, key=key, key_from=key_from, key_to=key_to, time_from=time_from, time_to=time_to, reverse=reverse
+        )
+
+    async def sessions(
+        self,
+        store: str,
+        key: Any = None,
+        *,
+        key_from: Any = None,
+        key_to: Any = None,
+        earliest_end: Any = None,
+        latest_start: Any = None,
+    ) -> Scan:
+        """The scan of a session store's sessions: of ``key`` or a key range; with bounds, those ending at
+        or after ``earliest_end`` and starting at or before ``latest_start``."""
+        spec = (await self.table(store)).spec
+        require_kind(spec, "session")
+        return session_scan(
+            spec, key=key, key_from=key_from, key_to=key_to, earliest_end=earliest_end, latest_start=latest_start
+        )
 
     async def approximate_num_entries(self, store: str) -> int:
         table = await self.table(store)

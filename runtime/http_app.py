@@ -23,6 +23,7 @@ from runtime.codec import to_jsonable
 from runtime.errors import InvalidParameter, RiqrError
 from runtime.facade import FacadeCore
 from runtime.scan import Scan, decode_cursor
+from runtime.windows import Windowed
 
 __all__ = ["build_app", "FACADE"]
 
@@ -76,8 +77,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _reply(request, body, status=500)
 
 
-def _entries(pairs: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": value} for key, value in pairs]
+def _entry_json(entry: Any) -> dict[str, Any]:
+    if isinstance(entry, Windowed):
+        return entry.to_json()
+    return {"key": entry[0], "value": entry[1]}
+
+
+def _entries(entries: list[Any]) -> list[dict[str, Any]]:
+    return [_entry_json(entry) for entry in entries]
 
 
 async def metadata(request: web.Request) -> web.Response:
@@ -98,6 +105,15 @@ async def _split_key(request: web.Request, store: str, raw: str, *, query: bool 
     decode = unquote_plus if query else unquote
     table = await request.app[FACADE].table(store)
     if table.spec.key.composite:
+        return tuple(decode(part) for part in raw.split("/"))
+    return decode(raw)
+
+
+async def _split_user_key(request: web.Request, store: str, raw: str, *, query: bool = False) -> Any:
+    """The user's key of a window or session store as written in a URL (without the window start)."""
+    decode = unquote_plus if query else unquote
+    spec = (await request.app[FACADE].table(store)).spec
+    if spec.user_key_columns > 1:
         return tuple(decode(part) for part in raw.split("/"))
     return decode(raw)
 
@@ -179,8 +195,8 @@ async def _scan_reply(request: web.Request, store: str, scan: Scan) -> web.Strea
     return _reply(request, {"result": _entries(await facade.collect(store, scan))})
 
 
-def _ndjson_line(entry: tuple[Any, Any]) -> str:
-    return json.dumps({"key": to_jsonable(entry[0]), "value": to_jsonable(entry[1])}, ensure_ascii=False)
+def _ndjson_line(entry: Any) -> str:
+    return json.dumps(to_jsonable(_entry_json(entry)), ensure_ascii=False)
 
 
 async def _stream_ndjson(
@@ -238,6 +254,52 @@ async def prefix_entries(request: web.Request) -> web.StreamResponse:
     return await _scan_reply(request, store, scan)
 
 
+async def windows_of_key(request: web.Request) -> web.StreamResponse:
+    store = request.match_info["store"]
+    key = await _split_user_key(request, store, _raw_path_tail(request, 3))
+    q = request.query
+    scan = await request.app[FACADE].windows(
+        store, key, time_from=q.get("from"), time_to=q.get("to"), reverse=_bool_param(request, "reverse")
+    )
+    return await _scan_reply(request, store, scan)
+
+
+async def windows_of_range(request: web.Request) -> web.StreamResponse:
+    store = request.match_info["store"]
+    raw_from, raw_to = _raw_query(request, "keyFrom"), _raw_query(request, "keyTo")
+    key_from = None if raw_from is None else await _split_user_key(request, store, raw_from, query=True)
+    key_to = None if raw_to is None else await _split_user_key(request, store, raw_to, query=True)
+    q = request.query
+    scan = await request.app[FACADE].windows(
+        store,
+        key_from=key_from,
+        key_to=key_to,
+        time_from=q.get("from"),
+        time_to=q.get("to"),
+        reverse=_bool_param(request, "reverse"),
+    )
+    return await _scan_reply(request, store, scan)
+
+
+async def sessions_of_key(request: web.Request) -> web.StreamResponse:
+    store = request.match_info["store"]
+    key = await _split_user_key(request, store, _raw_path_tail(request, 3))
+    q = request.query
+    scan = await request.app[FACADE].sessions(
+        store, key, earliest_end=q.get("earliestEnd"), latest_start=q.get("latestStart")
+    )
+    return await _scan_reply(request, store, scan)
+
+
+async def sessions_of_range(request: web.Request) -> web.StreamResponse:
+    store = request.match_info["store"]
+    raw_from, raw_to = _raw_query(request, "keyFrom"), _raw_query(request, "keyTo")
+    key_from = None if raw_from is None else await _split_user_key(request, store, raw_from, query=True)
+    key_to = None if raw_to is None else await _split_user_key(request, store, raw_to, query=True)
+    scan = await request.app[FACADE].sessions(store, key_from=key_from, key_to=key_to)
+    return await _scan_reply(request, store, scan)
+
+
 async def approximate_num_entries(request: web.Request) -> web.Response:
     store = request.match_info["store"]
     return _reply(request, {"result": await request.app[FACADE].approximate_num_entries(store)})
@@ -255,5 +317,9 @@ def build_app(facade: FacadeCore) -> web.Application:
     app.router.add_get("/stores/{store}/get/{key:.*}", get_key)
     app.router.add_get("/stores/{store}/range", range_entries)
     app.router.add_get("/stores/{store}/prefix/{prefix:.*}", prefix_entries)
+    app.router.add_get("/stores/{store}/windows", windows_of_range)
+    app.router.add_get("/stores/{store}/windows/{key:.*}", windows_of_key)
+    app.router.add_get("/stores/{store}/sessions", sessions_of_range)
+    app.router.add_get("/stores/{store}/sessions/{key:.*}", sessions_of_key)
     app.router.add_get("/stores/{store}/approximate-num-entries", approximate_num_entries)
     return app

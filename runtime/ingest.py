@@ -7,10 +7,11 @@ import pyarrow.compute as pc
 
 from runtime.ownership import OwnershipTable
 
-__all__ = ["PARTITION_COLUMN", "split_by_partition", "slices_for_owners"]
+__all__ = ["PARTITION_COLUMN", "WINDOW_END_COLUMN", "split_by_partition", "slices_for_owners"]
 
-# The column the sink adds in Spark; its name cannot clash with a user's column by accident.
+# Columns the sink adds in Spark; their names cannot clash with a user's column by accident.
 PARTITION_COLUMN = "__riqr_partition"
+WINDOW_END_COLUMN = "__riqr_window_end"
 
 
 def split_by_partition(table: pa.Table, partitions: int) -> dict[int, pa.Table]:

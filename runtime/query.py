@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from runtime.catalog import StoreSpec
-from runtime.codec import encode_value
+from runtime.codec import decode_value, encode_value
 from runtime.engine import ApplyResult, PartitionState
 from runtime.errors import PartitionUnavailable, RiqrError
+from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
-from runtime.scan import Scan
+from runtime.scan import Scan, TimeFilter
 
 __all__ = ["QueryCore", "rows_from_arrow", "internal_keys"]
 
@@ -52,6 +53,10 @@ def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes |
     keys = internal_keys(spec, table)
     names = [f.name for f in spec.value_fields]
     columns = [table.column(name).to_pylist() for name in names]
+    if spec.windowed:
+        return _windowed_rows(
+            spec, keys, names, columns, _internal_column(table.column(WINDOW_END_COLUMN), "timestamp")
+        )
     rows: list[tuple[Any, bytes | None]] = []
     dropped = 0
     if len(columns) == 1:
@@ -71,6 +76,31 @@ def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes |
     if dropped:
         log.warning("store %s: dropped %d rows with a null key", spec.name, dropped)
     return rows
+
+
+def _windowed_rows(
+    spec: StoreSpec, keys: list[Any], names: list[str], columns: list[list[Any]], ends: list[Any]
+) -> list[tuple[Any, bytes | None]]:
+    """Rows of a window or session store: the value is stored as ``[window end, value]``."""
+    rows: list[tuple[Any, bytes | None]] = []
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        if len(columns) == 1:
+            value = columns[0][i]
+            deleted = value is None
+        else:
+            value = {name: col[i] for name, col in zip(names, columns)}
+            deleted = all(v is None for v in value.values())
+        rows.append((key, None if deleted else encode_value([ends[i], value])))
+    return rows
+
+
+def _window_filter(entries: Iterator[tuple[Any, bytes]], times: TimeFilter) -> Iterator[tuple[Any, bytes]]:
+    for key, raw in entries:
+        end = decode_value(raw)[0] if times.end_from is not None else 0
+        if times.admits(key[-1], end):
+            yield key, raw
 
 
 class QueryCore:
@@ -133,7 +163,9 @@ class QueryCore:
         states = [self._partition(p) for p in partitions]
         if scan.is_empty():
             return []
-        merged = merge_sorted([s.kv.scan(scan) for s in states], reverse=scan.reverse)
+        merged: Iterator[tuple[Any, bytes]] = merge_sorted([s.kv.scan(scan) for s in states], reverse=scan.reverse)
+        if scan.times is not None:
+            merged = _window_filter(merged, scan.times)
         return list(merged if limit is None else itertools.islice(merged, limit))
 
     def count(self, partitions: Sequence[int]) -> int:

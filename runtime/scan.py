@@ -18,7 +18,7 @@ import msgpack
 from runtime.errors import MalformedCursor
 from runtime.keys import TOP
 
-__all__ = ["Bound", "Scan", "prefix_scan", "encode_cursor", "decode_cursor"]
+__all__ = ["Bound", "Scan", "TimeFilter", "prefix_scan", "encode_cursor", "decode_cursor"]
 
 _CURSOR_VERSION = 1
 _TOP_EXT = 1
@@ -45,12 +45,37 @@ class Bound:
 
 
 @dataclass(frozen=True)
+class TimeFilter:
+    """For window and session stores: which windows a scan keeps, by start and end (epoch micros).
+
+    The window start is the key's last column; the end travels with the value. Owners apply the filter,
+    so only matching windows cross Ray.
+    """
+
+    start_from: int | None = None
+    start_to: int | None = None
+    end_from: int | None = None
+
+    def admits(self, start: int, end: int) -> bool:
+        return (
+            (self.start_from is None or start >= self.start_from)
+            and (self.start_to is None or start <= self.start_to)
+            and (self.end_from is None or end >= self.end_from)
+        )
+
+    def to_wire(self) -> list[int | None]:
+        return [self.start_from, self.start_to, self.end_from]
+
+
+@dataclass(frozen=True)
 class Scan:
-    """The keys between ``lo`` and ``hi`` (``None``: open), in key order or reversed."""
+    """The keys between ``lo`` and ``hi`` (``None``: open), in key order or reversed, optionally only
+    the windows a ``TimeFilter`` admits."""
 
     lo: Bound | None = None
     hi: Bound | None = None
     reverse: bool = False
+    times: TimeFilter | None = None
 
     @classmethod
     def closed(cls, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> Scan:
@@ -109,8 +134,11 @@ def encode_cursor(store: str, scan: Scan, last_key: Any) -> str:
     """An opaque token continuing ``scan`` of ``store`` after ``last_key``."""
     hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
     lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
+    times = None if scan.times is None else scan.times.to_wire()
     packed = msgpack.packb(
-        [_CURSOR_VERSION, store, scan.reverse, lo, hi, _wire_key(last_key)], use_bin_type=True, default=_pack_default
+        [_CURSOR_VERSION, store, scan.reverse, lo, hi, _wire_key(last_key), times],
+        use_bin_type=True,
+        default=_pack_default,
     )
     return base64.urlsafe_b64encode(packed).decode("ascii").rstrip("=")
 
@@ -123,7 +151,7 @@ def decode_cursor(store: str, token: str) -> Scan:
     """The scan a cursor continues, already moved past its last key. ``MalformedCursor`` if not ours."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        version, cursor_store, reverse, lo, hi, last = msgpack.unpackb(raw, raw=False, ext_hook=_ext_hook)
+        version, cursor_store, reverse, lo, hi, last, times = msgpack.unpackb(raw, raw=False, ext_hook=_ext_hook)
     except MalformedCursor:
         raise
     except (ValueError, TypeError, binascii.Error, msgpack.UnpackException):
@@ -134,5 +162,6 @@ def decode_cursor(store: str, token: str) -> Scan:
         None if lo is None else Bound(_key_from_wire(lo[0]), bool(lo[1])),
         None if hi is None else Bound(_key_from_wire(hi[0]), bool(hi[1])),
         bool(reverse),
+        None if times is None else TimeFilter(*times),
     )
     return scan.after(_key_from_wire(last))

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from runtime.catalog import StoreSpec, ValueField
 from runtime.errors import OwnerUnavailable, RiqrError
-from runtime.ingest import PARTITION_COLUMN, slices_for_owners, split_by_partition
+from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
 from runtime.partitioner import partition_of_bytes
@@ -115,3 +115,32 @@ class FakeBus:
 
     def owner(self, uuid: str) -> FakeOwner:
         return self.owners[uuid]
+
+
+def windowed_spec(name: str, kind: str = "window") -> StoreSpec:
+    """A window or session store keyed by a string user key, as ``materialize(kind=...)`` makes it."""
+    return StoreSpec(
+        name,
+        KeySchema("user", "string", (("window_start", "timestamp"),)),
+        (ValueField("count", "bigint"),),
+        kind=kind,
+    )
+
+
+def load_windowed(bus: FakeBus, store: str, entries: list[tuple[str, Any, Any, Any]], batch_id: int = 0) -> None:
+    """Feed ``(user, start, end, value)`` windows (datetimes) to a windowed store, like the sink would."""
+    spec = bus.state.view().tables[store].spec
+    arrow = pa.table(
+        {
+            "user": [e[0] for e in entries],
+            "window_start": pa.array([e[1] for e in entries], pa.timestamp("us", tz="UTC")),
+            "count": pa.array([e[3] for e in entries], pa.int64()),
+            WINDOW_END_COLUMN: pa.array([e[2] for e in entries], pa.timestamp("us", tz="UTC")),
+            PARTITION_COLUMN: pa.array(
+                [partition_of_bytes(e[0].encode(), spec.partitions) for e in entries], pa.int32()
+            ),
+        }
+    )
+    table = bus.state.view().tables[store]
+    for uuid, slices in slices_for_owners(table, split_by_partition(arrow, spec.partitions)).items():
+        bus.owners[uuid].core.apply("q", batch_id, slices)

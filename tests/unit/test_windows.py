@@ -1,0 +1,166 @@
+"""Window and session stores through the facade and the REST app (fake bus, real query cores)."""
+
+import datetime as dt
+import json
+
+import pytest
+
+from runtime.errors import InvalidParameter, MalformedRange
+from runtime.facade import FacadeCore
+from runtime.http_app import build_app
+from runtime.windows import Windowed
+from tests.unit.fakes import FakeBus, kv_spec, load_windowed, windowed_spec
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def minute(n: int) -> dt.datetime:
+    return T0 + dt.timedelta(minutes=n)
+
+
+@pytest.fixture
+def bus() -> FakeBus:
+    b = FakeBus()
+    b.create_store(windowed_spec("orders-per-minute"))
+    # Tumbling one-minute windows: alice orders in minutes 0, 1, 3; bob in 1; carol in 2.
+    load_windowed(
+        b,
+        "orders-per-minute",
+        [
+            ("alice", minute(0), minute(1), 2),
+            ("alice", minute(1), minute(2), 1),
+            ("alice", minute(3), minute(4), 5),
+            ("bob", minute(1), minute(2), 1),
+            ("carol", minute(2), minute(3), 7),
+        ],
+    )
+    b.create_store(windowed_spec("order-sessions", kind="session"))
+    # Sessions: alice 12:00:00-12:00:40 and 12:05:00-12:05:10; bob 12:01:00-12:02:00.
+    load_windowed(
+        b,
+        "order-sessions",
+        [
+            ("alice", T0, T0 + dt.timedelta(seconds=40), 3),
+            ("alice", minute(5), minute(5) + dt.timedelta(seconds=10), 1),
+            ("bob", minute(1), minute(2), 4),
+        ],
+    )
+    b.create_store(kv_spec("plain"))
+    return b
+
+
+async def collect(core: FacadeCore, store: str, scan) -> list:  # type: ignore[no-untyped-def]
+    return await core.collect(store, scan)
+
+
+async def test_fetch_a_key_over_a_time_range_and_backwards(bus: FakeBus) -> None:
+    core = FacadeCore(bus)
+    scan = await core.windows("orders-per-minute", "alice", time_from=minute(1), time_to=minute(3))
+    got = await collect(core, "orders-per-minute", scan)
+    assert got == [Windowed("alice", minute(1), minute(2), 1), Windowed("alice", minute(3), minute(4), 5)]
+    back = await core.windows("orders-per-minute", "alice", time_from=minute(0), time_to=minute(9), reverse=True)
+    assert [w.start for w in await collect(core, "orders-per-minute", back)] == [minute(3), minute(1), minute(0)]
+
+
+async def test_fetch_a_key_range_and_all_keys_over_a_time_range(bus: FakeBus) -> None:
+    core = FacadeCore(bus)
+    scan = await core.windows(
+        "orders-per-minute", key_from="alice", key_to="bob", time_from="2026-01-01T12:01:00Z", time_to=minute(1)
+    )
+    assert [(w.key, w.value) for w in await collect(core, "orders-per-minute", scan)] == [("alice", 1), ("bob", 1)]
+    every = await core.windows("orders-per-minute", time_from=minute(2), time_to=minute(3))
+    assert [(w.key, w.start) for w in await collect(core, "orders-per-minute", every)] == [
+        ("alice", minute(3)),
+        ("carol", minute(2)),
+    ]
+    everything = await core.all("orders-per-minute")
+    assert len(everything) == 5 and all(isinstance(w, Windowed) for w in everything)
+
+
+async def test_sessions_of_a_key_a_range_and_find_sessions(bus: FakeBus) -> None:
+    core = FacadeCore(bus)
+    alice = await collect(core, "order-sessions", await core.sessions("order-sessions", "alice"))
+    assert [(s.start, s.end, s.value) for s in alice] == [
+        (T0, T0 + dt.timedelta(seconds=40), 3),
+        (minute(5), minute(5) + dt.timedelta(seconds=10), 1),
+    ]
+    both = await collect(core, "order-sessions", await core.sessions("order-sessions", key_from="a", key_to="bz"))
+    assert [s.key for s in both] == ["alice", "alice", "bob"]
+    # findSessions: end >= 12:00:30 and start <= 12:04 -> only alice's first session.
+    found = await core.sessions(
+        "order-sessions", "alice", earliest_end=T0 + dt.timedelta(seconds=30), latest_start=minute(4)
+    )
+    assert [s.start for s in await collect(core, "order-sessions", found)] == [T0]
+    late = await core.sessions("order-sessions", "alice", earliest_end=minute(5), latest_start=minute(9))
+    assert [s.start for s in await collect(core, "order-sessions", late)] == [minute(5)]
+
+
+async def test_queries_of_the_wrong_kind_and_bad_bounds_are_400s(bus: FakeBus) -> None:
+    core = FacadeCore(bus)
+    with pytest.raises(InvalidParameter, match="kv store"):
+        await core.windows("plain", "k")
+    with pytest.raises(InvalidParameter, match="window store"):
+        await core.sessions("orders-per-minute", "alice")
+    with pytest.raises(InvalidParameter):
+        await core.get("orders-per-minute", "alice")
+    with pytest.raises(MalformedRange, match="ISO-8601"):
+        await core.windows("orders-per-minute", "alice", time_from="yesterday")
+
+
+@pytest.fixture
+async def client(bus: FakeBus, aiohttp_client):  # type: ignore[no-untyped-def]
+    return await aiohttp_client(build_app(FacadeCore(bus)))
+
+
+async def test_rest_window_and_session_paths(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (
+        await client.get("/stores/orders-per-minute/windows/alice?from=2026-01-01T12:01:00Z&to=2026-01-01T12:03:00Z")
+    ).json()
+    assert body == {
+        "result": [
+            {
+                "key": "alice",
+                "window": {"start": "2026-01-01T12:01:00+00:00", "end": "2026-01-01T12:02:00+00:00"},
+                "value": 1,
+            },
+            {
+                "key": "alice",
+                "window": {"start": "2026-01-01T12:03:00+00:00", "end": "2026-01-01T12:04:00+00:00"},
+                "value": 5,
+            },
+        ]
+    }
+    body = await (await client.get("/stores/orders-per-minute/windows?keyFrom=b&from=2026-01-01T12:00:00Z")).json()
+    assert [e["key"] for e in body["result"]] == ["bob", "carol"]
+    body = await (
+        await client.get(
+            "/stores/order-sessions/sessions/alice?earliestEnd=2026-01-01T12:00:30Z&latestStart=2026-01-01T12:04:00Z"
+        )
+    ).json()
+    assert [e["window"]["start"] for e in body["result"]] == ["2026-01-01T12:00:00+00:00"]
+    body = await (await client.get("/stores/order-sessions/sessions?keyFrom=b")).json()
+    assert [e["key"] for e in body["result"]] == ["bob"]
+    resp = await client.get("/stores/orders-per-minute/all", headers={"Accept": "application/x-ndjson"})
+    lines = [json.loads(line) for line in (await resp.text()).splitlines()]
+    assert len(lines) == 5 and set(lines[0]) == {"key", "window", "value"}
+    body = await (await client.get("/stores/orders-per-minute/windows/alice?limit=2")).json()
+    assert len(body["result"]) == 2 and body["next"]
+    more = await (await client.get(f"/stores/orders-per-minute/windows/alice?limit=2&cursor={body['next']}")).json()
+    assert [e["window"]["start"] for e in more["result"]] == ["2026-01-01T12:03:00+00:00"] and more["next"] is None
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("/stores/plain/windows/k", "invalid-parameter"),
+        ("/stores/orders-per-minute/sessions/alice", "invalid-parameter"),
+        ("/stores/orders-per-minute/windows/alice?from=noon", "malformed-range"),
+        ("/stores/order-sessions/sessions/alice?latestStart=1700000000", "malformed-range"),
+        ("/stores/orders-per-minute/get/alice", "invalid-parameter"),
+        ("/stores/orders-per-minute/range?from=a", "invalid-parameter"),
+    ],
+)
+async def test_rest_errors_say_what_was_wrong(client, path: str, code: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == code
