@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from runtime.config import DEFAULT_NAMESPACE, facade_name
 from runtime.errors import NotConnected, RiqrError
+from runtime.windows import Windowed
 
 __all__ = ["connect", "Client", "Store", "Page"]
 
@@ -37,6 +38,17 @@ def _unwrap(envelope: tuple[str, Any]) -> Any:
     if isinstance(payload, RiqrError):
         raise payload
     raise RuntimeError(f"unexpected answer from the facade: {envelope!r}")
+
+
+def _window_params(key: Any, key_from: Any, key_to: Any, time_from: Any, time_to: Any, reverse: bool) -> dict[str, Any]:
+    return {
+        "key": key,
+        "key_from": key_from,
+        "key_to": key_to,
+        "time_from": time_from,
+        "time_to": time_to,
+        "reverse": reverse,
+    }
 
 
 class Store:
@@ -106,6 +118,72 @@ class Store:
     def owner(self, key: Any) -> dict[str, Any]:
         """The metadata instance that owns ``key`` (present or not)."""
         return self._call("metadata_for_key", self.name, key)
+
+    # -- window and session stores ----------------------------------------------------------------------
+
+    def windows(self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False) -> list[Windowed]:
+        """Windows of ``key`` whose start lies in [``time_from``, ``time_to``] (datetimes or ISO-8601; None
+        for open), in time order or reversed (Kafka's ``fetch``/``backwardFetch``)."""
+        return self._call(
+            "windowed", self.name, "windows", _window_params(key, None, None, time_from, time_to, reverse)
+        )
+
+    def windows_range(
+        self,
+        key_from: Any = None,
+        key_to: Any = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        *,
+        reverse: bool = False,
+    ) -> list[Windowed]:
+        """Windows of the keys in [``key_from``, ``key_to``] (None for open; both None: every key) whose
+        start lies in [``time_from``, ``time_to``] (Kafka's ``fetch(keyFrom, keyTo, ...)``/``fetchAll``)."""
+        params = _window_params(None, key_from, key_to, time_from, time_to, reverse)
+        return self._call("windowed", self.name, "windows", params)
+
+    def sessions(self, key: Any) -> list[Windowed]:
+        """Every session of ``key``."""
+        return self._call("windowed", self.name, "sessions", {"key": key})
+
+    def sessions_range(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
+        """Every session of the keys in [``key_from``, ``key_to``]."""
+        return self._call("windowed", self.name, "sessions", {"key_from": key_from, "key_to": key_to})
+
+    def find_sessions(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
+        """Sessions of ``key`` ending at or after ``earliest_end`` and starting at or before ``latest_start``."""
+        params = {"key": key, "earliest_end": earliest_end, "latest_start": latest_start}
+        return self._call("windowed", self.name, "sessions", params)
+
+    async def windows_async(
+        self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False
+    ) -> list[Windowed]:
+        params = _window_params(key, None, None, time_from, time_to, reverse)
+        return await self._acall("windowed", self.name, "windows", params)
+
+    async def windows_range_async(
+        self,
+        key_from: Any = None,
+        key_to: Any = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        *,
+        reverse: bool = False,
+    ) -> list[Windowed]:
+        params = _window_params(None, key_from, key_to, time_from, time_to, reverse)
+        return await self._acall("windowed", self.name, "windows", params)
+
+    async def sessions_async(self, key: Any) -> list[Windowed]:
+        return await self._acall("windowed", self.name, "sessions", {"key": key})
+
+    async def sessions_range_async(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
+        return await self._acall("windowed", self.name, "sessions", {"key_from": key_from, "key_to": key_to})
+
+    async def find_sessions_async(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
+        params = {"key": key, "earliest_end": earliest_end, "latest_start": latest_start}
+        return await self._acall("windowed", self.name, "sessions", params)
+
+    # -- async forms of the key-value queries --------------------------------------------------------------
 
     async def get_async(self, key: Any) -> Any:
         return await self._acall("get", self.name, key)

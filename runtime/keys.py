@@ -119,6 +119,10 @@ class KeyType:
         return value
 
     def _parse_timestamp(self, text: str) -> int:
+        if len(text) > 6 and text[-6] == " " and text[-3] == ":":
+            # "+01:00" in a query string arrives as " 01:00" ('+' means space there); a space is
+            # never valid in that position, so read it as the '+' the caller meant.
+            text = text[:-6] + "+" + text[-5:]
         try:
             parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
         except ValueError:

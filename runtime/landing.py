@@ -30,8 +30,11 @@ TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 @dataclass(frozen=True)
 class Record:
+    """One record of a topic. ``ts`` (epoch millis) is its event time; None means "now" when written."""
+
     key: str | None
     value: str | None
+    ts: int | None = None
 
 
 def topic_dir(home: Path, topic: str) -> Path:
@@ -81,7 +84,8 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
     tmp = directory / f".{name}.tmp"
     with open(tmp, "w", encoding="utf-8") as out:
         for seq, record in enumerate(records):
-            out.write(json.dumps({"key": record.key, "value": record.value, "ts": now, "seq": seq}, ensure_ascii=False))
+            ts = now if record.ts is None else record.ts
+            out.write(json.dumps({"key": record.key, "value": record.value, "ts": ts, "seq": seq}, ensure_ascii=False))
             out.write("\n")
         out.flush()
         os.fsync(out.fileno())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -137,54 +136,10 @@ def start(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the topology until stopped (SIGTERM or SIGINT stop the queries cleanly)."""
-    from runtime.config import DEFAULT_NAMESPACE, riqr_home
+    from topologies.runner import run_topology
 
     parser = argparse.ArgumentParser(prog="python -m topologies.food_orders", description=__doc__.splitlines()[0])
-    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
-    parser.add_argument(
-        "--home", default=None, help="riqr home (landing dirs, checkpoints); default $RIQR_HOME or ~/.riqr"
-    )
-    parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or a local cluster")
-    parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--trigger", default=None, help="micro-batch interval, e.g. '250 milliseconds'")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    import ray
-
-    from topologies.spark import spark_session
-
-    ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
-    spark = spark_session(args.master, app_name="riqr-food-orders")
-    home = riqr_home(args.home)
-    queries = start(
-        spark, home, namespace=args.namespace, partitions=args.partitions, actors=args.actors, trigger=args.trigger
-    )
-    log.info("food-orders topology running: %s", ", ".join(q.name for q in queries))
-
-    def stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping the queries", signum)
-        for q in queries:
-            q.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    failed = None
-    for q in queries:
-        try:
-            q.awaitTermination()
-        except Exception as err:  # one query failed: stop the other and report
-            failed = err
-            for other in queries:
-                if other.isActive:
-                    other.stop()
-    spark.stop()
-    if failed is not None:
-        log.error("the topology failed: %s", failed)
-        return 1
-    return 0
+    return run_topology(parser, argv, lambda spark, home, args: start(spark, home, **args.topology))
 
 
 if __name__ == "__main__":

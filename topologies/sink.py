@@ -25,7 +25,7 @@ import ray
 from runtime.catalog import StoreSpec, ValueField
 from runtime.config import DEFAULT_NAMESPACE, REGISTRY_NAME
 from runtime.errors import NotConnected, SchemaError
-from runtime.ingest import PARTITION_COLUMN, slices_for_owners, split_by_partition
+from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema, key_type_for_spark
 from runtime.ownership import ClusterView
 from runtime.partitioner import spark_partition_sql
@@ -35,6 +35,7 @@ __all__ = ["materialize", "store_spec_for", "BatchDelivery", "DEFAULT_TRIGGER"]
 log = logging.getLogger(__name__)
 
 DEFAULT_TRIGGER = "250 milliseconds"
+WINDOW_START_COLUMN = "window_start"
 
 
 def store_spec_for(
@@ -46,6 +47,7 @@ def store_spec_for(
     partitions: int = 4,
     actors: int = 2,
     standbys: int = 0,
+    kind: str = "kv",
 ) -> StoreSpec:
     """The store definition for a DataFrame ``schema`` (a Spark ``StructType``).
 
@@ -61,7 +63,7 @@ def store_spec_for(
                 f"key column {column!r} is not in the DataFrame (columns: {', '.join(types)})", column=column
             )
     if value is None:
-        value_cols = [c for c in types if c not in key_cols]
+        value_cols = [c for c in types if c not in key_cols and c != WINDOW_END_COLUMN]
     elif isinstance(value, str):
         value_cols = [value]
     else:
@@ -80,6 +82,7 @@ def store_spec_for(
         partitions=partitions,
         actors=actors,
         standbys=standbys,
+        kind=kind,
     )
 
 
@@ -156,6 +159,24 @@ class BatchDelivery:
         )
 
 
+def _flatten_window(df: Any, window_column: str) -> Any:
+    """Spark's window struct as two columns: ``window_start`` (the key's last column) and the end."""
+    from pyspark.sql import functions as F
+
+    if window_column not in df.columns:
+        raise SchemaError(
+            f"the DataFrame has no window column {window_column!r} (columns: {', '.join(df.columns)}); "
+            "pass window_column=",
+            column=window_column,
+        )
+    others = [c for c in df.columns if c != window_column]
+    return df.select(
+        *others,
+        F.col(f"`{window_column}`.start").alias(WINDOW_START_COLUMN),
+        F.col(f"`{window_column}`.end").alias(WINDOW_END_COLUMN),
+    )
+
+
 def materialize(
     df: Any,
     *,
@@ -163,30 +184,47 @@ def materialize(
     key: str | Sequence[str],
     value: str | Sequence[str] | None = None,
     checkpoint: str,
+    kind: str = "kv",
+    window_column: str | None = None,
     namespace: str = DEFAULT_NAMESPACE,
     partitions: int = 4,
     actors: int = 2,
     standbys: int = 0,
     trigger: str = DEFAULT_TRIGGER,
-    output_mode: str = "update",
+    output_mode: str | None = None,
 ) -> Any:
     """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
 
     ``key`` names the key column, or a list of columns for a composite key (the first one decides the
     partition). ``value`` names the value column(s); by default every other column. The store is created
     (with its query actors) if it does not exist. Returns the ``StreamingQuery``.
+
+    ``kind="window"`` takes the output of a ``window(...)`` aggregation and ``kind="session"`` of a
+    ``session_window(...)`` one: the window struct (``window_column``, by default ``window`` or
+    ``session_window``) becomes the key's last column, ``window_start``, and the window end is kept with
+    the value. The output mode defaults to ``update``, except for sessions, where Spark allows only
+    ``append`` (a session's range changes as it grows, and update mode has no way to retract the old
+    one): sessions reach the store once, final, when the watermark passes their end.
     """
-    spec = store_spec_for(df.schema, store, key, value, partitions=partitions, actors=actors, standbys=standbys)
+    key_cols = [key] if isinstance(key, str) else list(key)
+    if kind in ("window", "session"):
+        df = _flatten_window(df, window_column or ("session_window" if kind == "session" else "window"))
+        key_cols = [*key_cols, WINDOW_START_COLUMN]
+        if value is None:
+            value = [c for c in df.columns if c not in key_cols and c != WINDOW_END_COLUMN]
+    spec = store_spec_for(
+        df.schema, store, key_cols, value, partitions=partitions, actors=actors, standbys=standbys, kind=kind
+    )
     ray.get(_registry(namespace).create_store.remote(spec))
     value_cols = [f.name for f in spec.value_fields]
-    key_cols = [name for name, _ in spec.key.columns]
+    extra = [WINDOW_END_COLUMN] if spec.windowed else []
     partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)
     from pyspark.sql import functions as F
 
-    shaped = df.select(*key_cols, *value_cols, F.expr(partition_sql).alias(PARTITION_COLUMN))
+    shaped = df.select(*key_cols, *value_cols, *extra, F.expr(partition_sql).alias(PARTITION_COLUMN))
     return (
         shaped.writeStream.foreachBatch(BatchDelivery(spec, namespace, checkpoint))
-        .outputMode(output_mode)
+        .outputMode(output_mode or ("append" if kind == "session" else "update"))
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=trigger)
         .queryName(f"riqr-{namespace}-{store}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from runtime.errors import RiqrError
+from runtime.errors import InvalidParameter, RiqrError
 from runtime.facade import FacadeCore
 from verticles.bus import RayBus
 
@@ -73,6 +73,25 @@ class FacadeVerticle:
         async def run() -> tuple[list[tuple[Any, Any]], str | None]:
             scan = await self.core.make_scan(store, lo=lo, hi=hi, prefix=prefix, reverse=reverse)
             return await self.core.page(store, scan, limit, cursor)
+
+        return await _envelope(run())
+
+    async def windowed(
+        self, store: str, query: str, params: dict[str, Any], limit: int | None = None, cursor: str | None = None
+    ) -> Envelope:
+        """A window (``query="windows"``) or session (``"sessions"``) query: every entry, or one page."""
+        await self._ready()
+
+        async def run() -> Any:
+            if query == "windows":
+                scan = await self.core.windows(store, **params)
+            elif query == "sessions":
+                scan = await self.core.sessions(store, **params)
+            else:
+                raise InvalidParameter(f"unknown windowed query {query!r}")
+            if limit is None and cursor is None:
+                return await self.core.collect(store, scan)
+            return await self.core.page(store, scan, limit or self.core.page_size, cursor)
 
         return await _envelope(run())
 

@@ -1,0 +1,179 @@
+"""The other seeds' topologies on real Spark: windowed and session food orders, railway bookings (seed
+004), events (seed 002). Each runs, gets records with controlled event times, and is queried over REST
+and through the Python API, which must agree."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runtime
+from runtime.landing import Record, write_records
+from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
+from tests.integration.helpers import http_get, wait_for
+
+pytestmark = pytest.mark.integration
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def at(seconds: float) -> int:
+    return int((T0 + dt.timedelta(seconds=seconds)).timestamp() * 1000)
+
+
+def iso(seconds: float) -> str:
+    """As answers show it."""
+    return (T0 + dt.timedelta(seconds=seconds)).isoformat()
+
+
+def z(seconds: float) -> str:
+    """As a URL should carry it (no '+' to escape)."""
+    return (T0 + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.fixture(scope="module")
+def rt(ray_cluster: RayCluster) -> Iterator[Runtime]:
+    from verticles import deploy
+
+    runtime_ns = deploy_runtime("riqr-topo")
+    yield runtime_ns
+    deploy.down(runtime_ns.namespace)
+
+
+def result(url: str) -> Any:
+    status, _, body = http_get(url)
+    return body.get("result") if status == 200 else None
+
+
+def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Path) -> None:
+    from topologies import food_orders_windowed as fw
+
+    queries = fw.start(spark, tmp_path, namespace=rt.namespace, watermark="5 seconds", trigger="200 milliseconds")
+    try:
+        orders = [
+            Record("alice", "pizza", at(0)),
+            Record("alice", "soup", at(10)),
+            Record("bob", "pasta", at(20)),
+            Record("alice", "salad", at(70)),
+        ]
+        write_records(tmp_path, "order", orders)
+        write_records(tmp_path, "order", [Record("carol", "tea", at(600))])  # moves the watermark on
+        url = rt.url
+        windows = wait_for(
+            lambda: (
+                (w := result(f"{url}/stores/orders-per-minute/windows/alice?from={z(0)}&to={z(120)}"))
+                and len(w) == 2
+                and w
+            ),
+            what="alice's one-minute windows",
+        )
+        assert [(w["window"]["start"], w["window"]["end"], w["value"]) for w in windows] == [
+            (iso(0), iso(60), 2),
+            (iso(60), iso(120), 1),
+        ]
+        everyone = result(f"{url}/stores/orders-per-minute/windows?from={z(0)}&to={z(59)}")
+        assert [(w["key"], w["value"]) for w in everyone] == [("alice", 2), ("bob", 1)]
+        backwards = result(f"{url}/stores/orders-per-minute/windows/alice?from={z(0)}&to={z(120)}&reverse=true")
+        assert [w["window"]["start"] for w in backwards] == [iso(60), iso(0)]
+
+        sessions = wait_for(
+            lambda: (s := result(f"{url}/stores/order-sessions/sessions/alice")) and len(s) == 2 and s,
+            what="alice's two closed sessions",
+        )
+        assert [(s["window"]["start"], s["window"]["end"], s["value"]) for s in sessions] == [
+            (iso(0), iso(40), 2),
+            (iso(70), iso(100), 1),
+        ]
+        found = result(f"{url}/stores/order-sessions/sessions/alice?earliestEnd={z(50)}&latestStart={z(90)}")
+        assert [s["window"]["start"] for s in found] == [iso(70)]
+        assert [s["key"] for s in result(f"{url}/stores/order-sessions/sessions?keyFrom=b")] == ["bob"]
+        assert result(f"{url}/stores/order-sessions/sessions/carol") == []  # still open: not emitted yet
+
+        store = runtime.connect(rt.namespace).store("orders-per-minute")
+        py = store.windows("alice", T0, T0 + dt.timedelta(seconds=120))
+        assert [(w.start, w.end, w.value) for w in py] == [
+            (T0, T0 + dt.timedelta(seconds=60), 2),
+            (T0 + dt.timedelta(seconds=60), T0 + dt.timedelta(seconds=120), 1),
+        ]
+        sessions_py = runtime.connect(rt.namespace).store("order-sessions")
+        assert [s.value for s in sessions_py.sessions("alice")] == [2, 1]
+        found_py = sessions_py.find_sessions("alice", T0 + dt.timedelta(seconds=50), T0 + dt.timedelta(seconds=90))
+        assert [s.start for s in found_py] == [T0 + dt.timedelta(seconds=70)]
+    finally:
+        for q in queries:
+            q.stop()
+
+
+def test_railway_bookings_of_a_customer_in_a_period(rt: Runtime, spark: Any, tmp_path: Path) -> None:
+    from topologies import railway
+
+    queries = railway.start(spark, tmp_path, namespace=rt.namespace, trigger="200 milliseconds")
+    try:
+        bookings = [
+            ("42", "2026-03-01T09:30:00Z Berlin-Hamburg"),
+            ("42", "2026-03-15T18:00:00Z Hamburg-Berlin"),
+            ("42", "2026-04-02T07:10:00Z Berlin-Munich"),
+            ("420", "2026-03-10T12:00:00Z Cologne-Bonn"),
+            ("7", "not-a-time Nowhere"),  # unparsable: dropped
+        ]
+        write_records(tmp_path, "booking", [Record(k, v) for k, v in bookings])
+        url = rt.url
+        wait_for(
+            lambda: http_get(f"{url}/stores/latest-booking/get/42")[2] == {"response": "2026-04-02T07:10:00+00:00"},
+            what="customer 42's latest booking",
+        )
+        march = result(f"{url}/stores/bookings/range?from=42/2026-03-01T00:00:00Z&to=42/2026-03-31T23:59:59Z")
+        assert [(e["key"], e["value"]) for e in march] == [
+            (["42", "2026-03-01T09:30:00+00:00"], "Berlin-Hamburg"),
+            (["42", "2026-03-15T18:00:00+00:00"], "Hamburg-Berlin"),
+        ]
+        every_42 = wait_for(lambda: (r := result(f"{url}/stores/bookings/range?from=42&to=42")) and len(r) == 3 and r)
+        assert [e["value"] for e in every_42] == ["Berlin-Hamburg", "Hamburg-Berlin", "Berlin-Munich"]
+        assert http_get(f"{url}/stores/latest-booking/get/7")[0] == 404
+        assert http_get(f"{url}/stores/bookings/get/42/2026-03-15T18:00:00Z")[2] == {"response": "Hamburg-Berlin"}
+        store = runtime.connect(rt.namespace).store("bookings")
+        assert [v for _, v in store.range(("42",), ("42",))] == [e["value"] for e in every_42]
+        catalog = {s["name"]: s for s in runtime.connect(rt.namespace).stores()}
+        assert catalog["bookings"]["key"]["columns"] == [
+            {"column": "customer", "type": "string"},
+            {"column": "booked_at", "type": "timestamp"},
+        ]
+    finally:
+        for q in queries:
+            q.stop()
+
+
+def test_events_aggregated_per_key(rt: Runtime, spark: Any, tmp_path: Path) -> None:
+    from topologies import events
+
+    queries = events.start(spark, tmp_path, namespace=rt.namespace, trigger="200 milliseconds")
+    try:
+        write_records(
+            tmp_path,
+            "event",
+            [Record("sensor-1", "20.0", at(0)), Record("sensor-2", "5", at(1)), Record("sensor-1", "21.5", at(2))],
+        )
+        url = rt.url
+        wait_for(
+            lambda: (
+                http_get(f"{url}/stores/event-aggregates/get/sensor-1")[2]
+                == {"response": {"events": 2, "latest": "21.5"}}
+            ),
+            what="sensor-1's aggregate",
+        )
+        write_records(tmp_path, "event", [Record("sensor-1", "19.0", at(3))])
+        wait_for(
+            lambda: (
+                http_get(f"{url}/stores/event-aggregates/get/sensor-1")[2]
+                == {"response": {"events": 3, "latest": "19.0"}}
+            ),
+            what="sensor-1's aggregate after one more event",
+        )
+        assert runtime.connect(rt.namespace).store("event-aggregates").get("sensor-2") == {"events": 1, "latest": "5"}
+    finally:
+        for q in queries:
+            q.stop()

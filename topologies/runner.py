@@ -1,0 +1,76 @@
+"""Running a topology as a program (a Ray job, or by hand): common flags, Ray, Spark, clean stop.
+
+Each topology's ``main`` builds an ``argparse`` parser with its own flags and calls ``run_topology``
+with a function that starts its streaming queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run_topology"]
+
+log = logging.getLogger(__name__)
+
+StartFn = Callable[[Any, Path, argparse.Namespace], list[Any]]
+
+
+def run_topology(parser: argparse.ArgumentParser, argv: Sequence[str] | None, start: StartFn) -> int:
+    """Parse the common flags, join Ray, start Spark and the queries, and run until stopped.
+
+    SIGTERM (``ray job stop``) and SIGINT stop the queries cleanly; a query that fails stops the others
+    and makes the exit status 1. ``args.topology`` holds the keyword arguments every ``start`` takes.
+    """
+    from runtime.config import DEFAULT_NAMESPACE, riqr_home
+
+    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
+    parser.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
+    parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or a local cluster")
+    parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of each store")
+    parser.add_argument("--actors", type=int, default=2, help="query actors of each store")
+    parser.add_argument("--trigger", default=None, help="micro-batch interval, e.g. '250 milliseconds'")
+    args = parser.parse_args(argv)
+    args.topology = {
+        "namespace": args.namespace,
+        "partitions": args.partitions,
+        "actors": args.actors,
+        "trigger": args.trigger,
+    }
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import ray
+
+    from topologies.spark import spark_session
+
+    ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
+    spark = spark_session(args.master, app_name=parser.prog)
+    queries = start(spark, riqr_home(args.home), args)
+    log.info("topology running: %s", ", ".join(q.name for q in queries))
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping the queries", signum)
+        for q in queries:
+            q.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    failed: Exception | None = None
+    for q in queries:
+        try:
+            q.awaitTermination()
+        except Exception as err:  # one query failed: stop the others and report
+            failed = err
+            for other in queries:
+                if other.isActive:
+                    other.stop()
+    spark.stop()
+    if failed is not None:
+        log.error("the topology failed: %s", failed)
+        return 1
+    return 0
