@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from topologies.sources import FILES, SourceConfig
+
 __all__ = ["EVENT_AGGREGATES_STORE", "aggregate_events", "start", "main"]
 
 EVENT_AGGREGATES_STORE = "event-aggregates"
@@ -32,7 +34,14 @@ def aggregate_events(events: Any) -> Any:
 
 
 def start(
-    spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None
+    spark: Any,
+    home: Path,
+    *,
+    namespace: str,
+    partitions: int = 4,
+    actors: int = 2,
+    trigger: str | None = None,
+    source: SourceConfig = FILES,
 ) -> list[Any]:
     from topologies.food_orders import checkpoint_for
     from topologies.sink import DEFAULT_TRIGGER, materialize
@@ -40,7 +49,7 @@ def start(
 
     return [
         materialize(
-            aggregate_events(read_topic(spark, home, "event")),
+            aggregate_events(read_topic(spark, home, "event", source)),
             store=EVENT_AGGREGATES_STORE,
             key="key",
             value=["events", "latest"],

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from topologies.sources import FILES, SourceConfig
+
 __all__ = [
     "CUSTOMER_STORE",
     "ORDER_COUNT_STORE",
@@ -84,14 +86,21 @@ def checkpoint_for(home: Path, namespace: str, store: str) -> Path:
 
 
 def start_customers(
-    spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None
+    spark: Any,
+    home: Path,
+    *,
+    namespace: str,
+    partitions: int = 4,
+    actors: int = 2,
+    trigger: str | None = None,
+    source: SourceConfig = FILES,
 ) -> Any:
     """The query feeding ``customer-v1-changelog``."""
     from topologies.sink import materialize
     from topologies.sources import read_topic
 
     return materialize(
-        latest_by_key(read_topic(spark, home, "customer")),
+        latest_by_key(read_topic(spark, home, "customer", source)),
         store=CUSTOMER_STORE,
         key="key",
         value="value",
@@ -101,15 +110,22 @@ def start_customers(
 
 
 def start_order_counts(
-    spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None
+    spark: Any,
+    home: Path,
+    *,
+    namespace: str,
+    partitions: int = 4,
+    actors: int = 2,
+    trigger: str | None = None,
+    source: SourceConfig = FILES,
 ) -> Any:
     """The query feeding ``order-count``."""
     from topologies.sink import materialize
     from topologies.sources import read_topic, read_topic_batch
 
-    snapshot = latest_by_key(read_topic_batch(spark, home, "customer"))
+    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", source))
     return materialize(
-        order_counts(read_topic(spark, home, "order"), snapshot),
+        order_counts(read_topic(spark, home, "order", source), snapshot),
         store=ORDER_COUNT_STORE,
         key="key",
         value="count",
@@ -126,11 +142,16 @@ def start(
     partitions: int = 4,
     actors: int = 2,
     trigger: str | None = None,
+    source: SourceConfig = FILES,
 ) -> list[Any]:
     """Start the two streaming queries; returns them (customer store first)."""
     return [
-        start_customers(spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger),
-        start_order_counts(spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger),
+        start_customers(
+            spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger, source=source
+        ),
+        start_order_counts(
+            spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger, source=source
+        ),
     ]
 
 

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from topologies.sources import FILES, SourceConfig
+
 __all__ = [
     "ORDERS_PER_MINUTE_STORE",
     "ORDER_SESSIONS_STORE",
@@ -68,6 +70,7 @@ def start(
     partitions: int = 4,
     actors: int = 2,
     trigger: str | None = None,
+    source: SourceConfig = FILES,
 ) -> list[Any]:
     """Start both queries; returns them (window store first)."""
     from topologies.food_orders import checkpoint_for
@@ -81,7 +84,7 @@ def start(
         "trigger": trigger or DEFAULT_TRIGGER,
     }
     windows = materialize(
-        orders_per_window(read_topic(spark, home, "order"), watermark=watermark),
+        orders_per_window(read_topic(spark, home, "order", source), watermark=watermark),
         store=ORDERS_PER_MINUTE_STORE,
         key="key",
         value="orders",
@@ -90,7 +93,7 @@ def start(
         **common,
     )
     sessions = materialize(
-        order_sessions(read_topic(spark, home, "order"), watermark=watermark),
+        order_sessions(read_topic(spark, home, "order", source), watermark=watermark),
         store=ORDER_SESSIONS_STORE,
         key="key",
         value="orders",

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from topologies.sources import FILES, SourceConfig
+
 __all__ = ["LATEST_BOOKING_STORE", "BOOKINGS_STORE", "parse_bookings", "latest_booking", "start", "main"]
 
 LATEST_BOOKING_STORE = "latest-booking"
@@ -51,7 +53,14 @@ def latest_booking(bookings: Any) -> Any:
 
 
 def start(
-    spark: Any, home: Path, *, namespace: str, partitions: int = 4, actors: int = 2, trigger: str | None = None
+    spark: Any,
+    home: Path,
+    *,
+    namespace: str,
+    partitions: int = 4,
+    actors: int = 2,
+    trigger: str | None = None,
+    source: SourceConfig = FILES,
 ) -> list[Any]:
     """Start both queries; returns them (latest-booking first)."""
     from topologies.food_orders import checkpoint_for
@@ -65,7 +74,7 @@ def start(
         "trigger": trigger or DEFAULT_TRIGGER,
     }
     latest = materialize(
-        latest_booking(parse_bookings(read_topic(spark, home, "booking"))),
+        latest_booking(parse_bookings(read_topic(spark, home, "booking", source))),
         store=LATEST_BOOKING_STORE,
         key="customer",
         value="latest",
@@ -73,7 +82,7 @@ def start(
         **common,
     )
     every = materialize(
-        parse_bookings(read_topic(spark, home, "booking")),
+        parse_bookings(read_topic(spark, home, "booking", source)),
         store=BOOKINGS_STORE,
         key=["customer", "booked_at"],
         value="trip",

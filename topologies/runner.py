@@ -35,12 +35,27 @@ def run_topology(parser: argparse.ArgumentParser, argv: Sequence[str] | None, st
     parser.add_argument("--partitions", type=int, default=4, help="partitions of each store")
     parser.add_argument("--actors", type=int, default=2, help="query actors of each store")
     parser.add_argument("--trigger", default=None, help="micro-batch interval, e.g. '250 milliseconds'")
+    parser.add_argument(
+        "--source",
+        default="files",
+        choices=["files", "kafka", "spark-kafka"],
+        help="files: landing dirs (riqr produce); kafka: riqr's Python Kafka source; spark-kafka: Spark's connector",
+    )
+    parser.add_argument("--kafka-bootstrap", default=None, help="Kafka bootstrap servers, for the Kafka sources")
+    parser.add_argument("--starting-offsets", default="earliest", choices=["earliest", "latest"])
     args = parser.parse_args(argv)
+    from topologies.sources import SourceConfig
+
+    try:
+        source = SourceConfig(args.source, args.kafka_bootstrap, args.starting_offsets)
+    except ValueError as err:
+        parser.error(str(err))
     args.topology = {
         "namespace": args.namespace,
         "partitions": args.partitions,
         "actors": args.actors,
         "trigger": args.trigger,
+        "source": source,
     }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -1,0 +1,99 @@
+"""The food-orders topology reading Kafka topics through riqr's Python Kafka source, against the mock
+Kafka cluster built into confluent-kafka (librdkafka's ``test.mock.num.brokers``).
+
+The mock cluster cannot create topics with a chosen partition count (it has no controller for
+CreateTopics); it auto-creates topics with 4 partitions on first use, so these topics have 4 where the
+seed's have 3. The source reads whatever partitions a topic has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import pytest
+
+from tests.integration.conftest import SEED_CUSTOMERS, RayCluster, Runtime, deploy_runtime
+from tests.integration.helpers import http_get, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[str]:
+    """A 3-broker mock Kafka cluster; yields its bootstrap servers. It lives as long as its owner client."""
+    owner = confluent_kafka.Producer({"test.mock.num.brokers": 3, "log_level": 3})
+    brokers = owner.list_topics(timeout=10).brokers.values()
+    yield ",".join(f"{b.host}:{b.port}" for b in brokers)
+    owner.flush(5)
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> None:
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+    for key, value in records:
+        producer.produce(topic, key=key.encode(), value=value.encode())
+    assert producer.flush(30) == 0, "messages left unsent"
+
+
+@pytest.fixture(scope="module")
+def rt(ray_cluster: RayCluster) -> Iterator[Runtime]:
+    from verticles import deploy
+
+    runtime_ns = deploy_runtime("riqr-kafka")
+    yield runtime_ns
+    deploy.down(runtime_ns.namespace)
+
+
+def count(url: str, key: str) -> Any:
+    status, _, body = http_get(f"{url}/stores/order-count/get/{key}")
+    return body["response"] if status == 200 else None
+
+
+def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
+    kafka: str, rt: Runtime, spark: Any, tmp_path: Path
+) -> None:
+    from topologies import food_orders
+    from topologies.sources import SourceConfig
+
+    source = SourceConfig("kafka", kafka)
+    produce(kafka, "customer", list(SEED_CUSTOMERS.items()))
+    produce(kafka, "order", [("1", "spagety"), ("2", "pizza"), ("", "pasta")])
+    partitions = confluent_kafka.Consumer({"bootstrap.servers": kafka, "group.id": "t", "log_level": 3})
+    assert len(partitions.list_topics("order", timeout=10).topics["order"].partitions) > 1
+    partitions.close()
+
+    options = {"namespace": rt.namespace, "trigger": "200 milliseconds", "source": source}
+    queries = food_orders.start(spark, tmp_path, **options)
+    url = rt.url
+    try:
+        wait_for(
+            lambda: (
+                http_get(f"{url}/stores/customer-v1-changelog/all")[2]
+                == {"result": [{"key": k, "value": v} for k, v in sorted(SEED_CUSTOMERS.items())]}
+            ),
+            what="the customers read from Kafka",
+        )
+        wait_for(
+            lambda: (
+                http_get(f"{url}/stores/order-count/all")[2]
+                == {"result": [{"key": "", "value": 1}, {"key": "1", "value": 1}, {"key": "2", "value": 1}]}
+            ),
+            what="the order counts read from Kafka",
+        )
+        produce(kafka, "order", [("1", "soup")])
+        wait_for(lambda: count(url, "1") == 2, what="a new order arriving through Kafka")
+    finally:
+        for q in queries:
+            q.stop()
+
+    # Stopped: more orders arrive. The restarted query resumes from its checkpointed offsets.
+    produce(kafka, "order", [("1", "tea"), ("2", "cake")])
+    queries = [food_orders.start_order_counts(spark, tmp_path, **options)]
+    try:
+        wait_for(lambda: count(url, "1") == 3 and count(url, "2") == 2, what="orders produced while stopped")
+        assert count(url, "") == 1  # nothing was read twice
+    finally:
+        for q in queries:
+            q.stop()
