@@ -30,3 +30,17 @@ def test_integer_keys(spark: Any, key_type: Any, ddl: str) -> None:
     df = spark.createDataFrame([(k,) for k in keys], ddl)
     rows = df.selectExpr("k", f"{spark_partition_sql(key_type, 'k', 4)} AS p").collect()
     assert {r.k: r.p for r in rows} == {k: partition_of(key_type, k, 4) for k in keys}
+
+
+def test_timestamp_keys(spark: Any) -> None:
+    import datetime as dt
+
+    from runtime.keys import TIMESTAMP
+
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    stamps = [dt.datetime(1970, 1, 1, tzinfo=dt.UTC), dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)]
+    stamps += [base + dt.timedelta(seconds=s, microseconds=s * 7) for s in range(0, 10_000, 97)]
+    df = spark.createDataFrame([(t,) for t in stamps], "k timestamp")
+    rows = df.selectExpr("unix_micros(k) AS micros", f"{spark_partition_sql(TIMESTAMP, 'k', 4)} AS p").collect()
+    expected = {TIMESTAMP.coerce(t): partition_of(TIMESTAMP, TIMESTAMP.coerce(t), 4) for t in stamps}
+    assert {r.micros: r.p for r in rows} == expected
