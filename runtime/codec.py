@@ -11,11 +11,12 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
+import json
 from typing import Any
 
 import msgpack
 
-__all__ = ["encode_value", "decode_value", "to_jsonable"]
+__all__ = ["encode_value", "decode_value", "to_json", "to_jsonable"]
 
 
 def _default(obj: Any) -> Any:
@@ -36,6 +37,24 @@ def encode_value(value: Any) -> bytes:
 def decode_value(data: bytes) -> Any:
     """Unpack a value packed by ``encode_value``."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return base64.b64encode(obj).decode("ascii")
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    raise TypeError(f"cannot encode a value of type {type(obj).__name__} as JSON")
+
+
+# One encoder for every answer: json.dumps with options builds a new encoder per call, which dominated
+# the cost of streaming entries. Tuples become arrays, non-string map keys strings, as usual for JSON.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
+
+
+def to_json(value: Any) -> str:
+    """Compact JSON of a decoded value or answer; bytes become base64 text, datetimes ISO-8601."""
+    return _ENCODER.encode(value)
 
 
 def to_jsonable(value: Any) -> Any:

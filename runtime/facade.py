@@ -29,7 +29,7 @@ from runtime.errors import (
     RiqrError,
     StoreNotFound,
 )
-from runtime.merge import merge_sorted_async, sum_counts
+from runtime.merge import merge_pages_async, sum_counts
 from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, Route
 from runtime.scan import Scan, decode_cursor, encode_cursor, prefix_scan
 from runtime.windows import present, require_kind, session_scan, window_scan
@@ -258,9 +258,9 @@ class FacadeCore:
             raise MalformedRange(err.message, store=store) from None
         return Scan.closed(lo_t, hi_t, reverse=reverse)
 
-    async def _owner_entries(
+    async def _owner_pages(
         self, uuid: str, partitions: list[int], scan: Scan, page_size: int
-    ) -> AsyncGenerator[tuple[Any, bytes], None]:
+    ) -> AsyncGenerator[list[tuple[Any, bytes]], None]:
         """One owner's part of a scan, a page at a time, with the next page fetched while one is used."""
         owner = self._bus.owner(uuid)
         what = f"scan page from {uuid}"
@@ -269,21 +269,20 @@ class FacadeCore:
         )
         try:
             while pending is not None:
-                page = await pending
+                page = list(await pending)
                 pending = None
                 if len(page) == page_size:
                     scan = scan.after(page[-1][0])
                     pending = asyncio.ensure_future(self._guard(owner.scan(partitions, scan, page_size), what))
-                for entry in page:
-                    yield entry
+                yield page
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
 
-    async def stream(
+    async def stream_chunks(
         self, store: str, scan: Scan, page_size: int | None = None, *, external: bool = True
-    ) -> AsyncGenerator[tuple[Any, Any], None]:
-        """The entries of ``scan`` over all partitions, merged in order as they are consumed.
+    ) -> AsyncGenerator[list[Any], None]:
+        """The entries of ``scan`` over all partitions, in order, as chunks merged from the owners' pages.
 
         Memory is about two pages per owner whatever the result's size, so a caller can stream a whole
         store. Each page call has the request deadline; the stream as a whole has none. Entries come as
@@ -295,30 +294,43 @@ class FacadeCore:
             return
         spec = table.spec
         size = page_size or self.page_size
-        sources = [self._owner_entries(u, p, scan, size) for u, p in self._owners(table).items()]
+        sources = [self._owner_pages(u, p, scan, size) for u, p in self._owners(table).items()]
         try:
-            async for key, value in merge_sorted_async(sources, reverse=scan.reverse):
-                yield present(spec, key, value) if external else (key, value)
+            async for chunk in merge_pages_async(sources, reverse=scan.reverse):
+                yield [present(spec, k, v) for k, v in chunk] if external else chunk
         finally:
             for source in sources:
                 await source.aclose()
+
+    async def stream(
+        self, store: str, scan: Scan, page_size: int | None = None, *, external: bool = True
+    ) -> AsyncGenerator[Any, None]:
+        """``stream_chunks``, one entry at a time."""
+        chunks = self.stream_chunks(store, scan, page_size, external=external)
+        try:
+            async for chunk in chunks:
+                for entry in chunk:
+                    yield entry
+        finally:
+            await chunks.aclose()
 
     async def collect(
         self, store: str, scan: Scan, limit: int | None = None, *, external: bool = True
     ) -> list[tuple[Any, Any]]:
         """The entries of ``scan`` as a list (at most ``limit``)."""
         page_size = self.page_size if limit is None else min(self.page_size, limit)
-        out: list[tuple[Any, Any]] = []
+        out: list[Any] = []
         if limit == 0:
             return out
-        stream = self.stream(store, scan, page_size, external=external)
+        chunks = self.stream_chunks(store, scan, page_size, external=external)
         try:
-            async for entry in stream:
-                out.append(entry)
+            async for chunk in chunks:
+                out.extend(chunk)
                 if limit is not None and len(out) >= limit:
+                    del out[limit:]
                     break
         finally:
-            await stream.aclose()
+            await chunks.aclose()
         return out
 
     async def page(

@@ -19,7 +19,7 @@ from urllib.parse import unquote, unquote_plus
 import msgpack
 from aiohttp import web
 
-from runtime.codec import to_jsonable
+from runtime.codec import to_json
 from runtime.errors import InvalidParameter, RiqrError
 from runtime.facade import FacadeCore
 from runtime.scan import Scan, decode_cursor
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 FACADE: web.AppKey[FacadeCore] = web.AppKey("riqr.facade", FacadeCore)
 MSGPACK = "application/msgpack"
 NDJSON = "application/x-ndjson"
-_STREAM_CHUNK = 64 * 1024  # bytes of NDJSON gathered before a write
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -48,7 +47,7 @@ def _reply(request: web.Request, body: Any, status: int = 200, headers: dict[str
             body=msgpack.packb(body, use_bin_type=True), status=status, content_type=MSGPACK, headers=headers
         )
     return web.Response(
-        text=json.dumps(to_jsonable(body), ensure_ascii=False, separators=(",", ":")),
+        text=to_json(body),
         status=status,
         content_type="application/json",
         headers=headers,
@@ -188,7 +187,7 @@ async def _scan_reply(request: web.Request, store: str, scan: Scan) -> web.Strea
             raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
         if cursor is not None:
             scan = decode_cursor(store, cursor)
-        return await _stream_ndjson(request, facade.stream(store, scan), limit)
+        return await _stream_ndjson(request, facade.stream_chunks(store, scan), limit)
     if limit is not None or cursor is not None:
         entries, next_cursor = await facade.page(store, scan, facade.page_size if limit is None else limit, cursor)
         return _reply(request, {"result": _entries(entries), "next": next_cursor})
@@ -196,41 +195,36 @@ async def _scan_reply(request: web.Request, store: str, scan: Scan) -> web.Strea
 
 
 def _ndjson_line(entry: Any) -> str:
-    return json.dumps(to_jsonable(_entry_json(entry)), ensure_ascii=False)
+    return to_json(_entry_json(entry))
 
 
 async def _stream_ndjson(
-    request: web.Request, stream: AsyncGenerator[tuple[Any, Any], None], limit: int | None
+    request: web.Request, chunks: AsyncGenerator[list[Any], None], limit: int | None
 ) -> web.StreamResponse:
-    """Write one ``{"key", "value"}`` line per entry as the merge produces them, 64 KiB at a time.
+    """Write one JSON entry per line as the facade merges chunks of the owners' pages.
 
-    The first entry is awaited before the response starts, so errors found up front (unknown store,
+    The first chunk is awaited before the response starts, so errors found up front (unknown store,
     unavailable partition) still get their status. An error after that ends the stream with an
     ``{"error": ...}`` line, since the status is already sent.
     """
     try:
-        entry = await anext(stream, None)  # errors here go to the middleware with their status
+        chunk = await anext(chunks, None)  # errors here go to the middleware with their status
         response = web.StreamResponse(headers={"Content-Type": NDJSON})
         await response.prepare(request)
-        sent, chunk, size = 0, [], 0
+        left = limit
         try:
-            while entry is not None:
-                line = _ndjson_line(entry)
-                chunk.append(line)
-                size += len(line) + 1
-                sent += 1
-                if size >= _STREAM_CHUNK:
-                    await response.write(("\n".join(chunk) + "\n").encode())
-                    chunk, size = [], 0
-                entry = None if limit is not None and sent >= limit else await anext(stream, None)
+            while chunk:
+                if left is not None:
+                    chunk = chunk[:left]
+                    left -= len(chunk)
+                await response.write(("\n".join(_ndjson_line(e) for e in chunk) + "\n").encode())
+                chunk = None if left == 0 else await anext(chunks, None)
         except RiqrError as err:
-            chunk.append(json.dumps(err.to_json()))
-        if chunk:
-            await response.write(("\n".join(chunk) + "\n").encode())
+            await response.write((json.dumps(err.to_json()) + "\n").encode())
         await response.write_eof()
         return response
     finally:
-        await stream.aclose()
+        await chunks.aclose()
 
 
 async def all_entries(request: web.Request) -> web.StreamResponse:

@@ -5,18 +5,19 @@ the answer over all owners keeps that order (a hash-map merge, as KIQR did, lose
 disjoint in keys, so no key appears twice; if one ever did (a partition moving between owners while a
 scan runs), the entry from the first source wins and the duplicate is dropped rather than sent twice.
 
-``merge_sorted_async`` is the streaming form: it pulls from each source only as far as the merged
-output has been consumed, so memory stays at one buffered page per source however long the scan.
+``merge_pages_async`` is the streaming form: it pulls a page from a source only when the merged output
+has used up that source's previous page, so memory stays at one page per source however long the scan.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["merge_sorted", "merge_sorted_async", "sum_counts"]
+__all__ = ["merge_sorted", "merge_pages_async", "sum_counts"]
 
 _MISSING = object()
 
@@ -31,52 +32,48 @@ def merge_sorted(runs: Sequence[Iterable[tuple[Any, Any]]], *, reverse: bool = F
         yield key, value
 
 
-class _Desc:
-    """Inverts the order of a key, for a min-heap that yields largest first."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: Any) -> None:
-        self.key = key
-
-    def __lt__(self, other: _Desc) -> bool:
-        return bool(other.key < self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Desc) and self.key == other.key
+def _cut(page: list[tuple[Any, Any]], frontier: Any, reverse: bool) -> int:
+    """How many leading entries of ``page`` (sorted in scan order) are at or before ``frontier``."""
+    if reverse:
+        return next((i for i, (key, _) in enumerate(page) if key < frontier), len(page))
+    return bisect.bisect_right(page, frontier, key=lambda entry: entry[0])
 
 
-async def merge_sorted_async(
-    sources: Sequence[AsyncIterator[tuple[Any, Any]]], *, reverse: bool = False
-) -> AsyncIterator[tuple[Any, Any]]:
-    """K-way merge of async ``(key, value)`` sources, each sorted by key (descending if ``reverse``)."""
+async def merge_pages_async(
+    sources: Sequence[AsyncIterator[list[tuple[Any, Any]]]], *, reverse: bool = False
+) -> AsyncIterator[list[tuple[Any, Any]]]:
+    """K-way merge of sources that yield *pages* (lists sorted by key), as merged chunks.
 
-    async def first(i: int) -> tuple[int, Any]:
-        return i, await anext(sources[i], _MISSING)
+    Every source's next page starts after its current one, so all entries up to the smallest last key
+    among the buffered pages (the frontier) are already at hand: they merge synchronously into one chunk.
+    The only awaits are one per page, not one per entry, and memory stays at one page per source.
+    """
+    buffers: list[list[tuple[Any, Any]] | None] = [[] for _ in sources]
 
-    heap: list[tuple[Any, int, Any]] = []
+    async def refill(i: int) -> None:
+        page = await anext(sources[i], None)
+        buffers[i] = None if page is None else list(page)
 
-    def push(i: int, entry: Any) -> None:
-        if entry is not _MISSING:
-            key, value = entry
-            heapq.heappush(heap, (_Desc(key) if reverse else key, i, value))
-
-    # Every first read completes (or fails) before we go on, so a failure never leaves another source's
-    # generator running while the caller closes it.
-    firsts = await asyncio.gather(*(first(i) for i in range(len(sources))), return_exceptions=True)
-    for outcome in firsts:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    for i, entry in firsts:  # type: ignore[misc]
-        push(i, entry)
-    last: Any = _MISSING
-    while heap:
-        sort_key, i, value = heapq.heappop(heap)
-        key = sort_key.key if reverse else sort_key
-        if last is _MISSING or key != last:
-            last = key
-            yield key, value
-        push(i, await anext(sources[i], _MISSING))
+    while True:
+        empty = [i for i, buf in enumerate(buffers) if buf is not None and not buf]
+        while empty:
+            outcomes = await asyncio.gather(*(refill(i) for i in empty), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            empty = [i for i, buf in enumerate(buffers) if buf is not None and not buf]  # empty pages
+        live = [buf for buf in buffers if buf]
+        if not live:
+            return
+        lasts = [buf[-1][0] for buf in live]
+        frontier = max(lasts) if reverse else min(lasts)
+        runs = []
+        for i, buf in enumerate(buffers):
+            if buf:
+                cut = _cut(buf, frontier, reverse)
+                runs.append(buf[:cut])
+                buffers[i] = buf[cut:]
+        yield list(merge_sorted(runs, reverse=reverse))
 
 
 def sum_counts(counts: Iterable[int]) -> int:

@@ -3,7 +3,7 @@ import decimal
 
 import pytest
 
-from runtime.codec import decode_value, encode_value, to_jsonable
+from runtime.codec import decode_value, encode_value, to_json, to_jsonable
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,12 @@ def test_unknown_types_fail_clearly() -> None:
 
 def test_to_jsonable() -> None:
     assert to_jsonable({"b": b"\x01", 1: (2, 3)}) == {"b": "AQ==", "1": [2, 3]}
+
+
+def test_to_json_is_compact_and_handles_what_msgpack_values_hold() -> None:
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    assert to_json({"key": ("42", when), "value": {1: b"\x01", "ü": None}}) == (
+        '{"key":["42","2026-01-01T00:00:00+00:00"],"value":{"1":"AQ==","ü":null}}'
+    )
+    with pytest.raises(TypeError):
+        to_json(object())

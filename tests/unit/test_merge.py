@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from runtime.merge import merge_sorted, merge_sorted_async, sum_counts
+from runtime.merge import merge_pages_async, merge_sorted, sum_counts
 
 
 def test_k_way_merge_keeps_key_order() -> None:
@@ -43,48 +43,39 @@ def test_reverse_merge() -> None:
     assert [k for k, _ in merge_sorted(runs, reverse=True)] == ["5", "4", "3", "2", "1"]
 
 
-async def _agen(items):  # type: ignore[no-untyped-def]
-    for item in items:
+async def _pages(entries, size):  # type: ignore[no-untyped-def]
+    for i in range(0, len(entries), size):
         await asyncio.sleep(0)
-        yield item
+        yield entries[i : i + size]
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-async def test_async_merge_matches_the_sync_merge(reverse: bool) -> None:
-    rng = random.Random(3)
-    keys = rng.sample(range(5_000), 1_000)
-    runs = [sorted(((k, k) for k in keys if k % 4 == r), reverse=reverse) for r in range(4)] + [[]]
-    merged = [e async for e in merge_sorted_async([_agen(r) for r in runs], reverse=reverse)]
-    assert merged == list(merge_sorted(runs, reverse=reverse))
-    assert merged == sorted(((k, k) for k in keys), reverse=reverse)
+@pytest.mark.parametrize("size", [1, 3, 50, 10_000])
+async def test_page_merge_matches_the_sync_merge(reverse: bool, size: int) -> None:
+    rng = random.Random(size)
+    keys = rng.sample(range(20_000), 3_000)
+    runs = [sorted(((k, -k) for k in keys if k % 5 == r), reverse=reverse) for r in range(5)] + [[]]
+    chunks = [c async for c in merge_pages_async([_pages(r, size) for r in runs], reverse=reverse)]
+    merged = [e for chunk in chunks for e in chunk]
+    assert merged == sorted(((k, -k) for k in keys), reverse=reverse)
+    if size >= 50:
+        assert len(chunks) < len(keys) / 10  # merged in chunks, not entry by entry
 
 
-async def test_async_merge_pulls_only_what_is_consumed() -> None:
-    pulled = []
-
-    async def counting(start: int):  # type: ignore[no-untyped-def]
-        for i in range(start, 1_000_000, 2):
-            pulled.append(i)
-            yield i, i
-
-    merged = merge_sorted_async([counting(0), counting(1)])
-    assert [await anext(merged) for _ in range(5)] == [(i, i) for i in range(5)]
-    assert len(pulled) <= 7
-    await merged.aclose()
-
-
-async def test_a_failing_source_leaves_no_other_source_running() -> None:
-    async def slow():  # type: ignore[no-untyped-def]
-        await asyncio.sleep(0.05)
-        yield 1, 1
+async def test_page_merge_skips_empty_pages_and_reports_failures() -> None:
+    async def with_empty():  # type: ignore[no-untyped-def]
+        yield []
+        yield [(1, 1), (3, 3)]
+        yield []
 
     async def failing():  # type: ignore[no-untyped-def]
+        yield [(2, 2)]
         raise LookupError("owner gone")
-        yield 0, 0  # pragma: no cover - makes this an async generator
 
-    sources = [slow(), failing()]
+    assert [c async for c in merge_pages_async([with_empty(), _pages([(2, 2)], 5)])] in (
+        [[(1, 1), (2, 2)], [(3, 3)]],
+        [[(1, 1), (2, 2), (3, 3)]],
+    )
     with pytest.raises(LookupError):
-        async for _ in merge_sorted_async(sources):
+        async for _ in merge_pages_async([with_empty(), failing()]):
             pass
-    for source in sources:
-        await source.aclose()  # would raise "already running" if the slow read were still in flight
