@@ -4,6 +4,7 @@ and through the Python API, which must agree."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,10 +100,20 @@ def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Pat
             (T0, T0 + dt.timedelta(seconds=60), 2),
             (T0 + dt.timedelta(seconds=60), T0 + dt.timedelta(seconds=120), 1),
         ]
+        assert asyncio.run(store.windows_async("alice", T0, T0 + dt.timedelta(seconds=120))) == py
+        assert asyncio.run(store.windows_range_async(time_from=T0, time_to=T0 + dt.timedelta(seconds=59))) == [
+            w for w in store.windows_range(time_from=T0, time_to=T0 + dt.timedelta(seconds=59))
+        ]
         sessions_py = runtime.connect(rt.namespace).store("order-sessions")
         assert [s.value for s in sessions_py.sessions("alice")] == [2, 1]
         found_py = sessions_py.find_sessions("alice", T0 + dt.timedelta(seconds=50), T0 + dt.timedelta(seconds=90))
         assert [s.start for s in found_py] == [T0 + dt.timedelta(seconds=70)]
+        assert asyncio.run(sessions_py.sessions_async("alice")) == sessions_py.sessions("alice")
+        assert asyncio.run(sessions_py.sessions_range_async("b")) == sessions_py.sessions_range("b")
+        found_async = sessions_py.find_sessions_async(
+            "alice", T0 + dt.timedelta(seconds=50), T0 + dt.timedelta(seconds=90)
+        )
+        assert asyncio.run(found_async) == found_py
     finally:
         for q in queries:
             q.stop()

@@ -57,3 +57,21 @@ def test_spark_kafka_connector_columns_map_to_riqr_records(spark: Any) -> None:
         {"key": "1", "value": "pizza", "ts": millis, "seq": 7},
         {"key": None, "value": "x", "ts": millis, "seq": 3},
     ]
+
+
+def test_hopping_windows_count_each_order_in_every_window_that_covers_it(spark: Any) -> None:
+    from topologies.food_orders_windowed import orders_per_window
+
+    base = 1_767_268_800_000  # 2026-01-01T12:00:00Z in epoch millis
+    orders = spark.createDataFrame(
+        [("alice", "a", base + 10_000, 0), ("alice", "b", base + 40_000, 1), ("bob", "c", base + 70_000, 2)], SCHEMA
+    )
+    rows = orders_per_window(orders, duration="1 minute", slide="30 seconds", watermark="5 seconds").collect()
+    got = sorted((r.key, r.window.start.strftime("%H:%M:%S"), r.orders) for r in rows)
+    assert got == [
+        ("alice", "11:59:30", 1),
+        ("alice", "12:00:00", 2),
+        ("alice", "12:00:30", 1),
+        ("bob", "12:00:30", 1),
+        ("bob", "12:01:00", 1),
+    ]
