@@ -119,6 +119,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     from runtime.client import connect
     from topologies import food_orders
+    from topologies.options import TopologyOptions
     from topologies.spark import spark_session
     from verticles import deploy
 
@@ -139,7 +140,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         _say(f"[riqr demo] verticles up; REST API at {base}; Ray dashboard at http://{ctx.dashboard_url}")
         _say("[riqr demo] starting Spark and the food-orders topology ...")
         spark = spark_session(app_name="riqr-demo")
-        queries = food_orders.start(spark, home, namespace=namespace)
+        queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
         _load_seed(home)
         _say("[riqr demo] seed-000 records produced; waiting for the stores to reflect them ...")
         client = connect(namespace)

@@ -117,6 +117,15 @@ async def _split_user_key(request: web.Request, store: str, raw: str, *, query: 
     return decode(raw)
 
 
+async def _key_bounds(request: web.Request, store: str) -> tuple[Any, Any]:
+    """``keyFrom`` and ``keyTo`` of a window or session query (None where absent)."""
+    bounds = []
+    for name in ("keyFrom", "keyTo"):
+        raw = _raw_query(request, name)
+        bounds.append(None if raw is None else await _split_user_key(request, store, raw, query=True))
+    return bounds[0], bounds[1]
+
+
 def _raw_path_tail(request: web.Request, skip: int) -> str:
     """The still-encoded path after its first ``skip`` segments (the key part of the URL)."""
     parts = request.rel_url.raw_path.split("/", skip + 1)
@@ -260,9 +269,7 @@ async def windows_of_key(request: web.Request) -> web.StreamResponse:
 
 async def windows_of_range(request: web.Request) -> web.StreamResponse:
     store = request.match_info["store"]
-    raw_from, raw_to = _raw_query(request, "keyFrom"), _raw_query(request, "keyTo")
-    key_from = None if raw_from is None else await _split_user_key(request, store, raw_from, query=True)
-    key_to = None if raw_to is None else await _split_user_key(request, store, raw_to, query=True)
+    key_from, key_to = await _key_bounds(request, store)
     q = request.query
     scan = await request.app[FACADE].windows(
         store,
@@ -287,9 +294,7 @@ async def sessions_of_key(request: web.Request) -> web.StreamResponse:
 
 async def sessions_of_range(request: web.Request) -> web.StreamResponse:
     store = request.match_info["store"]
-    raw_from, raw_to = _raw_query(request, "keyFrom"), _raw_query(request, "keyTo")
-    key_from = None if raw_from is None else await _split_user_key(request, store, raw_from, query=True)
-    key_to = None if raw_to is None else await _split_user_key(request, store, raw_to, query=True)
+    key_from, key_to = await _key_bounds(request, store)
     scan = await request.app[FACADE].sessions(store, key_from=key_from, key_to=key_to)
     return await _scan_reply(request, store, scan)
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from topologies.sources import FILES, SourceConfig
+from topologies.options import DEFAULTS, TopologyOptions
 
 __all__ = ["EVENT_AGGREGATES_STORE", "aggregate_events", "start", "main"]
 
@@ -33,40 +33,20 @@ def aggregate_events(events: Any) -> Any:
     )
 
 
-def start(
-    spark: Any,
-    home: Path,
-    *,
-    namespace: str,
-    partitions: int = 4,
-    actors: int = 2,
-    trigger: str | None = None,
-    source: SourceConfig = FILES,
-) -> list[Any]:
-    from topologies.food_orders import checkpoint_for
-    from topologies.sink import DEFAULT_TRIGGER, materialize
+def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
+    from topologies.sink import materialize
     from topologies.sources import read_topic
 
-    return [
-        materialize(
-            aggregate_events(read_topic(spark, home, "event", source)),
-            store=EVENT_AGGREGATES_STORE,
-            key="key",
-            value=["events", "latest"],
-            checkpoint=str(checkpoint_for(home, namespace, EVENT_AGGREGATES_STORE)),
-            namespace=namespace,
-            partitions=partitions,
-            actors=actors,
-            trigger=trigger or DEFAULT_TRIGGER,
-        )
-    ]
+    aggregates = aggregate_events(read_topic(spark, home, "event", options.source))
+    sink = options.sink(home, EVENT_AGGREGATES_STORE)
+    return [materialize(aggregates, store=EVENT_AGGREGATES_STORE, key="key", value=["events", "latest"], **sink)]
 
 
 def main(argv: list[str] | None = None) -> int:
     from topologies.runner import run_topology
 
     parser = argparse.ArgumentParser(prog="python -m topologies.events", description=__doc__.splitlines()[0])
-    return run_topology(parser, argv, lambda spark, home, args: start(spark, home, **args.topology))
+    return run_topology(parser, argv, start)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from topologies.sources import FILES, SourceConfig
+from topologies.options import DEFAULTS, TopologyOptions, checkpoint_for
 
 __all__ = [
     "CUSTOMER_STORE",
@@ -38,7 +38,7 @@ __all__ = [
     "start",
     "start_customers",
     "start_order_counts",
-    "checkpoint_for",
+    "checkpoint_for",  # re-exported: tests and tools find a store's checkpoint through the topology
     "main",
 ]
 
@@ -74,85 +74,30 @@ def order_counts(orders: Any, customers: Any) -> Any:
     return enriched.groupBy("key").agg(F.count(F.lit(1)).alias("count"))
 
 
-def _common(namespace: str, partitions: int, actors: int, trigger: str | None) -> dict[str, Any]:
-    from topologies.sink import DEFAULT_TRIGGER
-
-    return {"namespace": namespace, "partitions": partitions, "actors": actors, "trigger": trigger or DEFAULT_TRIGGER}
-
-
-def checkpoint_for(home: Path, namespace: str, store: str) -> Path:
-    """Where the query feeding ``store`` keeps its Spark checkpoint."""
-    return home / "checkpoints" / namespace / store
-
-
-def start_customers(
-    spark: Any,
-    home: Path,
-    *,
-    namespace: str,
-    partitions: int = 4,
-    actors: int = 2,
-    trigger: str | None = None,
-    source: SourceConfig = FILES,
-) -> Any:
+def start_customers(spark: Any, home: Path, options: TopologyOptions) -> Any:
     """The query feeding ``customer-v1-changelog``."""
     from topologies.sink import materialize
     from topologies.sources import read_topic
 
-    return materialize(
-        latest_by_key(read_topic(spark, home, "customer", source)),
-        store=CUSTOMER_STORE,
-        key="key",
-        value="value",
-        checkpoint=str(checkpoint_for(home, namespace, CUSTOMER_STORE)),
-        **_common(namespace, partitions, actors, trigger),
-    )
+    customers = latest_by_key(read_topic(spark, home, "customer", options.source))
+    return materialize(customers, store=CUSTOMER_STORE, key="key", value="value", **options.sink(home, CUSTOMER_STORE))
 
 
-def start_order_counts(
-    spark: Any,
-    home: Path,
-    *,
-    namespace: str,
-    partitions: int = 4,
-    actors: int = 2,
-    trigger: str | None = None,
-    source: SourceConfig = FILES,
-) -> Any:
+def start_order_counts(spark: Any, home: Path, options: TopologyOptions) -> Any:
     """The query feeding ``order-count``."""
     from topologies.sink import materialize
     from topologies.sources import read_topic, read_topic_batch
 
-    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", source))
+    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source))
+    counts = order_counts(read_topic(spark, home, "order", options.source), snapshot)
     return materialize(
-        order_counts(read_topic(spark, home, "order", source), snapshot),
-        store=ORDER_COUNT_STORE,
-        key="key",
-        value="count",
-        checkpoint=str(checkpoint_for(home, namespace, ORDER_COUNT_STORE)),
-        **_common(namespace, partitions, actors, trigger),
+        counts, store=ORDER_COUNT_STORE, key="key", value="count", **options.sink(home, ORDER_COUNT_STORE)
     )
 
 
-def start(
-    spark: Any,
-    home: Path,
-    *,
-    namespace: str,
-    partitions: int = 4,
-    actors: int = 2,
-    trigger: str | None = None,
-    source: SourceConfig = FILES,
-) -> list[Any]:
+def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
     """Start the two streaming queries; returns them (customer store first)."""
-    return [
-        start_customers(
-            spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger, source=source
-        ),
-        start_order_counts(
-            spark, home, namespace=namespace, partitions=partitions, actors=actors, trigger=trigger, source=source
-        ),
-    ]
+    return [start_customers(spark, home, options), start_order_counts(spark, home, options)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from topologies.runner import run_topology
 
     parser = argparse.ArgumentParser(prog="python -m topologies.food_orders", description=__doc__.splitlines()[0])
-    return run_topology(parser, argv, lambda spark, home, args: start(spark, home, **args.topology))
+    return run_topology(parser, argv, start)
 
 
 if __name__ == "__main__":

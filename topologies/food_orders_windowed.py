@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from topologies.sources import FILES, SourceConfig
+from topologies.options import DEFAULTS, TopologyOptions
 
 __all__ = [
     "ORDERS_PER_MINUTE_STORE",
@@ -61,45 +61,29 @@ def order_sessions(orders: Any, *, gap: str = "30 seconds", watermark: str) -> A
     return timed.groupBy("key", F.session_window("event_time", gap)).agg(F.count(F.lit(1)).alias("orders"))
 
 
-def start(
-    spark: Any,
-    home: Path,
-    *,
-    namespace: str,
-    watermark: str = "10 seconds",
-    partitions: int = 4,
-    actors: int = 2,
-    trigger: str | None = None,
-    source: SourceConfig = FILES,
-) -> list[Any]:
+def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS, *, watermark: str = "10 seconds") -> list[Any]:
     """Start both queries; returns them (window store first)."""
-    from topologies.food_orders import checkpoint_for
-    from topologies.sink import DEFAULT_TRIGGER, materialize
+    from topologies.sink import materialize
     from topologies.sources import read_topic
 
-    common: dict[str, Any] = {
-        "namespace": namespace,
-        "partitions": partitions,
-        "actors": actors,
-        "trigger": trigger or DEFAULT_TRIGGER,
-    }
+    def orders() -> Any:
+        return read_topic(spark, home, "order", options.source)
+
     windows = materialize(
-        orders_per_window(read_topic(spark, home, "order", source), watermark=watermark),
+        orders_per_window(orders(), watermark=watermark),
         store=ORDERS_PER_MINUTE_STORE,
         key="key",
         value="orders",
         kind="window",
-        checkpoint=str(checkpoint_for(home, namespace, ORDERS_PER_MINUTE_STORE)),
-        **common,
+        **options.sink(home, ORDERS_PER_MINUTE_STORE),
     )
     sessions = materialize(
-        order_sessions(read_topic(spark, home, "order", source), watermark=watermark),
+        order_sessions(orders(), watermark=watermark),
         store=ORDER_SESSIONS_STORE,
         key="key",
         value="orders",
         kind="session",
-        checkpoint=str(checkpoint_for(home, namespace, ORDER_SESSIONS_STORE)),
-        **common,
+        **options.sink(home, ORDER_SESSIONS_STORE),
     )
     return [windows, sessions]
 
@@ -110,10 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m topologies.food_orders_windowed", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--watermark", default="10 seconds")
-    return run_topology(
-        parser, argv, lambda spark, home, args: start(spark, home, **args.topology, watermark=args.watermark)
-    )
+    parser.add_argument("--watermark", default="10 seconds", help="how late an order may arrive")
+    return run_topology(parser, argv, start, lambda args: {"watermark": args.watermark})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from topologies.sources import FILES, SourceConfig
+from topologies.options import DEFAULTS, TopologyOptions
 
 __all__ = ["LATEST_BOOKING_STORE", "BOOKINGS_STORE", "parse_bookings", "latest_booking", "start", "main"]
 
@@ -52,42 +52,27 @@ def latest_booking(bookings: Any) -> Any:
     return bookings.groupBy("customer").agg(F.max("booked_at").alias("latest"))
 
 
-def start(
-    spark: Any,
-    home: Path,
-    *,
-    namespace: str,
-    partitions: int = 4,
-    actors: int = 2,
-    trigger: str | None = None,
-    source: SourceConfig = FILES,
-) -> list[Any]:
+def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
     """Start both queries; returns them (latest-booking first)."""
-    from topologies.food_orders import checkpoint_for
-    from topologies.sink import DEFAULT_TRIGGER, materialize
+    from topologies.sink import materialize
     from topologies.sources import read_topic
 
-    common: dict[str, Any] = {
-        "namespace": namespace,
-        "partitions": partitions,
-        "actors": actors,
-        "trigger": trigger or DEFAULT_TRIGGER,
-    }
+    def bookings() -> Any:
+        return parse_bookings(read_topic(spark, home, "booking", options.source))
+
     latest = materialize(
-        latest_booking(parse_bookings(read_topic(spark, home, "booking", source))),
+        latest_booking(bookings()),
         store=LATEST_BOOKING_STORE,
         key="customer",
         value="latest",
-        checkpoint=str(checkpoint_for(home, namespace, LATEST_BOOKING_STORE)),
-        **common,
+        **options.sink(home, LATEST_BOOKING_STORE),
     )
     every = materialize(
-        parse_bookings(read_topic(spark, home, "booking", source)),
+        bookings(),
         store=BOOKINGS_STORE,
         key=["customer", "booked_at"],
         value="trip",
-        checkpoint=str(checkpoint_for(home, namespace, BOOKINGS_STORE)),
-        **common,
+        **options.sink(home, BOOKINGS_STORE),
     )
     return [latest, every]
 
@@ -96,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from topologies.runner import run_topology
 
     parser = argparse.ArgumentParser(prog="python -m topologies.railway", description=__doc__.splitlines()[0])
-    return run_topology(parser, argv, lambda spark, home, args: start(spark, home, **args.topology))
+    return run_topology(parser, argv, start)
 
 
 if __name__ == "__main__":

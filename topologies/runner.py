@@ -10,21 +10,28 @@ import argparse
 import logging
 import signal
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = ["run_topology"]
 
 log = logging.getLogger(__name__)
 
-StartFn = Callable[[Any, Path, argparse.Namespace], list[Any]]
+StartFn = Callable[..., list[Any]]
 
 
-def run_topology(parser: argparse.ArgumentParser, argv: Sequence[str] | None, start: StartFn) -> int:
+def run_topology(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    start: StartFn,
+    extra: Callable[[argparse.Namespace], dict[str, Any]] | None = None,
+) -> int:
     """Parse the common flags, join Ray, start Spark and the queries, and run until stopped.
 
+    ``start(spark, home, options, **extra(args))`` starts the topology's queries: ``options`` is the
+    ``TopologyOptions`` from the common flags, ``extra`` turns the topology's own flags into arguments.
+
     SIGTERM (``ray job stop``) and SIGINT stop the queries cleanly; a query that fails stops the others
-    and makes the exit status 1. ``args.topology`` holds the keyword arguments every ``start`` takes.
+    and makes the exit status 1.
     """
     from runtime.config import DEFAULT_NAMESPACE, riqr_home
 
@@ -50,13 +57,9 @@ def run_topology(parser: argparse.ArgumentParser, argv: Sequence[str] | None, st
         source = SourceConfig(args.source, args.kafka_bootstrap, args.starting_offsets)
     except ValueError as err:
         parser.error(str(err))
-    args.topology = {
-        "namespace": args.namespace,
-        "partitions": args.partitions,
-        "actors": args.actors,
-        "trigger": args.trigger,
-        "source": source,
-    }
+    from topologies.options import TopologyOptions
+
+    args.topology = TopologyOptions(args.namespace, args.partitions, args.actors, args.trigger, source)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import ray
@@ -65,7 +68,7 @@ def run_topology(parser: argparse.ArgumentParser, argv: Sequence[str] | None, st
 
     ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
     spark = spark_session(args.master, app_name=parser.prog)
-    queries = start(spark, riqr_home(args.home), args)
+    queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
     log.info("topology running: %s", ", ".join(q.name for q in queries))
 
     def stop(signum: int, _frame: Any) -> None:

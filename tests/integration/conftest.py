@@ -105,8 +105,9 @@ class Topology:
 
 def start_food_orders(spark: Any, runtime: Runtime, home: Path) -> Topology:
     from topologies import food_orders
+    from topologies.options import TopologyOptions
 
-    queries = food_orders.start(spark, home, namespace=runtime.namespace, trigger="200 milliseconds")
+    queries = food_orders.start(spark, home, TopologyOptions(namespace=runtime.namespace, trigger="200 milliseconds"))
     return Topology(runtime, home, queries)
 
 

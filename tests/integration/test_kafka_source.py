@@ -55,6 +55,7 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
     kafka: str, rt: Runtime, spark: Any, tmp_path: Path
 ) -> None:
     from topologies import food_orders
+    from topologies.options import TopologyOptions
     from topologies.sources import SourceConfig
 
     source = SourceConfig("kafka", kafka)
@@ -64,8 +65,8 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
     assert len(partitions.list_topics("order", timeout=10).topics["order"].partitions) > 1
     partitions.close()
 
-    options = {"namespace": rt.namespace, "trigger": "200 milliseconds", "source": source}
-    queries = food_orders.start(spark, tmp_path, **options)
+    options = TopologyOptions(namespace=rt.namespace, trigger="200 milliseconds", source=source)
+    queries = food_orders.start(spark, tmp_path, options)
     url = rt.url
     try:
         wait_for(
@@ -90,7 +91,7 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
 
     # Stopped: more orders arrive. The restarted query resumes from its checkpointed offsets.
     produce(kafka, "order", [("1", "tea"), ("2", "cake")])
-    queries = [food_orders.start_order_counts(spark, tmp_path, **options)]
+    queries = [food_orders.start_order_counts(spark, tmp_path, options)]
     try:
         wait_for(lambda: count(url, "1") == 3 and count(url, "2") == 2, what="orders produced while stopped")
         assert count(url, "") == 1  # nothing was read twice

@@ -38,6 +38,7 @@ def test_records_produced_after_start_become_visible(live: Topology) -> None:
 
 def test_a_batch_replayed_by_spark_changes_nothing(live: Topology, spark: Any) -> None:
     from topologies import food_orders
+    from topologies.options import TopologyOptions
 
     url = live.runtime.url
     before = http_get(f"{url}/stores/order-count/all")[2]
@@ -53,9 +54,8 @@ def test_a_batch_replayed_by_spark_changes_nothing(live: Topology, spark: Any) -
     positions_before = [ray.get(h.positions.remote()) for h in handles]
     assert all(p["batch_id"] == last for pos in positions_before for p in pos.values())
 
-    live.queries[1] = food_orders.start_order_counts(
-        spark, live.home, namespace=live.runtime.namespace, trigger="200 milliseconds"
-    )
+    options = TopologyOptions(namespace=live.runtime.namespace, trigger="200 milliseconds")
+    live.queries[1] = food_orders.start_order_counts(spark, live.home, options)
     wait_for(lambda: (checkpoint / "commits" / str(last)).exists(), what=f"Spark replaying batch {last}")
     assert http_get(f"{url}/stores/order-count/all")[2] == before
     positions_after = [ray.get(h.positions.remote()) for h in handles]

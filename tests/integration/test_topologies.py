@@ -16,6 +16,7 @@ import runtime
 from runtime.landing import Record, write_records
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import http_get, wait_for
+from topologies.options import TopologyOptions
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,10 @@ def rt(ray_cluster: RayCluster) -> Iterator[Runtime]:
     deploy.down(runtime_ns.namespace)
 
 
+def fast(rt: Runtime) -> TopologyOptions:
+    return TopologyOptions(namespace=rt.namespace, trigger="200 milliseconds")
+
+
 def result(url: str) -> Any:
     status, _, body = http_get(url)
     return body.get("result") if status == 200 else None
@@ -53,7 +58,7 @@ def result(url: str) -> Any:
 def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Path) -> None:
     from topologies import food_orders_windowed as fw
 
-    queries = fw.start(spark, tmp_path, namespace=rt.namespace, watermark="5 seconds", trigger="200 milliseconds")
+    queries = fw.start(spark, tmp_path, fast(rt), watermark="5 seconds")
     try:
         orders = [
             Record("alice", "pizza", at(0)),
@@ -122,7 +127,7 @@ def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Pat
 def test_railway_bookings_of_a_customer_in_a_period(rt: Runtime, spark: Any, tmp_path: Path) -> None:
     from topologies import railway
 
-    queries = railway.start(spark, tmp_path, namespace=rt.namespace, trigger="200 milliseconds")
+    queries = railway.start(spark, tmp_path, fast(rt))
     try:
         bookings = [
             ("42", "2026-03-01T09:30:00Z Berlin-Hamburg"),
@@ -161,7 +166,7 @@ def test_railway_bookings_of_a_customer_in_a_period(rt: Runtime, spark: Any, tmp
 def test_events_aggregated_per_key(rt: Runtime, spark: Any, tmp_path: Path) -> None:
     from topologies import events
 
-    queries = events.start(spark, tmp_path, namespace=rt.namespace, trigger="200 milliseconds")
+    queries = events.start(spark, tmp_path, fast(rt))
     try:
         write_records(
             tmp_path,
