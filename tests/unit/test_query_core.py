@@ -63,3 +63,32 @@ def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:
     with pytest.raises(PartitionUnavailable):
         core.count([0])
     assert isinstance(core.get_many([(0, "k")])[0], PartitionUnavailable)
+
+
+def test_windowed_rows_keep_the_end_and_the_time_filter_runs_on_the_owner() -> None:
+    import datetime as dt
+
+    from runtime.codec import decode_value as unpack
+    from runtime.ingest import WINDOW_END_COLUMN
+    from runtime.scan import TimeFilter
+    from tests.unit.fakes import windowed_spec
+
+    spec = windowed_spec("w", kind="session")
+    t = [dt.datetime(2026, 1, 1, 12, m, tzinfo=dt.UTC) for m in range(6)]
+    table = pa.table(
+        {
+            "user": ["a", "a", "b"],
+            "window_start": pa.array([t[0], t[3], t[1]], pa.timestamp("us", tz="UTC")),
+            "count": [1, 2, None],  # a null value deletes that window
+            WINDOW_END_COLUMN: pa.array([t[1], t[5], t[2]], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    core = QueryCore(spec, [0, 1, 2, 3])
+    core.apply("q", 0, {p: table for p in [0]} | {p: None for p in [1, 2, 3]})
+    everything = core.scan([0, 1, 2, 3], Scan())
+    assert [(k[0], unpack(v)[1]) for k, v in everything] == [("a", 1), ("a", 2)]
+    micros = [spec.key.columns[1][1].coerce(x) for x in t]
+    ended_late = core.scan([0], Scan(times=TimeFilter(end_from=micros[4])))
+    assert [unpack(v) for _, v in ended_late] == [[micros[5], 2]]
+    started_early = core.scan([0], Scan(times=TimeFilter(start_to=micros[2])))
+    assert [k[1] for k, _ in started_early] == [micros[0]]
