@@ -302,18 +302,6 @@ class FacadeCore:
             for source in sources:
                 await source.aclose()
 
-    async def stream(
-        self, store: str, scan: Scan, page_size: int | None = None, *, external: bool = True
-    ) -> AsyncGenerator[Any, None]:
-        """``stream_chunks``, one entry at a time."""
-        chunks = self.stream_chunks(store, scan, page_size, external=external)
-        try:
-            async for chunk in chunks:
-                for entry in chunk:
-                    yield entry
-        finally:
-            await chunks.aclose()
-
     async def collect(
         self, store: str, scan: Scan, limit: int | None = None, *, external: bool = True
     ) -> list[tuple[Any, Any]]:

@@ -98,18 +98,10 @@ async def metadata_for_store(request: web.Request) -> web.Response:
 async def _split_key(request: web.Request, store: str, raw: str, *, query: bool = False) -> Any:
     """A key as written in a URL, in the form the facade takes: text, or a tuple of texts.
 
-    Composite keys are written as their components joined by '/', each percent-encoded on its own, so a
-    '/' inside a component is '%2F'. That is why this splits the *raw* (still encoded) text.
+    Keys of several columns (for a window or session store: without the window start) are written as
+    their components joined by '/', each percent-encoded on its own, so a '/' inside a component is
+    '%2F'. That is why this splits the *raw* (still encoded) text.
     """
-    decode = unquote_plus if query else unquote
-    table = await request.app[FACADE].table(store)
-    if table.spec.key.composite:
-        return tuple(decode(part) for part in raw.split("/"))
-    return decode(raw)
-
-
-async def _split_user_key(request: web.Request, store: str, raw: str, *, query: bool = False) -> Any:
-    """The user's key of a window or session store as written in a URL (without the window start)."""
     decode = unquote_plus if query else unquote
     spec = (await request.app[FACADE].table(store)).spec
     if spec.user_key_columns > 1:
@@ -122,7 +114,7 @@ async def _key_bounds(request: web.Request, store: str) -> tuple[Any, Any]:
     bounds = []
     for name in ("keyFrom", "keyTo"):
         raw = _raw_query(request, name)
-        bounds.append(None if raw is None else await _split_user_key(request, store, raw, query=True))
+        bounds.append(None if raw is None else await _split_key(request, store, raw, query=True))
     return bounds[0], bounds[1]
 
 
@@ -259,7 +251,7 @@ async def prefix_entries(request: web.Request) -> web.StreamResponse:
 
 async def windows_of_key(request: web.Request) -> web.StreamResponse:
     store = request.match_info["store"]
-    key = await _split_user_key(request, store, _raw_path_tail(request, 3))
+    key = await _split_key(request, store, _raw_path_tail(request, 3))
     q = request.query
     scan = await request.app[FACADE].windows(
         store, key, time_from=q.get("from"), time_to=q.get("to"), reverse=_bool_param(request, "reverse")
@@ -284,7 +276,7 @@ async def windows_of_range(request: web.Request) -> web.StreamResponse:
 
 async def sessions_of_key(request: web.Request) -> web.StreamResponse:
     store = request.match_info["store"]
-    key = await _split_user_key(request, store, _raw_path_tail(request, 3))
+    key = await _split_key(request, store, _raw_path_tail(request, 3))
     q = request.query
     scan = await request.app[FACADE].sessions(
         store, key, earliest_end=q.get("earliestEnd"), latest_start=q.get("latestStart")

@@ -228,6 +228,8 @@ class KeySchema:
     def _components(self, value: Any, *, partial: bool) -> list[Any]:
         if not self.composite:
             return [value]
+        if isinstance(value, str) and partial:
+            return [value]  # a bound's leading part may be just the first column
         if isinstance(value, str):
             raise MalformedKey(
                 f"this store's key has {len(self.columns)} columns ({self.type_label}); write them as "
@@ -260,9 +262,6 @@ class KeySchema:
         if upper and len(typed) < len(self.columns):
             typed.append(TOP)
         return tuple(typed)
-
-    def parse(self, text: str) -> Any:
-        return self.coerce(text if not self.composite else tuple(text.split("/")))
 
     def external(self, key: Any) -> Any:
         """The key as callers see it (``KeyType.external`` per column)."""

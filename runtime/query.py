@@ -43,56 +43,40 @@ def internal_keys(spec: StoreSpec, table: pa.Table) -> list[Any]:
     return [None if any(v is None for v in parts) else tuple(parts) for parts in zip(*columns)]
 
 
+def _values(names: list[str], columns: list[list[Any]]) -> list[Any]:
+    """Each row's value: the scalar of a one-column value, else a ``{column: value}`` map; None where
+    the row deletes (its value, or every value column, is null)."""
+    if len(columns) == 1:
+        return columns[0]
+    out: list[Any] = []
+    for i in range(len(columns[0]) if columns else 0):
+        record = {name: col[i] for name, col in zip(names, columns)}
+        out.append(None if all(v is None for v in record.values()) else record)
+    return out
+
+
 def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes | None]]:
     """Turn an Arrow slice into ``(key, packed value or None)`` rows, in the slice's order.
 
-    A one-column value is stored as the scalar; several columns as a ``{column: value}`` map. A null
-    value (every value column null) is a delete. Rows with a null key are dropped, as Kafka Streams
-    drops records with a null key.
+    A one-column value is stored as the scalar; several columns as a ``{column: value}`` map; a window
+    or session store stores ``[window end, value]``. A null value (every value column null) is a delete.
+    Rows with a null key are dropped, as Kafka Streams drops records with a null key.
     """
     keys = internal_keys(spec, table)
     names = [f.name for f in spec.value_fields]
-    columns = [table.column(name).to_pylist() for name in names]
-    if spec.windowed:
-        return _windowed_rows(
-            spec, keys, names, columns, _internal_column(table.column(WINDOW_END_COLUMN), "timestamp")
-        )
+    values = _values(names, [table.column(name).to_pylist() for name in names])
+    ends = _internal_column(table.column(WINDOW_END_COLUMN), "timestamp") if spec.windowed else None
     rows: list[tuple[Any, bytes | None]] = []
     dropped = 0
-    if len(columns) == 1:
-        for key, value in zip(keys, columns[0]):
-            if key is None:
-                dropped += 1
-                continue
-            rows.append((key, None if value is None else encode_value(value)))
-    else:
-        for i, key in enumerate(keys):
-            if key is None:
-                dropped += 1
-                continue
-            record = {name: col[i] for name, col in zip(names, columns)}
-            is_delete = all(v is None for v in record.values())
-            rows.append((key, None if is_delete else encode_value(record)))
+    for i, (key, value) in enumerate(zip(keys, values)):
+        if key is None:
+            dropped += 1
+        elif value is None:
+            rows.append((key, None))
+        else:
+            rows.append((key, encode_value(value if ends is None else [ends[i], value])))
     if dropped:
         log.warning("store %s: dropped %d rows with a null key", spec.name, dropped)
-    return rows
-
-
-def _windowed_rows(
-    spec: StoreSpec, keys: list[Any], names: list[str], columns: list[list[Any]], ends: list[Any]
-) -> list[tuple[Any, bytes | None]]:
-    """Rows of a window or session store: the value is stored as ``[window end, value]``."""
-    rows: list[tuple[Any, bytes | None]] = []
-    for i, key in enumerate(keys):
-        if key is None:
-            continue
-        if len(columns) == 1:
-            value = columns[0][i]
-            deleted = value is None
-        else:
-            value = {name: col[i] for name, col in zip(names, columns)}
-            deleted = all(v is None for v in value.values())
-        rows.append((key, None if deleted else encode_value([ends[i], value])))
     return rows
 
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from topologies.options import DEFAULTS, TopologyOptions, checkpoint_for
+from topologies.options import DEFAULTS, TopologyOptions
 
 __all__ = [
     "CUSTOMER_STORE",
@@ -38,7 +38,6 @@ __all__ = [
     "start",
     "start_customers",
     "start_order_counts",
-    "checkpoint_for",  # re-exported: tests and tools find a store's checkpoint through the topology
     "main",
 ]
 

@@ -38,13 +38,13 @@ def test_records_produced_after_start_become_visible(live: Topology) -> None:
 
 def test_a_batch_replayed_by_spark_changes_nothing(live: Topology, spark: Any) -> None:
     from topologies import food_orders
-    from topologies.options import TopologyOptions
+    from topologies.options import TopologyOptions, checkpoint_for
 
     url = live.runtime.url
     before = http_get(f"{url}/stores/order-count/all")[2]
     query = live.queries[1]
     query.stop()
-    checkpoint = food_orders.checkpoint_for(live.home, live.runtime.namespace, food_orders.ORDER_COUNT_STORE)
+    checkpoint = checkpoint_for(live.home, live.runtime.namespace, food_orders.ORDER_COUNT_STORE)
     commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
     last = commits[-1]
     (checkpoint / "commits" / str(last)).unlink()  # Spark will run batch `last` again on restart

@@ -217,9 +217,9 @@ async def test_stream_reads_lazily_page_by_page(bus: FakeBus) -> None:
     bus.load("big", {f"k{i:05d}": i for i in range(5_000)})
     core = FacadeCore(bus, page_size=100)
     scan = await core.make_scan("big")
-    stream = core.stream("big", scan)
-    first = [await anext(stream) for _ in range(10)]
-    await stream.aclose()
+    chunks = core.stream_chunks("big", scan)
+    first = (await anext(chunks))[:10]
+    await chunks.aclose()
     assert [k for k, _ in first] == [f"k{i:05d}" for i in range(10)]
     scans = sum(o.calls.count("scan") for o in bus.owners.values() if o.core.spec.name == "big")
     assert scans <= 4  # a page and a prefetched page per owner, not the 50 pages of the store

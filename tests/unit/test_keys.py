@@ -65,7 +65,7 @@ def test_spark_types_map_to_key_types() -> None:
 
 def test_key_schema_delegates_to_its_type() -> None:
     schema = KeySchema("user", "long")
-    assert schema.parse("3") == 3
+    assert schema.coerce("3") == 3
     assert schema.to_json() == {"column": "user", "type": "long", "columns": [{"column": "user", "type": "long"}]}
 
 
@@ -90,7 +90,7 @@ def test_composite_keys_are_tuples_partitioned_by_their_first_column() -> None:
     key = COMPOSITE.coerce(("42", "2026-01-01T00:00:00Z"))
     assert key == ("42", TIMESTAMP.parse("2026-01-01T00:00:00Z"))
     assert COMPOSITE.canonical_bytes(key) == b"42"
-    assert COMPOSITE.parse("42/2026-01-01T00:00:00Z") == key
+    assert COMPOSITE.coerce(("42", dt.datetime(2026, 1, 1, tzinfo=dt.UTC))) == key
     assert COMPOSITE.external(key) == ("42", dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     assert COMPOSITE.to_json()["columns"] == [
         {"column": "customer", "type": "string"},
@@ -113,3 +113,8 @@ def test_composite_keys_need_every_component_but_bounds_may_be_partial() -> None
 def test_top_sorts_after_everything_and_pickles_to_itself() -> None:
     assert TOP > "zzz" and TOP > 10**30 and not TOP < "a" and TOP > "a" and TOP == TOP
     assert pickle.loads(pickle.dumps(TOP)) is TOP
+
+
+def test_a_bound_may_be_just_the_first_column_as_a_scalar() -> None:
+    assert COMPOSITE.coerce_bound("42", upper=False) == ("42",)
+    assert COMPOSITE.coerce_bound("42", upper=True) == ("42", TOP)
