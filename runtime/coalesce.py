@@ -37,7 +37,7 @@ class Coalescer(Generic[T, R]):
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._in_flight = 0
         self._scheduled = False
-        self.calls = 0  # how many send() calls were made; read by tests and benchmarks
+        self.calls = 0  # how many send() calls were made (tests read it)
 
     async def submit(self, item: T) -> R:
         loop = asyncio.get_running_loop()

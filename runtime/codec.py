@@ -59,12 +59,10 @@ def to_json(value: Any) -> str:
 
 def to_jsonable(value: Any) -> Any:
     """Make a decoded value JSON-serializable: bytes become base64 text, tuples lists, datetimes ISO-8601."""
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, (_dt.datetime, _dt.date)):
-        return value.isoformat()
+    if isinstance(value, (bytes, _dt.datetime, _dt.date)):
+        return _json_default(value)
     return value

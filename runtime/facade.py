@@ -322,13 +322,14 @@ class FacadeCore:
         return out
 
     async def page(
-        self, store: str, scan: Scan, limit: int, cursor: str | None = None
+        self, store: str, scan: Scan, limit: int | None = None, cursor: str | None = None
     ) -> tuple[list[tuple[Any, Any]], str | None]:
-        """One page of at most ``limit`` entries, and the cursor of the next page (None at the end).
+        """One page of at most ``limit`` entries (default: the page size), and the cursor of the next page
+        (None at the end).
 
         With a ``cursor`` the scan it encodes is continued and ``scan`` is ignored.
         """
-        check_limit(limit, self.max_page)
+        limit = check_limit(self.page_size if limit is None else limit, self.max_page)
         if cursor is not None:
             scan = decode_cursor(store, cursor)
         entries = await self.collect(store, scan, limit + 1, external=False)

@@ -190,7 +190,7 @@ async def _scan_reply(request: web.Request, store: str, scan: Scan) -> web.Strea
             scan = decode_cursor(store, cursor)
         return await _stream_ndjson(request, facade.stream_chunks(store, scan), limit)
     if limit is not None or cursor is not None:
-        entries, next_cursor = await facade.page(store, scan, facade.page_size if limit is None else limit, cursor)
+        entries, next_cursor = await facade.page(store, scan, limit, cursor)
         return _reply(request, {"result": _entries(entries), "next": next_cursor})
     return _reply(request, {"result": _entries(await facade.collect(store, scan))})
 

@@ -210,8 +210,6 @@ def materialize(
     if kind in ("window", "session"):
         df = _flatten_window(df, window_column or ("session_window" if kind == "session" else "window"))
         key_cols = [*key_cols, WINDOW_START_COLUMN]
-        if value is None:
-            value = [c for c in df.columns if c not in key_cols and c != WINDOW_END_COLUMN]
     spec = store_spec_for(
         df.schema, store, key_cols, value, partitions=partitions, actors=actors, standbys=standbys, kind=kind
     )

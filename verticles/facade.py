@@ -91,7 +91,7 @@ class FacadeVerticle:
                 raise InvalidParameter(f"unknown windowed query {query!r}")
             if limit is None and cursor is None:
                 return await self.core.collect(store, scan)
-            return await self.core.page(store, scan, limit or self.core.page_size, cursor)
+            return await self.core.page(store, scan, limit, cursor)
 
         return await _envelope(run())
 

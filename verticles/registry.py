@@ -105,6 +105,3 @@ class Registry:
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
         return self.state.actor_moved(uuid, node_id, node_ip)
-
-    def all_actor_uuids(self) -> list[str]:
-        return list(self.state.view().actors)

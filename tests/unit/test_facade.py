@@ -186,6 +186,8 @@ async def test_pages_follow_cursors_to_the_end(facade: FacadeCore) -> None:
     assert seen == sorted(CUSTOMERS.items())
     with pytest.raises(InvalidParameter):
         await facade.page("customers", scan, 0)
+    entries, _ = await facade.page("customers", scan)  # no limit: one page of the default size
+    assert len(entries) == min(facade.page_size, len(CUSTOMERS))
     with pytest.raises(InvalidParameter):
         await facade.page("customers", scan, facade.max_page + 1)
 
