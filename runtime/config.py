@@ -1,4 +1,4 @@
-"""Defaults and the few settings every part of riqr agrees on."""
+"""Defaults and the few settings every part of riqr agrees on. Each default is declared here once."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_NAMESPACE",
     "DEFAULT_PORT",
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_ACTORS",
+    "DEFAULT_STANDBYS",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PAGE",
+    "DEFAULT_TRIGGER",
+    "VIEW_REFRESH_INTERVAL",
     "RuntimeConfig",
     "riqr_home",
     "REGISTRY_NAME",
@@ -18,6 +26,20 @@ __all__ = [
 
 DEFAULT_NAMESPACE = "riqr"
 DEFAULT_PORT = 7400
+# A store's layout: partitions are fixed for its life (the partitioner depends on them), actors share them.
+DEFAULT_PARTITIONS = 4
+DEFAULT_ACTORS = 2
+DEFAULT_STANDBYS = 0
+# How long one request may take end to end before it is a 504.
+DEFAULT_REQUEST_TIMEOUT = 10.0
+# Entries per page a facade asks an owner for, and per page a client gets when it names no limit.
+DEFAULT_PAGE_SIZE = 1000
+# The largest page a client may ask for; larger results are for NDJSON streams or cursors.
+MAX_PAGE = 10_000
+# The micro-batch interval of riqr's topologies.
+DEFAULT_TRIGGER = "250 milliseconds"
+# How often a facade compares its cached view's epoch with the registry's.
+VIEW_REFRESH_INTERVAL = 1.0
 REGISTRY_NAME = "riqr-registry"
 
 
@@ -46,6 +68,6 @@ class RuntimeConfig:
     namespace: str = DEFAULT_NAMESPACE
     http_host: str = "0.0.0.0"
     http_port: int = DEFAULT_PORT
-    request_timeout: float = 10.0
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     # Advertised host in metadata; None means the node's IP address.
     advertise_host: str | None = None

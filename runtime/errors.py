@@ -28,6 +28,7 @@ __all__ = [
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
+    "InternalError",
 ]
 
 
@@ -168,3 +169,10 @@ class NotConnected(RiqrError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": "5"}
+
+
+class InternalError(RiqrError):
+    """Something failed that no client input should cause: a bug. The actor that hit it logged it."""
+
+    status = 500
+    code = "internal"

@@ -1,0 +1,117 @@
+"""The one way errors cross Ray: every Ray call riqr makes goes through ``call`` (async) or ``get`` (sync).
+
+A query actor, the registry or a facade verticle raises riqr's own errors (``runtime.errors``); Ray wraps
+them in ``RayTaskError``, and Ray itself fails calls with its own exceptions. ``translate`` turns all of
+them into riqr's errors, so a caller of any verticle (the facade, the Python client, the sink, the CLI)
+catches ``RiqrError`` and nothing else:
+
+==========================================  ==================================================
+Ray says                                    riqr raises
+==========================================  ==================================================
+``RayTaskError`` caused by a ``RiqrError``  that error, as itself
+``RayTaskError`` caused by anything else    ``InternalError`` (500: a bug, logged by its actor)
+``ActorUnavailableError``                   ``OwnerUnavailable`` (restarting; retried first)
+``ActorDiedError`` / ``RayActorError``      ``OwnerUnavailable`` (dead; Retry-After 5)
+``GetTimeoutError``                         ``DeadlineExceeded`` (504)
+==========================================  ==================================================
+
+A restarting actor (``ActorUnavailableError``) is retried with backoff while the deadline allows, so a
+restart shorter than the deadline costs latency, not an error. Ray is imported only when an exception
+needs translating, so the pure core imports without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from runtime.deadline import Deadline
+from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, RiqrError
+
+__all__ = ["translate", "call", "call_sync", "get", "is_restarting"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Backoff between retries of a restarting actor: short first (a restart often takes well under a second).
+_FIRST_BACKOFF = 0.02
+_MAX_BACKOFF = 0.5
+
+
+def is_restarting(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray saying the actor is temporarily unreachable (restarting), not dead."""
+    from ray.exceptions import ActorUnavailableError
+
+    return isinstance(exc, ActorUnavailableError)
+
+
+def translate(exc: BaseException, what: str, *, actor: str | None = None) -> RiqrError:
+    """The riqr error for an exception raised by a Ray call about ``what`` (to ``actor``, if one)."""
+    if isinstance(exc, RiqrError):
+        return exc
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+    details: dict[str, Any] = {} if actor is None else {"actor": actor}
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, RiqrError):
+            return cause
+        log.warning("%s failed inside its actor: %s", what, exc)
+        return InternalError(f"{what} failed inside the actor: {type(cause or exc).__name__}", **details)
+    if isinstance(exc, ActorUnavailableError):
+        return OwnerUnavailable(f"{what}: the actor is restarting or unreachable", retry_after=1, **details)
+    if isinstance(exc, RayActorError):
+        return OwnerUnavailable(f"{what}: the actor died", retry_after=5, **details)
+    if isinstance(exc, GetTimeoutError):
+        return DeadlineExceeded(f"{what} did not answer in time", **details)
+    raise exc
+
+
+async def call(
+    submit: Callable[[], Awaitable[T]], what: str, *, deadline: Deadline | None = None, actor: str | None = None
+) -> T:
+    """Await the Ray call that ``submit()`` makes, translating failures; a restarting actor is called again
+    (``submit()`` once more) with backoff until ``deadline``, then it is ``OwnerUnavailable``."""
+    backoff = _FIRST_BACKOFF
+    while True:
+        try:
+            return await submit()
+        except RiqrError:
+            raise
+        except Exception as exc:
+            if deadline is None or not is_restarting(exc) or deadline.remaining() <= backoff:
+                raise translate(exc, what, actor=actor) from None
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, _MAX_BACKOFF)
+
+
+def get(ref: Any, what: str, *, timeout: float | None = None, actor: str | None = None) -> Any:
+    """``ray.get`` of an object ref (or a list of them), with failures translated to riqr's errors."""
+    import ray
+
+    try:
+        return ray.get(ref, timeout=timeout)
+    except Exception as exc:
+        raise translate(exc, what, actor=actor) from None
+
+
+def call_sync(submit: Callable[[], Any], what: str, *, deadline: Deadline, actor: str | None = None) -> Any:
+    """The blocking form of ``call``: ``ray.get`` of the ref ``submit()`` returns, until ``deadline``,
+    calling again while the actor is restarting."""
+    import ray
+
+    backoff = _FIRST_BACKOFF
+    while True:
+        try:
+            return ray.get(submit(), timeout=max(deadline.remaining(), 0.001))
+        except RiqrError:
+            raise
+        except Exception as exc:
+            if not is_restarting(exc) or deadline.remaining() <= backoff:
+                raise translate(exc, what, actor=actor) from None
+        time.sleep(backoff)
+        backoff = min(backoff * 2, _MAX_BACKOFF)

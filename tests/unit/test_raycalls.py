@@ -1,0 +1,92 @@
+"""The one adapter from Ray's failures to riqr's errors (Ray's exception classes, no Ray started)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayTaskError
+
+from runtime import raycalls
+from runtime.deadline import Deadline
+from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, StoreConflict
+
+
+def test_a_riqr_error_raised_in_an_actor_comes_back_as_itself() -> None:
+    conflict = StoreConflict("store 's' already exists", store="s")
+    wrapped = RayTaskError("create_store", "traceback", conflict)
+    assert raycalls.translate(wrapped, "create_store") == conflict
+
+
+def test_any_other_error_inside_an_actor_is_an_internal_error() -> None:
+    err = raycalls.translate(RayTaskError("scan", "traceback", KeyError("x")), "scan", actor="a1")
+    assert isinstance(err, InternalError) and err.status == 500 and err.details == {"actor": "a1"}
+
+
+def test_restarting_dead_and_late_actors() -> None:
+    restarting = raycalls.translate(ActorUnavailableError("restarting", None), "get", actor="a1")
+    assert isinstance(restarting, OwnerUnavailable) and restarting.details["retry_after"] == 1
+    dead = raycalls.translate(ActorDiedError(), "get", actor="a1")
+    assert isinstance(dead, OwnerUnavailable) and dead.details["retry_after"] == 5
+    assert isinstance(raycalls.translate(GetTimeoutError("late"), "get"), DeadlineExceeded)
+
+
+def test_errors_that_are_not_rays_are_not_swallowed() -> None:
+    with pytest.raises(ZeroDivisionError):
+        raycalls.translate(ZeroDivisionError(), "get")
+
+
+class Flaky:
+    """A call that says "restarting" ``failures`` times, then answers."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    async def __call__(self) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ActorUnavailableError("restarting", None)
+        return "answer"
+
+
+async def test_a_restarting_actor_is_called_again_within_the_deadline() -> None:
+    flaky = Flaky(failures=3)
+    assert await raycalls.call(flaky, "get", deadline=Deadline.after(5)) == "answer"
+    assert flaky.calls == 4
+
+
+async def test_past_the_deadline_a_restarting_actor_is_a_503() -> None:
+    flaky = Flaky(failures=1_000_000)
+    with pytest.raises(OwnerUnavailable):
+        await raycalls.call(flaky, "get", deadline=Deadline.after(0.1))
+    assert flaky.calls >= 2
+
+
+async def test_a_dead_actor_is_not_retried() -> None:
+    calls = []
+
+    async def dead() -> None:
+        calls.append(1)
+        raise ActorDiedError()
+
+    with pytest.raises(OwnerUnavailable):
+        await raycalls.call(dead, "get", deadline=Deadline.after(5))
+    assert calls == [1]
+
+
+def test_the_deadline_value() -> None:
+    now = [100.0]
+    deadline = Deadline.after(2.0, clock=lambda: now[0])
+    assert deadline.remaining(clock=lambda: now[0]) == 2.0
+    now[0] = 103.0
+    assert deadline.remaining(clock=lambda: now[0]) == 0.0
+    assert "2s" in deadline.exceeded("scan").message
+
+
+async def test_within_turns_a_timeout_into_a_504() -> None:
+    with pytest.raises(DeadlineExceeded, match="slow thing"):
+        from runtime.deadline import within
+
+        await within(Deadline.after(0.01), asyncio.sleep(1), "slow thing")
