@@ -46,6 +46,7 @@ class BareHttp:
 def load_store(namespace: str, keys: int) -> str:
     import ray
 
+    from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
     from runtime.config import REGISTRY_NAME
     from runtime.ingest import PARTITION_COLUMN
@@ -54,7 +55,7 @@ def load_store(namespace: str, keys: int) -> str:
     from topologies.sink import BatchDelivery
 
     spec = StoreSpec("bench", KeySchema("key", "string"), (ValueField("value", "bigint"),), partitions=4, actors=2)
-    ray.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec))
+    raycalls.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec), "create_store")
     delivery = BatchDelivery(spec, namespace, checkpoint="unused")
     chunk = 20_000
     for batch_id, start in enumerate(range(0, keys, chunk)):

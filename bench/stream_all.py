@@ -70,6 +70,7 @@ def main() -> None:
     import ray
 
     import runtime
+    from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
     from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name
     from runtime.ingest import PARTITION_COLUMN
@@ -85,7 +86,7 @@ def main() -> None:
         deployment = deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0))
         node = deployment.endpoints[0].node_id
         spec = StoreSpec("big", KeySchema("key", "string"), (ValueField("value", "bigint"),), partitions=4, actors=2)
-        view = ray.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec))
+        view = raycalls.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec), "create_store")
         delivery = BatchDelivery(spec, namespace, checkpoint="unused")
         chunk = 50_000
         for batch_id, start in enumerate(range(0, args.entries, chunk)):

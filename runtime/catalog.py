@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.config import DEFAULT_ACTORS, DEFAULT_PARTITIONS, DEFAULT_STANDBYS
 from runtime.errors import SchemaError
 from runtime.keys import KeySchema
 
@@ -51,9 +52,9 @@ class StoreSpec:
     key: KeySchema
     value_fields: tuple[ValueField, ...]
     kind: str = "kv"
-    partitions: int = 4
-    actors: int = 2
-    standbys: int = 0
+    partitions: int = DEFAULT_PARTITIONS
+    actors: int = DEFAULT_ACTORS
+    standbys: int = DEFAULT_STANDBYS
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:

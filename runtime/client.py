@@ -8,47 +8,53 @@
     await orders.get_async("1")                     # the same, from async code
 
 Calls go to the facade verticle on the caller's node (any node's if that one is missing), which routes
-and scatter-gathers over Ray. Errors are riqr's own (``runtime.errors``): ``KeyNotFound``,
-``StoreNotFound``, ``MalformedKey``, ``PartitionUnavailable``, ``DeadlineExceeded``...
+and scatter-gathers over Ray. Each call builds a query value (``runtime.queries``) and hands it over as
+is. Errors are riqr's own (``runtime.errors``), whatever Ray said: ``KeyNotFound``, ``StoreNotFound``,
+``MalformedKey``, ``PartitionUnavailable``, ``DeadlineExceeded``...
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
-from runtime.config import DEFAULT_NAMESPACE, facade_name
-from runtime.errors import NotConnected, RiqrError
+from runtime import raycalls
+from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, facade_name
+from runtime.deadline import Deadline
+from runtime.errors import NotConnected
+from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
 __all__ = ["connect", "Client", "Store", "Page"]
 
 
-class Page(NamedTuple):
-    """A page of a scan: its entries and the cursor of the next page (None after the last)."""
+class Client:
+    """A connection to the riqr runtime of one Ray namespace."""
 
-    entries: list[tuple[Any, Any]]
-    next: str | None
+    def __init__(self, facade: Any, namespace: str, timeout: float) -> None:
+        self.facade = facade
+        self.namespace = namespace
+        self.timeout = timeout
 
+    def call(self, method: str, *args: Any) -> Any:
+        """Call the facade verticle and wait, with Ray's failures as riqr's errors."""
+        remote = getattr(self.facade, method).remote
+        return raycalls.call_sync(lambda: remote(*args), method, deadline=Deadline.after(self.timeout))
 
-def _unwrap(envelope: tuple[str, Any]) -> Any:
-    status, payload = envelope
-    if status == "ok":
-        return payload
-    if isinstance(payload, RiqrError):
-        raise payload
-    raise RuntimeError(f"unexpected answer from the facade: {envelope!r}")
+    async def call_async(self, method: str, *args: Any) -> Any:
+        remote = getattr(self.facade, method).remote
+        return await raycalls.call(lambda: remote(*args), method, deadline=Deadline.after(self.timeout))
 
+    def store(self, name: str) -> Store:
+        return Store(self, name)
 
-def _window_params(key: Any, key_from: Any, key_to: Any, time_from: Any, time_to: Any, reverse: bool) -> dict[str, Any]:
-    return {
-        "key": key,
-        "key_from": key_from,
-        "key_to": key_to,
-        "time_from": time_from,
-        "time_to": time_to,
-        "reverse": reverse,
-    }
+    def stores(self) -> list[dict[str, Any]]:
+        """The catalog: each store's name, kind, key and value schema, partitions."""
+        return self.call("catalog")
+
+    def metadata(self) -> list[dict[str, Any]]:
+        """Every query actor as a seed-000 metadata instance."""
+        return self.call("metadata")
 
 
 class Store:
@@ -58,29 +64,23 @@ class Store:
         self._client = client
         self.name = name
 
-    def _call(self, method: str, *args: Any) -> Any:
-        import ray
-
-        return _unwrap(ray.get(getattr(self._client.facade, method).remote(*args), timeout=self._client.timeout))
-
-    async def _acall(self, method: str, *args: Any) -> Any:
-        return _unwrap(await getattr(self._client.facade, method).remote(*args))
+    # -- key-value stores -------------------------------------------------------------------------------
 
     def get(self, key: Any) -> Any:
         """The value of ``key``; raises ``KeyNotFound`` when absent."""
-        return self._call("get", self.name, key)
+        return self._client.call("get", KeyQuery(self.name, key))
 
     def all(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         """Every ``(key, value)`` in key order (or reversed). For big stores prefer ``iterate``."""
-        return self._call("all", self.name, reverse)
+        return self._client.call("entries", RangeQuery(self.name, reverse=reverse))
 
     def range(self, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         """Entries with ``lo <= key <= hi`` in key order (or reversed); a ``None`` bound is open."""
-        return self._call("range", self.name, lo, hi, reverse)
+        return self._client.call("entries", RangeQuery(self.name, lo, hi, reverse=reverse))
 
     def prefix(self, prefix: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         """Entries whose (string) key starts with ``prefix``."""
-        return self._call("prefix", self.name, prefix, reverse)
+        return self._client.call("entries", RangeQuery(self.name, prefix=prefix, reverse=reverse))
 
     def page(
         self,
@@ -98,35 +98,40 @@ class Store:
         Paging through a store that is being updated never repeats a key and never skips one that was
         present throughout.
         """
-        entries, next_cursor = self._call("page", self.name, limit, cursor, lo, hi, prefix, reverse)
-        return Page(entries, next_cursor)
+        query = RangeQuery(self.name, lo, hi, prefix, reverse)
+        return self._client.call("page", query, PageRequest(limit, cursor))
 
     def iterate(
-        self, *, lo: Any = None, hi: Any = None, prefix: str | None = None, reverse: bool = False, page_size: int = 1000
+        self,
+        *,
+        lo: Any = None,
+        hi: Any = None,
+        prefix: str | None = None,
+        reverse: bool = False,
+        page_size: int = DEFAULT_PAGE_SIZE,
     ) -> Iterator[tuple[Any, Any]]:
         """Every entry of a range or prefix scan, fetched a page at a time (memory stays at one page)."""
-        page = self.page(page_size, lo=lo, hi=hi, prefix=prefix, reverse=reverse)
+        query = RangeQuery(self.name, lo, hi, prefix, reverse)
+        page = self._client.call("page", query, PageRequest(page_size))
         while True:
             yield from page.entries
             if page.next is None:
                 return
-            page = self.page(page_size, page.next)
+            page = self._client.call("page", query, PageRequest(page_size, page.next))
 
     def approximate_num_entries(self) -> int:
-        return self._call("approximate_num_entries", self.name)
+        return self._client.call("count", self.name)
 
     def owner(self, key: Any) -> dict[str, Any]:
         """The metadata instance that owns ``key`` (present or not)."""
-        return self._call("metadata_for_key", self.name, key)
+        return self._client.call("metadata_for_key", KeyQuery(self.name, key))
 
     # -- window and session stores ----------------------------------------------------------------------
 
     def windows(self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False) -> list[Windowed]:
         """Windows of ``key`` whose start lies in [``time_from``, ``time_to``] (datetimes or ISO-8601; None
         for open), in time order or reversed (Kafka's ``fetch``/``backwardFetch``)."""
-        return self._call(
-            "windowed", self.name, "windows", _window_params(key, None, None, time_from, time_to, reverse)
-        )
+        return self._client.call("entries", WindowQuery(self.name, key, None, None, time_from, time_to, reverse))
 
     def windows_range(
         self,
@@ -139,63 +144,35 @@ class Store:
     ) -> list[Windowed]:
         """Windows of the keys in [``key_from``, ``key_to``] (None for open; both None: every key) whose
         start lies in [``time_from``, ``time_to``] (Kafka's ``fetch(keyFrom, keyTo, ...)``/``fetchAll``)."""
-        params = _window_params(None, key_from, key_to, time_from, time_to, reverse)
-        return self._call("windowed", self.name, "windows", params)
+        query = WindowQuery(self.name, None, key_from, key_to, time_from, time_to, reverse)
+        return self._client.call("entries", query)
 
     def sessions(self, key: Any) -> list[Windowed]:
         """Every session of ``key``."""
-        return self._call("windowed", self.name, "sessions", {"key": key})
+        return self._client.call("entries", SessionQuery(self.name, key))
 
     def sessions_range(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
         """Every session of the keys in [``key_from``, ``key_to``]."""
-        return self._call("windowed", self.name, "sessions", {"key_from": key_from, "key_to": key_to})
+        return self._client.call("entries", SessionQuery(self.name, key_from=key_from, key_to=key_to))
 
     def find_sessions(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
         """Sessions of ``key`` ending at or after ``earliest_end`` and starting at or before ``latest_start``."""
-        params = {"key": key, "earliest_end": earliest_end, "latest_start": latest_start}
-        return self._call("windowed", self.name, "sessions", params)
+        query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start)
+        return self._client.call("entries", query)
 
-    async def windows_async(
-        self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False
-    ) -> list[Windowed]:
-        params = _window_params(key, None, None, time_from, time_to, reverse)
-        return await self._acall("windowed", self.name, "windows", params)
-
-    async def windows_range_async(
-        self,
-        key_from: Any = None,
-        key_to: Any = None,
-        time_from: Any = None,
-        time_to: Any = None,
-        *,
-        reverse: bool = False,
-    ) -> list[Windowed]:
-        params = _window_params(None, key_from, key_to, time_from, time_to, reverse)
-        return await self._acall("windowed", self.name, "windows", params)
-
-    async def sessions_async(self, key: Any) -> list[Windowed]:
-        return await self._acall("windowed", self.name, "sessions", {"key": key})
-
-    async def sessions_range_async(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
-        return await self._acall("windowed", self.name, "sessions", {"key_from": key_from, "key_to": key_to})
-
-    async def find_sessions_async(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
-        params = {"key": key, "earliest_end": earliest_end, "latest_start": latest_start}
-        return await self._acall("windowed", self.name, "sessions", params)
-
-    # -- async forms of the key-value queries --------------------------------------------------------------
+    # -- async forms ---------------------------------------------------------------------------------------
 
     async def get_async(self, key: Any) -> Any:
-        return await self._acall("get", self.name, key)
+        return await self._client.call_async("get", KeyQuery(self.name, key))
 
     async def all_async(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
-        return await self._acall("all", self.name, reverse)
+        return await self._client.call_async("entries", RangeQuery(self.name, reverse=reverse))
 
     async def range_async(self, lo: Any = None, hi: Any = None, *, reverse: bool = False) -> list[tuple[Any, Any]]:
-        return await self._acall("range", self.name, lo, hi, reverse)
+        return await self._client.call_async("entries", RangeQuery(self.name, lo, hi, reverse=reverse))
 
     async def prefix_async(self, prefix: str, *, reverse: bool = False) -> list[tuple[Any, Any]]:
-        return await self._acall("prefix", self.name, prefix, reverse)
+        return await self._client.call_async("entries", RangeQuery(self.name, prefix=prefix, reverse=reverse))
 
     async def page_async(
         self,
@@ -207,45 +184,57 @@ class Store:
         prefix: str | None = None,
         reverse: bool = False,
     ) -> Page:
-        entries, next_cursor = await self._acall("page", self.name, limit, cursor, lo, hi, prefix, reverse)
-        return Page(entries, next_cursor)
+        query = RangeQuery(self.name, lo, hi, prefix, reverse)
+        return await self._client.call_async("page", query, PageRequest(limit, cursor))
 
     async def iterate_async(
-        self, *, lo: Any = None, hi: Any = None, prefix: str | None = None, reverse: bool = False, page_size: int = 1000
+        self,
+        *,
+        lo: Any = None,
+        hi: Any = None,
+        prefix: str | None = None,
+        reverse: bool = False,
+        page_size: int = DEFAULT_PAGE_SIZE,
     ) -> AsyncIterator[tuple[Any, Any]]:
-        page = await self.page_async(page_size, lo=lo, hi=hi, prefix=prefix, reverse=reverse)
+        query = RangeQuery(self.name, lo, hi, prefix, reverse)
+        page = await self._client.call_async("page", query, PageRequest(page_size))
         while True:
             for entry in page.entries:
                 yield entry
             if page.next is None:
                 return
-            page = await self.page_async(page_size, page.next)
+            page = await self._client.call_async("page", query, PageRequest(page_size, page.next))
 
     async def approximate_num_entries_async(self) -> int:
-        return await self._acall("approximate_num_entries", self.name)
+        return await self._client.call_async("count", self.name)
 
+    async def windows_async(
+        self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False
+    ) -> list[Windowed]:
+        query = WindowQuery(self.name, key, None, None, time_from, time_to, reverse)
+        return await self._client.call_async("entries", query)
 
-class Client:
-    """A connection to the riqr runtime of one Ray namespace."""
+    async def windows_range_async(
+        self,
+        key_from: Any = None,
+        key_to: Any = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        *,
+        reverse: bool = False,
+    ) -> list[Windowed]:
+        query = WindowQuery(self.name, None, key_from, key_to, time_from, time_to, reverse)
+        return await self._client.call_async("entries", query)
 
-    def __init__(self, facade: Any, namespace: str, timeout: float) -> None:
-        self.facade = facade
-        self.namespace = namespace
-        self.timeout = timeout
+    async def sessions_async(self, key: Any) -> list[Windowed]:
+        return await self._client.call_async("entries", SessionQuery(self.name, key))
 
-    def store(self, name: str) -> Store:
-        return Store(self, name)
+    async def sessions_range_async(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
+        return await self._client.call_async("entries", SessionQuery(self.name, key_from=key_from, key_to=key_to))
 
-    def stores(self) -> list[dict[str, Any]]:
-        """The catalog: each store's name, kind, key and value schema, partitions."""
-        import ray
-
-        return _unwrap(ray.get(self.facade.catalog.remote(), timeout=self.timeout))
-
-    def metadata(self) -> list[dict[str, Any]]:
-        import ray
-
-        return _unwrap(ray.get(self.facade.metadata.remote(), timeout=self.timeout))
+    async def find_sessions_async(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
+        query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start)
+        return await self._client.call_async("entries", query)
 
 
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:

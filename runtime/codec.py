@@ -31,7 +31,8 @@ def _default(obj: Any) -> Any:
 
 def encode_value(value: Any) -> bytes:
     """Pack a value as msgpack."""
-    return msgpack.packb(value, default=_default, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True)
+    return packed
 
 
 def decode_value(data: bytes) -> Any:

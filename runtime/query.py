@@ -16,7 +16,7 @@ import pyarrow as pa
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value, encode_value
 from runtime.engine import ApplyResult, PartitionState
-from runtime.errors import PartitionUnavailable, RiqrError
+from runtime.errors import PartitionUnavailable
 from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
 from runtime.scan import Scan, TimeFilter
@@ -31,8 +31,9 @@ def _internal_column(column: pa.ChunkedArray, kind: str) -> list[Any]:
     if kind == "timestamp":
         if pa.types.is_timestamp(column.type) and column.type.unit != "us":
             column = column.cast(pa.timestamp("us", tz=column.type.tz))
-        return column.cast(pa.int64()).to_pylist()
-    return column.to_pylist()
+        column = column.cast(pa.int64())
+    values: list[Any] = column.to_pylist()
+    return values
 
 
 def internal_keys(spec: StoreSpec, table: pa.Table) -> list[Any]:
@@ -98,20 +99,23 @@ class QueryCore:
             p: PartitionState(p, available=not recovered) for p in sorted(partitions)
         }
 
-    def _partition(self, p: int) -> PartitionState:
-        state = self.partitions.get(p)
-        if state is None:
-            raise PartitionUnavailable(
+    def _unavailable(self, p: int) -> PartitionUnavailable:
+        if p not in self.partitions:
+            return PartitionUnavailable(
                 f"partition {p} of store {self.spec.name} is not held here", store=self.spec.name, partition=p
             )
-        if not state.available:
-            raise PartitionUnavailable(
-                f"partition {p} of store {self.spec.name} lost its state when its actor restarted and has "
-                "not been rebuilt yet",
-                store=self.spec.name,
-                partition=p,
-                retry_after=5,
-            )
+        return PartitionUnavailable(
+            f"partition {p} of store {self.spec.name} lost its state when its actor restarted and has "
+            "not been rebuilt yet",
+            store=self.spec.name,
+            partition=p,
+            retry_after=5,
+        )
+
+    def _partition(self, p: int) -> PartitionState:
+        state = self.partitions.get(p)
+        if state is None or not state.available:
+            raise self._unavailable(p)
         return state
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
@@ -129,15 +133,19 @@ class QueryCore:
             results.append(state.apply(source, batch_id, rows))
         return results
 
-    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None | RiqrError]:
-        """One answer per ``(partition, key)``: the packed value, None when absent, or the error."""
-        out: list[bytes | None | RiqrError] = []
-        for p, key in items:
-            try:
-                out.append(self._partition(p).kv.get(key))
-            except RiqrError as err:
-                out.append(err)
-        return out
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
+        """One answer per ``(partition, key)``: the packed value, or None when absent.
+
+        If any partition asked about cannot answer, the whole call raises ``PartitionUnavailable`` naming
+        those partitions (``partitions``), so the caller can ask again for the keys of the others.
+        """
+        wanted = {p for p, _ in items}
+        broken = [p for p in sorted(wanted) if p not in self.partitions or not self.partitions[p].available]
+        if broken:
+            first = self._unavailable(broken[0])
+            raise type(first)(first.message, **{**first.details, "partitions": broken})
+        states = self.partitions
+        return [states[p].kv.get(key) for p, key in items]
 
     def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
         """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,10 @@ def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[A
     return [materialize(aggregates, store=EVENT_AGGREGATES_STORE, key="key", value=["events", "latest"], **sink)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from topologies.runner import run_topology
 
-    parser = argparse.ArgumentParser(prog="python -m topologies.events", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog or "python -m topologies.events", description=__doc__.splitlines()[0])
     return run_topology(parser, argv, start)
 
 

@@ -99,11 +99,13 @@ def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[A
     return [start_customers(spark, home, options), start_order_counts(spark, home, options)]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the topology until stopped (SIGTERM or SIGINT stop the queries cleanly)."""
     from topologies.runner import run_topology
 
-    parser = argparse.ArgumentParser(prog="python -m topologies.food_orders", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=prog or "python -m topologies.food_orders", description=__doc__.splitlines()[0]
+    )
     return run_topology(parser, argv, start)
 
 

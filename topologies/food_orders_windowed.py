@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +89,11 @@ def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS, *, waterm
     return [windows, sessions]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from topologies.runner import run_topology
 
     parser = argparse.ArgumentParser(
-        prog="python -m topologies.food_orders_windowed", description=__doc__.splitlines()[0]
+        prog=prog or "python -m topologies.food_orders_windowed", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--watermark", default="10 seconds", help="how late an order may arrive")
     return run_topology(parser, argv, start, lambda args: {"watermark": args.watermark})

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.config import DEFAULT_NAMESPACE
+from runtime.config import DEFAULT_ACTORS, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER
 from topologies.sources import FILES, SourceConfig
 
 __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for"]
@@ -19,15 +19,13 @@ class TopologyOptions:
     ``trigger``, the micro-batch interval (None: the sink's default); ``source`` of its topics."""
 
     namespace: str = DEFAULT_NAMESPACE
-    partitions: int = 4
-    actors: int = 2
+    partitions: int = DEFAULT_PARTITIONS
+    actors: int = DEFAULT_ACTORS
     trigger: str | None = None
     source: SourceConfig = FILES
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""
-        from topologies.sink import DEFAULT_TRIGGER
-
         return {
             "namespace": self.namespace,
             "partitions": self.partitions,

@@ -33,15 +33,15 @@ def run_topology(
     SIGTERM (``ray job stop``) and SIGINT stop the queries cleanly; a query that fails stops the others
     and makes the exit status 1.
     """
-    from runtime.config import DEFAULT_NAMESPACE, riqr_home
+    from runtime.config import DEFAULT_ACTORS, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER, riqr_home
 
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
     parser.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
     parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or a local cluster")
     parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
-    parser.add_argument("--partitions", type=int, default=4, help="partitions of each store")
-    parser.add_argument("--actors", type=int, default=2, help="query actors of each store")
-    parser.add_argument("--trigger", default=None, help="micro-batch interval, e.g. '250 milliseconds'")
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
+    parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
+    parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")
     parser.add_argument(
         "--source",
         default="files",

@@ -22,19 +22,26 @@ from urllib.parse import urlparse
 
 import ray
 
+from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
-from runtime.config import DEFAULT_NAMESPACE, REGISTRY_NAME
+from runtime.config import (
+    DEFAULT_ACTORS,
+    DEFAULT_NAMESPACE,
+    DEFAULT_PARTITIONS,
+    DEFAULT_STANDBYS,
+    DEFAULT_TRIGGER,
+    REGISTRY_NAME,
+)
 from runtime.errors import NotConnected, SchemaError
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema, key_type_for_spark
 from runtime.ownership import ClusterView
 from runtime.partitioner import spark_partition_sql
 
-__all__ = ["materialize", "store_spec_for", "BatchDelivery", "DEFAULT_TRIGGER"]
+__all__ = ["materialize", "store_spec_for", "BatchDelivery"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRIGGER = "250 milliseconds"
 WINDOW_START_COLUMN = "window_start"
 
 
@@ -44,9 +51,9 @@ def store_spec_for(
     key: str | Sequence[str],
     value: str | Sequence[str] | None = None,
     *,
-    partitions: int = 4,
-    actors: int = 2,
-    standbys: int = 0,
+    partitions: int = DEFAULT_PARTITIONS,
+    actors: int = DEFAULT_ACTORS,
+    standbys: int = DEFAULT_STANDBYS,
     kind: str = "kv",
 ) -> StoreSpec:
     """The store definition for a DataFrame ``schema`` (a Spark ``StructType``).
@@ -119,9 +126,9 @@ class BatchDelivery:
 
     def _current_view(self) -> ClusterView:
         registry = _registry(self.namespace)
-        epoch = ray.get(registry.epoch.remote(), timeout=self.timeout)
+        epoch = raycalls.get(registry.epoch.remote(), "registry epoch", timeout=self.timeout)
         if self._view is None or self._view.epoch != epoch:
-            self._view = ray.get(registry.view.remote(), timeout=self.timeout)
+            self._view = raycalls.get(registry.view.remote(), "registry view", timeout=self.timeout)
         return self._view
 
     def _handle(self, uuid: str) -> Any:
@@ -141,7 +148,7 @@ class BatchDelivery:
             self._handle(uuid).apply.remote(source, batch_id, slices)
             for uuid, slices in slices_for_owners(ownership, split).items()
         ]
-        ray.get(refs, timeout=self.timeout)
+        raycalls.get(refs, f"delivering batch {batch_id} of {self.spec.name}", timeout=self.timeout)
         return table.num_rows
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
@@ -187,9 +194,9 @@ def materialize(
     kind: str = "kv",
     window_column: str | None = None,
     namespace: str = DEFAULT_NAMESPACE,
-    partitions: int = 4,
-    actors: int = 2,
-    standbys: int = 0,
+    partitions: int = DEFAULT_PARTITIONS,
+    actors: int = DEFAULT_ACTORS,
+    standbys: int = DEFAULT_STANDBYS,
     trigger: str = DEFAULT_TRIGGER,
     output_mode: str | None = None,
 ) -> Any:
@@ -213,7 +220,7 @@ def materialize(
     spec = store_spec_for(
         df.schema, store, key_cols, value, partitions=partitions, actors=actors, standbys=standbys, kind=kind
     )
-    ray.get(_registry(namespace).create_store.remote(spec))
+    raycalls.get(_registry(namespace).create_store.remote(spec), f"creating store {store}")
     value_cols = [f.name for f in spec.value_fields]
     extra = [WINDOW_END_COLUMN] if spec.windowed else []
     partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)

@@ -1,48 +1,33 @@
 """The Ray adapter of the facade's ``Bus`` protocol: Ray calls are the bus.
 
-Ray's own failures are told apart here and become riqr errors: a dead actor and a restarting actor are
-both ``OwnerUnavailable`` (503, with a longer Retry-After for the dead one, whose restart takes longer),
-an error raised inside the actor is re-raised as itself.
+Every call goes through ``runtime.raycalls``, the one place Ray's failures become riqr's errors; a query
+actor that is restarting is called again within the request deadline before it is a 503.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from runtime.config import REGISTRY_NAME
-from runtime.errors import NotConnected, OwnerUnavailable, RiqrError
+from runtime import raycalls
+from runtime.config import DEFAULT_REQUEST_TIMEOUT, REGISTRY_NAME
+from runtime.deadline import Deadline
+from runtime.errors import NotConnected, OwnerUnavailable
 from runtime.ownership import ClusterView
 from runtime.scan import Scan
 
 __all__ = ["RayBus", "RayOwner"]
 
-T = TypeVar("T")
-
-
-async def _call(uuid: str, awaitable: Awaitable[T]) -> T:
-    try:
-        return await awaitable
-    except RayTaskError as err:
-        cause = err.cause if hasattr(err, "cause") else None
-        if isinstance(cause, RiqrError):
-            raise cause from None
-        raise
-    except ActorUnavailableError:
-        raise OwnerUnavailable(f"query actor {uuid} is restarting", actor=uuid, retry_after=1) from None
-    except (ActorDiedError, RayActorError):
-        raise OwnerUnavailable(f"query actor {uuid} died", actor=uuid, retry_after=5) from None
-
 
 class RayOwner:
     """A query actor reached by its uuid name."""
 
-    def __init__(self, uuid: str, namespace: str) -> None:
+    def __init__(self, uuid: str, namespace: str, timeout: float) -> None:
         self.uuid = uuid
         self._namespace = namespace
+        self._timeout = timeout
         self._handle: Any = None
 
     def _actor(self) -> Any:
@@ -55,21 +40,29 @@ class RayOwner:
                 ) from None
         return self._handle
 
-    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:
-        return await _call(self.uuid, self._actor().get_many.remote(items))
+    async def _call(self, method: str, *args: Any) -> Any:
+        remote = getattr(self._actor(), method).remote
+        deadline = Deadline.after(self._timeout)
+        return await raycalls.call(
+            lambda: remote(*args), f"{method} on {self.uuid}", deadline=deadline, actor=self.uuid
+        )
+
+    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
+        return await self._call("get_many", items)
 
     async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
-        return await _call(self.uuid, self._actor().scan.remote(list(partitions), scan, limit))
+        return await self._call("scan", list(partitions), scan, limit)
 
     async def count(self, partitions: Sequence[int]) -> int:
-        return await _call(self.uuid, self._actor().count.remote(list(partitions)))
+        return await self._call("count", list(partitions))
 
 
 class RayBus:
     """Reaches the registry and query actors of one namespace over Ray."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
         self.namespace = namespace
+        self.timeout = timeout
         self._registry: Any = None
         self._owners: dict[str, RayOwner] = {}
 
@@ -84,14 +77,18 @@ class RayBus:
                 ) from None
         return self._registry
 
+    async def _registry_call(self, method: str) -> Any:
+        remote = getattr(self._registry_actor(), method).remote
+        return await raycalls.call(remote, f"registry {method}", deadline=Deadline.after(self.timeout))
+
     async def fetch_view(self) -> ClusterView:
-        return await _call(REGISTRY_NAME, self._registry_actor().view.remote())
+        return await self._registry_call("view")
 
     async def fetch_epoch(self) -> int:
-        return await _call(REGISTRY_NAME, self._registry_actor().epoch.remote())
+        return await self._registry_call("epoch")
 
     def owner(self, uuid: str) -> RayOwner:
         owner = self._owners.get(uuid)
         if owner is None:
-            owner = self._owners[uuid] = RayOwner(uuid, self.namespace)
+            owner = self._owners[uuid] = RayOwner(uuid, self.namespace, self.timeout)
         return owner

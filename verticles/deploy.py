@@ -1,9 +1,12 @@
-"""The one place riqr's actors are created: names, namespace, lifetime and restart options.
+"""The one place riqr's actors are created: names, namespace, lifetime and restart options; and
+``RayEnv``, the one implementation of what verticles need from Ray (``verticles.env``).
+
+Nothing in ``runtime`` or in the other verticle modules imports this module: the registry gets a
+``RayEnv`` to create query actors with, so this module sits at the top of the import graph.
 
 Every verticle is a detached named actor in the riqr namespace, so it outlives the driver that made it
 (``riqr up`` returns; the topology job comes and goes). Verticles ask for no CPU: they are I/O bound and
-must never wait for Spark's tasks to free a slot. Query actors and the registry restart forever
-(``max_restarts=-1``).
+must never wait for Spark's tasks to free a slot. Every verticle restarts forever (``max_restarts=-1``).
 """
 
 from __future__ import annotations
@@ -18,82 +21,147 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from runtime import raycalls
 from runtime.catalog import StoreSpec
 from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name
+from runtime.deadline import Deadline
+from runtime.ownership import ActorInfo, Endpoint
+from verticles.bus import RayBus
 from verticles.facade import FacadeVerticle
 from verticles.http import HttpVerticle
 from verticles.query import QueryVerticle
 from verticles.registry import Registry
 
-__all__ = [
-    "Deployment",
-    "ensure_registry",
-    "create_query_verticle",
-    "up",
-    "down",
-    "alive_nodes",
-    "kill_actors",
-    "query_actor_infos",
-    "http_endpoints",
-]
+__all__ = ["RayEnv", "Deployment", "NodeEndpoint", "ensure_registry", "up", "down", "alive_nodes"]
 
 log = logging.getLogger(__name__)
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+_CALL_TIMEOUT = 30.0
 
 
-def _on_node(node_id: str | None, pinned: bool) -> dict[str, Any]:
-    if node_id is None:
-        return {}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=not pinned)}
+def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Options of a detached verticle, pinned to ``node_id`` when one is given.
+
+    Pinned (hard affinity): with a soft preference Ray put both actors of a store, or a node's HTTP
+    verticle, on one node while the other node was busy starting workers. A restarted query actor answers
+    503 until rebuilt wherever it runs, so pinning it costs nothing yet; moving partitions off a dead
+    node belongs to the registry, with standbys (see docs/design.md).
+    """
+    strategy = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+    return {"name": name, "namespace": namespace, "lifetime": "detached", "num_cpus": 0, "max_restarts": -1,
+            **strategy, **extra}  # fmt: skip
 
 
-def _verticle_options(
-    name: str, namespace: str, node_id: str | None = None, *, pinned: bool = False, **extra: Any
-) -> dict[str, Any]:
-    """Options of a detached verticle. ``pinned``: it must run on ``node_id``; otherwise the node is only
-    a preference that Ray may override."""
-    return {
-        "name": name,
-        "namespace": namespace,
-        "lifetime": "detached",
-        "num_cpus": 0,
-        **_on_node(node_id, pinned),
-        **extra,
-    }
-
-
-def _actor_class(cls: type) -> Any:
+def _remote(cls: type) -> Any:
     """``ray.remote`` applied to a verticle class (typed loosely: Ray's actor classes defeat mypy)."""
     return ray.remote(cls)
-
-
-def _get(ref: Any, timeout: float | None = None) -> Any:
-    """``ray.get`` of one object ref, typed as what the verticle returns (Any to mypy)."""
-    return ray.get(ref, timeout=timeout)
 
 
 def alive_nodes() -> list[str]:
     return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
 
 
-def ensure_registry(namespace: str) -> Any:
-    """The registry of ``namespace``, created if missing."""
-    options = _verticle_options(REGISTRY_NAME, namespace, get_if_exists=True, max_restarts=-1)
-    handle = _actor_class(Registry).options(**options).remote(namespace)
-    ray.get(handle.epoch.remote())
-    return handle
+def _named_in(namespace: str) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
 
 
-def create_query_verticle(
-    namespace: str, uuid: str, spec: StoreSpec, partitions: Sequence[int], node_id: str | None
-) -> Any:
-    """A query actor named ``uuid`` holding ``partitions`` of ``spec``, placed on ``node_id`` if alive."""
-    # Pinned: a soft preference let Ray put both actors of a store on one node while the other node was
-    # busy starting workers. A restarted actor answers 503 until rebuilt wherever it runs, so pinning
-    # costs nothing today; moving partitions off a dead node is the registry's job (a later issue).
-    options = _verticle_options(uuid, namespace, node_id, pinned=True, max_restarts=-1)
-    return _actor_class(QueryVerticle).options(**options).remote(uuid, spec, list(partitions), namespace)
+class RayEnv:
+    """What a verticle of ``namespace`` needs from Ray. Picklable: it travels to the actors it serves,
+    which call it inside their own process."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    # -- NodeFacts --------------------------------------------------------------------------------------
+
+    def node_id(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    def node_ip(self) -> str:
+        return str(ray.util.get_node_ip_address())
+
+    def restarted(self) -> bool:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+    # -- RegistryLink -----------------------------------------------------------------------------------
+
+    def _registry(self) -> Any:
+        return ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
+
+    async def _ask_registry(self, method: str, *args: Any) -> Any:
+        remote = getattr(self._registry(), method).remote
+        return await raycalls.call(lambda: remote(*args), f"registry {method}", deadline=Deadline.after(_CALL_TIMEOUT))
+
+    def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
+        try:
+            self._registry().actor_moved.remote(uuid, node_id, node_ip)
+        except ValueError:
+            log.warning("registry not found while reporting the restart of %s", uuid)
+
+    async def endpoint_of(self, node_id: str) -> Endpoint | None:
+        view = await self._ask_registry("view")
+        endpoint: Endpoint | None = view.endpoints.get(node_id)
+        return endpoint
+
+    async def register_endpoint(self, endpoint: Endpoint) -> None:
+        await self._ask_registry("register_endpoint", endpoint.node_id, endpoint.host, endpoint.port)
+
+    async def unregister_endpoint(self, node_id: str) -> None:
+        with contextlib.suppress(ValueError):  # the registry is gone already (riqr down)
+            await self._ask_registry("unregister_endpoint", node_id)
+
+    # -- ClusterOps -------------------------------------------------------------------------------------
+
+    def alive_nodes(self) -> list[str]:
+        return alive_nodes()
+
+    def start_query_actors(
+        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
+    ) -> list[ActorInfo]:
+        handles = [
+            _remote(QueryVerticle)
+            .options(**_options(uuid, self.namespace, node_id))
+            .remote(uuid, spec, list(partitions), self)
+            for uuid, partitions, node_id in members
+        ]
+        where = raycalls.get([h.ready.remote() for h in handles], f"starting the actors of {spec.name}")
+        return [
+            ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(partitions))
+            for (uuid, partitions, _), w in zip(members, where)
+        ]
+
+    def query_actor_infos(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for name in _named_in(self.namespace):
+            if not _UUID.match(name):
+                continue
+            try:
+                out.append(raycalls.get(ray.get_actor(name, namespace=self.namespace).info.remote(), "info",
+                                        timeout=_CALL_TIMEOUT))  # fmt: skip
+            except Exception:  # an actor that cannot answer is left out; its partitions stay unassigned
+                log.warning("query actor %s did not answer while the registry rebuilt", name, exc_info=True)
+        return out
+
+    def http_endpoints(self) -> list[Endpoint]:
+        out: list[Endpoint] = []
+        for name in _named_in(self.namespace):
+            if not name.startswith("riqr-http-"):
+                continue
+            try:
+                handle = ray.get_actor(name, namespace=self.namespace)
+                where = raycalls.get(handle.where.remote(), "where", timeout=_CALL_TIMEOUT)
+            except Exception:
+                log.warning("HTTP verticle %s did not answer while the registry rebuilt", name, exc_info=True)
+                continue
+            if where is not None:
+                out.append(Endpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
+        return out
+
+    def kill(self, names: Sequence[str]) -> None:
+        for name in names:
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
 
 
 @dataclass(frozen=True)
@@ -113,67 +181,39 @@ class Deployment:
     endpoints: tuple[NodeEndpoint, ...]
 
 
+def ensure_registry(namespace: str) -> Any:
+    """The registry of ``namespace``, created if missing."""
+    handle = (
+        _remote(Registry)
+        .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True))
+        .remote(namespace, RayEnv(namespace))
+    )
+    raycalls.get(handle.epoch.remote(), "starting the registry")
+    return handle
+
+
 def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent."""
     ns = config.namespace
     ensure_registry(ns)
+    env = RayEnv(ns)
     endpoints = []
     for node_id in nodes if nodes is not None else alive_nodes():
+        bus = RayBus(ns, config.request_timeout)
         facade = (
-            _actor_class(FacadeVerticle)
-            .options(
-                **_verticle_options(facade_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1)
-            )
-            .remote(ns, config.request_timeout)
+            _remote(FacadeVerticle)
+            .options(**_options(facade_name(node_id), ns, node_id, get_if_exists=True))
+            .remote(bus, config.request_timeout)
         )
         http = (
-            _actor_class(HttpVerticle)
-            .options(
-                **_verticle_options(http_name(node_id), ns, node_id, pinned=True, get_if_exists=True, max_restarts=-1)
-            )
-            .remote(ns, config.http_host, config.http_port, config.advertise_host, config.request_timeout)
+            _remote(HttpVerticle)
+            .options(**_options(http_name(node_id), ns, node_id, get_if_exists=True))
+            .remote(bus, env, config.http_host, config.http_port, config.advertise_host, config.request_timeout)
         )
-        where = _get(http.start.remote())
-        ray.get(facade.ready.remote())
+        where = raycalls.get(http.start.remote(), f"starting the REST API on node {node_id}")
+        raycalls.get(facade.ready.remote(), f"starting the facade on node {node_id}")
         endpoints.append(NodeEndpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
     return Deployment(ns, tuple(endpoints))
-
-
-def _named_in(namespace: str) -> list[str]:
-    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
-
-
-def kill_actors(namespace: str, names: Sequence[str]) -> None:
-    for name in names:
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-
-
-def query_actor_infos(namespace: str) -> list[dict[str, Any]]:
-    """``info()`` of every live query actor in ``namespace`` (used by a restarted registry)."""
-    handles = [ray.get_actor(n, namespace=namespace) for n in _named_in(namespace) if _UUID.match(n)]
-    out: list[dict[str, Any]] = []
-    for handle in handles:
-        try:
-            out.append(_get(handle.info.remote(), timeout=30))
-        except Exception:  # an actor that cannot answer is left out; its partitions stay unassigned
-            log.warning("a query actor did not answer while the registry rebuilt", exc_info=True)
-    return out
-
-
-def http_endpoints(namespace: str) -> list[dict[str, Any]]:
-    """Where each serving HTTP verticle of ``namespace`` listens (used by a restarted registry)."""
-    out: list[dict[str, Any]] = []
-    for name in _named_in(namespace):
-        if name.startswith("riqr-http-"):
-            try:
-                where: dict[str, Any] | None = _get(ray.get_actor(name, namespace=namespace).where.remote(), 30)
-            except Exception:
-                log.warning("HTTP verticle %s did not answer while the registry rebuilt", name, exc_info=True)
-                continue
-            if where is not None:
-                out.append(where)
-    return out
 
 
 def down(namespace: str) -> list[str]:
@@ -181,9 +221,9 @@ def down(namespace: str) -> list[str]:
     names = _named_in(namespace)
     for name in [n for n in names if n.startswith("riqr-http-")]:
         try:
-            ray.get(ray.get_actor(name, namespace=namespace).stop.remote(), timeout=10)
+            raycalls.get(ray.get_actor(name, namespace=namespace).stop.remote(), f"stopping {name}", timeout=10)
         except Exception:
             log.warning("HTTP verticle %s did not stop cleanly", name, exc_info=True)
     order = sorted(names, key=lambda n: (n == REGISTRY_NAME, not n.startswith("riqr-"), n))
-    kill_actors(namespace, order)
+    RayEnv(namespace).kill(order)
     return order

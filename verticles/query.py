@@ -11,14 +11,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import ray
 
 from runtime.catalog import StoreSpec
-from runtime.config import REGISTRY_NAME
 from runtime.engine import ApplyResult
-from runtime.errors import RiqrError
 from runtime.query import QueryCore
 from runtime.scan import Scan
+from verticles.env import VerticleEnv
 
 __all__ = ["QueryVerticle"]
 
@@ -26,22 +24,18 @@ log = logging.getLogger(__name__)
 
 
 class QueryVerticle:
-    """Holds ``partitions`` of ``spec``; its actor name is ``uuid``."""
+    """Holds ``partitions`` of ``spec``; its actor name is ``uuid``. ``env`` gives the node facts and the
+    link to the registry."""
 
-    def __init__(self, uuid: str, spec: StoreSpec, partitions: Sequence[int], namespace: str) -> None:
-        ctx = ray.get_runtime_context()
+    def __init__(self, uuid: str, spec: StoreSpec, partitions: Sequence[int], env: VerticleEnv) -> None:
         self.uuid = uuid
-        self.node_id = ctx.get_node_id()
-        self.node_ip = ray.util.get_node_ip_address()
-        recovered = bool(ctx.was_current_actor_reconstructed)
+        self.node_id = env.node_id()
+        self.node_ip = env.node_ip()
+        recovered = env.restarted()
         self.core = QueryCore(spec, partitions, recovered=recovered)
         if recovered:
             log.warning("query actor %s of %s restarted; its partitions are unavailable until rebuilt", uuid, spec.name)
-            try:
-                registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
-                registry.actor_moved.remote(uuid, self.node_id, self.node_ip)
-            except ValueError:
-                log.warning("registry not found while reporting the restart of %s", uuid)
+            env.report_moved(uuid, self.node_id, self.node_ip)
 
     def ready(self) -> dict[str, str]:
         """Where this actor runs; the registry waits on this before publishing the actor."""
@@ -50,7 +44,7 @@ class QueryVerticle:
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
         return self.core.apply(source, batch_id, slices)
 
-    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None | RiqrError]:
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
         return self.core.get_many(items)
 
     def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:

@@ -118,8 +118,8 @@ def produce(home: Path, topic: str, lines: str) -> None:
 
 
 def load_seed(topology: Topology) -> None:
-    from runtime.cli import SEED_CUSTOMERS as customers
-    from runtime.cli import SEED_ORDERS as orders
+    from riqr.demo import SEED_CUSTOMERS as customers
+    from riqr.demo import SEED_ORDERS as orders
 
     produce(topology.home, "customer", customers)
     produce(topology.home, "order", orders)

@@ -55,5 +55,17 @@ def test_errors_are_riqrs_own(client: runtime.Client) -> None:
 def test_catalog_and_owner(client: runtime.Client) -> None:
     assert [s["name"] for s in client.stores()] == ["customer-v1-changelog", "order-count"]
     owner = client.store("order-count").owner("1")
-    assert owner["partition"] in owner["partitions"]
+    # crc32("1") = 0x83DCEFB7, so partition 3 of 4; the actor holding 1 and 3 owns it, as REST says.
+    assert (owner["partition"], owner["partitions"], owner["state-store-names"]) == (3, [1, 3], ["order-count"])
     assert len(client.metadata()) == 4
+    assert owner["actor"] in {i["actor"] for i in client.metadata() if i["partitions"] == [1, 3]}
+
+
+def test_failures_are_riqrs_errors_never_rays(client: runtime.Client) -> None:
+    with pytest.raises(runtime.BadRequest, match="limit"):
+        client.store("order-count").page(0)
+    with pytest.raises(runtime.BadRequest, match="limit"):
+        asyncio.run(client.store("order-count").page_async(0))
+    impatient = runtime.Client(client.facade, client.namespace, timeout=0.0)
+    with pytest.raises(runtime.DeadlineExceeded):
+        impatient.store("customer-v1-changelog").all()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ray.job_submission import JobSubmissionClient
 
-from runtime.cli import SEED_CUSTOMERS, SEED_ORDERS
+from riqr.demo import SEED_CUSTOMERS, SEED_ORDERS
 from tests.integration.conftest import REPO, RayCluster
 from tests.integration.conftest import SEED_CUSTOMERS as CUSTOMERS
 from tests.integration.helpers import http_get, wait_for

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 import ray
 
+from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
 from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
@@ -115,11 +116,8 @@ def test_redeclaring_with_another_layout_is_a_conflict(runtime_ns: Runtime, stor
     from runtime.errors import StoreConflict
 
     other = StoreSpec("scores", KeySchema("user", "string"), (ValueField("score", "bigint"),))
-    with pytest.raises(StoreConflict):
-        try:
-            ray.get(runtime_ns.registry().create_store.remote(other))
-        except ray.exceptions.RayTaskError as err:
-            raise err.cause from None
+    with pytest.raises(StoreConflict, match="different definition"):
+        raycalls.get(runtime_ns.registry().create_store.remote(other), "create_store")
 
 
 def test_a_restarted_registry_rebuilds_its_tables_from_the_query_actors(

@@ -142,12 +142,16 @@ def test_railway_bookings_of_a_customer_in_a_period(rt: Runtime, spark: Any, tmp
             lambda: http_get(f"{url}/stores/latest-booking/get/42")[2] == {"response": "2026-04-02T07:10:00+00:00"},
             what="customer 42's latest booking",
         )
+        # `bookings` is fed by a query of its own: wait for it too before reading it.
+        every_42 = wait_for(
+            lambda: (r := result(f"{url}/stores/bookings/range?from=42&to=42")) and len(r) == 3 and r,
+            what="customer 42's three bookings",
+        )
         march = result(f"{url}/stores/bookings/range?from=42/2026-03-01T00:00:00Z&to=42/2026-03-31T23:59:59Z")
         assert [(e["key"], e["value"]) for e in march] == [
             (["42", "2026-03-01T09:30:00+00:00"], "Berlin-Hamburg"),
             (["42", "2026-03-15T18:00:00+00:00"], "Hamburg-Berlin"),
         ]
-        every_42 = wait_for(lambda: (r := result(f"{url}/stores/bookings/range?from=42&to=42")) and len(r) == 3 and r)
         assert [e["value"] for e in every_42] == ["Berlin-Hamburg", "Hamburg-Berlin", "Berlin-Munich"]
         assert http_get(f"{url}/stores/latest-booking/get/7")[0] == 404
         assert http_get(f"{url}/stores/bookings/get/42/2026-03-15T18:00:00Z")[2] == {"response": "Hamburg-Berlin"}

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from runtime.catalog import StoreSpec, ValueField
-from runtime.errors import OwnerUnavailable, RiqrError
+from runtime.errors import OwnerUnavailable
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
@@ -46,7 +46,7 @@ class FakeOwner:
         if self.down:
             raise OwnerUnavailable("fake owner is down", retry_after=1)
 
-    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None | RiqrError]:
+    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
         await self._enter("get_many")
         return self.core.get_many(items)
 
@@ -115,6 +115,16 @@ class FakeBus:
 
     def owner(self, uuid: str) -> FakeOwner:
         return self.owners[uuid]
+
+
+async def eventually(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    """Yield to the event loop until ``condition()`` holds, failing after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 def windowed_spec(name: str, kind: str = "window") -> StoreSpec:

@@ -13,9 +13,10 @@ from runtime.errors import (
     PartitionUnavailable,
     StoreNotFound,
 )
-from runtime.facade import FacadeCore
+from runtime.facade import Facade
 from runtime.ownership import OwnershipTable, PartitionOwners
-from tests.unit.fakes import FakeBus, kv_spec
+from runtime.queries import KeyQuery, PageRequest, RangeQuery
+from tests.unit.fakes import FakeBus, eventually, kv_spec
 
 CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
 
@@ -29,109 +30,107 @@ def bus() -> FakeBus:
 
 
 @pytest.fixture
-async def facade(bus: FakeBus) -> FacadeCore:
-    core = FacadeCore(bus, timeout=1.0, refresh_interval=0.01)
+async def facade(bus: FakeBus) -> Facade:
+    core = Facade(bus, timeout=1.0, refresh_interval=0.01)
     await core.start()
     yield core
     await core.stop()
 
 
-async def test_get_routes_to_the_owner(facade: FacadeCore, bus: FakeBus) -> None:
-    assert await facade.get("customers", "2") == "adam"
+async def test_get_routes_to_the_owner(facade: Facade, bus: FakeBus) -> None:
+    assert await facade.get(KeyQuery("customers", "2")) == "adam"
     assert sum(o.calls.count("get_many") for o in bus.owners.values()) == 1
 
 
-async def test_absent_keys_and_unknown_stores_are_404s(facade: FacadeCore) -> None:
+async def test_absent_keys_and_unknown_stores_are_404s(facade: Facade) -> None:
     with pytest.raises(KeyNotFound):
-        await facade.get("customers", "99")
+        await facade.get(KeyQuery("customers", "99"))
     with pytest.raises(StoreNotFound):
-        await facade.get("nope", "1")
+        await facade.get(KeyQuery("nope", "1"))
 
 
-async def test_concurrent_gets_to_one_owner_share_calls(facade: FacadeCore, bus: FakeBus) -> None:
+async def test_concurrent_gets_to_one_owner_share_calls(facade: Facade, bus: FakeBus) -> None:
     keys = [str(i) for i in range(1, 8)] * 20
-    values = await asyncio.gather(*(facade.get("customers", k) for k in keys))
+    values = await asyncio.gather(*(facade.get(KeyQuery("customers", k)) for k in keys))
     assert values == [CUSTOMERS[k] for k in keys]
     calls = sum(o.calls.count("get_many") for o in bus.owners.values())
     assert calls <= 2 * len(bus.owners)  # 140 lookups, a call or two per owner
 
 
-async def test_all_and_range_merge_across_owners_in_key_order(facade: FacadeCore) -> None:
-    assert await facade.all("customers") == sorted(CUSTOMERS.items())
-    assert await facade.range("customers", "1", "5") == [(k, CUSTOMERS[k]) for k in "12345"]
-    assert await facade.range("customers", None, "2") == [("1", "john"), ("2", "adam")]
-    assert await facade.range("customers", "6", None) == [("6", "mathew"), ("7", "will")]
-    assert await facade.range("customers", "5", "1") == []
+async def test_all_and_range_merge_across_owners_in_key_order(facade: Facade) -> None:
+    assert await facade.entries(RangeQuery("customers")) == sorted(CUSTOMERS.items())
+    assert await facade.entries(RangeQuery("customers", "1", "5")) == [(k, CUSTOMERS[k]) for k in "12345"]
+    assert await facade.entries(RangeQuery("customers", None, "2")) == [("1", "john"), ("2", "adam")]
+    assert await facade.entries(RangeQuery("customers", "6", None)) == [("6", "mathew"), ("7", "will")]
+    assert await facade.entries(RangeQuery("customers", "5", "1")) == []
 
 
 async def test_integer_keys_parse_from_text_and_range_numerically(bus: FakeBus) -> None:
     bus.create_store(kv_spec("ints", key_type="long"))
     bus.load("ints", {i: f"v{i}" for i in [1, 2, 10, 20, 100]})
-    core = FacadeCore(bus)
-    assert await core.get("ints", "10") == "v10"
-    assert [k for k, _ in await core.range("ints", "2", "20")] == [2, 10, 20]
+    core = Facade(bus)
+    assert await core.get(KeyQuery("ints", "10")) == "v10"
+    assert [k for k, _ in await core.entries(RangeQuery("ints", "2", "20"))] == [2, 10, 20]
     with pytest.raises(MalformedKey):
-        await core.get("ints", "ten")
+        await core.get(KeyQuery("ints", "ten"))
     with pytest.raises(MalformedRange):
-        await core.range("ints", "x", None)
+        await core.entries(RangeQuery("ints", "x", None))
 
 
-async def test_count_sums_over_owners(facade: FacadeCore) -> None:
-    assert await facade.approximate_num_entries("customers") == 7
+async def test_count_sums_over_owners(facade: Facade) -> None:
+    assert await facade.count("customers") == 7
 
 
-async def test_a_partition_without_owner_is_503_never_a_partial_answer(facade: FacadeCore, bus: FakeBus) -> None:
+async def test_a_partition_without_owner_is_503_never_a_partial_answer(facade: Facade, bus: FakeBus) -> None:
     table = bus.state.view().tables["customers"]
     owners = list(table.partitions)
     owners[1] = PartitionOwners(None)
     bus.state.install(OwnershipTable(table.spec, tuple(owners)), [])
-    await facade.refresh()
+    await facade.views.refresh()
     with pytest.raises(PartitionUnavailable) as info:
-        await facade.all("customers")
+        await facade.entries(RangeQuery("customers"))
     assert info.value.details["partitions"] == [1]
     with pytest.raises(PartitionUnavailable):
-        await facade.approximate_num_entries("customers")
+        await facade.count("customers")
     key_in_1 = next(k for k in CUSTOMERS if table.partition_of(k) == 1)
     with pytest.raises(PartitionUnavailable):
-        await facade.get("customers", key_in_1)
+        await facade.get(KeyQuery("customers", key_in_1))
 
 
-async def test_a_down_owner_is_503_and_triggers_a_refresh(facade: FacadeCore, bus: FakeBus) -> None:
+async def test_a_down_owner_is_503_and_triggers_a_refresh(facade: Facade, bus: FakeBus) -> None:
     for owner in bus.owners.values():
         owner.down = True
     fetches = bus.view_fetches
     with pytest.raises(OwnerUnavailable):
-        await facade.get("customers", "1")
-    await asyncio.sleep(0.01)
-    assert bus.view_fetches > fetches
+        await facade.get(KeyQuery("customers", "1"))
+    await eventually(lambda: bus.view_fetches > fetches, what="a refresh of the view")
 
 
 async def test_a_slow_owner_is_a_504(bus: FakeBus) -> None:
-    core = FacadeCore(bus, timeout=0.05)
+    core = Facade(bus, timeout=0.05)
     for owner in bus.owners.values():
         owner.stall = 0.5
     with pytest.raises(DeadlineExceeded):
-        await core.get("customers", "1")
+        await core.get(KeyQuery("customers", "1"))
     with pytest.raises(DeadlineExceeded):
-        await core.all("customers")
+        await core.entries(RangeQuery("customers"))
 
 
-async def test_a_store_created_after_start_is_found_by_refreshing_once(facade: FacadeCore, bus: FakeBus) -> None:
+async def test_a_store_created_after_start_is_found_by_refreshing_once(facade: Facade, bus: FakeBus) -> None:
     bus.create_store(kv_spec("late"))
     bus.load("late", {"k": "v"})
-    assert await facade.get("late", "k") == "v"
+    assert await facade.get(KeyQuery("late", "k")) == "v"
 
 
-async def test_the_watcher_picks_up_epoch_changes(facade: FacadeCore, bus: FakeBus) -> None:
+async def test_the_watcher_picks_up_epoch_changes(facade: Facade, bus: FakeBus) -> None:
     bus.create_store(kv_spec("watched"))
-    for _ in range(100):
-        if facade.view.table("watched") is not None:
-            break
-        await asyncio.sleep(0.01)
-    assert facade.view.table("watched") is not None
+    fetches = bus.view_fetches
+    # Nothing asks for the new store: only the background watcher can bring it into the view.
+    await eventually(lambda: facade.view.table("watched") is not None, what="the watcher's refresh")
+    assert bus.view_fetches > fetches
 
 
-async def test_metadata_shapes(facade: FacadeCore) -> None:
+async def test_metadata_shapes(facade: Facade) -> None:
     instances = await facade.metadata()
     assert len(instances) == 2
     first = instances[0]
@@ -141,13 +140,13 @@ async def test_metadata_shapes(facade: FacadeCore) -> None:
     assert by_node["node-a"] == ("host-a", 7400)  # the node's HTTP verticle
     assert by_node["node-b"] == ("10.0.0.1", None)  # no HTTP verticle registered on that node
     assert await facade.metadata_for_store("customers") == instances
-    owner = await facade.metadata_for_key("customers", "nobody-has-this-key")
+    owner = await facade.metadata_for_key(KeyQuery("customers", "nobody-has-this-key"))
     assert owner["partition"] in owner["partitions"] and owner["standbys"] == []
     with pytest.raises(StoreNotFound):
         await facade.metadata_for_store("nope")
 
 
-async def test_catalog(facade: FacadeCore) -> None:
+async def test_catalog(facade: Facade) -> None:
     [entry] = await facade.catalog()
     assert entry["name"] == "customers" and entry["key"] == {
         "column": "key",
@@ -159,50 +158,60 @@ async def test_catalog(facade: FacadeCore) -> None:
 async def test_reverse_and_prefix(bus: FakeBus) -> None:
     bus.create_store(kv_spec("words"))
     bus.load("words", {w: w.upper() for w in ["apple", "apricot", "banana", "app", "b"]})
-    core = FacadeCore(bus, page_size=2)  # tiny pages: every scan spans several page calls per owner
-    assert [k for k, _ in await core.all("words", reverse=True)] == ["banana", "b", "apricot", "apple", "app"]
-    assert [k for k, _ in await core.prefix("words", "ap")] == ["app", "apple", "apricot"]
-    assert [k for k, _ in await core.prefix("words", "ap", reverse=True)] == ["apricot", "apple", "app"]
-    assert await core.range("words", "b", "a") == []
+    core = Facade(bus, page_size=2)  # tiny pages: every scan spans several page calls per owner
+    assert [k for k, _ in await core.entries(RangeQuery("words", reverse=True))] == [
+        "banana",
+        "b",
+        "apricot",
+        "apple",
+        "app",
+    ]
+    assert [k for k, _ in await core.entries(RangeQuery("words", prefix="ap"))] == ["app", "apple", "apricot"]
+    assert [k for k, _ in await core.entries(RangeQuery("words", prefix="ap", reverse=True))] == [
+        "apricot",
+        "apple",
+        "app",
+    ]
+    assert await core.entries(RangeQuery("words", "b", "a")) == []
 
 
 async def test_prefix_needs_string_keys_and_no_bounds(bus: FakeBus) -> None:
     bus.create_store(kv_spec("ints", key_type="long"))
-    core = FacadeCore(bus)
+    core = Facade(bus)
     with pytest.raises(InvalidParameter, match="need a string key"):
-        await core.make_scan("ints", prefix="1")
+        await core.entries(RangeQuery("ints", prefix="1"))
     with pytest.raises(InvalidParameter, match="from/to"):
-        await core.make_scan("customers", prefix="1", lo="1")
+        await core.entries(RangeQuery("customers", prefix="1", lo="1"))
 
 
-async def test_pages_follow_cursors_to_the_end(facade: FacadeCore) -> None:
-    scan = await facade.make_scan("customers")
+async def test_pages_follow_cursors_to_the_end(facade: Facade) -> None:
+    query = RangeQuery("customers")
     seen, cursor = [], None
     while True:
-        entries, cursor = await facade.page("customers", scan, 3, cursor)
+        entries, cursor = await facade.page(query, PageRequest(3, cursor))
         seen += entries
         if cursor is None:
             break
     assert seen == sorted(CUSTOMERS.items())
     with pytest.raises(InvalidParameter):
-        await facade.page("customers", scan, 0)
-    entries, _ = await facade.page("customers", scan)  # no limit: one page of the default size
-    assert len(entries) == min(facade.page_size, len(CUSTOMERS))
+        await facade.page(query, PageRequest(0))
+    entries, _ = await facade.page(query, PageRequest())  # no limit: one page of the default size
+    assert len(entries) == min(facade.scatter.page_size, len(CUSTOMERS))
     with pytest.raises(InvalidParameter):
-        await facade.page("customers", scan, facade.max_page + 1)
+        await facade.page(query, PageRequest(facade.scatter.max_page + 1))
 
 
 async def test_paging_while_the_store_changes_never_repeats_or_skips_a_stable_key(bus: FakeBus) -> None:
     bus.create_store(kv_spec("busy"))
     stable = {f"k{i:05d}": "v" for i in range(0, 2_000, 2)}
     bus.load("busy", stable)
-    core = FacadeCore(bus, page_size=64)
-    scan = await core.make_scan("busy")
+    core = Facade(bus, page_size=64)
+    query = RangeQuery("busy")
     seen: list[str] = []
     cursor = None
     batch = 1
     while True:
-        entries, cursor = await core.page("busy", scan, 97, cursor)
+        entries, cursor = await core.page(query, PageRequest(97, cursor))
         seen += [k for k, _ in entries]
         # Between pages: new keys appear everywhere (odd numbers), some come and go.
         bus.load("busy", {f"k{i:05d}": "new" for i in range(batch, 2_000, 37)}, batch_id=batch)
@@ -217,9 +226,8 @@ async def test_paging_while_the_store_changes_never_repeats_or_skips_a_stable_ke
 async def test_stream_reads_lazily_page_by_page(bus: FakeBus) -> None:
     bus.create_store(kv_spec("big"))
     bus.load("big", {f"k{i:05d}": i for i in range(5_000)})
-    core = FacadeCore(bus, page_size=100)
-    scan = await core.make_scan("big")
-    chunks = core.stream_chunks("big", scan)
+    core = Facade(bus, page_size=100)
+    chunks = core.stream(RangeQuery("big"))
     first = (await anext(chunks))[:10]
     await chunks.aclose()
     assert [k for k, _ in first] == [f"k{i:05d}" for i in range(10)]
@@ -232,17 +240,43 @@ async def test_composite_keys_get_and_range_over_a_leading_part(bus: FakeBus) ->
     day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     rows = {(c, day + dt.timedelta(days=d)): f"{c}@{d}" for c in ["41", "42", "420"] for d in range(5)}
     bus.load("bookings", rows)
-    core = FacadeCore(bus)
-    assert await core.get("bookings", ("42", "2026-01-03T00:00:00Z")) == "42@2"
-    everything_of_42 = await core.range("bookings", ("42",), ("42",))
+    core = Facade(bus)
+    assert await core.get(KeyQuery("bookings", ("42", "2026-01-03T00:00:00Z"))) == "42@2"
+    everything_of_42 = await core.entries(RangeQuery("bookings", ("42",), ("42",)))
     assert [v for _, v in everything_of_42] == [f"42@{d}" for d in range(5)]
     assert everything_of_42[0][0] == ("42", day)
-    window = await core.range("bookings", ("42", "2026-01-02T00:00:00Z"), ("42", "2026-01-04T00:00:00Z"))
+    window = await core.entries(RangeQuery("bookings", ("42", "2026-01-02T00:00:00Z"), ("42", "2026-01-04T00:00:00Z")))
     assert [v for _, v in window] == ["42@1", "42@2", "42@3"]
-    owner = await core.metadata_for_key("bookings", ("42",))
+    owner = await core.metadata_for_key(KeyQuery("bookings", ("42",)))
     assert owner["partition"] == (await core.table("bookings")).partition_of(("42", 0))
     with pytest.raises(KeyNotFound):
-        await core.get("bookings", ("42", "2030-01-01T00:00:00Z"))
+        await core.get(KeyQuery("bookings", ("42", "2030-01-01T00:00:00Z")))
     with pytest.raises(MalformedKey):
-        await core.get("bookings", ("42",))
-    assert [k for k, _ in await core.prefix("bookings", "42")][-1] == ("420", day + dt.timedelta(days=4))
+        await core.get(KeyQuery("bookings", ("42",)))
+    assert [k for k, _ in await core.entries(RangeQuery("bookings", prefix="42"))][-1] == (
+        "420",
+        day + dt.timedelta(days=4),
+    )
+
+
+async def test_a_key_sharing_a_batch_with_an_unavailable_partition_still_gets_its_answer(
+    facade: Facade, bus: FakeBus
+) -> None:
+    table = facade.view.table("customers")
+    assert table is not None
+    by_partition: dict[int, str] = {}
+    for key in CUSTOMERS:
+        by_partition.setdefault(table.partition_of(key), key)
+    owner_uuid, (sick, healthy) = next(
+        (u, ps) for u, ps in table.by_owner().items() if all(p in by_partition for p in ps)
+    )
+    bus.owners[owner_uuid].core.partitions[sick].available = False
+    sick_key, healthy_key = by_partition[sick], by_partition[healthy]
+    answers = await asyncio.gather(
+        facade.get(KeyQuery("customers", sick_key)),
+        facade.get(KeyQuery("customers", healthy_key)),
+        return_exceptions=True,
+    )
+    assert isinstance(answers[0], PartitionUnavailable) and answers[0].details["partitions"] == [sick]
+    assert answers[1] == CUSTOMERS[healthy_key]
+    assert bus.owners[owner_uuid].calls.count("get_many") == 2  # the shared batch, then the healthy key alone

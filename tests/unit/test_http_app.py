@@ -7,8 +7,8 @@ import msgpack
 import pytest
 from yarl import URL
 
-from runtime.facade import FacadeCore
-from runtime.http_app import build_app
+from runtime.facade import Facade
+from runtime.rest import build_app
 from tests.unit.fakes import FakeBus, kv_spec
 
 CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
@@ -23,7 +23,7 @@ async def client(aiohttp_client):  # type: ignore[no-untyped-def]
     bus.load("order-count", {"1": 1, "2": 1, "": 1})
     bus.create_store(kv_spec("ints", key_type="long"))
     bus.load("ints", {2: "two", 10: "ten"})
-    return await aiohttp_client(build_app(FacadeCore(bus, timeout=1.0)))
+    return await aiohttp_client(build_app(Facade(bus, timeout=1.0)))
 
 
 async def test_get(client) -> None:  # type: ignore[no-untyped-def]
@@ -64,10 +64,14 @@ async def test_metadata_paths(client) -> None:  # type: ignore[no-untyped-def]
         assert {"host", "port", "state-store-names"} <= set(instance)
     store = (await (await client.get("/metadata/stores/order-count")).json())["result"]
     assert len(store) == 2 and all(i["state-store-names"] == ["order-count"] for i in store)
+    # crc32("1") = 0x83DCEFB7 and crc32("abc") = 0x352441C2 (published values): partitions 3 and 2 of 4.
+    # Partitions go round-robin to the store's 2 actors: 0 and 2 to one, 1 and 3 to the other.
     owner = (await (await client.get("/metadata/stores/order-count/key/1")).json())["result"]
-    assert owner["state-store-names"] == ["order-count"] and owner["partition"] in owner["partitions"]
-    absent = (await (await client.get("/metadata/stores/order-count/key/no-such-key")).json())["result"]
-    assert "partition" in absent
+    assert owner["state-store-names"] == ["order-count"]
+    assert (owner["partition"], owner["partitions"], owner["standbys"]) == (3, [1, 3], [])
+    absent = (await (await client.get("/metadata/stores/order-count/key/abc")).json())["result"]
+    assert (absent["partition"], absent["partitions"]) == (2, [0, 2])
+    assert absent["actor"] == next(i["actor"] for i in store if i["partitions"] == [0, 2])
 
 
 async def test_catalog(client) -> None:  # type: ignore[no-untyped-def]
@@ -204,7 +208,7 @@ async def bookings(aiohttp_client):  # type: ignore[no-untyped-def]
     bus.create_store(kv_spec("bookings", rest=(("ts", "timestamp"),)))
     day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     bus.load("bookings", {(c, day + dt.timedelta(days=d)): f"{c}@{d}" for c in ["a/b", "42"] for d in range(3)})
-    return await aiohttp_client(build_app(FacadeCore(bus, timeout=1.0)))
+    return await aiohttp_client(build_app(Facade(bus, timeout=1.0)))
 
 
 async def test_composite_keys_in_urls(bookings) -> None:  # type: ignore[no-untyped-def]
@@ -220,8 +224,9 @@ async def test_composite_keys_in_urls(bookings) -> None:  # type: ignore[no-unty
     # Sent as written (as curl does); yarl would otherwise normalize %2F in a query string to '/'.
     body = await (await bookings.get(URL("/stores/bookings/range?from=a%2Fb&to=a%2Fb", encoded=True))).json()
     assert [e["value"] for e in body["result"]] == ["a/b@0", "a/b@1", "a/b@2"]
-    body = await (await bookings.get("/metadata/stores/bookings/key/42")).json()
-    assert "partition" in body["result"]
+    # Only the first column decides: crc32("a") = 0xE8B7BE43 -> partition 3 of 4, the one of every "a/..." key.
+    body = await (await bookings.get("/metadata/stores/bookings/key/a")).json()
+    assert (body["result"]["partition"], body["result"]["partitions"]) == (3, [1, 3])
 
 
 @pytest.mark.parametrize(

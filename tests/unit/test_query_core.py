@@ -48,10 +48,12 @@ def test_empty_slices_still_advance_the_position() -> None:
     }
 
 
-def test_partitions_not_held_here_are_reported_per_key() -> None:
+def test_a_lookup_touching_a_partition_not_held_here_names_it() -> None:
     core = QueryCore(kv_spec(), [0])
-    answers = core.get_many([(0, "x"), (1, "y")])
-    assert answers[0] is None and isinstance(answers[1], PartitionUnavailable)
+    assert core.get_many([(0, "x")]) == [None]
+    with pytest.raises(PartitionUnavailable) as info:
+        core.get_many([(0, "x"), (1, "y"), (3, "z")])
+    assert info.value.details["partitions"] == [1, 3]
     with pytest.raises(PartitionUnavailable):
         core.apply("q", 0, {1: None})
 
@@ -62,7 +64,9 @@ def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:
         core.scan([0, 2], Scan())
     with pytest.raises(PartitionUnavailable):
         core.count([0])
-    assert isinstance(core.get_many([(0, "k")])[0], PartitionUnavailable)
+    with pytest.raises(PartitionUnavailable, match="restarted") as info:
+        core.get_many([(0, "k")])
+    assert info.value.details["partitions"] == [0] and info.value.details["retry_after"] == 5
 
 
 def test_windowed_rows_keep_the_end_and_the_time_filter_runs_on_the_owner() -> None:

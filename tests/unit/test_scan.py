@@ -1,8 +1,9 @@
 import pytest
 
+from runtime.cursor import decode_cursor, encode_cursor
 from runtime.engine import SortedKV
 from runtime.errors import MalformedCursor
-from runtime.scan import Bound, Scan, decode_cursor, encode_cursor, prefix_scan
+from runtime.scan import Bound, Scan, prefix_scan
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ import json
 import pytest
 
 from runtime.errors import InvalidParameter, MalformedRange
-from runtime.facade import FacadeCore
-from runtime.http_app import build_app
+from runtime.facade import Facade
+from runtime.queries import KeyQuery, RangeQuery, SessionQuery, WindowQuery
+from runtime.rest import build_app
 from runtime.windows import Windowed
 from tests.unit.fakes import FakeBus, kv_spec, load_windowed, windowed_spec
 
@@ -49,67 +50,57 @@ def bus() -> FakeBus:
     return b
 
 
-async def collect(core: FacadeCore, store: str, scan) -> list:  # type: ignore[no-untyped-def]
-    return await core.collect(store, scan)
-
-
 async def test_fetch_a_key_over_a_time_range_and_backwards(bus: FakeBus) -> None:
-    core = FacadeCore(bus)
-    scan = await core.windows("orders-per-minute", "alice", time_from=minute(1), time_to=minute(3))
-    got = await collect(core, "orders-per-minute", scan)
+    core = Facade(bus)
+    got = await core.entries(WindowQuery("orders-per-minute", "alice", time_from=minute(1), time_to=minute(3)))
     assert got == [Windowed("alice", minute(1), minute(2), 1), Windowed("alice", minute(3), minute(4), 5)]
-    back = await core.windows("orders-per-minute", "alice", time_from=minute(0), time_to=minute(9), reverse=True)
-    assert [w.start for w in await collect(core, "orders-per-minute", back)] == [minute(3), minute(1), minute(0)]
+    back = WindowQuery("orders-per-minute", "alice", time_from=minute(0), time_to=minute(9), reverse=True)
+    assert [w.start for w in await core.entries(back)] == [minute(3), minute(1), minute(0)]
 
 
 async def test_fetch_a_key_range_and_all_keys_over_a_time_range(bus: FakeBus) -> None:
-    core = FacadeCore(bus)
-    scan = await core.windows(
+    core = Facade(bus)
+    query = WindowQuery(
         "orders-per-minute", key_from="alice", key_to="bob", time_from="2026-01-01T12:01:00Z", time_to=minute(1)
     )
-    assert [(w.key, w.value) for w in await collect(core, "orders-per-minute", scan)] == [("alice", 1), ("bob", 1)]
-    every = await core.windows("orders-per-minute", time_from=minute(2), time_to=minute(3))
-    assert [(w.key, w.start) for w in await collect(core, "orders-per-minute", every)] == [
-        ("alice", minute(3)),
-        ("carol", minute(2)),
-    ]
-    everything = await core.all("orders-per-minute")
+    assert [(w.key, w.value) for w in await core.entries(query)] == [("alice", 1), ("bob", 1)]
+    every = WindowQuery("orders-per-minute", time_from=minute(2), time_to=minute(3))
+    assert [(w.key, w.start) for w in await core.entries(every)] == [("alice", minute(3)), ("carol", minute(2))]
+    everything = await core.entries(RangeQuery("orders-per-minute"))
     assert len(everything) == 5 and all(isinstance(w, Windowed) for w in everything)
 
 
 async def test_sessions_of_a_key_a_range_and_find_sessions(bus: FakeBus) -> None:
-    core = FacadeCore(bus)
-    alice = await collect(core, "order-sessions", await core.sessions("order-sessions", "alice"))
+    core = Facade(bus)
+    alice = await core.entries(SessionQuery("order-sessions", "alice"))
     assert [(s.start, s.end, s.value) for s in alice] == [
         (T0, T0 + dt.timedelta(seconds=40), 3),
         (minute(5), minute(5) + dt.timedelta(seconds=10), 1),
     ]
-    both = await collect(core, "order-sessions", await core.sessions("order-sessions", key_from="a", key_to="bz"))
+    both = await core.entries(SessionQuery("order-sessions", key_from="a", key_to="bz"))
     assert [s.key for s in both] == ["alice", "alice", "bob"]
     # findSessions: end >= 12:00:30 and start <= 12:04 -> only alice's first session.
-    found = await core.sessions(
-        "order-sessions", "alice", earliest_end=T0 + dt.timedelta(seconds=30), latest_start=minute(4)
-    )
-    assert [s.start for s in await collect(core, "order-sessions", found)] == [T0]
-    late = await core.sessions("order-sessions", "alice", earliest_end=minute(5), latest_start=minute(9))
-    assert [s.start for s in await collect(core, "order-sessions", late)] == [minute(5)]
+    found = SessionQuery("order-sessions", "alice", earliest_end=T0 + dt.timedelta(seconds=30), latest_start=minute(4))
+    assert [s.start for s in await core.entries(found)] == [T0]
+    late = SessionQuery("order-sessions", "alice", earliest_end=minute(5), latest_start=minute(9))
+    assert [s.start for s in await core.entries(late)] == [minute(5)]
 
 
 async def test_queries_of_the_wrong_kind_and_bad_bounds_are_400s(bus: FakeBus) -> None:
-    core = FacadeCore(bus)
+    core = Facade(bus)
     with pytest.raises(InvalidParameter, match="kv store"):
-        await core.windows("plain", "k")
+        await core.entries(WindowQuery("plain", "k"))
     with pytest.raises(InvalidParameter, match="window store"):
-        await core.sessions("orders-per-minute", "alice")
+        await core.entries(SessionQuery("orders-per-minute", "alice"))
     with pytest.raises(InvalidParameter):
-        await core.get("orders-per-minute", "alice")
+        await core.get(KeyQuery("orders-per-minute", "alice"))
     with pytest.raises(MalformedRange, match="ISO-8601"):
-        await core.windows("orders-per-minute", "alice", time_from="yesterday")
+        await core.entries(WindowQuery("orders-per-minute", "alice", time_from="yesterday"))
 
 
 @pytest.fixture
 async def client(bus: FakeBus, aiohttp_client):  # type: ignore[no-untyped-def]
-    return await aiohttp_client(build_app(FacadeCore(bus)))
+    return await aiohttp_client(build_app(Facade(bus)))
 
 
 async def test_rest_window_and_session_paths(client) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,1 @@
+"""The ``riqr`` command: ``demo``, ``up``, ``down``, ``run``, ``produce`` (see ``riqr.cli``)."""

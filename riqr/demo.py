@@ -1,0 +1,153 @@
+"""``riqr demo``: the seed-000 food orders on an embedded local Ray and local Spark, served over REST.
+
+It starts a local Ray (with its dashboard), deploys the verticles, runs the food-orders topology, produces
+exactly the seed's records, waits until the stores reflect them, prints the seed's curl commands, and
+serves until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from runtime.config import RuntimeConfig, riqr_home
+from runtime.errors import RiqrError
+from runtime.landing import parse_console_lines, write_records
+
+__all__ = ["run_demo", "SEED_CUSTOMERS", "SEED_ORDERS", "seed_curls", "wait_until", "load_seed"]
+
+# Step 2 of seed 000, verbatim.
+SEED_CUSTOMERS = "1--john\n2--adam\n3--daniel\n4--james\n5--jack\n6--mathew\n7--will"
+SEED_ORDERS = "1--spagety\n2--pizza\n--pasta"
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def seed_curls(base: str) -> list[str]:
+    """The curl commands of seed 000, pointed at ``base``."""
+    return [
+        f"curl {base}/metadata",
+        f"curl {base}/metadata/stores/order-count",
+        f"curl {base}/metadata/stores/order-count/key/1",
+        f"curl {base}/stores/customer-v1-changelog/all",
+        f"curl {base}/stores/customer-v1-changelog/get/2",
+        f"curl '{base}/stores/customer-v1-changelog/range?from=1&to=5'",
+        f"curl {base}/stores/customer-v1-changelog/approximate-num-entries",
+        f"curl {base}/stores/order-count/get/1",
+        f"curl {base}/stores",
+    ]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:
+    """Poll ``condition`` until true; returns the seconds waited, or raises ``TimeoutError``."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        try:
+            if condition():
+                return time.monotonic() - started
+        except RiqrError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout:g}s")
+        time.sleep(interval)
+
+
+def load_seed(home: Path) -> None:
+    """Produce the records of seed 000's step 2 into the landing directories under ``home``."""
+    write_records(home, "customer", parse_console_lines(SEED_CUSTOMERS.splitlines()))
+    write_records(home, "order", parse_console_lines(SEED_ORDERS.splitlines()))
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    home = riqr_home(args.home)
+    namespace = args.namespace
+    for sub in (home / "data" / "customer", home / "data" / "order", home / "checkpoints" / namespace):
+        if sub.exists():
+            shutil.rmtree(sub)
+    _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
+
+    import ray
+
+    from runtime.client import connect
+    from topologies import food_orders
+    from topologies.options import TopologyOptions
+    from topologies.spark import spark_session
+    from verticles import deploy
+
+    _say("[riqr demo] starting a local Ray cluster with its dashboard ...")
+    ctx = ray.init(namespace=namespace, include_dashboard=True, log_to_driver=False, configure_logging=False)
+    queries: list[Any] = []
+    spark = None
+    try:
+        config = RuntimeConfig(
+            namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost"
+        )
+        try:
+            deployment = deploy.up(config)
+        except (RiqrError, RuntimeError) as err:
+            _say(f"[riqr demo] could not start the REST API: {err}")
+            return 2
+        base = f"http://localhost:{deployment.endpoints[0].port}"
+        _say(f"[riqr demo] verticles up; REST API at {base}; Ray dashboard at http://{ctx.dashboard_url}")
+        _say("[riqr demo] starting Spark and the food-orders topology ...")
+        spark = spark_session(app_name="riqr-demo")
+        queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
+        load_seed(home)
+        _say("[riqr demo] seed-000 records produced; waiting for the stores to reflect them ...")
+        client = connect(namespace)
+        customers, orders = client.store(food_orders.CUSTOMER_STORE), client.store(food_orders.ORDER_COUNT_STORE)
+        wait_until(
+            lambda: customers.approximate_num_entries() == 7 and orders.approximate_num_entries() == 3,
+            timeout=args.ready_timeout,
+            what="the seed data showing up in the stores",
+        )
+        _say(f"[riqr demo] ready in {time.monotonic() - started:.1f}s. Try:\n")
+        print("\n".join("  " + c for c in seed_curls(base)), flush=True)
+        _say(
+            "\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order"
+            + ("" if args.home is None else f" --home {home}")
+            + "\n\n[riqr demo] serving until Ctrl-C"
+        )
+        _serve_until_interrupted(queries)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _say("[riqr demo] shutting down ...")
+        for q in queries:
+            with contextlib.suppress(Exception):
+                q.stop()
+        if spark is not None:
+            spark.stop()
+        try:
+            deploy.down(namespace)
+        finally:
+            ray.shutdown()
+        _say("[riqr demo] stopped")
+
+
+def _serve_until_interrupted(queries: Sequence[Any]) -> None:
+    """Block until Ctrl-C or SIGTERM; raise if a streaming query dies."""
+    stop = {"now": False}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop["now"]:
+        for q in queries:
+            if not q.isActive:
+                raise RuntimeError(f"streaming query {q.name} stopped: {q.exception()}")
+        time.sleep(0.5)

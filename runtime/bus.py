@@ -1,0 +1,43 @@
+"""The bus, as the facade sees it: two small protocols with a Ray adapter (``verticles.bus``) and
+in-process fakes for unit tests. Nothing here imports Ray.
+
+Owners raise riqr's errors; the Ray adapter translates Ray's own failures through ``runtime.raycalls``,
+so a facade handles ``RiqrError`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from runtime.ownership import ClusterView
+from runtime.scan import Scan
+
+__all__ = ["OwnerClient", "Bus"]
+
+
+class OwnerClient(Protocol):
+    """How a facade calls one query actor."""
+
+    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
+        """One answer per ``(partition, key)``: the packed value or None. ``PartitionUnavailable`` (with
+        the ``partitions`` it concerns) if any of those partitions cannot answer."""
+        ...
+
+    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
+        """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order."""
+        ...
+
+    async def count(self, partitions: Sequence[int]) -> int:
+        """How many keys ``partitions`` hold."""
+        ...
+
+
+class Bus(Protocol):
+    """How a facade reaches the registry and the query actors."""
+
+    async def fetch_view(self) -> ClusterView: ...
+
+    async def fetch_epoch(self) -> int: ...
+
+    def owner(self, uuid: str) -> OwnerClient: ...

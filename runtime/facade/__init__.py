@@ -1,0 +1,125 @@
+"""The facade: resolves owners from the cached view, routes key queries, scatter-gathers scans.
+
+One facade serves each caller-facing verticle: inside every HTTP verticle (the co-located facade) and in
+the per-node facade verticle for Python callers. Its parts, each in its own module:
+
+* ``view``: the cached ``ClusterView`` and its refresh;
+* ``routing``: a key's owner, coalesced lookups, the request deadline;
+* ``scatter``: scans, pages, streams and counts over all owners, merged in key order;
+* ``metadata``: the seed-000 metadata answers and the catalog.
+
+Each public method takes a query value (``runtime.queries``) built at the edge, binds it against the
+store's schema here, where the schema already is, and answers in one call. Nothing here imports Ray: it
+reaches the cluster through the ``Bus`` protocol (``runtime.bus``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from runtime.bus import Bus
+from runtime.codec import decode_value
+from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
+from runtime.cursor import decode_cursor
+from runtime.facade import metadata
+from runtime.facade.routing import KeyRouter, route_or_unavailable
+from runtime.facade.scatter import ScatterGather
+from runtime.facade.view import ViewCache
+from runtime.ownership import ClusterView, OwnershipTable
+from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key
+from runtime.scan import Scan
+from runtime.windows import require_kind
+
+__all__ = ["Facade"]
+
+
+class Facade:
+    """Routing and scatter-gather over a cached ``ClusterView``, one method per kind of query."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        refresh_interval: float = VIEW_REFRESH_INTERVAL,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        max_page: int = MAX_PAGE,
+    ) -> None:
+        self.views = ViewCache(bus, refresh_interval=refresh_interval)
+        self.router = KeyRouter(bus, self.views, timeout=timeout)
+        self.scatter = ScatterGather(bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page)
+
+    @property
+    def view(self) -> ClusterView:
+        return self.views.current
+
+    async def start(self) -> None:
+        """Load the cluster view and keep it fresh."""
+        await self.views.start()
+
+    async def stop(self) -> None:
+        await self.views.stop()
+
+    async def table(self, store: str) -> OwnershipTable:
+        """The ownership table of ``store`` (``StoreNotFound`` if unknown)."""
+        return await self.views.table(store)
+
+    # -- key queries ----------------------------------------------------------------------------------
+
+    async def get(self, query: KeyQuery) -> Any:
+        """The value of a key-value store's key; ``KeyNotFound`` when absent."""
+        table = await self.views.table(query.store)
+        require_kind(table.spec, "kv")
+        raw = await self.router.get(table.spec, table, bind_key(table.spec, query.key))
+        return decode_value(raw)
+
+    # -- scans ----------------------------------------------------------------------------------------
+
+    async def _bind(self, query: ScanQuery, cursor: str | None = None) -> tuple[OwnershipTable, Scan]:
+        table = await self.views.table(query.store)
+        scan = query.bind(table.spec)  # validates the query even when a cursor continues it
+        return table, scan if cursor is None else decode_cursor(query.store, cursor)
+
+    async def entries(self, query: ScanQuery) -> list[Any]:
+        """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries."""
+        table, scan = await self._bind(query)
+        return await self.scatter.collect(table, scan)
+
+    async def page(self, query: ScanQuery, request: PageRequest) -> Page:
+        """One page of a scan and the cursor of the next (None after the last page)."""
+        table, scan = await self._bind(query, request.cursor)
+        return await self.scatter.page(table, scan, request.limit)
+
+    async def stream(self, query: ScanQuery, cursor: str | None = None) -> AsyncGenerator[list[Any], None]:
+        """Every entry of a scan as chunks, with memory flat whatever the size (NDJSON, ``iterate``)."""
+        table, scan = await self._bind(query, cursor)
+        chunks = self.scatter.stream(table, scan)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def count(self, store: str) -> int:
+        """``approximate-num-entries``: the number of keys over all partitions."""
+        return await self.scatter.count(await self.views.table(store))
+
+    # -- metadata and catalog -------------------------------------------------------------------------
+
+    async def catalog(self) -> list[dict[str, Any]]:
+        return metadata.catalog(await self.views.loaded())
+
+    async def metadata(self) -> list[dict[str, Any]]:
+        """Every query actor as a seed-000 instance."""
+        return metadata.instances(await self.views.loaded())
+
+    async def metadata_for_store(self, store: str) -> list[dict[str, Any]]:
+        await self.views.table(store)
+        return metadata.instances(self.views.current, store)
+
+    async def metadata_for_key(self, query: KeyQuery) -> dict[str, Any]:
+        """The instance that owns the key's partition, whether or not the key is present."""
+        table = await self.views.table(query.store)
+        route = route_or_unavailable(table, bind_partition_key(table.spec, query.key))
+        return metadata.owner_of(self.views.current, table, route)

@@ -1,0 +1,154 @@
+"""Scatter-gather: a scan over every owner of a store, merged in key order; pages, streams and counts.
+
+Owners answer one page of a ``Scan`` per call; the facade keeps one page per owner plus one prefetched,
+and merges them in chunks (``runtime.merge.merge_pages_async``), so memory stays flat whatever the size
+of the result. Every page call has the request deadline; a stream as a whole has none. A scan is all or
+nothing: if any partition has no owner the answer is a 503 listing them, never a partial result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from runtime.bus import Bus
+from runtime.catalog import StoreSpec
+from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE
+from runtime.cursor import encode_cursor
+from runtime.deadline import Deadline, within
+from runtime.errors import OwnerUnavailable, PartitionUnavailable
+from runtime.facade.view import ViewCache
+from runtime.merge import merge_pages_async, sum_counts
+from runtime.ownership import OwnershipTable
+from runtime.queries import Page, check_limit
+from runtime.scan import Scan
+from runtime.windows import present
+
+__all__ = ["ScatterGather", "owners_or_unavailable"]
+
+RawEntry = tuple[Any, bytes]
+
+
+def owners_or_unavailable(table: OwnershipTable) -> dict[str, list[int]]:
+    """Owner uuid -> its partitions, or ``PartitionUnavailable`` if any partition has no owner."""
+    missing = table.unassigned()
+    if missing:
+        raise PartitionUnavailable(
+            f"partitions {missing} of store {table.spec.name} have no owner right now; a partial answer "
+            "would be wrong, so none is given",
+            store=table.spec.name,
+            partitions=missing,
+        )
+    return table.by_owner()
+
+
+class ScatterGather:
+    """Scans, pages, streams and counts over all owners of a store."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        views: ViewCache,
+        *,
+        timeout: float,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        max_page: int = MAX_PAGE,
+    ) -> None:
+        self._bus = bus
+        self._views = views
+        self.timeout = timeout
+        self.page_size = page_size
+        self.max_page = max_page
+
+    async def _call(self, awaitable: Any, what: str) -> Any:
+        try:
+            return await within(Deadline.after(self.timeout), awaitable, what)
+        except OwnerUnavailable:
+            self._views.refresh_soon()
+            raise
+
+    async def _owner_pages(
+        self, uuid: str, partitions: list[int], scan: Scan, page_size: int
+    ) -> AsyncGenerator[list[RawEntry], None]:
+        """One owner's part of a scan, a page at a time, with the next page fetched while one is used."""
+        owner = self._bus.owner(uuid)
+        what = f"scan page from {uuid}"
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Future[Any] | None = loop.create_task(
+            self._call(owner.scan(partitions, scan, page_size), what)
+        )
+        try:
+            while pending is not None:
+                page = list(await pending)
+                pending = None
+                if len(page) == page_size:
+                    scan = scan.after(page[-1][0])
+                    pending = loop.create_task(self._call(owner.scan(partitions, scan, page_size), what))
+                yield page
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+
+    async def raw_chunks(
+        self, table: OwnershipTable, scan: Scan, page_size: int | None = None
+    ) -> AsyncGenerator[list[RawEntry], None]:
+        """The internal ``(key, packed value)`` entries of ``scan`` over all partitions, in order, as chunks."""
+        if scan.is_empty():
+            return
+        size = page_size or self.page_size
+        sources = [self._owner_pages(u, p, scan, size) for u, p in owners_or_unavailable(table).items()]
+        try:
+            async for chunk in merge_pages_async(sources, reverse=scan.reverse):
+                yield chunk
+        finally:
+            for source in sources:
+                await source.aclose()
+
+    async def stream(self, table: OwnershipTable, scan: Scan) -> AsyncGenerator[list[Any], None]:
+        """The entries of ``scan`` as callers see them (``runtime.windows.present``), in chunks."""
+        spec = table.spec
+        chunks = self.raw_chunks(table, scan)
+        try:
+            async for chunk in chunks:
+                yield [present(spec, k, v) for k, v in chunk]
+        finally:
+            await chunks.aclose()
+
+    async def _collect_raw(self, table: OwnershipTable, scan: Scan, limit: int | None) -> list[RawEntry]:
+        out: list[RawEntry] = []
+        page_size = self.page_size if limit is None else min(self.page_size, limit)
+        chunks = self.raw_chunks(table, scan, page_size)
+        try:
+            async for chunk in chunks:
+                out.extend(chunk)
+                if limit is not None and len(out) >= limit:
+                    del out[limit:]
+                    break
+        finally:
+            await chunks.aclose()
+        return out
+
+    async def collect(self, table: OwnershipTable, scan: Scan) -> list[Any]:
+        """Every entry of ``scan``, as callers see them."""
+        spec = table.spec
+        return [present(spec, k, v) for k, v in await self._collect_raw(table, scan, None)]
+
+    async def page(self, table: OwnershipTable, scan: Scan, limit: int | None) -> Page:
+        """At most ``limit`` entries of ``scan`` (default: the page size) and the cursor of the next page."""
+        limit = check_limit(self.page_size if limit is None else limit, self.max_page)
+        spec: StoreSpec = table.spec
+        entries = await self._collect_raw(table, scan, limit + 1)
+        more = len(entries) > limit
+        entries = entries[:limit]
+        shown = [present(spec, k, v) for k, v in entries]
+        return Page(shown, encode_cursor(spec.name, scan, entries[-1][0]) if more else None)
+
+    async def count(self, table: OwnershipTable) -> int:
+        """The number of entries over all partitions (owners hold disjoint partitions, so counts add)."""
+        owners = owners_or_unavailable(table)
+
+        async def gather() -> list[int]:
+            return list(await asyncio.gather(*(self._bus.owner(u).count(p) for u, p in owners.items())))
+
+        return sum_counts(await self._call(gather(), f"count of {table.spec.name}"))

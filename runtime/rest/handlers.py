@@ -1,0 +1,177 @@
+"""The REST handlers: each builds a query value from the path and parameters and asks the facade once.
+
+Keys stay percent-encoded (``UrlKey``) until the facade, which knows the store's key schema, splits a
+composite key on '/' and decodes each component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote_plus
+
+from aiohttp import web
+
+from runtime.errors import InvalidParameter
+from runtime.facade import Facade
+from runtime.queries import KeyQuery, PageRequest, RangeQuery, ScanQuery, SessionQuery, UrlKey, WindowQuery
+from runtime.rest.render import entries_json, reply, stream_ndjson, wants_ndjson
+
+__all__ = [
+    "FACADE",
+    "metadata",
+    "metadata_for_store",
+    "metadata_for_key",
+    "catalog",
+    "get_key",
+    "all_entries",
+    "range_entries",
+    "prefix_entries",
+    "windows_of_key",
+    "windows_of_range",
+    "sessions_of_key",
+    "sessions_of_range",
+    "approximate_num_entries",
+]
+
+FACADE: web.AppKey[Facade] = web.AppKey("riqr.facade", Facade)
+
+_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
+
+
+def _facade(request: web.Request) -> Facade:
+    return request.app[FACADE]
+
+
+def _store(request: web.Request) -> str:
+    return request.match_info["store"]
+
+
+def _path_key(request: web.Request, skip: int) -> UrlKey:
+    """The still-encoded path after its first ``skip`` segments (the key part of the URL)."""
+    parts = request.rel_url.raw_path.split("/", skip + 1)
+    return UrlKey(parts[skip + 1] if len(parts) > skip + 1 else "")
+
+
+def _query_key(request: web.Request, name: str) -> UrlKey | None:
+    """A query parameter's still-encoded value (the last one if repeated), or None."""
+    found = None
+    for pair in request.rel_url.raw_query_string.split("&"):
+        key, _, value = pair.partition("=")
+        if unquote_plus(key) == name:
+            found = value
+    return None if found is None else UrlKey(found, in_query=True)
+
+
+def _bool_param(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    if raw.lower() in _TRUE or raw == "":
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise InvalidParameter(f"{name} must be true or false, got {raw!r}", parameter=name)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidParameter(f"{name} must be an integer, got {raw!r}", parameter=name) from None
+
+
+async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamResponse:
+    """Answer a scan: an NDJSON stream if asked, one page if ``limit``/``cursor`` given, else all at once."""
+    facade = _facade(request)
+    limit = _int_param(request, "limit")
+    cursor = request.query.get("cursor")
+    if wants_ndjson(request):
+        if limit is not None and limit < 1:
+            raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
+        return await stream_ndjson(request, facade.stream(query, cursor), limit)
+    if limit is not None or cursor is not None:
+        page = await facade.page(query, PageRequest(limit, cursor))
+        return reply(request, {"result": entries_json(page.entries), "next": page.next})
+    return reply(request, {"result": entries_json(await facade.entries(query))})
+
+
+async def metadata(request: web.Request) -> web.Response:
+    return reply(request, {"result": await _facade(request).metadata()})
+
+
+async def metadata_for_store(request: web.Request) -> web.Response:
+    return reply(request, {"result": await _facade(request).metadata_for_store(_store(request))})
+
+
+async def metadata_for_key(request: web.Request) -> web.Response:
+    query = KeyQuery(_store(request), _path_key(request, 4))
+    return reply(request, {"result": await _facade(request).metadata_for_key(query)})
+
+
+async def catalog(request: web.Request) -> web.Response:
+    return reply(request, {"result": await _facade(request).catalog()})
+
+
+async def get_key(request: web.Request) -> web.Response:
+    query = KeyQuery(_store(request), _path_key(request, 3))
+    return reply(request, {"response": await _facade(request).get(query)})
+
+
+async def all_entries(request: web.Request) -> web.StreamResponse:
+    return await _scan_reply(request, RangeQuery(_store(request), reverse=_bool_param(request, "reverse")))
+
+
+async def range_entries(request: web.Request) -> web.StreamResponse:
+    query = RangeQuery(
+        _store(request),
+        lo=_query_key(request, "from"),
+        hi=_query_key(request, "to"),
+        reverse=_bool_param(request, "reverse"),
+    )
+    return await _scan_reply(request, query)
+
+
+async def prefix_entries(request: web.Request) -> web.StreamResponse:
+    query = RangeQuery(_store(request), prefix=request.match_info["prefix"], reverse=_bool_param(request, "reverse"))
+    return await _scan_reply(request, query)
+
+
+def _window_query(request: web.Request, key: Any = None) -> WindowQuery:
+    q = request.query
+    return WindowQuery(
+        _store(request),
+        key=key,
+        key_from=None if key is not None else _query_key(request, "keyFrom"),
+        key_to=None if key is not None else _query_key(request, "keyTo"),
+        time_from=q.get("from"),
+        time_to=q.get("to"),
+        reverse=_bool_param(request, "reverse"),
+    )
+
+
+async def windows_of_key(request: web.Request) -> web.StreamResponse:
+    return await _scan_reply(request, _window_query(request, _path_key(request, 3)))
+
+
+async def windows_of_range(request: web.Request) -> web.StreamResponse:
+    return await _scan_reply(request, _window_query(request))
+
+
+async def sessions_of_key(request: web.Request) -> web.StreamResponse:
+    q = request.query
+    query = SessionQuery(
+        _store(request), key=_path_key(request, 3), earliest_end=q.get("earliestEnd"), latest_start=q.get("latestStart")
+    )
+    return await _scan_reply(request, query)
+
+
+async def sessions_of_range(request: web.Request) -> web.StreamResponse:
+    query = SessionQuery(_store(request), key_from=_query_key(request, "keyFrom"), key_to=_query_key(request, "keyTo"))
+    return await _scan_reply(request, query)
+
+
+async def approximate_num_entries(request: web.Request) -> web.Response:
+    return reply(request, {"result": await _facade(request).count(_store(request))})

@@ -1,0 +1,178 @@
+"""The verticles' own logic, driven without Ray through a fake of what they get from it (``verticles.env``):
+the registry creating stores and rebuilding after a restart, a query actor coming back after a restart,
+the HTTP verticle serving, registering, and serving again on its old port after a restart."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+
+from runtime.catalog import StoreSpec
+from runtime.errors import PartitionUnavailable, StoreConflict
+from runtime.ownership import ActorInfo, Endpoint
+from tests.unit.fakes import FakeBus, kv_spec
+from verticles.http import HttpVerticle
+from verticles.query import QueryVerticle
+from verticles.registry import Registry
+
+
+class FakeEnv:
+    """Node facts, registry link and cluster operations, in memory."""
+
+    def __init__(self, *, restarted: bool = False, nodes: Sequence[str] = ("node-a", "node-b")) -> None:
+        self._restarted = restarted
+        self.nodes = list(nodes)
+        self.started: list[tuple[str, tuple[int, ...], str | None]] = []
+        self.killed: list[str] = []
+        self.moves: list[tuple[str, str, str]] = []
+        self.endpoints: dict[str, Endpoint] = {}
+        self.infos: list[dict[str, Any]] = []
+
+    def node_id(self) -> str:
+        return "node-a"
+
+    def node_ip(self) -> str:
+        return "10.0.0.1"
+
+    def restarted(self) -> bool:
+        return self._restarted
+
+    def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
+        self.moves.append((uuid, node_id, node_ip))
+
+    async def endpoint_of(self, node_id: str) -> Endpoint | None:
+        return self.endpoints.get(node_id)
+
+    async def register_endpoint(self, endpoint: Endpoint) -> None:
+        self.endpoints[endpoint.node_id] = endpoint
+
+    async def unregister_endpoint(self, node_id: str) -> None:
+        self.endpoints.pop(node_id, None)
+
+    def alive_nodes(self) -> list[str]:
+        return list(self.nodes)
+
+    def start_query_actors(
+        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
+    ) -> list[ActorInfo]:
+        out = []
+        for uuid, partitions, node in members:
+            self.started.append((uuid, tuple(partitions), node))
+            out.append(ActorInfo(uuid, spec.name, node or "node-a", "10.0.0.9", tuple(partitions)))
+        return out
+
+    def query_actor_infos(self) -> list[dict[str, Any]]:
+        return list(self.infos)
+
+    def http_endpoints(self) -> list[Endpoint]:
+        return list(self.endpoints.values())
+
+    def kill(self, names: Sequence[str]) -> None:
+        self.killed.extend(names)
+
+
+def uuids() -> Any:
+    counter = iter(range(1, 1000))
+    return lambda: f"00000000-0000-4000-8000-{next(counter):012d}"
+
+
+def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2))
+    assert env.started == [
+        ("00000000-0000-4000-8000-000000000001", (0, 2), "node-a"),
+        ("00000000-0000-4000-8000-000000000002", (1, 3), "node-b"),
+    ]
+    assert view.table("s") is not None and view.table("s").unassigned() == []  # type: ignore[union-attr]
+    epoch = registry.epoch()
+    assert registry.create_store(kv_spec("s", partitions=4, actors=2)).epoch == epoch  # idempotent
+    assert len(env.started) == 2
+    with pytest.raises(StoreConflict):
+        registry.create_store(kv_spec("s", partitions=8, actors=2))
+    assert registry.drop_store("s") == [u for u, _, _ in env.started]
+    assert env.killed == [u for u, _, _ in env.started]
+
+
+def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles() -> None:
+    spec = kv_spec("s", partitions=4, actors=2)
+    lost = kv_spec("lost", partitions=4, actors=2)
+    env = FakeEnv(restarted=True)
+    env.infos = [
+        {"uuid": "u2", "spec": spec, "partitions": [1, 3], "node_id": "node-b", "node_ip": "10.0.0.2"},
+        {"uuid": "u1", "spec": spec, "partitions": [0, 2], "node_id": "node-a", "node_ip": "10.0.0.1"},
+        # Only one of `lost`'s two actors answered: its table cannot be complete, so it is left out.
+        {"uuid": "u3", "spec": lost, "partitions": [0, 2], "node_id": "node-a", "node_ip": "10.0.0.1"},
+    ]
+    env.endpoints = {"node-a": Endpoint("node-a", "10.0.0.1", 7400)}
+    registry = Registry("ns", env, clock=lambda: 1_700_000_000.5)
+    view = registry.view()
+    assert view.epoch > 1_700_000_000_500  # past any epoch handed out before the restart
+    table = view.table("s")
+    assert table is not None and [o.active for o in table.partitions] == ["u1", "u2", "u1", "u2"]
+    assert view.table("lost") is None
+    assert dict(view.endpoints) == env.endpoints
+    assert view.actors["u2"].node_id == "node-b"
+
+
+def test_a_fresh_query_actor_serves_and_a_restarted_one_says_503_and_reports_where_it_runs() -> None:
+    spec = kv_spec("s", partitions=4, actors=2)
+    fresh = QueryVerticle("u1", spec, [0, 2], FakeEnv())
+    assert fresh.get_many([(0, "k")]) == [None]
+    assert fresh.ready() == {"uuid": "u1", "node_id": "node-a", "node_ip": "10.0.0.1"}
+    env = FakeEnv(restarted=True)
+    restarted = QueryVerticle("u1", spec, [0, 2], env)
+    with pytest.raises(PartitionUnavailable, match="restarted"):
+        restarted.get_many([(0, "k")])
+    assert env.moves == [("u1", "node-a", "10.0.0.1")]
+    assert restarted.info()["partitions"] == [0, 2]
+
+
+def _bus() -> FakeBus:
+    bus = FakeBus()
+    bus.create_store(kv_spec("s"))
+    bus.load("s", {"k": "v"})
+    return bus
+
+
+async def _get(port: int, path: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}") as resp:
+        return resp.status, await resp.json()
+
+
+async def test_the_http_verticle_serves_registers_and_unregisters() -> None:
+    env = FakeEnv()
+    verticle = HttpVerticle(_bus(), env, "127.0.0.1", 0)
+    where = await verticle.start()
+    port = int(where["port"])  # type: ignore[call-overload]
+    assert port > 0 and env.endpoints["node-a"] == Endpoint("node-a", "127.0.0.1", port)
+    assert await verticle.start() == where  # idempotent
+    assert await _get(port, "/stores/s/get/k") == (200, {"response": "v"})
+    await verticle.stop()
+    assert "node-a" not in env.endpoints and await verticle.where() is None
+
+
+async def test_a_restarted_http_verticle_serves_again_on_the_port_its_node_had() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        old_port = probe.getsockname()[1]
+    env = FakeEnv(restarted=True)
+    env.endpoints["node-a"] = Endpoint("node-a", "127.0.0.1", old_port)
+    verticle = HttpVerticle(_bus(), env, "127.0.0.1", 0, restart_backoff=0.01)
+    assert verticle.restarting is not None
+    await verticle.restarting
+    assert verticle.bound_port == old_port
+    assert await _get(old_port, "/stores/s/get/k") == (200, {"response": "v"})
+    await verticle.stop()
+
+
+async def test_the_advertised_host_is_the_nodes_address_when_bound_to_every_interface() -> None:
+    verticle = HttpVerticle(_bus(), FakeEnv(), "0.0.0.0", 0)
+    assert verticle.advertise_host == "10.0.0.1"
+    assert HttpVerticle(_bus(), FakeEnv(), "127.0.0.1", 0, advertise_host="riqr.example").advertise_host == (
+        "riqr.example"
+    )

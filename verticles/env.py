@@ -1,0 +1,78 @@
+"""What a verticle needs from Ray, as protocols, so verticle logic is plain code that unit tests drive
+with fakes. ``verticles.deploy.RayEnv`` is the Ray implementation, and the only one the actors get.
+
+* ``NodeFacts``: where this actor runs and whether Ray restarted it;
+* ``RegistryLink``: the calls a verticle makes to the registry (reporting a move, its endpoint);
+* ``ClusterOps``: what the registry does to the cluster (nodes, creating and finding query actors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from runtime.catalog import StoreSpec
+from runtime.ownership import ActorInfo, Endpoint
+
+__all__ = ["NodeFacts", "RegistryLink", "ClusterOps", "VerticleEnv", "RegistryEnv"]
+
+
+class NodeFacts(Protocol):
+    """Facts about the actor the caller runs in (read inside the actor process)."""
+
+    def node_id(self) -> str: ...
+
+    def node_ip(self) -> str: ...
+
+    def restarted(self) -> bool:
+        """Whether Ray reconstructed this actor after it died (its memory is gone)."""
+        ...
+
+
+class RegistryLink(Protocol):
+    """A verticle's calls to the registry of its namespace."""
+
+    def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
+        """Tell the registry where a restarted query actor now runs (fire and forget)."""
+        ...
+
+    async def endpoint_of(self, node_id: str) -> Endpoint | None:
+        """The HTTP endpoint the registry lists for ``node_id``, if any."""
+        ...
+
+    async def register_endpoint(self, endpoint: Endpoint) -> None: ...
+
+    async def unregister_endpoint(self, node_id: str) -> None: ...
+
+
+class ClusterOps(Protocol):
+    """What the registry does to the cluster."""
+
+    def alive_nodes(self) -> list[str]: ...
+
+    def start_query_actors(
+        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
+    ) -> list[ActorInfo]:
+        """Create a query actor per ``(uuid, partitions, node id or None)`` and wait until each runs;
+        returns where each one runs."""
+        ...
+
+    def query_actor_infos(self) -> list[dict[str, Any]]:
+        """``info()`` of every live query actor of the namespace (a restarted registry rebuilds from them)."""
+        ...
+
+    def http_endpoints(self) -> list[Endpoint]:
+        """Where every serving HTTP verticle of the namespace listens."""
+        ...
+
+    def kill(self, names: Sequence[str]) -> None:
+        """Stop the named actors for good."""
+        ...
+
+
+class VerticleEnv(NodeFacts, RegistryLink, Protocol):
+    """What a query or HTTP verticle gets: its node facts and its link to the registry."""
+
+
+class RegistryEnv(NodeFacts, ClusterOps, Protocol):
+    """What the registry gets: its node facts and its operations on the cluster."""
