@@ -1,0 +1,108 @@
+"""The layering the code relies on: the pure core imports without Ray or Spark, and no module of the
+project imports another that (directly or not) imports it back."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("runtime", "verticles", "topologies", "riqr")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules that ``name`` imports anywhere in its file (function-level imports count too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import mod` names a module when pkg.mod is one; otherwise it imports from pkg.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in modules and t != name)
+    return out
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    modules = project_modules()
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert graph["verticles.deploy"] >= {"verticles.registry", "verticles.query"}  # the graph is really read
+    assert find_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_nothing_imports_the_actor_creation_module() -> None:
+    modules = project_modules()
+    importers = sorted(n for n, p in modules.items() if "verticles.deploy" in imports_of(n, p, modules))
+    assert importers == ["riqr.cli", "riqr.demo"]
+
+
+def test_the_core_imports_without_ray_or_spark() -> None:
+    core = sorted(n for n in project_modules() if n == "runtime" or n.startswith("runtime."))
+    assert "runtime.facade.routing" in core and "runtime.rest.handlers" in core
+    code = (
+        "import importlib, sys\n"
+        f"for name in {core!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in ('ray', 'pyspark') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
