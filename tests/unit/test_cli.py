@@ -1,13 +1,18 @@
 import io
 import json
+import shlex
+from urllib.parse import urlsplit
 
 import pytest
 
-from runtime import cli
+from riqr import cli, demo
+from runtime.facade import Facade
+from runtime.rest import build_app
+from tests.unit.fakes import FakeBus, kv_spec
 
 
 def test_produce_writes_the_seed_records(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("sys.stdin", io.StringIO(cli.SEED_ORDERS + "\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO(demo.SEED_ORDERS + "\n"))
     assert cli.main(["produce", "order", "--home", str(tmp_path)]) == 0
     [path] = list((tmp_path / "data" / "order").iterdir())
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["1", "2", ""]
@@ -27,21 +32,54 @@ def test_produce_reads_riqr_home_from_the_environment(tmp_path, monkeypatch) -> 
     assert len(list((tmp_path / "data" / "customer").iterdir())) == 1
 
 
-def test_seed_curls_cover_every_seed_path() -> None:
-    curls = "\n".join(cli.seed_curls("http://localhost:7400"))
-    for path in [
-        "/metadata",
-        "/metadata/stores/order-count",
-        "/key/1",
-        "/all",
-        "/get/2",
-        "range?from=1&to=5",
-        "approximate-num-entries",
-    ]:
-        assert path in curls
+@pytest.fixture
+async def seeded_app(aiohttp_client):  # type: ignore[no-untyped-def]
+    bus = FakeBus()
+    bus.create_store(kv_spec("customer-v1-changelog"))
+    customers = dict(line.split("--", 1) for line in demo.SEED_CUSTOMERS.splitlines())
+    bus.load("customer-v1-changelog", customers)
+    bus.create_store(kv_spec("order-count"))
+    bus.load("order-count", {"1": 1, "2": 1, "": 1})
+    return await aiohttp_client(build_app(Facade(bus, timeout=1.0)))
+
+
+async def test_every_curl_the_demo_prints_answers_as_the_seed_says(seeded_app) -> None:  # type: ignore[no-untyped-def]
+    answers = {}
+    for command in demo.seed_curls("http://localhost:7400"):
+        words = shlex.split(command)
+        assert words[0] == "curl" and len(words) == 2, command
+        url = urlsplit(words[1])
+        path = url.path + (f"?{url.query}" if url.query else "")
+        resp = await seeded_app.get(path)
+        assert resp.status == 200, (command, await resp.text())
+        answers[path] = await resp.json()
+    assert answers["/stores/customer-v1-changelog/get/2"] == {"response": "adam"}
+    assert [e["key"] for e in answers["/stores/customer-v1-changelog/range?from=1&to=5"]["result"]] == list("12345")
+    assert answers["/stores/customer-v1-changelog/approximate-num-entries"] == {"result": 7}
+    assert answers["/stores/order-count/get/1"] == {"response": 1}
+    assert len(answers["/stores/customer-v1-changelog/all"]["result"]) == 7
+    assert answers["/metadata/stores/order-count/key/1"]["result"]["state-store-names"] == ["order-count"]
+
+
+def test_riqr_run_hands_the_topology_its_own_options() -> None:
+    args = cli.build_parser().parse_args(["run", "railway", "--namespace", "ns", "--partitions", "8"])
+    assert (args.topology, args.options) == ("railway", ["--namespace", "ns", "--partitions", "8"])
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["run", "no-such-topology"])
+    assert exited.value.code == 2
+
+
+def test_riqr_run_help_shows_the_topology_options(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "food_orders_windowed", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: riqr run food_orders_windowed")
+    for option in ["--watermark", "--partitions", "--actors", "--namespace", "--source", "--trigger"]:
+        assert option in out
 
 
 def test_wait_until_returns_or_times_out() -> None:
-    assert cli.wait_until(lambda: True, timeout=1, what="x") >= 0
+    assert demo.wait_until(lambda: True, timeout=1, what="x") >= 0
     with pytest.raises(TimeoutError, match="never"):
-        cli.wait_until(lambda: False, timeout=0.05, what="never", interval=0.01)
+        demo.wait_until(lambda: False, timeout=0.05, what="never", interval=0.01)

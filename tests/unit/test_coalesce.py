@@ -12,12 +12,17 @@ class Recorder:
         self.fail = fail
         self.in_flight = 0
         self.max_seen = 0
+        self.started = asyncio.Event()  # set when a call is in flight
+        self.release: asyncio.Event | None = None  # when set up, calls wait for it before answering
 
     async def send(self, items: list[int]) -> list[int]:
         self.batches.append(list(items))
         self.in_flight += 1
         self.max_seen = max(self.max_seen, self.in_flight)
+        self.started.set()
         try:
+            if self.release is not None:
+                await self.release.wait()
             await asyncio.sleep(self.delay)
             if self.fail is not None:
                 raise self.fail
@@ -42,11 +47,13 @@ async def test_concurrent_requests_share_one_call() -> None:
 
 
 async def test_requests_arriving_while_calls_are_in_flight_form_the_next_batch() -> None:
-    rec = Recorder(delay=0.02)
+    rec = Recorder()
+    rec.release = asyncio.Event()
     c = Coalescer(rec.send, max_in_flight=1)
     first = asyncio.ensure_future(c.submit(0))
-    await asyncio.sleep(0.005)  # the first call is now in flight
+    await rec.started.wait()  # the first call is now in flight, held until released
     rest = [asyncio.ensure_future(c.submit(i)) for i in range(1, 20)]
+    rec.release.set()
     assert await first == 0
     assert await asyncio.gather(*rest) == [i * 10 for i in range(1, 20)]
     assert rec.batches == [[0], list(range(1, 20))]
