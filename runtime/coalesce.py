@@ -37,6 +37,8 @@ class Coalescer(Generic[T, R]):
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._in_flight = 0
         self._scheduled = False
+        # The calls in flight, referenced so none is garbage-collected before it answers its waiters.
+        self._tasks: set[asyncio.Task[None]] = set()
         self.calls = 0  # how many send() calls were made (tests read it)
 
     async def submit(self, item: T) -> R:
@@ -55,7 +57,9 @@ class Coalescer(Generic[T, R]):
             batch = self._pending[: self._max_batch]
             del self._pending[: self._max_batch]
             self._in_flight += 1
-            asyncio.ensure_future(self._run(batch))
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         self.calls += 1
