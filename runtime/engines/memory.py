@@ -105,6 +105,7 @@ class MemoryEngine:
         self._log_size = 0
         self._log_records = 0
         self._log_rows = 0
+        self._closed = False
         if path is not None:
             prepare_directory(self.kind, schema, path)
             self._recover(path)
@@ -146,6 +147,7 @@ class MemoryEngine:
 
     def apply(self, position: Position, rows: Sequence[tuple[Any, bytes | None]]) -> None:
         """Log the rows and the position, then apply them; the last write of a key wins."""
+        self._check_open()
         final = dict(rows)
         for key, value in final.items():
             if not self._fits(key):
@@ -175,10 +177,16 @@ class MemoryEngine:
 
     def reset(self, position: Position) -> None:
         """Drop every row and move to ``position``: an empty snapshot makes that one atomic step."""
+        self._check_open()
         if self.path is not None:
             self._roll(SortedDict(), position)
         self._rows = SortedDict()
         self._position = position
+
+    def _check_open(self) -> None:
+        # Without this, a write after close() would change nothing durable yet look like it succeeded.
+        if self._closed:
+            raise RuntimeError(f"the memory engine at {self.path} is closed")
 
     def _snapshot_due(self) -> bool:
         return self._log_records >= self._snapshot_records or self._log_rows >= max(
@@ -269,6 +277,7 @@ class MemoryEngine:
 
     def close(self) -> None:
         """Close the changelog and drop the rows."""
+        self._closed = True
         self._close_log()
         self._rows = SortedDict()
 

@@ -237,6 +237,13 @@ def test_a_row_that_cannot_be_stored_leaves_the_old_state(opener: Opener) -> Non
     assert engine.position() == P1 and list(engine.scan(Scan())) == [(1, b"1")] and engine.count() == 1
 
 
+def test_a_closed_engine_refuses_writes(opener: Opener) -> None:
+    engine = opener()
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.apply(P1, [("a", b"1")])
+
+
 def test_destroy_deletes_the_directory(opener: Opener) -> None:
     engine = opener()
     engine.apply(P1, [("a", b"1")])
