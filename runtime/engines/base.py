@@ -1,0 +1,188 @@
+"""The contract every partition engine keeps, the position it records, and the factory that opens one.
+
+A partition engine holds the rows of one partition of one store and the position they reflect (the source
+and the last batch id applied). ``apply`` changes rows and position together, atomically: a process killed
+at any instant reopens with either the old rows and position or the new ones. The engine does not decide
+whether a batch is the next one; ``PartitionState`` (the caller) does, from ``position()``.
+
+An engine directory starts with a small manifest (``riqr-engine.json``: engine kind, key schema, format
+version), so a directory is never opened by the wrong engine or read with the wrong key schema: both would
+silently misread the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from runtime.errors import RiqrError
+from runtime.keys import KeySchema
+from runtime.scan import Scan
+
+__all__ = [
+    "Position",
+    "NONE",
+    "PartitionEngine",
+    "EngineMismatch",
+    "EngineCorrupt",
+    "ENGINES",
+    "MANIFEST",
+    "open_engine",
+    "prepare_directory",
+    "new_directory",
+    "write_atomically",
+]
+
+ENGINES = ("memory", "rocksdb")
+MANIFEST = "riqr-engine.json"
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Position:
+    """What a partition reflects: the source (Spark query id) and the last batch id applied (-1: none)."""
+
+    source: str | None
+    batch_id: int
+
+
+NONE = Position(None, -1)
+
+
+class EngineMismatch(RiqrError):
+    """An engine directory was opened with another engine kind or key schema than it was written with."""
+
+    code = "engine-mismatch"
+
+
+class EngineCorrupt(RiqrError):
+    """An engine directory's durable files are damaged beyond the torn tail a crash can leave."""
+
+    code = "engine-corrupt"
+
+
+class PartitionEngine(Protocol):
+    """One partition's rows (internal key -> opaque bytes) and its position.
+
+    Keys are internal keys of the store's ``KeySchema``; scan bounds may be partial tuples ending in ``TOP``.
+    Callers serialise calls; an iterator from ``scan`` is meant to be consumed before the next ``apply``.
+    """
+
+    def get(self, key: Any) -> bytes | None:
+        """The value of ``key``, or None."""
+        ...
+
+    def get_many(self, keys: Sequence[Any]) -> list[bytes | None]:
+        """One value (or None) per key, in order."""
+        ...
+
+    def scan(self, scan: Scan) -> Iterator[tuple[Any, bytes]]:
+        """The entries within the scan's bounds, lazily, in its direction. ``scan.times`` is not applied."""
+        ...
+
+    def count(self) -> int:
+        """The exact number of keys."""
+        ...
+
+    def position(self) -> Position:
+        """The position the rows reflect."""
+        ...
+
+    def apply(self, position: Position, rows: Sequence[tuple[Any, bytes | None]]) -> None:
+        """Upsert and delete (a None value deletes; the last write of a key wins) and move to ``position``,
+        atomically and durably (when the engine has a directory)."""
+        ...
+
+    def reset(self, position: Position) -> None:
+        """Drop every row and move to ``position`` (a new source starts over), atomically."""
+        ...
+
+    def checkpoint(self, dest: Path) -> Position:
+        """Write a point-in-time copy into the new directory ``dest`` (``open_engine`` opens it)."""
+        ...
+
+    def close(self) -> None:
+        """Release files and memory. The engine is unusable afterwards."""
+        ...
+
+    def destroy(self) -> None:
+        """Close and delete the engine's directory."""
+        ...
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old file or the new one, never a torn one."""
+    tmp = path.with_name("." + path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (POSIX needs the directory itself synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _manifest(kind: str, schema: KeySchema) -> dict[str, Any]:
+    return {"format": _FORMAT, "kind": kind, "key": schema.to_json()}
+
+
+def prepare_directory(kind: str, schema: KeySchema, path: Path) -> bool:
+    """Create ``path`` with its manifest, or check the manifest already there. True if it already existed.
+
+    ``EngineMismatch`` if the directory belongs to another kind or key schema, or is not an engine's.
+    """
+    wanted = _manifest(kind, schema)
+    manifest = path / MANIFEST
+    if manifest.exists():
+        found = json.loads(manifest.read_text())
+        if found.get("format") != _FORMAT or found.get("kind") != kind:
+            raise EngineMismatch(
+                f"{path} holds a {found.get('kind')!r} engine (format {found.get('format')}), not {kind!r}",
+                path=str(path),
+            )
+        if found.get("key") != wanted["key"]:
+            raise EngineMismatch(
+                f"{path} was written with key schema {found.get('key')}, not {wanted['key']}", path=str(path)
+            )
+        return True
+    if path.exists() and any(path.iterdir()):
+        raise EngineMismatch(f"{path} is not empty and has no {MANIFEST}: not an engine directory", path=str(path))
+    path.mkdir(parents=True, exist_ok=True)
+    # The manifest comes first: files an engine writes later are only ever read after it was checked.
+    write_atomically(manifest, json.dumps(wanted, sort_keys=True).encode())
+    return False
+
+
+def new_directory(kind: str, schema: KeySchema, dest: Path) -> None:
+    """Create ``dest`` (absent or empty) as an engine directory for a checkpoint; never reuse a full one."""
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"checkpoint destination {dest} is not empty")
+    prepare_directory(kind, schema, dest)
+
+
+def open_engine(kind: str, schema: KeySchema, path: Path | None, **options: Any) -> PartitionEngine:
+    """Open (or create) a partition engine. ``kind`` is one of ``ENGINES``; ``path`` None is only for the
+    memory engine and means not durable (tests, benchmarks). ``options`` go to the engine's constructor."""
+    if kind == "memory":
+        from runtime.engines.memory import MemoryEngine
+
+        return MemoryEngine(schema, path, **options)
+    if kind == "rocksdb":
+        if path is None:
+            raise ValueError("the rocksdb engine needs a directory")
+        from runtime.engines.rocks import RocksEngine
+
+        return RocksEngine(schema, path, **options)
+    raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINES)}")
