@@ -31,7 +31,6 @@ __all__ = [
     "EngineCorrupt",
     "ENGINES",
     "MANIFEST",
-    "open_engine",
     "prepare_directory",
     "new_directory",
     "write_atomically",
@@ -170,19 +169,3 @@ def new_directory(kind: str, schema: KeySchema, dest: Path) -> None:
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"checkpoint destination {dest} is not empty")
     prepare_directory(kind, schema, dest)
-
-
-def open_engine(kind: str, schema: KeySchema, path: Path | None, **options: Any) -> PartitionEngine:
-    """Open (or create) a partition engine. ``kind`` is one of ``ENGINES``; ``path`` None is only for the
-    memory engine and means not durable (tests, benchmarks). ``options`` go to the engine's constructor."""
-    if kind == "memory":
-        from runtime.engines.memory import MemoryEngine
-
-        return MemoryEngine(schema, path, **options)
-    if kind == "rocksdb":
-        if path is None:
-            raise ValueError("the rocksdb engine needs a directory")
-        from runtime.engines.rocks import RocksEngine
-
-        return RocksEngine(schema, path, **options)
-    raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINES)}")
