@@ -28,6 +28,8 @@ __all__ = [
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
+    "Unauthorized",
+    "Forbidden",
 ]
 
 
@@ -168,3 +170,25 @@ class NotConnected(RiqrError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": "5"}
+
+
+class Unauthorized(RiqrError):
+    """The request carries no usable credentials: no bearer token, or one that does not verify.
+
+    The message says only what a client needs to fix its request ("missing bearer token", "invalid
+    token", "token expired"), never which check failed nor the token itself.
+    """
+
+    status = 401
+    code = "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        # RFC 7235 requires a challenge on every 401; RFC 6750 names the scheme.
+        return {"WWW-Authenticate": 'Bearer realm="riqr"'}
+
+
+class Forbidden(RiqrError):
+    """The caller is known but may not read what it asked for (a store outside its token or its ACL)."""
+
+    status = 403
+    code = "forbidden"
