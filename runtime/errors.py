@@ -29,6 +29,8 @@ __all__ = [
     "SchemaError",
     "NotConnected",
     "InternalError",
+    "Unauthorized",
+    "Forbidden",
 ]
 
 
@@ -176,3 +178,25 @@ class InternalError(RiqrError):
 
     status = 500
     code = "internal"
+
+
+class Unauthorized(RiqrError):
+    """The request carries no usable credentials: no bearer token, or one that does not verify.
+
+    The message says only what a client needs to fix its request ("missing bearer token", "invalid
+    token", "token expired"), never which check failed nor the token itself.
+    """
+
+    status = 401
+    code = "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        # RFC 7235 requires a challenge on every 401; RFC 6750 names the scheme.
+        return {"WWW-Authenticate": 'Bearer realm="riqr"'}
+
+
+class Forbidden(RiqrError):
+    """The caller is known but may not read what it asked for (a store outside its token or its ACL)."""
+
+    status = 403
+    code = "forbidden"

@@ -4,10 +4,20 @@ A topic is a directory ``<home>/data/<topic>/`` of JSON-lines files; each line i
 ``{"key": str|null, "value": str|null, "ts": epoch millis, "seq": n}``. ``ts`` and ``seq`` order records
 the way a Kafka partition's offsets do, so "latest value per key" is well defined even within one file.
 Files are written under a hidden name and renamed into place, so Spark's file source never sees half a
-file (it skips names starting with ``.`` or ``_``).
+file (it skips names starting with ``.`` or ``_``). A failed or interrupted write removes its hidden file;
+only a hard kill (SIGKILL, power loss) can leave one behind, and Spark never reads it.
 
 ``parse_console_lines`` reads the ``kafka-console-producer`` input format of seed 000: ``key--value``
-lines (``parse.key=true``, ``key.separator=--``).
+lines (``parse.key=true``, ``key.separator=--``). ``parse_console_bytes`` does the same on raw bytes
+(what ``riqr produce`` reads from stdin) and rejects input that is not UTF-8 with the line and byte
+offset of the first bad byte, so nothing is written and nobody gets a traceback.
+
+Malformed lines in landing files. ``riqr produce`` only writes well-formed lines, but a landing
+directory is a plain directory: a hand-edited file, a foreign writer or a disk error can put a line there
+that is not JSON, or JSON of the wrong shape (``"ts": "yesterday"``). Such a line does not stop any
+topology and is not dropped silently: the file source reads in Spark's PERMISSIVE mode and routes it,
+with its raw text and a reason, to the topic's dead letters ``<home>/deadletter/<topic>/`` (see
+``topologies.deadletter``). The well-formed lines of the same file are processed as usual.
 """
 
 from __future__ import annotations
@@ -23,7 +33,14 @@ from pathlib import Path
 
 from runtime.errors import BadRequest
 
-__all__ = ["Record", "topic_dir", "parse_console_lines", "write_records", "TOPIC_PATTERN"]
+__all__ = [
+    "Record",
+    "topic_dir",
+    "parse_console_lines",
+    "parse_console_bytes",
+    "write_records",
+    "TOPIC_PATTERN",
+]
 
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -73,8 +90,43 @@ def parse_console_lines(
     return records
 
 
+def parse_console_bytes(data: bytes, separator: str = "--", *, split_escaped_newlines: bool = True) -> list[Record]:
+    """``parse_console_lines`` over raw bytes (``riqr produce``'s stdin); the whole input is rejected if bad.
+
+    Input that is not UTF-8 is a ``BadRequest`` naming the line and the byte offset (from the start of the
+    input, 0-based) of the first bad byte. Lines end at ``\\n`` (a ``\\r`` before it is dropped), as
+    ``kafka-console-producer`` reads them; a leading UTF-8 byte-order mark, as some editors write, is
+    not part of the first key.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise BadRequest(
+            f"line {line}: input is not valid UTF-8 (byte offset {exc.start}); no record was taken",
+            line=line,
+            offset=exc.start,
+        ) from None
+    text = text.removeprefix("\ufeff")
+    return parse_console_lines(text.split("\n"), separator, split_escaped_newlines=split_escaped_newlines)
+
+
+def _encode(seq: int, record: Record, now: int) -> bytes:
+    ts = now if record.ts is None else record.ts
+    line = json.dumps({"key": record.key, "value": record.value, "ts": ts, "seq": seq}, ensure_ascii=False)
+    try:
+        return line.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        # Lone surrogates (text decoded with surrogateescape, for one) have no UTF-8 form.
+        raise BadRequest(f"record {seq + 1} is not encodable as UTF-8; nothing was written", record=seq + 1) from None
+
+
 def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | None:
-    """Append ``records`` to ``topic`` as one new file, atomically. Returns the file, or None if empty."""
+    """Append ``records`` to ``topic`` as one new file, atomically. Returns the file, or None if empty.
+
+    On any failure (a record that cannot be encoded, a full disk, Ctrl-C) the hidden temporary file is
+    removed and nothing appears in the topic.
+    """
     if not records:
         return None
     directory = topic_dir(home, topic)
@@ -82,13 +134,15 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
     now = int(time.time() * 1000)
     name = f"{now:015d}-{uuid.uuid4().hex[:12]}.json"
     tmp = directory / f".{name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
-        for seq, record in enumerate(records):
-            ts = now if record.ts is None else record.ts
-            out.write(json.dumps({"key": record.key, "value": record.value, "ts": ts, "seq": seq}, ensure_ascii=False))
-            out.write("\n")
-        out.flush()
-        os.fsync(out.fileno())
     final = directory / name
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "xb") as out:
+            for seq, record in enumerate(records):
+                out.write(_encode(seq, record, now))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, final)
+    finally:
+        # After a successful rename there is nothing left to remove; after a failure, the partial file.
+        tmp.unlink(missing_ok=True)
     return final

@@ -35,12 +35,14 @@ def aggregate_events(events: Any) -> Any:
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
+    """Start the query, then its dead-letter query (for malformed landing lines)."""
     from topologies.sink import materialize
-    from topologies.sources import read_topic
 
-    aggregates = aggregate_events(read_topic(spark, home, "event", options.source))
+    events, rejects = options.read(spark, home, "event")
+    aggregates = aggregate_events(events)
     sink = options.sink(home, EVENT_AGGREGATES_STORE)
-    return [materialize(aggregates, store=EVENT_AGGREGATES_STORE, key="key", value=["events", "latest"], **sink)]
+    query = materialize(aggregates, store=EVENT_AGGREGATES_STORE, key="key", value=["events", "latest"], **sink)
+    return [query, *options.dead_letters(home, "event", EVENT_AGGREGATES_STORE, rejects)]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -73,30 +73,46 @@ def order_counts(orders: Any, customers: Any) -> Any:
     return enriched.groupBy("key").agg(F.count(F.lit(1)).alias("count"))
 
 
-def start_customers(spark: Any, home: Path, options: TopologyOptions) -> Any:
-    """The query feeding ``customer-v1-changelog``."""
+def _customers(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, list[Any]]:
     from topologies.sink import materialize
-    from topologies.sources import read_topic
 
-    customers = latest_by_key(read_topic(spark, home, "customer", options.source))
-    return materialize(customers, store=CUSTOMER_STORE, key="key", value="value", **options.sink(home, CUSTOMER_STORE))
+    records, rejects = options.read(spark, home, "customer")
+    customers = latest_by_key(records)
+    sink = options.sink(home, CUSTOMER_STORE)
+    query = materialize(customers, store=CUSTOMER_STORE, key="key", value="value", **sink)
+    return query, options.dead_letters(home, "customer", CUSTOMER_STORE, rejects)
+
+
+def _order_counts(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, list[Any]]:
+    from topologies.sink import materialize
+    from topologies.sources import read_topic_batch
+
+    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source))
+    orders, rejects = options.read(spark, home, "order")
+    counts = order_counts(orders, snapshot)
+    sink = options.sink(home, ORDER_COUNT_STORE)
+    query = materialize(counts, store=ORDER_COUNT_STORE, key="key", value="count", **sink)
+    return query, options.dead_letters(home, "order", ORDER_COUNT_STORE, rejects)
+
+
+def start_customers(spark: Any, home: Path, options: TopologyOptions) -> Any:
+    """The query feeding ``customer-v1-changelog``.
+
+    Its dead-letter query runs alongside until the Spark session stops; starting this again reuses it.
+    """
+    return _customers(spark, home, options)[0]
 
 
 def start_order_counts(spark: Any, home: Path, options: TopologyOptions) -> Any:
-    """The query feeding ``order-count``."""
-    from topologies.sink import materialize
-    from topologies.sources import read_topic, read_topic_batch
-
-    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source))
-    counts = order_counts(read_topic(spark, home, "order", options.source), snapshot)
-    return materialize(
-        counts, store=ORDER_COUNT_STORE, key="key", value="count", **options.sink(home, ORDER_COUNT_STORE)
-    )
+    """The query feeding ``order-count`` (its dead-letter query as for ``start_customers``)."""
+    return _order_counts(spark, home, options)[0]
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
-    """Start the two streaming queries; returns them (customer store first)."""
-    return [start_customers(spark, home, options), start_order_counts(spark, home, options)]
+    """Start the two streaming queries; returns them (customer store first), then their dead-letter queries."""
+    customers, customer_rejects = _customers(spark, home, options)
+    counts, order_rejects = _order_counts(spark, home, options)
+    return [customers, counts, *customer_rejects, *order_rejects]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -63,15 +63,18 @@ def order_sessions(orders: Any, *, gap: str = "30 seconds", watermark: str) -> A
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS, *, watermark: str = "10 seconds") -> list[Any]:
-    """Start both queries; returns them (window store first)."""
+    """Start both queries; returns them (window store first), then their dead-letter queries."""
     from topologies.sink import materialize
-    from topologies.sources import read_topic
 
-    def orders() -> Any:
-        return read_topic(spark, home, "order", options.source)
+    dead_letters: list[Any] = []
+
+    def orders(consumer: str) -> Any:
+        records, rejects = options.read(spark, home, "order")
+        dead_letters.extend(options.dead_letters(home, "order", consumer, rejects))
+        return records
 
     windows = materialize(
-        orders_per_window(orders(), watermark=watermark),
+        orders_per_window(orders(ORDERS_PER_MINUTE_STORE), watermark=watermark),
         store=ORDERS_PER_MINUTE_STORE,
         key="key",
         value="orders",
@@ -79,14 +82,14 @@ def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS, *, waterm
         **options.sink(home, ORDERS_PER_MINUTE_STORE),
     )
     sessions = materialize(
-        order_sessions(orders(), watermark=watermark),
+        order_sessions(orders(ORDER_SESSIONS_STORE), watermark=watermark),
         store=ORDER_SESSIONS_STORE,
         key="key",
         value="orders",
         kind="session",
         **options.sink(home, ORDER_SESSIONS_STORE),
     )
-    return [windows, sessions]
+    return [windows, sessions, *dead_letters]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 from runtime.config import DEFAULT_ACTORS, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER
 from topologies.sources import FILES, SourceConfig
 
-__all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for"]
+__all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,38 @@ class TopologyOptions:
             "checkpoint": str(checkpoint_for(home, self.namespace, store)),
         }
 
+    def read(self, spark: Any, home: Path, topic: str) -> tuple[Any, Any | None]:
+        """``(records, rejects)`` of ``topic`` from this source (see ``sources.read_topic_checked``)."""
+        from topologies.sources import read_topic_checked
+
+        return read_topic_checked(spark, home, topic, self.source)
+
+    def dead_letters(self, home: Path, topic: str, consumer: str, *rejects: Any) -> list[Any]:
+        """Start the query sending ``rejects`` (None ones skipped) of ``consumer`` to ``topic``'s dead letters.
+
+        Returns it as a one-element list (empty when there is nothing to reject), for ``start`` to
+        return with the topology's other queries, so that stopping the topology stops it too.
+        """
+        from topologies.deadletter import write_dead_letters
+
+        frames = [r for r in rejects if r is not None]
+        if not frames:
+            return []
+        bad = frames[0]
+        for more in frames[1:]:
+            bad = bad.unionByName(more)
+        checkpoint = dead_letter_checkpoint(home, self.namespace, consumer, topic)
+        return [write_dead_letters(bad, home, topic, checkpoint, consumer=consumer)]
+
 
 def checkpoint_for(home: Path, namespace: str, store: str) -> Path:
     """Where the query feeding ``store`` keeps its Spark checkpoint."""
     return home / "checkpoints" / namespace / store
+
+
+def dead_letter_checkpoint(home: Path, namespace: str, consumer: str, topic: str) -> Path:
+    """Where the dead-letter query of ``consumer`` (a store) for ``topic`` keeps its Spark checkpoint."""
+    return home / "checkpoints" / namespace / "_deadletter" / consumer / topic
 
 
 DEFAULTS = TopologyOptions()

@@ -12,6 +12,9 @@ Every booking is a record on topic ``booking``: key the customer id, value
       curl 'localhost:7400/stores/bookings/range?from=42&to=42'          # every booking of customer 42
 
     ray job submit --working-dir . -- python -m topologies.railway --namespace riqr
+
+A booking without a customer (null key), with a time that does not parse, or without a trip is not
+stored: it goes, with the reason, to the dead letters of topic ``booking`` (``topologies.deadletter``).
 """
 
 from __future__ import annotations
@@ -24,26 +27,56 @@ from typing import Any
 
 from topologies.options import DEFAULTS, TopologyOptions
 
-__all__ = ["LATEST_BOOKING_STORE", "BOOKINGS_STORE", "parse_bookings", "latest_booking", "start", "main"]
+__all__ = [
+    "LATEST_BOOKING_STORE",
+    "BOOKINGS_STORE",
+    "split_bookings",
+    "parse_bookings",
+    "latest_booking",
+    "start",
+    "main",
+]
 
 LATEST_BOOKING_STORE = "latest-booking"
 BOOKINGS_STORE = "bookings"
 
 
-def parse_bookings(records: Any) -> Any:
-    """Booking records as columns customer, booked_at (timestamp), trip; unparsable ones are dropped."""
+def split_bookings(records: Any) -> tuple[Any, Any]:
+    """``(bookings, rejects)``: bookings as columns customer, booked_at (timestamp), trip; rejects as dead letters.
+
+    Parsing is null-safe (``try_element_at``, ``try_to_timestamp``): under Spark's ANSI mode a plain
+    index past the end of the split, or a strict timestamp cast, would fail the whole query.
+    """
     from pyspark.sql import functions as F
 
+    from topologies.deadletter import split_valid
+
     parts = F.split(F.col("value"), " ", 2)
-    return (
-        records.where(F.col("key").isNotNull())
-        .select(
-            F.col("key").alias("customer"),
-            F.try_to_timestamp(parts.getItem(0)).alias("booked_at"),
-            F.coalesce(parts.getItem(1), F.lit("")).alias("trip"),
-        )
-        .where(F.col("booked_at").isNotNull())
+    parsed = records.select(
+        "*",
+        F.try_to_timestamp(F.try_element_at(parts, F.lit(1))).alias("booked_at"),
+        F.try_element_at(parts, F.lit(2)).alias("trip"),
     )
+    valid = (
+        F.col("key").isNotNull()
+        & F.col("booked_at").isNotNull()
+        & F.col("trip").isNotNull()
+        & (F.trim(F.col("trip")) != "")
+    )
+    reason = (
+        F.when(F.col("key").isNull(), F.lit("booking without a customer (null key)"))
+        .when(F.col("value").isNull(), F.lit("booking without a value"))
+        .when(F.col("booked_at").isNull(), F.lit("booking time does not parse"))
+        .otherwise(F.lit("booking without a trip"))
+    )
+    original = F.to_json(F.struct(*[F.col(c) for c in records.columns]))
+    good, bad = split_valid(parsed, valid, reason, record=original)
+    return good.select(F.col("key").alias("customer"), "booked_at", "trip"), bad
+
+
+def parse_bookings(records: Any) -> Any:
+    """The bookings of ``split_bookings``, rejects left out."""
+    return split_bookings(records)[0]
 
 
 def latest_booking(bookings: Any) -> Any:
@@ -54,28 +87,32 @@ def latest_booking(bookings: Any) -> Any:
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
-    """Start both queries; returns them (latest-booking first)."""
+    """Start both queries; returns them (latest-booking first), then their dead-letter queries."""
     from topologies.sink import materialize
-    from topologies.sources import read_topic
 
-    def bookings() -> Any:
-        return parse_bookings(read_topic(spark, home, "booking", options.source))
+    def bookings(consumer: str) -> tuple[Any, list[Any]]:
+        # Each store's query reads the topic itself, so each sends what it rejects to the dead letters.
+        records, unreadable = options.read(spark, home, "booking")
+        good, unparsable = split_bookings(records)
+        return good, options.dead_letters(home, "booking", consumer, unreadable, unparsable)
 
+    latest_bookings, latest_rejects = bookings(LATEST_BOOKING_STORE)
     latest = materialize(
-        latest_booking(bookings()),
+        latest_booking(latest_bookings),
         store=LATEST_BOOKING_STORE,
         key="customer",
         value="latest",
         **options.sink(home, LATEST_BOOKING_STORE),
     )
+    every_booking, every_rejects = bookings(BOOKINGS_STORE)
     every = materialize(
-        bookings(),
+        every_booking,
         store=BOOKINGS_STORE,
         key=["customer", "booked_at"],
         value="trip",
         **options.sink(home, BOOKINGS_STORE),
     )
-    return [latest, every]
+    return [latest, every, *latest_rejects, *every_rejects]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -7,6 +7,13 @@
 
 Every choice gives the same columns: ``key``, ``value`` (strings), ``ts`` (event time, epoch millis) and
 ``seq`` (order within the source), so a topology's transforms do not change with the source.
+
+Landing files are written by ``riqr produce`` but are plain files anyone can put lines in. They are read
+in Spark's PERMISSIVE mode with a ``_corrupt_record`` column (the file source needs it in the schema to
+fill it), so a line that is not JSON, or has a field of the wrong type, does not fail the query:
+``read_topic_checked`` returns such lines apart, with a reason, for ``topologies.deadletter``. So do
+records without ``ts`` or ``seq`` and times outside years 1-9999, which Spark's ANSI mode would turn
+into a failed query as soon as a topology makes a timestamp of them.
 """
 
 from __future__ import annotations
@@ -17,10 +24,24 @@ from typing import Any
 
 from runtime.landing import topic_dir
 
-__all__ = ["RECORD_SCHEMA_DDL", "SourceConfig", "FILES", "read_topic", "read_topic_batch"]
+__all__ = [
+    "RECORD_SCHEMA_DDL",
+    "LANDING_SCHEMA_DDL",
+    "CORRUPT_COLUMN",
+    "SourceConfig",
+    "FILES",
+    "check_landing_records",
+    "read_topic",
+    "read_topic_checked",
+    "read_topic_batch",
+]
 
 RECORD_SCHEMA_DDL = "key STRING, value STRING, ts BIGINT, seq BIGINT"
 SOURCE_KINDS = ("files", "kafka", "spark-kafka")
+CORRUPT_COLUMN = "_corrupt_record"
+LANDING_SCHEMA_DDL = f"{RECORD_SCHEMA_DDL}, {CORRUPT_COLUMN} STRING"
+# Epoch millis of 0001-01-01 and 9999-12-31T23:59:59.999: the range a Spark timestamp can hold.
+MIN_TS, MAX_TS = -62_135_596_800_000, 253_402_300_799_999
 
 
 @dataclass(frozen=True)
@@ -53,18 +74,42 @@ def _kafka_columns(df: Any) -> Any:
     )
 
 
+def check_landing_records(df: Any) -> tuple[Any, Any]:
+    """Landing-file rows (with ``_corrupt_record``) as ``(good, bad)``: good has key, value, ts, seq only."""
+    from pyspark.sql import functions as F
+
+    from topologies.deadletter import split_valid
+
+    corrupt, ts, seq = F.col(CORRUPT_COLUMN), F.col("ts"), F.col("seq")
+    valid = corrupt.isNull() & ts.isNotNull() & seq.isNotNull() & ts.between(MIN_TS, MAX_TS)
+    reason = (
+        F.when(corrupt.isNotNull(), F.lit("malformed line: not a JSON record of key, value, ts, seq"))
+        .when(ts.isNull() | seq.isNull(), F.lit("missing ts or seq"))
+        .otherwise(F.lit("ts out of range"))
+    )
+    fields = F.to_json(F.struct("key", "value", "ts", "seq"))
+    good, bad = split_valid(df, valid, reason, record=F.coalesce(corrupt, fields))
+    return good.select("key", "value", "ts", "seq"), bad
+
+
 def _reader(spark: Any, streaming: bool) -> Any:
     return spark.readStream if streaming else spark.read
 
 
-def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming: bool) -> Any:
+def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming: bool) -> tuple[Any, Any | None]:
     reader = _reader(spark, streaming)
     if source.kind == "files":
         directory = topic_dir(home, topic)
         directory.mkdir(parents=True, exist_ok=True)
         if streaming:
             reader = reader.option("maxFilesPerTrigger", 1000)
-        return reader.schema(RECORD_SCHEMA_DDL).json(str(directory))
+        rows = (
+            reader.schema(LANDING_SCHEMA_DDL)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+            .json(str(directory))
+        )
+        return check_landing_records(rows)
     if source.kind == "kafka":
         from topologies.kafka_source import KafkaDataSource
 
@@ -76,18 +121,29 @@ def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming
             .option("startingOffsets", source.starting_offsets)
             .load()
         )
-        return df.select("key", "value", "ts", "seq")
+        return df.select("key", "value", "ts", "seq"), None
     df = reader.format("kafka").option("kafka.bootstrap.servers", source.bootstrap).option("subscribe", topic)
     if streaming:
         df = df.option("startingOffsets", source.starting_offsets)
-    return _kafka_columns(df.load())
+    return _kafka_columns(df.load()), None
 
 
-def read_topic(spark: Any, home: Path, topic: str, source: SourceConfig = FILES) -> Any:
-    """A streaming DataFrame of the records of ``topic`` (columns key, value, ts, seq)."""
+def read_topic_checked(spark: Any, home: Path, topic: str, source: SourceConfig = FILES) -> tuple[Any, Any | None]:
+    """``(records, rejects)`` of ``topic`` as streaming DataFrames; ``rejects`` is None for the Kafka sources.
+
+    ``records`` has the columns key, value, ts, seq; ``rejects`` the dead-letter columns reason, record.
+    """
     return _read(spark, home, topic, source, streaming=True)
 
 
+def read_topic(spark: Any, home: Path, topic: str, source: SourceConfig = FILES) -> Any:
+    """A streaming DataFrame of the usable records of ``topic`` (columns key, value, ts, seq).
+
+    Malformed landing lines are left out; use ``read_topic_checked`` to keep them as dead letters.
+    """
+    return _read(spark, home, topic, source, streaming=True)[0]
+
+
 def read_topic_batch(spark: Any, home: Path, topic: str, source: SourceConfig = FILES) -> Any:
-    """The records of ``topic`` present now, as a static DataFrame."""
-    return _read(spark, home, topic, source, streaming=False)
+    """The usable records of ``topic`` present now, as a static DataFrame (malformed lines left out)."""
+    return _read(spark, home, topic, source, streaming=False)[0]

@@ -40,3 +40,11 @@ def test_json_body_names_the_code_and_details() -> None:
     assert body == {
         "error": {"code": "key-not-found", "message": "key '9' is not in store 'o'", "store": "o", "key": "9"}
     }
+
+
+def test_auth_errors_are_401_with_a_bearer_challenge_and_403() -> None:
+    assert E.Unauthorized("missing bearer token").status == 401
+    assert E.Unauthorized("x").headers() == {"WWW-Authenticate": 'Bearer realm="riqr"'}
+    assert E.Unauthorized("x").to_json() == {"error": {"code": "unauthorized", "message": "x"}}
+    assert E.Forbidden("x").status == 403
+    assert E.Forbidden("x").code == "forbidden"

@@ -1,9 +1,11 @@
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from runtime.errors import BadRequest
-from runtime.landing import Record, parse_console_lines, topic_dir, write_records
+from runtime.landing import Record, parse_console_bytes, parse_console_lines, topic_dir, write_records
 
 
 def test_seed_lines_parse_including_the_empty_key() -> None:
@@ -42,3 +44,52 @@ def test_write_records_is_one_atomic_json_lines_file(tmp_path) -> None:  # type:
 def test_bad_topic_names(tmp_path, topic: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BadRequest):
         topic_dir(tmp_path, topic)
+
+
+def test_console_bytes_parse_like_lines_including_crlf_utf8_and_a_bom() -> None:
+    data = "\ufeff1--j\u00f6rg\r\n2--\u6771\u4eac\n\n3--a\\n4--b\n".encode()
+    assert parse_console_bytes(data) == [
+        Record("1", "j\u00f6rg"),
+        Record("2", "\u6771\u4eac"),
+        Record("3", "a"),
+        Record("4", "b"),
+    ]
+    assert parse_console_bytes(b"1::x", "::") == [Record("1", "x")]
+    assert parse_console_bytes(b"") == []
+
+
+def test_invalid_utf8_names_the_line_and_byte_offset() -> None:
+    data = b"1--ok\n2--fine\n3--bad\xff\xfe\n4--never"
+    with pytest.raises(BadRequest) as refused:
+        parse_console_bytes(data)
+    assert refused.value.details == {"line": 3, "offset": data.index(b"\xff")}
+    assert "line 3" in refused.value.message and "byte offset 20" in refused.value.message
+    with pytest.raises(BadRequest, match="line 1"):
+        parse_console_bytes(b"\xc3")  # a sequence cut short at the end of the input
+
+
+def test_a_separator_error_in_bytes_still_names_its_line() -> None:
+    with pytest.raises(BadRequest, match="line 2"):
+        parse_console_bytes(b"1--a\r\noops\r\n")
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+@pytest.mark.parametrize("failure", [OSError("disk full"), KeyboardInterrupt()])
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch, failure) -> None:  # type: ignore[no-untyped-def]
+    def fail(_fd: int) -> None:
+        raise failure
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(type(failure)):
+        write_records(tmp_path, "order", [Record("1", "a")])
+    assert _files(topic_dir(tmp_path, "order")) == []
+
+
+def test_an_unencodable_record_is_a_bad_request_and_writes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    lone_surrogate = b"caf\xe9".decode("utf-8", errors="surrogateescape")
+    with pytest.raises(BadRequest, match="record 2"):
+        write_records(tmp_path, "order", [Record("1", "a"), Record("2", lone_surrogate)])
+    assert _files(topic_dir(tmp_path, "order")) == []

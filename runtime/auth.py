@@ -1,0 +1,354 @@
+"""Bearer-token authentication and per-store authorization for the REST API (pure: no Ray).
+
+A REST caller sends ``Authorization: Bearer <JWT>``. The token is verified with either a shared secret
+(HS256) or an issuer's PEM public key (RS256, ES256); never both in one configuration, so a public key
+can never be mistaken for an HMAC secret (the classic algorithm-confusion attack), and ``none`` is
+never accepted. Expiry is required; issuer and audience are checked when configured.
+
+What a caller may read comes from the token: its ``stores`` claim lists store names (``"*"``: every
+store). An operator can restrict a store further with an ACL: store name -> roles, all of which the
+token's ``roles`` claim must hold. ``authenticate`` answers 401 (``Unauthorized``: who are you?),
+``authorize`` 403 (``Forbidden``: you may not read this). A 403 does not depend on whether the store
+exists, so a caller cannot probe for store names it may not read.
+
+Secrets and tokens are never logged, never echoed in errors, and hidden in ``repr(AuthConfig)``.
+
+Wiring: ``web.Application(middlewares=[auth_middleware(config), error_middleware])``; a handler finds
+the caller as ``request[PRINCIPAL]`` and may filter listings with ``visible(config, principal, store)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
+
+from runtime.errors import Forbidden, Unauthorized
+
+__all__ = [
+    "AuthConfig",
+    "Principal",
+    "ANONYMOUS",
+    "PRINCIPAL",
+    "PUBLIC_PATHS",
+    "authenticate",
+    "authorize",
+    "visible",
+    "auth_middleware",
+    "mint_token",
+    "generate_secret",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_AUDIENCE = "riqr"
+DEMO_TTL_SECONDS = 24 * 3600
+PUBLIC_PATHS = frozenset({"/health", "/ready"})
+# RFC 7518 3.2: an HMAC key must be at least as long as the hash output (32 bytes for HS256).
+MIN_SECRET_BYTES = 32
+_FAMILIES = {
+    "HS": ("HS256", "HS384", "HS512"),
+    "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
+    "EC": ("ES256", "ES384", "ES512"),
+}
+_DEFAULT_ALGORITHM = {"HS": "HS256", "RSA": "RS256", "EC": "ES256"}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: its ``subject`` (the token's ``sub``), the stores it may read, its roles."""
+
+    subject: str
+    stores: frozenset[str] = frozenset()
+    roles: frozenset[str] = frozenset()
+
+    def names_store(self, store: str) -> bool:
+        """Whether the caller's token names ``store`` (or grants every store with ``*``)."""
+        return "*" in self.stores or store in self.stores
+
+
+ANONYMOUS = Principal("anonymous", frozenset({"*"}))
+"""The caller when authentication is off: it may read everything, as riqr did before auth existed."""
+
+
+@functools.lru_cache(maxsize=8)
+def _public_key(pem: str) -> Any:
+    """The key object of a PEM public key (parsed once, not on every request)."""
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        return load_pem_public_key(pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError, TypeError) as exc:
+        # The PEM is not secret, but a private key pasted here would be: say nothing about the content.
+        raise ValueError("the JWT public key is not a PEM public key (a private key does not belong here)") from exc
+
+
+def _key_family(public_key: str) -> str:
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+    key = _public_key(public_key)
+    if isinstance(key, rsa.RSAPublicKey):
+        return "RSA"
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return "EC"
+    raise ValueError(f"unsupported public key type {type(key).__name__}: use an RSA or EC key")
+
+
+@dataclass(frozen=True, repr=False)
+class AuthConfig:
+    """How REST callers are authenticated and what they may read.
+
+    ``secret`` (HS algorithms) or ``public_key`` (PEM; RS/PS or ES algorithms), exactly one of them when
+    ``enabled``. ``algorithms`` default to HS256, RS256 or ES256 by the key. ``issuer`` and ``audience``
+    are checked when not None. ``leeway_seconds`` allows for clock skew on ``exp``/``nbf``/``iat``.
+    ``stores_claim`` names the claim listing readable stores; ``roles_claim`` the one with the roles that
+    ``acl`` (store -> roles, all required) asks for. Both claims may be a list or a space-separated string.
+    Treat ``acl`` as read-only (it is a copy of what was passed).
+    """
+
+    enabled: bool = False
+    secret: str | None = None
+    public_key: str | None = None
+    algorithms: tuple[str, ...] = ()
+    issuer: str | None = None
+    audience: str | None = DEFAULT_AUDIENCE
+    leeway_seconds: float = 30.0
+    stores_claim: str = "stores"
+    roles_claim: str = "roles"
+    acl: Mapping[str, frozenset[str]] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        acl = {str(store): frozenset(roles) for store, roles in dict(self.acl).items()}
+        object.__setattr__(self, "acl", acl)
+        object.__setattr__(self, "algorithms", tuple(self.algorithms))
+        if self.leeway_seconds < 0:
+            raise ValueError("the JWT leeway must not be negative")
+        if not self.enabled:
+            return
+        if (self.secret is None) == (self.public_key is None):
+            raise ValueError("auth needs exactly one of a JWT secret (HS256) or a PEM public key (RS256/ES256)")
+        if self.secret is not None and len(self.secret.encode("utf-8")) < MIN_SECRET_BYTES:
+            raise ValueError(f"the JWT secret must be at least {MIN_SECRET_BYTES} bytes; see generate_secret()")
+        family = "HS" if self.secret is not None else _key_family(self.public_key or "")
+        if not self.algorithms:
+            object.__setattr__(self, "algorithms", (_DEFAULT_ALGORITHM[family],))
+        wrong = [a for a in self.algorithms if a not in _FAMILIES[family]]
+        if wrong:
+            raise ValueError(f"algorithms {', '.join(wrong)} do not fit the configured key; use {_FAMILIES[family]}")
+
+    def __repr__(self) -> str:
+        # Hand-written so that no secret ever reaches a log line, a traceback or a debugger.
+        return (
+            f"AuthConfig(enabled={self.enabled}, secret={'<hidden>' if self.secret else None}, "
+            f"public_key={'<PEM>' if self.public_key else None}, algorithms={self.algorithms}, "
+            f"issuer={self.issuer!r}, audience={self.audience!r}, leeway_seconds={self.leeway_seconds}, "
+            f"stores_claim={self.stores_claim!r}, roles_claim={self.roles_claim!r}, acl_stores={sorted(self.acl)})"
+        )
+
+    __str__ = __repr__
+
+    @property
+    def verification_key(self) -> Any:
+        """What pyjwt verifies signatures with: the secret, or the parsed public key."""
+        return self.secret if self.secret is not None else _public_key(self.public_key or "")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AuthConfig:
+        """The configuration in ``environ`` (default ``os.environ``); see docs/security.md.
+
+        ``RIQR_AUTH`` is ``on`` or ``off``; unset, auth is on exactly when a secret or a public key is
+        configured, so configuring a key is never silently ignored.
+        """
+        env = os.environ if environ is None else environ
+        secret = _secret_from_env(env)
+        key_file = env.get("RIQR_JWT_PUBLIC_KEY_FILE")
+        public_key = Path(key_file).read_text(encoding="utf-8") if key_file else None
+        switch = env.get("RIQR_AUTH", "").strip().lower()
+        if switch not in ("", "on", "off"):
+            raise ValueError("RIQR_AUTH must be 'on' or 'off'")
+        enabled = switch == "on" or (switch == "" and (secret is not None or public_key is not None))
+        audience = env.get("RIQR_JWT_AUDIENCE", DEFAULT_AUDIENCE)
+        acl_file = env.get("RIQR_AUTH_ACL_FILE")
+        return cls(
+            enabled=enabled,
+            secret=secret,
+            public_key=public_key,
+            algorithms=tuple(a.strip() for a in env.get("RIQR_JWT_ALGORITHMS", "").split(",") if a.strip()),
+            issuer=env.get("RIQR_JWT_ISSUER") or None,
+            audience=audience or None,  # set but empty: do not check the audience
+            leeway_seconds=float(env.get("RIQR_JWT_LEEWAY_SECONDS", "30")),
+            stores_claim=env.get("RIQR_JWT_STORES_CLAIM", "stores"),
+            roles_claim=env.get("RIQR_JWT_ROLES_CLAIM", "roles"),
+            acl=load_acl(Path(acl_file)) if acl_file else {},
+        )
+
+
+def _secret_from_env(env: Mapping[str, str]) -> str | None:
+    secret, secret_file = env.get("RIQR_JWT_SECRET"), env.get("RIQR_JWT_SECRET_FILE")
+    if secret and secret_file:
+        raise ValueError("set RIQR_JWT_SECRET or RIQR_JWT_SECRET_FILE, not both")
+    if secret_file:
+        # A trailing newline from `echo > file` is not part of the secret.
+        return Path(secret_file).read_text(encoding="utf-8").rstrip("\r\n")
+    return secret or None
+
+
+def load_acl(path: Path) -> dict[str, frozenset[str]]:
+    """An ACL file: a JSON object mapping each restricted store to the list of roles it requires."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(raw, dict) or not all(
+        isinstance(roles, list) and all(isinstance(r, str) for r in roles) for roles in raw.values()
+    ):
+        raise ValueError(f'{path}: expected {{"store": ["role", ...], ...}}')
+    return {store: frozenset(roles) for store, roles in raw.items()}
+
+
+def _names(claims: Mapping[str, Any], claim: str) -> frozenset[str]:
+    """A claim holding names: a list of strings, or one space-separated string (as OAuth's ``scope``)."""
+    value = claims.get(claim)
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):
+        return frozenset(value.split())
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return frozenset(value)
+    raise Unauthorized("invalid token")
+
+
+def _bearer_token(authorization: str | None) -> str:
+    if not authorization:
+        raise Unauthorized("missing bearer token")
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    return token
+
+
+def authenticate(config: AuthConfig, authorization: str | None) -> Principal:
+    """The caller behind an ``Authorization`` header value, or ``Unauthorized``.
+
+    With auth disabled every caller is ``ANONYMOUS``. Failures say only "missing bearer token",
+    "token expired", "token not yet valid" or "invalid token"; the reason is logged by exception type
+    only, never with the token.
+    """
+    if not config.enabled:
+        return ANONYMOUS
+    token = _bearer_token(authorization)
+    options: dict[str, Any] = {"require": ["exp"], "verify_aud": config.audience is not None}
+    try:
+        claims = jwt.decode(
+            token,
+            config.verification_key,
+            algorithms=list(config.algorithms),
+            audience=config.audience,
+            issuer=config.issuer,
+            leeway=config.leeway_seconds,
+            options=options,  # type: ignore[arg-type]
+        )
+    except jwt.ExpiredSignatureError:
+        raise Unauthorized("token expired") from None
+    except jwt.ImmatureSignatureError:
+        raise Unauthorized("token not yet valid") from None
+    except (jwt.PyJWTError, ValueError, TypeError) as exc:
+        # `from None`: pyjwt's message may quote parts of the token; it must not reach a traceback.
+        log.info("rejected a bearer token: %s", type(exc).__name__)
+        raise Unauthorized("invalid token") from None
+    subject = claims.get("sub")
+    return Principal(
+        subject=subject if isinstance(subject, str) else "",
+        stores=_names(claims, config.stores_claim),
+        roles=_names(claims, config.roles_claim),
+    )
+
+
+def visible(config: AuthConfig, principal: Principal, store: str) -> bool:
+    """Whether ``principal`` may read ``store``: named by its token and holding every role the ACL asks."""
+    if not config.enabled:
+        return True
+    if not principal.names_store(store):
+        return False
+    return config.acl.get(store, frozenset()) <= principal.roles
+
+
+def authorize(config: AuthConfig, principal: Principal, store: str) -> None:
+    """Raise ``Forbidden`` unless ``principal`` may read ``store``."""
+    if not visible(config, principal, store):
+        raise Forbidden(f"not allowed to read store {store!r}", store=store)
+
+
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
+"""The request key under which ``auth_middleware`` leaves the authenticated caller."""
+
+
+def auth_middleware(config: AuthConfig, *, public_paths: Iterable[str] = PUBLIC_PATHS) -> Middleware:
+    """An aiohttp middleware authenticating every request except ``public_paths`` (exact paths).
+
+    It sets ``request[PRINCIPAL]`` and, when the route has a ``{store}``, authorizes it before the
+    handler runs. Its own refusals are rendered here, in the app's error shape
+    ``{"error": {"code", "message"}}``, so it works wherever it sits in the middleware list. Public
+    paths get no principal. Unrouted paths still need a token, so they reveal nothing to strangers.
+    """
+    public = frozenset(public_paths)
+
+    @web.middleware
+    async def authenticate_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in public:
+            return await handler(request)
+        try:
+            principal = authenticate(config, request.headers.get(hdrs.AUTHORIZATION))
+            store = request.match_info.get("store")
+            if store is not None:
+                authorize(config, principal, store)
+        except (Unauthorized, Forbidden) as err:
+            log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
+            return web.json_response(err.to_json(), status=err.status, headers=err.headers())
+        request[PRINCIPAL] = principal
+        return await handler(request)
+
+    return authenticate_request
+
+
+def mint_token(
+    secret: str,
+    *,
+    stores: Iterable[str] = ("*",),
+    subject: str = "riqr-demo",
+    ttl_seconds: int = DEMO_TTL_SECONDS,
+    issuer: str | None = None,
+    audience: str | None = DEFAULT_AUDIENCE,
+    roles: Iterable[str] = (),
+) -> str:
+    """An HS256 token for ``secret`` granting ``stores`` (and ``roles``) for ``ttl_seconds``: for demos."""
+    if len(secret.encode("utf-8")) < MIN_SECRET_BYTES:
+        raise ValueError(f"the JWT secret must be at least {MIN_SECRET_BYTES} bytes; see generate_secret()")
+    if ttl_seconds <= 0:
+        raise ValueError("ttl_seconds must be positive")
+    now = int(time.time())
+    claims: dict[str, Any] = {"sub": subject, "iat": now, "exp": now + ttl_seconds, "stores": list(stores)}
+    if roles:
+        claims["roles"] = list(roles)
+    if issuer is not None:
+        claims["iss"] = issuer
+    if audience is not None:
+        claims["aud"] = audience
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def generate_secret() -> str:
+    """A fresh random HS256 secret (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)

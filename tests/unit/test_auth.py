@@ -1,0 +1,239 @@
+"""Bearer-token auth over real HTTP: a small app behind ``auth_middleware``, tokens good and hostile."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import jwt
+import pytest
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from runtime.auth import PRINCIPAL, AuthConfig, auth_middleware, generate_secret, mint_token
+
+SECRET = generate_secret()
+CHALLENGE = 'Bearer realm="riqr"'
+
+
+def _pem(private_key: Any) -> str:
+    public = private_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return public.decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def rsa_key() -> Any:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+@pytest.fixture(scope="module")
+def ec_key() -> Any:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _claims(**overrides: Any) -> dict[str, Any]:
+    now = int(time.time())
+    claims: dict[str, Any] = {"sub": "alice", "aud": "riqr", "iat": now, "exp": now + 600, "stores": ["orders"]}
+    claims.update(overrides)
+    return {k: v for k, v in claims.items() if v is not None}
+
+
+def _hs256(**overrides: Any) -> str:
+    return jwt.encode(_claims(**overrides), SECRET, algorithm="HS256")
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _hand_made(header: dict[str, Any], claims: dict[str, Any], key: bytes | None) -> str:
+    """A token built by hand, for what pyjwt refuses to produce (alg none, HMAC keyed with a public key)."""
+    signing_input = _b64(json.dumps(header).encode()) + "." + _b64(json.dumps(claims).encode())
+    signature = b"" if key is None else hmac.new(key, signing_input.encode(), hashlib.sha256).digest()
+    return signing_input + "." + _b64(signature)
+
+
+def _app(config: AuthConfig) -> web.Application:
+    async def whoami(request: web.Request) -> web.Response:
+        principal = request[PRINCIPAL]
+        return web.json_response({"subject": principal.subject, "store": request.match_info.get("store")})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application(middlewares=[auth_middleware(config)])
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", health)
+    app.router.add_get("/stores", whoami)
+    app.router.add_get("/stores/{store}/get/{key:.*}", whoami)
+    app.router.add_get("/metadata/stores/{store}", whoami)
+    return app
+
+
+HS = AuthConfig(enabled=True, secret=SECRET, issuer="https://issuer.example", acl={"payments": {"finance"}})
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any) -> Any:
+    return await aiohttp_client(_app(HS))
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def _refused(resp: Any, status: int, message: str) -> None:
+    body = await resp.json()
+    assert resp.status == status, body
+    assert body["error"]["code"] == ("unauthorized" if status == 401 else "forbidden")
+    assert body["error"]["message"] == message
+    if status == 401:
+        assert resp.headers["WWW-Authenticate"] == CHALLENGE
+
+
+async def test_a_valid_hs256_token_reads_the_stores_it_names(client: Any) -> None:
+    resp = await client.get("/stores/orders/get/1", headers=_bearer(_hs256(iss="https://issuer.example")))
+    assert resp.status == 200
+    assert await resp.json() == {"subject": "alice", "store": "orders"}
+
+
+async def test_no_token_is_401_with_a_bearer_challenge(client: Any) -> None:
+    await _refused(await client.get("/stores/orders/get/1"), 401, "missing bearer token")
+
+
+@pytest.mark.parametrize("header", ["Basic dXNlcjpwdw==", "Bearer", "Bearer ", "Bearer a b", "token", "Bearer\tx"])
+async def test_a_malformed_authorization_header_is_401(client: Any, header: str) -> None:
+    resp = await client.get("/stores/orders/get/1", headers={"Authorization": header})
+    assert resp.status == 401 and resp.headers["WWW-Authenticate"] == CHALLENGE
+    assert (await resp.json())["error"]["message"].startswith("missing bearer token")
+
+
+async def test_garbage_in_place_of_a_token_is_401(client: Any) -> None:
+    for token in ("not-a-jwt", "a.b.c", "\u00e9t\u00e9.x.y", "x" * 4000):
+        await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "invalid token")
+
+
+async def test_an_expired_token_is_401_token_expired(client: Any) -> None:
+    token = _hs256(iss="https://issuer.example", exp=int(time.time()) - 3600)
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "token expired")
+
+
+async def test_a_token_not_yet_valid_is_401(client: Any) -> None:
+    token = _hs256(iss="https://issuer.example", nbf=int(time.time()) + 3600)
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "token not yet valid")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"aud": "someone-else"},
+        {"aud": None},
+        {"iss": "https://evil.example"},
+        {"iss": None},
+        {"exp": None},
+        {"iss": "https://issuer.example", "stores": {"orders": True}},
+    ],
+    ids=["wrong-audience", "no-audience", "wrong-issuer", "no-issuer", "no-expiry", "stores-not-a-list"],
+)
+async def test_tokens_failing_a_claim_check_are_401_invalid_token(client: Any, overrides: dict[str, Any]) -> None:
+    token = _hs256(**{"iss": "https://issuer.example", **overrides})
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "invalid token")
+
+
+async def test_a_token_signed_with_another_secret_is_401(client: Any) -> None:
+    token = jwt.encode(_claims(iss="https://issuer.example"), generate_secret(), algorithm="HS256")
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "invalid token")
+
+
+async def test_an_unsigned_alg_none_token_is_401(client: Any) -> None:
+    token = _hand_made({"alg": "none", "typ": "JWT"}, _claims(iss="https://issuer.example"), None)
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "invalid token")
+
+
+async def test_a_store_outside_the_tokens_stores_is_403(client: Any) -> None:
+    token = _hs256(iss="https://issuer.example")
+    for path in ("/stores/customers/get/1", "/metadata/stores/customers"):
+        resp = await client.get(path, headers=_bearer(token))
+        await _refused(resp, 403, "not allowed to read store 'customers'")
+    # A store that does not exist gets the same answer: a 403 reveals nothing about which stores exist.
+    await _refused(
+        await client.get("/stores/nope/get/1", headers=_bearer(token)), 403, "not allowed to read store 'nope'"
+    )
+
+
+async def test_the_acl_asks_for_roles_on_top_of_the_stores_claim(client: Any) -> None:
+    without = _hs256(iss="https://issuer.example", stores=["*"], roles=["support"])
+    await _refused(
+        await client.get("/stores/payments/get/1", headers=_bearer(without)),
+        403,
+        "not allowed to read store 'payments'",
+    )
+    with_role = _hs256(iss="https://issuer.example", stores=["*"], roles=["support", "finance"])
+    assert (await client.get("/stores/payments/get/1", headers=_bearer(with_role))).status == 200
+    assert (await client.get("/stores/orders/get/1", headers=_bearer(without))).status == 200
+
+
+async def test_public_paths_need_no_token_and_listings_need_one(client: Any) -> None:
+    assert (await client.get("/health")).status == 200
+    assert (await client.get("/ready")).status == 200
+    await _refused(await client.get("/stores"), 401, "missing bearer token")
+    assert (await client.get("/stores", headers=_bearer(_hs256(iss="https://issuer.example")))).status == 200
+    # Unknown paths need a token too, so routes are not discoverable by strangers.
+    await _refused(await client.get("/secret/admin"), 401, "missing bearer token")
+
+
+@pytest.mark.parametrize("family", ["RS256", "ES256"])
+async def test_asymmetric_tokens_verify_with_the_public_key(
+    aiohttp_client: Any, rsa_key: Any, ec_key: Any, family: str
+) -> None:
+    private = rsa_key if family == "RS256" else ec_key
+    config = AuthConfig(enabled=True, public_key=_pem(private))
+    assert config.algorithms == (family,)
+    client = await aiohttp_client(_app(config))
+    token = jwt.encode(_claims(), private, algorithm=family)
+    resp = await client.get("/stores/orders/get/1", headers=_bearer(token))
+    assert resp.status == 200 and (await resp.json())["subject"] == "alice"
+    other = rsa.generate_private_key(65537, 2048) if family == "RS256" else ec.generate_private_key(ec.SECP256R1())
+    forged = jwt.encode(_claims(), other, algorithm=family)
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(forged)), 401, "invalid token")
+
+
+async def test_an_hmac_token_keyed_with_the_public_key_is_refused(aiohttp_client: Any, rsa_key: Any) -> None:
+    # Algorithm confusion: a verifier that accepted HS256 would check this with the (public!) PEM as secret.
+    pem = _pem(rsa_key)
+    client = await aiohttp_client(_app(AuthConfig(enabled=True, public_key=pem)))
+    token = _hand_made({"alg": "HS256", "typ": "JWT"}, _claims(), pem.encode())
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "invalid token")
+
+
+async def test_with_auth_off_everyone_is_anonymous_and_may_read(aiohttp_client: Any) -> None:
+    client = await aiohttp_client(_app(AuthConfig(enabled=False)))
+    resp = await client.get("/stores/payments/get/1")
+    assert resp.status == 200 and (await resp.json())["subject"] == "anonymous"
+
+
+async def test_secrets_and_tokens_never_reach_repr_or_logs(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    assert SECRET not in repr(HS) and SECRET not in str(HS) and "<hidden>" in repr(HS)
+    caplog.set_level(logging.DEBUG)
+    good = _hs256(iss="https://issuer.example")
+    tokens = [
+        good,
+        _hs256(iss="https://issuer.example", exp=int(time.time()) - 3600),
+        _hs256(aud="x"),
+        good[:-4] + "AAAA",
+        mint_token(SECRET, stores=["x"], issuer="https://issuer.example"),
+    ]
+    for token in tokens:
+        await client.get("/stores/payments/get/1", headers=_bearer(token))
+    assert caplog.records, "refusals are logged (without the token)"
+    for token in tokens:
+        assert token not in caplog.text and token.split(".")[2] not in caplog.text
+    assert SECRET not in caplog.text

@@ -1,0 +1,139 @@
+"""``AuthConfig`` from the environment, its refusals of unsafe settings, and the pure auth functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from runtime.auth import ANONYMOUS, AuthConfig, Principal, authenticate, authorize, generate_secret, mint_token, visible
+from runtime.errors import Forbidden, Unauthorized
+
+SECRET = generate_secret()
+
+
+def _ec_pem() -> str:
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pem.decode("ascii")
+
+
+def test_auth_is_off_when_nothing_is_configured() -> None:
+    assert AuthConfig.from_env({}).enabled is False
+
+
+def test_a_configured_secret_turns_auth_on_unless_explicitly_off() -> None:
+    assert AuthConfig.from_env({"RIQR_JWT_SECRET": SECRET}).enabled is True
+    assert AuthConfig.from_env({"RIQR_JWT_SECRET": SECRET, "RIQR_AUTH": "off"}).enabled is False
+
+
+def test_auth_on_without_a_key_is_refused_at_startup() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        AuthConfig.from_env({"RIQR_AUTH": "on"})
+    with pytest.raises(ValueError, match="'on' or 'off'"):
+        AuthConfig.from_env({"RIQR_AUTH": "yes", "RIQR_JWT_SECRET": SECRET})
+
+
+def test_every_variable_is_read(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    (tmp_path / "acl.json").write_text(json.dumps({"payments": ["finance", "audit"]}))
+    config = AuthConfig.from_env(
+        {
+            "RIQR_JWT_SECRET_FILE": str(tmp_path / "secret"),
+            "RIQR_JWT_ALGORITHMS": "HS256, HS512",
+            "RIQR_JWT_ISSUER": "https://issuer.example",
+            "RIQR_JWT_AUDIENCE": "riqr-prod",
+            "RIQR_AUTH_ACL_FILE": str(tmp_path / "acl.json"),
+        }
+    )
+    assert config.enabled and config.secret == SECRET  # the file's trailing newline is not part of it
+    assert config.algorithms == ("HS256", "HS512")
+    assert (config.issuer, config.audience) == ("https://issuer.example", "riqr-prod")
+    assert config.acl == {"payments": frozenset({"finance", "audit"})}
+    assert SECRET not in repr(config)
+
+
+def test_a_public_key_file_selects_its_algorithm(tmp_path: Path) -> None:
+    (tmp_path / "key.pem").write_text(_ec_pem())
+    config = AuthConfig.from_env({"RIQR_JWT_PUBLIC_KEY_FILE": str(tmp_path / "key.pem")})
+    assert config.enabled and config.algorithms == ("ES256",)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"secret": "short"}, "at least 32 bytes"),
+        ({"secret": SECRET, "algorithms": ("RS256",)}, "do not fit"),
+        ({"secret": SECRET, "algorithms": ("none",)}, "do not fit"),
+        ({"public_key": "-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----\n"}, "not a PEM public key"),
+        ({"secret": SECRET, "public_key": "pem"}, "exactly one"),
+    ],
+    ids=["short-secret", "hs-secret-with-rs", "alg-none", "bad-pem", "both-keys"],
+)
+def test_unsafe_or_inconsistent_settings_are_refused(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AuthConfig(enabled=True, **kwargs)
+
+
+def test_a_public_key_config_refuses_hmac_algorithms() -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        AuthConfig(enabled=True, public_key=_ec_pem(), algorithms=("HS256",))
+
+
+def test_acl_files_must_map_stores_to_role_lists(tmp_path: Path) -> None:
+    for bad in ("[1]", '{"s": "finance"}', "{not json"):
+        (tmp_path / "acl.json").write_text(bad)
+        with pytest.raises(ValueError):
+            AuthConfig.from_env({"RIQR_JWT_SECRET": SECRET, "RIQR_AUTH_ACL_FILE": str(tmp_path / "acl.json")})
+
+
+def test_a_minted_token_authenticates_to_its_stores_and_roles() -> None:
+    config = AuthConfig(enabled=True, secret=SECRET)
+    token = mint_token(SECRET, stores=["a", "b"], roles=["ops"], subject="bob")
+    assert authenticate(config, f"Bearer {token}") == Principal("bob", frozenset({"a", "b"}), frozenset({"ops"}))
+    assert authenticate(config, f"bearer {token}").subject == "bob"  # the scheme is case-insensitive
+    with pytest.raises(ValueError):
+        mint_token("short")
+    with pytest.raises(ValueError):
+        mint_token(SECRET, ttl_seconds=0)
+
+
+def test_claims_may_be_space_separated_like_oauth_scope() -> None:
+    config = AuthConfig(enabled=True, secret=SECRET, roles_claim="scope")
+    token = mint_token(SECRET, stores=["a"])
+    claims = jwt.decode(token, SECRET, algorithms=["HS256"], audience="riqr")
+    scoped = jwt.encode({**claims, "stores": "a b", "scope": "read ops"}, SECRET, algorithm="HS256")
+    assert authenticate(config, f"Bearer {scoped}") == Principal(
+        "riqr-demo", frozenset("ab"), frozenset({"read", "ops"})
+    )
+
+
+def test_visible_and_authorize_agree() -> None:
+    config = AuthConfig(enabled=True, secret=SECRET, acl={"payments": {"finance", "audit"}})
+    reader = Principal("r", frozenset({"orders", "payments"}), frozenset({"finance"}))
+    assert visible(config, reader, "orders") and not visible(config, reader, "payments")  # needs both roles
+    assert not visible(config, reader, "customers")
+    authorize(config, reader, "orders")
+    with pytest.raises(Forbidden) as refused:
+        authorize(config, reader, "payments")
+    assert refused.value.status == 403 and refused.value.details == {"store": "payments"}
+    every = Principal("e", frozenset({"*"}), frozenset({"finance", "audit"}))
+    assert all(visible(config, every, s) for s in ("orders", "payments", "anything"))
+
+
+def test_auth_off_lets_anyone_read() -> None:
+    config = AuthConfig()
+    assert authenticate(config, None) is ANONYMOUS
+    assert visible(config, Principal("x"), "payments")
+
+
+def test_unauthorized_never_chains_pyjwts_message() -> None:
+    config = AuthConfig(enabled=True, secret=SECRET)
+    with pytest.raises(Unauthorized) as refused:
+        authenticate(config, "Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln")
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__

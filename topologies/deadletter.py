@@ -1,0 +1,161 @@
+"""Dead letters: records a topology cannot use, kept with the reason instead of failing or vanishing.
+
+Spark 4 runs SQL in ANSI mode, where a bad cast or an out-of-range index fails the whole query; one
+malformed record would stop a store from being fed. Topologies therefore parse with null-safe functions
+(``try_element_at``, ``try_to_timestamp``, ...), state what a usable record is, and split their input:
+
+    good, bad = split_valid(df, valid=F.col("booked_at").isNotNull(), reason=F.lit("unparsable time"))
+
+``good`` keeps the input's columns; ``bad`` has two columns, ``reason`` and ``record`` (the original
+record as JSON text, or the raw line for a line that was not JSON), so rejects from several places union.
+``write_dead_letters`` starts a small streaming query of its own (own checkpoint, relaxed trigger) that
+appends them as JSON lines to ``<home>/deadletter/<topic>/``:
+
+    {"topic": "booking", "consumer": "bookings", "reason": "...", "record": "...", "dead_at": "..."}
+
+One file per micro-batch, named by the writing query and the batch id and renamed into place, so a
+replayed batch rewrites its own file instead of adding duplicates. ``consumer`` names the query (the
+store) that rejected the record: two stores reading one topic each reject a bad record, so it appears
+once per consumer, and ``dead_letter_count`` counts rejections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEAD_LETTER_TRIGGER",
+    "split_valid",
+    "dead_letter_dir",
+    "write_dead_letters",
+    "read_dead_letters",
+    "dead_letter_count",
+]
+
+# Dead letters are for people to look at later: no need to poll as often as a store is fed.
+DEAD_LETTER_TRIGGER: dict[str, Any] = {"processingTime": "2 seconds"}
+_SUFFIX = ".jsonl"
+
+
+def split_valid(df: Any, valid: Any, reason: Any, *, record: Any = None) -> tuple[Any, Any]:
+    """``(good, bad)``: the rows where ``valid`` is true, and the others as ``reason``, ``record`` columns.
+
+    A ``valid`` that evaluates to null counts as false, so a condition over a null field rejects the row
+    rather than letting it through. ``record`` is the text kept for a bad row; by default the row's
+    columns as a JSON object.
+    """
+    from pyspark.sql import functions as F
+
+    usable = F.coalesce(valid, F.lit(False))
+    text = record if record is not None else F.to_json(F.struct(*[F.col(c) for c in df.columns]))
+    bad = df.where(~usable).select(reason.cast("string").alias("reason"), text.alias("record"))
+    return df.where(usable), bad
+
+
+def dead_letter_dir(home: Path, topic: str) -> Path:
+    """Where the dead letters of ``topic`` go: ``<home>/deadletter/<topic>/``."""
+    from runtime.landing import topic_dir
+
+    topic_dir(home, topic)  # the same rules for topic names, so the path cannot escape ``home``
+    return home / "deadletter" / topic
+
+
+def _writer_id(checkpoint: Path) -> str:
+    """A stable name for the query writing from ``checkpoint``: restarts and replays reuse it."""
+    return hashlib.sha256(str(checkpoint.resolve()).encode("utf-8")).hexdigest()[:12]
+
+
+def _write_batch(directory: Path, name: str, lines: Iterator[str]) -> None:
+    tmp = directory / f".{name}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            written = 0
+            for line in lines:
+                out.write(line + "\n")
+                written += 1
+            out.flush()
+            os.fsync(out.fileno())
+        if written:
+            os.replace(tmp, directory / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_dead_letters(
+    bad: Any,
+    home: Path,
+    topic: str,
+    checkpoint: Path,
+    *,
+    consumer: str,
+    trigger: dict[str, Any] | None = None,
+) -> Any:
+    """Start (or find running) the streaming query appending ``bad`` to ``topic``'s dead letters.
+
+    ``bad`` has the columns ``split_valid`` gives. The query keeps its progress in ``checkpoint``; it is
+    named after it, so asking again while it runs returns the running query instead of a second writer.
+    ``trigger`` is passed to ``DataStreamWriter.trigger`` (default every 2 seconds;
+    ``{"availableNow": True}`` processes what is there and stops). Returns the ``StreamingQuery``.
+    """
+    from pyspark.sql import functions as F
+
+    writer = _writer_id(checkpoint)
+    name = f"riqr-deadletter-{topic}-{consumer}-{writer}"
+    for query in bad.sparkSession.streams.active:
+        if query.name == name:
+            return query
+    directory = dead_letter_dir(home, topic)
+    directory.mkdir(parents=True, exist_ok=True)
+    letters = bad.select(
+        F.to_json(
+            F.struct(
+                F.lit(topic).alias("topic"),
+                F.lit(consumer).alias("consumer"),
+                F.col("reason"),
+                F.col("record"),
+                F.current_timestamp().alias("dead_at"),
+            )
+        ).alias("letter")
+    )
+
+    def deliver(batch: Any, batch_id: int) -> None:
+        # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites.
+        rows = (row.letter for row in batch.toLocalIterator())
+        _write_batch(directory, f"{writer}-{batch_id:012d}{_SUFFIX}", rows)
+
+    return (
+        letters.writeStream.queryName(name)
+        .foreachBatch(deliver)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**(trigger or DEAD_LETTER_TRIGGER))
+        .start()
+    )
+
+
+def _files(home: Path, topic: str) -> list[Path]:
+    directory = dead_letter_dir(home, topic)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.endswith(_SUFFIX) and not p.name.startswith("."))
+
+
+def read_dead_letters(home: Path, topic: str) -> list[dict[str, Any]]:
+    """Every dead letter of ``topic``, oldest file first (for people and tests; not for large volumes)."""
+    letters: list[dict[str, Any]] = []
+    for path in _files(home, topic):
+        letters.extend(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line)
+    return letters
+
+
+def dead_letter_count(home: Path, topic: str) -> int:
+    """How many records of ``topic`` were rejected (one per rejecting consumer); 0 if none ever were."""
+    count = 0
+    for path in _files(home, topic):
+        with open(path, "rb") as lines:
+            count += sum(1 for line in lines if line.strip())
+    return count
