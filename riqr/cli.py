@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PORT, RuntimeConfig, riqr_home
 from runtime.errors import RiqrError
-from runtime.landing import parse_console_lines, write_records
+from runtime.landing import parse_console_bytes, write_records
 
 __all__ = ["main", "build_parser"]
 
@@ -27,8 +27,8 @@ def _say(message: str) -> None:
 
 def _cmd_produce(args: argparse.Namespace) -> int:
     home = riqr_home(args.home)
-    lines = sys.stdin.read().splitlines()
-    records = parse_console_lines(lines, args.key_separator, split_escaped_newlines=not args.no_escapes)
+    data = sys.stdin.buffer.read()
+    records = parse_console_bytes(data, args.key_separator, split_escaped_newlines=not args.no_escapes)
     path = write_records(home, args.topic, records)
     _say(f"wrote {len(records)} records to topic {args.topic}" + (f" ({path})" if path else ""))
     return 0

@@ -11,23 +11,36 @@ from runtime.rest import build_app
 from tests.unit.fakes import FakeBus, kv_spec
 
 
+def stdin(data: bytes) -> io.TextIOWrapper:
+    """A stand-in for sys.stdin with its bytes underneath (``riqr produce`` reads ``sys.stdin.buffer``)."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
 def test_produce_writes_the_seed_records(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("sys.stdin", io.StringIO(demo.SEED_ORDERS + "\n"))
+    monkeypatch.setattr("sys.stdin", stdin(demo.SEED_ORDERS.encode() + b"\n"))
     assert cli.main(["produce", "order", "--home", str(tmp_path)]) == 0
     [path] = list((tmp_path / "data" / "order").iterdir())
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["1", "2", ""]
 
 
 def test_produce_rejects_bad_input_and_writes_nothing(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("sys.stdin", io.StringIO("1--a\nno separator\n"))
+    monkeypatch.setattr("sys.stdin", stdin(b"1--a\nno separator\n"))
     assert cli.main(["produce", "order", "--home", str(tmp_path)]) == 2
     assert "line 2" in capsys.readouterr().err
     assert not (tmp_path / "data" / "order").exists()
 
 
+def test_produce_rejects_bytes_that_are_not_utf8_and_leaves_nothing_behind(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("sys.stdin", stdin(b"1--ok\n2--caf\xe9\n"))
+    assert cli.main(["produce", "order", "--home", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "UTF-8" in err and "Traceback" not in err
+    assert not (tmp_path / "data" / "order").exists() or list((tmp_path / "data" / "order").iterdir()) == []
+
+
 def test_produce_reads_riqr_home_from_the_environment(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("RIQR_HOME", str(tmp_path))
-    monkeypatch.setattr("sys.stdin", io.StringIO("k--v"))
+    monkeypatch.setattr("sys.stdin", stdin(b"k--v"))
     assert cli.main(["produce", "customer"]) == 0
     assert len(list((tmp_path / "data" / "customer").iterdir())) == 1
 
