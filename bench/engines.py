@@ -5,8 +5,8 @@
 
 In one run, on keys like those of a real store (strings ``user-<9 digits>``, 24-byte values):
 
-(a) ``--new`` random new keys applied in one batch into a store of ``--store`` keys: the old
-    ``runtime.engine.SortedKV``, the memory engine without a directory and with one (changelog, fsync), and
+(a) ``--new`` random new keys applied in one batch into a store of ``--store`` keys: the old ``SortedKV``
+    (``bench/baseline_sortedkv.py``), the memory engine without a directory and with one (changelog, fsync), and
     the rocksdb engine (synced write). Seconds, and the ratio to the old engine.
 (b) restore: opening a durable partition of each size in ``--restore``, for both engines.
 (c) point gets (one ``get`` per key, and one ``get_many``) and a full scan over the ``--store`` partition,
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.engine import SortedKV
+from bench.baseline_sortedkv import SortedKV
 from runtime.engines import PartitionEngine, Position, open_engine
 from runtime.keys import KeySchema
 from runtime.scan import Scan

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config import DEFAULT_ACTORS, DEFAULT_PARTITIONS, DEFAULT_STANDBYS
+from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_PARTITIONS, DEFAULT_STANDBYS
+from runtime.engines.base import ENGINES
 from runtime.errors import SchemaError
 from runtime.keys import KeySchema
 
@@ -55,6 +56,7 @@ class StoreSpec:
     partitions: int = DEFAULT_PARTITIONS
     actors: int = DEFAULT_ACTORS
     standbys: int = DEFAULT_STANDBYS
+    engine: str = DEFAULT_ENGINE
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -67,6 +69,8 @@ class StoreSpec:
             raise SchemaError(
                 f"actors must be between 1 and the number of partitions ({self.partitions}), got {self.actors}"
             )
+        if self.engine not in ENGINES:
+            raise SchemaError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.standbys < 0:
             raise SchemaError(f"standbys must not be negative, got {self.standbys}")
         if not self.value_fields:
@@ -98,13 +102,15 @@ class StoreSpec:
             "partitions": self.partitions,
             "actors": self.actors,
             "standbys": self.standbys,
+            "engine": self.engine,
         }
 
     def same_layout(self, other: StoreSpec) -> bool:
         """Whether ``other`` can reuse the actors and data of this store (same key, partitions, value)."""
-        return (self.kind, self.key, self.value_fields, self.partitions) == (
+        return (self.kind, self.key, self.value_fields, self.partitions, self.engine) == (
             other.kind,
             other.key,
             other.value_fields,
             other.partitions,
+            other.engine,
         )

@@ -12,6 +12,8 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_ACTORS",
     "DEFAULT_STANDBYS",
+    "DEFAULT_ENGINE",
+    "riqr_data",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE",
@@ -30,6 +32,8 @@ DEFAULT_PORT = 7400
 DEFAULT_PARTITIONS = 4
 DEFAULT_ACTORS = 2
 DEFAULT_STANDBYS = 0
+# Where a store keeps its partitions (docs/design.md, "Storage engines", says why rocksdb by default).
+DEFAULT_ENGINE = "rocksdb"
 # How long one request may take end to end before it is a 504.
 DEFAULT_REQUEST_TIMEOUT = 10.0
 # Entries per page a facade asks an owner for, and per page a client gets when it names no limit.
@@ -59,6 +63,14 @@ def riqr_home(explicit: str | os.PathLike[str] | None = None) -> Path:
         return Path(explicit).expanduser().resolve()
     env = os.environ.get("RIQR_HOME")
     return Path(env).expanduser().resolve() if env else Path.home() / ".riqr"
+
+
+def riqr_data(namespace: str, explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Where this node keeps the stores' partitions of ``namespace``: ``$RIQR_DATA``, else
+    ``<riqr home>/state``, on the node's local disk."""
+    base = explicit or os.environ.get("RIQR_DATA")
+    root = Path(base).expanduser().resolve() if base else riqr_home() / "state"
+    return root / namespace
 
 
 @dataclass(frozen=True)

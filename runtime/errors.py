@@ -25,6 +25,7 @@ __all__ = [
     "Unavailable",
     "PartitionUnavailable",
     "OwnerUnavailable",
+    "PartitionIncomplete",
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
@@ -148,6 +149,13 @@ class PartitionUnavailable(Unavailable):
     """A partition has no live owner that holds its state."""
 
     code = "partition-unavailable"
+
+
+class PartitionIncomplete(PartitionUnavailable):
+    """A partition cannot prove its state complete (it missed a batch, or has not received its source's
+    first one): it answers 503 rather than from partial state."""
+
+    code = "partition-incomplete"
 
 
 class OwnerUnavailable(Unavailable):

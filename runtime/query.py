@@ -9,19 +9,21 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value, encode_value
-from runtime.engine import ApplyResult, PartitionState
-from runtime.errors import PartitionUnavailable
+from runtime.engines import open_engine
+from runtime.errors import PartitionIncomplete, PartitionUnavailable
 from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
+from runtime.partition import LOST, ApplyResult, PartitionState
 from runtime.scan import Scan, TimeFilter
 
-__all__ = ["QueryCore", "rows_from_arrow", "internal_keys"]
+__all__ = ["QueryCore", "ApplyResult", "rows_from_arrow", "internal_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -89,34 +91,49 @@ def _window_filter(entries: Iterator[tuple[Any, bytes]], times: TimeFilter) -> I
 
 
 class QueryCore:
-    """Some partitions of one store, with idempotent batch application and batched reads."""
+    """Some partitions of one store, with idempotent batch application and batched reads.
 
-    def __init__(self, spec: StoreSpec, partitions: Iterable[int], *, recovered: bool = False) -> None:
+    With a ``directory`` each partition lives in the store's engine under ``directory/p<n>`` and survives
+    a restart of the actor: it reopens at its last position. Without one (unit tests), partitions are
+    in memory only, and a restarted actor (``recovered``) has lost them: they answer 503, never as an
+    empty store.
+    """
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        partitions: Iterable[int],
+        *,
+        directory: Path | None = None,
+        recovered: bool = False,
+    ) -> None:
         self.spec = spec
-        # A restarted actor has lost its in-memory state: its partitions answer 503 until rebuilt,
-        # rather than answering from an empty store.
-        self.partitions: dict[int, PartitionState] = {
-            p: PartitionState(p, available=not recovered) for p in sorted(partitions)
-        }
+        self.directory = directory
+        self.partitions: dict[int, PartitionState] = {}
+        for p in sorted(partitions):
+            path = None if directory is None else directory / f"p{p}"
+            engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
+            self.partitions[p] = PartitionState(p, engine, directory=path, lost=recovered and path is None)
 
     def _unavailable(self, p: int) -> PartitionUnavailable:
-        if p not in self.partitions:
-            return PartitionUnavailable(
-                f"partition {p} of store {self.spec.name} is not held here", store=self.spec.name, partition=p
-            )
-        return PartitionUnavailable(
-            f"partition {p} of store {self.spec.name} lost its state when its actor restarted and has "
-            "not been rebuilt yet",
-            store=self.spec.name,
-            partition=p,
-            retry_after=5,
-        )
+        name = self.spec.name
+        state = self.partitions.get(p)
+        if state is None:
+            return PartitionUnavailable(f"partition {p} of store {name} is not held here", store=name, partition=p)
+        message = f"partition {p} of store {name} is {state.state}: {state.reason}"
+        if state.state == LOST:
+            return PartitionUnavailable(message, store=name, partition=p, retry_after=5)
+        return PartitionIncomplete(message, store=name, partition=p, retry_after=5)
 
     def _partition(self, p: int) -> PartitionState:
         state = self.partitions.get(p)
-        if state is None or not state.available:
+        if state is None or not state.serving:
             raise self._unavailable(p)
         return state
+
+    def begin(self, source: str) -> list[int]:
+        """A source starts from an empty checkpoint; returns the partitions that start serving (empty)."""
+        return [p for p, state in self.partitions.items() if state.begin(source)]
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
         """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None)."""
@@ -124,11 +141,7 @@ class QueryCore:
         for p, table in sorted(slices.items()):
             state = self.partitions.get(p)
             if state is None:
-                raise PartitionUnavailable(
-                    f"partition {p} of store {self.spec.name} is not held here",
-                    store=self.spec.name,
-                    partition=p,
-                )
+                raise self._unavailable(p)
             rows = rows_from_arrow(self.spec, table) if table is not None and table.num_rows else []
             results.append(state.apply(source, batch_id, rows))
         return results
@@ -139,13 +152,12 @@ class QueryCore:
         If any partition asked about cannot answer, the whole call raises ``PartitionUnavailable`` naming
         those partitions (``partitions``), so the caller can ask again for the keys of the others.
         """
-        wanted = {p for p, _ in items}
-        broken = [p for p in sorted(wanted) if p not in self.partitions or not self.partitions[p].available]
+        states = self.partitions
+        broken = sorted({p for p, _ in items if p not in states or not states[p].serving})
         if broken:
             first = self._unavailable(broken[0])
             raise type(first)(first.message, **{**first.details, "partitions": broken})
-        states = self.partitions
-        return [states[p].kv.get(key) for p, key in items]
+        return [states[p].engine.get(key) for p, key in items]
 
     def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
         """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order.
@@ -155,14 +167,25 @@ class QueryCore:
         states = [self._partition(p) for p in partitions]
         if scan.is_empty():
             return []
-        merged: Iterator[tuple[Any, bytes]] = merge_sorted([s.kv.scan(scan) for s in states], reverse=scan.reverse)
+        runs = [s.engine.scan(scan) for s in states]
+        merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
         if scan.times is not None:
             merged = _window_filter(merged, scan.times)
         return list(merged if limit is None else itertools.islice(merged, limit))
 
     def count(self, partitions: Sequence[int]) -> int:
-        return sum(len(self._partition(p).kv) for p in partitions)
+        return sum(self._partition(p).engine.count() for p in partitions)
 
     def positions(self) -> dict[int, dict[str, Any]]:
-        """What each partition reflects: the source and last batch id applied, and availability."""
-        return {p: {**s.position(), "available": s.available} for p, s in self.partitions.items()}
+        """What each partition reflects: its source, last batch id applied, and state."""
+        return {p: state.describe() for p, state in self.partitions.items()}
+
+    def close(self) -> None:
+        """Close every partition's engine (its data stays on disk)."""
+        for state in self.partitions.values():
+            state.engine.close()
+
+    def destroy(self) -> None:
+        """Close every partition's engine and delete its data (the store or the runtime is going away)."""
+        for state in self.partitions.values():
+            state.engine.destroy()

@@ -27,6 +27,7 @@ def test_defaults_and_json() -> None:
         "partitions": 4,
         "actors": 2,
         "standbys": 0,
+        "engine": "rocksdb",
     }
 
 

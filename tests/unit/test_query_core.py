@@ -3,7 +3,7 @@ import pytest
 
 from runtime.catalog import StoreSpec, ValueField
 from runtime.codec import decode_value
-from runtime.errors import PartitionUnavailable
+from runtime.errors import PartitionIncomplete, PartitionUnavailable
 from runtime.keys import KeySchema
 from runtime.query import QueryCore, rows_from_arrow
 from runtime.scan import Scan
@@ -41,21 +41,31 @@ def test_apply_get_scan_count() -> None:
 
 def test_empty_slices_still_advance_the_position() -> None:
     core = QueryCore(kv_spec(), [0, 2])
-    core.apply("q", 3, {0: None, 2: pa.table({"key": ["a"], "value": ["A"]})})
+    core.apply("q", 0, {0: None, 2: None})
+    core.apply("q", 1, {0: None, 2: pa.table({"key": ["a"], "value": ["A"]})})
     assert core.positions() == {
-        0: {"source": "q", "batch_id": 3, "available": True},
-        2: {"source": "q", "batch_id": 3, "available": True},
+        0: {"source": "q", "batch_id": 1, "state": "serving"},
+        2: {"source": "q", "batch_id": 1, "state": "serving"},
     }
 
 
 def test_a_lookup_touching_a_partition_not_held_here_names_it() -> None:
     core = QueryCore(kv_spec(), [0])
+    assert core.begin("q") == [0]
     assert core.get_many([(0, "x")]) == [None]
     with pytest.raises(PartitionUnavailable) as info:
         core.get_many([(0, "x"), (1, "y"), (3, "z")])
     assert info.value.details["partitions"] == [1, 3]
     with pytest.raises(PartitionUnavailable):
         core.apply("q", 0, {1: None})
+
+
+def test_a_new_partition_answers_503_until_its_first_batch() -> None:
+    core = QueryCore(kv_spec(), [0])
+    with pytest.raises(PartitionIncomplete, match="first batch"):
+        core.get_many([(0, "k")])
+    core.apply("q", 0, {0: pa.table({"key": ["k"], "value": ["v"]})})
+    assert core.get_many([(0, "k")]) != [None]
 
 
 def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:

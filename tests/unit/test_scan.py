@@ -1,35 +1,36 @@
 import pytest
 
 from runtime.cursor import decode_cursor, encode_cursor
-from runtime.engine import SortedKV
+from runtime.engines import PartitionEngine, Position, open_engine
 from runtime.errors import MalformedCursor
+from runtime.keys import KeySchema
 from runtime.scan import Bound, Scan, prefix_scan
 
 
 @pytest.fixture
-def kv() -> SortedKV:
-    store = SortedKV()
-    store.write_many([(k, k.encode()) for k in ["a", "ab", "abc", "abd", "ac", "b", "b\U0010ffff", "c"]])
+def kv() -> PartitionEngine:
+    store = open_engine("memory", KeySchema("key", "string"), None)
+    store.apply(Position("q", 0), [(k, k.encode()) for k in ["a", "ab", "abc", "abd", "ac", "b", "b\U0010ffff", "c"]])
     return store
 
 
-def keys(kv: SortedKV, scan: Scan) -> list[str]:
+def keys(kv: PartitionEngine, scan: Scan) -> list[str]:
     return [k for k, _ in kv.scan(scan)]
 
 
-def test_bounds_inclusive_and_exclusive(kv: SortedKV) -> None:
+def test_bounds_inclusive_and_exclusive(kv: PartitionEngine) -> None:
     assert keys(kv, Scan(Bound("ab"), Bound("ac"))) == ["ab", "abc", "abd", "ac"]
     assert keys(kv, Scan(Bound("ab", False), Bound("ac", False))) == ["abc", "abd"]
     assert keys(kv, Scan(Bound("ab"), Bound("ac"), reverse=True)) == ["ac", "abd", "abc", "ab"]
 
 
-def test_after_resumes_strictly_past_the_key_in_either_direction(kv: SortedKV) -> None:
+def test_after_resumes_strictly_past_the_key_in_either_direction(kv: PartitionEngine) -> None:
     assert keys(kv, Scan.closed("a", "b").after("abc")) == ["abd", "ac", "b"]
     assert keys(kv, Scan.closed("a", "b", reverse=True).after("abc")) == ["ab", "a"]
     assert keys(kv, Scan().after("zzz")) == []
 
 
-def test_prefix(kv: SortedKV) -> None:
+def test_prefix(kv: PartitionEngine) -> None:
     assert keys(kv, prefix_scan("ab")) == ["ab", "abc", "abd"]
     assert keys(kv, prefix_scan("ab", reverse=True)) == ["abd", "abc", "ab"]
     assert keys(kv, prefix_scan("b")) == ["b", "b\U0010ffff"]

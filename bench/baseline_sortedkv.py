@@ -1,23 +1,15 @@
-"""The in-memory sorted key-value engine, and the per-partition state a query actor holds.
-
-``SortedKV`` keeps a dict for point reads and a sorted key list for scans. ``PartitionState`` wraps one
-partition's ``SortedKV`` with the position it reflects: the source (the Spark query id) and the last
-``batch_id`` it applied. Applying a batch id at or below that position is a no-op, which makes delivery
-idempotent: a batch Spark replays after a crash changes nothing. A batch from a *different* source (the
-topology was restarted from a fresh checkpoint, so Spark recomputes everything) resets the partition
-first, because the new source will re-emit every key it still has.
-"""
+"""The in-memory engine riqr had before ``runtime/engines``: a dict plus a Python list kept sorted with
+``bisect.insort``. Kept only as the baseline ``bench/engines.py`` measures the engines against."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from runtime.scan import Scan
 
-__all__ = ["SortedKV", "PartitionState", "ApplyResult"]
+__all__ = ["SortedKV"]
 
 # Past this many new keys in one batch (relative to the store size), re-sorting beats insort.
 _RESORT_FRACTION = 0.05
@@ -106,47 +98,3 @@ class SortedKV:
     def clear(self) -> None:
         self._data.clear()
         self._keys.clear()
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """What applying one partition's slice of a batch did."""
-
-    partition: int
-    applied: bool
-    rows: int
-    reset: bool = False
-
-
-class PartitionState:
-    """One partition: its data and the position (source, last batch id) that data reflects."""
-
-    __slots__ = ("partition", "kv", "source", "batch_id", "available")
-
-    def __init__(self, partition: int, *, available: bool = True) -> None:
-        self.partition = partition
-        self.kv = SortedKV()
-        self.source: str | None = None
-        self.batch_id = -1
-        # False when the partition's state was lost (the actor restarted) and not yet rebuilt.
-        self.available = available
-
-    def apply(self, source: str, batch_id: int, rows: Sequence[tuple[Any, bytes | None]]) -> ApplyResult:
-        """Apply a batch's rows for this partition unless this position was already applied."""
-        reset = False
-        if self.source is not None and source != self.source:
-            self.kv.clear()
-            self.batch_id = -1
-            reset = True
-        self.source = source
-        if batch_id <= self.batch_id:
-            return ApplyResult(self.partition, False, 0, reset)
-        self.kv.write_many(rows)
-        self.batch_id = batch_id
-        if reset:
-            # A new source re-emits its whole state, so the partition is complete again.
-            self.available = True
-        return ApplyResult(self.partition, True, len(rows), reset)
-
-    def position(self) -> dict[str, Any]:
-        return {"source": self.source, "batch_id": self.batch_id}

@@ -1,0 +1,104 @@
+"""The gap rule on both engines: a partition serves only a state it can prove complete."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime.engines import open_engine
+from runtime.keys import KeySchema
+from runtime.partition import INCOMPLETE, LOADING, LOST, SERVING, PartitionState
+
+SCHEMA = KeySchema("key", "string")
+
+
+def rows(**values: str | None) -> list[tuple[str, bytes | None]]:
+    return [(k, None if v is None else v.encode()) for k, v in values.items()]
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def open_partition(kind: str, path: Path, *, lost: bool = False) -> PartitionState:
+    return PartitionState(0, open_engine(kind, SCHEMA, path), directory=path, lost=lost)
+
+
+def test_a_new_partition_loads_until_its_first_batch(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    assert part.state == LOADING and not part.serving
+    result = part.apply("q", 0, rows(a="1"))
+    assert result.applied and part.serving and part.engine.get("a") == b"1"
+
+
+def test_contiguous_batches_apply_and_replays_are_no_ops(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1"))
+    part.apply("q", 1, rows(a="2", b="x"))
+    replay = part.apply("q", 1, rows(a="999"))  # Spark re-runs batch 1 after a crash
+    assert not replay.applied and part.engine.get("a") == b"2"
+    assert part.apply("q", 2, rows(b=None)).applied and part.engine.get("b") is None
+    assert part.describe() == {"source": "q", "batch_id": 2, "state": SERVING}
+
+
+def test_a_new_actor_receiving_batch_57_is_incomplete_never_serving_partial_state(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    result = part.apply("q", 57, rows(a="1"))
+    assert not result.applied and result.state == INCOMPLETE
+    assert part.engine.get("a") is None and "missed batches" in part.reason
+    assert not part.apply("q", 58, rows(b="2")).applied  # contiguous with 57, but 0..56 are still missing
+
+
+def test_a_gap_in_a_serving_partition_makes_it_incomplete_and_a_restart_remembers(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1"))
+    assert part.apply("q", 2, rows(a="3")).state == INCOMPLETE
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == INCOMPLETE and reopened.engine.get("a") == b"1"
+
+
+def test_batch_0_of_a_new_source_rebuilds_whatever_the_partition_was(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1", stale="x"))
+    part.apply("q", 5, rows(a="2"))  # a gap
+    assert part.state == INCOMPLETE
+    rebuilt = part.apply("q2", 0, rows(a="new"))
+    assert rebuilt.reset and part.serving and part.engine.get("stale") is None and part.engine.get("a") == b"new"
+    part.engine.close()
+    assert open_partition(kind, tmp_path / "p0").serving  # the marker went with the rebuild
+
+
+def test_a_later_batch_of_a_new_source_is_a_gap(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1"))
+    assert part.apply("q2", 3, rows(a="2")).state == INCOMPLETE
+    assert part.engine.get("a") == b"1"
+
+
+def test_reopening_resumes_at_the_last_position(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    for batch in range(4):
+        part.apply("q", batch, rows(**{f"k{batch}": str(batch)}))
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0", lost=True)
+    assert reopened.serving and reopened.position().batch_id == 3 and reopened.engine.count() == 4
+    assert reopened.apply("q", 4, rows(k4="4")).applied
+
+
+def test_begin_makes_only_a_never_loaded_partition_serve_empty(kind: str, tmp_path: Path) -> None:
+    fresh = open_partition(kind, tmp_path / "fresh")
+    assert fresh.begin("q") and fresh.serving and fresh.engine.count() == 0
+    assert fresh.apply("q", 0, rows(a="1")).applied
+    old = open_partition(kind, tmp_path / "old")
+    old.apply("q", 0, rows(a="1"))
+    assert not old.begin("q2") and old.engine.get("a") == b"1"  # keeps serving until q2's batch 0
+
+
+def test_a_volatile_partition_of_a_restarted_actor_is_lost() -> None:
+    part = PartitionState(0, open_engine("memory", SCHEMA, None), directory=None, lost=True)
+    assert part.state == LOST and "not durable" in part.reason
+    assert part.apply("q", 9, rows(a="1")).state == INCOMPLETE
+    assert part.apply("q2", 0, rows(a="1")).applied and part.serving
