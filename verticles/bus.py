@@ -56,6 +56,9 @@ class RayOwner:
     async def count(self, partitions: Sequence[int]) -> int:
         return await self._call("count", list(partitions))
 
+    async def positions(self) -> dict[int, dict[str, Any]]:
+        return await self._call("positions")
+
 
 class RayBus:
     """Reaches the registry and query actors of one namespace over Ray."""
@@ -86,6 +89,9 @@ class RayBus:
 
     async def fetch_epoch(self) -> int:
         return await self._registry_call("epoch")
+
+    async def fetch_status(self) -> dict[str, Any]:
+        return await self._registry_call("status")
 
     def owner(self, uuid: str) -> RayOwner:
         owner = self._owners.get(uuid)

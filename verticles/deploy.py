@@ -16,6 +16,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -23,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime import raycalls
 from runtime.catalog import StoreSpec
-from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name
+from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name, riqr_data
 from runtime.deadline import Deadline
 from runtime.ownership import ActorInfo, Endpoint
 from verticles.bus import RayBus
@@ -83,6 +84,9 @@ class RayEnv:
 
     def restarted(self) -> bool:
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+    def data_dir(self) -> Path | None:
+        return riqr_data(self.namespace)
 
     # -- RegistryLink -----------------------------------------------------------------------------------
 
@@ -163,6 +167,15 @@ class RayEnv:
             with contextlib.suppress(ValueError):
                 ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
 
+    def destroy(self, uuids: Sequence[str]) -> None:
+        for uuid in uuids:
+            try:
+                handle = ray.get_actor(uuid, namespace=self.namespace)
+                raycalls.get(handle.destroy.remote(), f"deleting the data of {uuid}", timeout=_CALL_TIMEOUT)
+            except Exception:  # gone already, or its node is: its data goes with the node
+                log.warning("could not delete the data of query actor %s", uuid, exc_info=True)
+        self.kill(uuids)
+
 
 @dataclass(frozen=True)
 class NodeEndpoint:
@@ -225,5 +238,9 @@ def down(namespace: str) -> list[str]:
         except Exception:
             log.warning("HTTP verticle %s did not stop cleanly", name, exc_info=True)
     order = sorted(names, key=lambda n: (n == REGISTRY_NAME, not n.startswith("riqr-"), n))
-    RayEnv(namespace).kill(order)
+    env = RayEnv(namespace)
+    # riqr down removes the stores' state too: new actors of a later riqr up start empty and are rebuilt
+    # by the topology (docs/design.md, "Durability").
+    env.destroy([n for n in order if _UUID.match(n)])
+    env.kill(order)
     return order

@@ -9,6 +9,7 @@ with fakes. ``verticles.deploy.RayEnv`` is the Ray implementation, and the only 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.catalog import StoreSpec
@@ -26,6 +27,10 @@ class NodeFacts(Protocol):
 
     def restarted(self) -> bool:
         """Whether Ray reconstructed this actor after it died (its memory is gone)."""
+        ...
+
+    def data_dir(self) -> Path | None:
+        """Where this node keeps the stores' partitions (None: nowhere, state is in memory only)."""
         ...
 
 
@@ -67,6 +72,10 @@ class ClusterOps(Protocol):
 
     def kill(self, names: Sequence[str]) -> None:
         """Stop the named actors for good."""
+        ...
+
+    def destroy(self, uuids: Sequence[str]) -> None:
+        """Stop query actors for good and delete their partitions' data."""
         ...
 
 

@@ -1,7 +1,9 @@
 """QueryVerticle: a Ray actor named by a uuid, holding some partitions of one store.
 
 A thin shell over ``runtime.query.QueryCore``. It runs calls one at a time (a plain, non-async actor),
-so a batch is applied atomically with respect to reads.
+so a batch is applied atomically with respect to reads. Its partitions live under
+``<data dir>/<store>/<uuid>/p<n>`` on its node, so when Ray restarts it (a crash, ``ray.kill`` with
+restart, its worker SIGKILLed) it reopens them at their last position and serves again by itself.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from runtime.catalog import StoreSpec
-from runtime.engine import ApplyResult
-from runtime.query import QueryCore
+from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from verticles.env import VerticleEnv
 
@@ -32,9 +33,11 @@ class QueryVerticle:
         self.node_id = env.node_id()
         self.node_ip = env.node_ip()
         recovered = env.restarted()
-        self.core = QueryCore(spec, partitions, recovered=recovered)
+        root = env.data_dir()
+        directory = None if root is None else root / spec.name / uuid
+        self.core = QueryCore(spec, partitions, directory=directory, recovered=recovered)
         if recovered:
-            log.warning("query actor %s of %s restarted; its partitions are unavailable until rebuilt", uuid, spec.name)
+            log.warning("query actor %s of %s restarted: %s", uuid, spec.name, self.core.positions())
             env.report_moved(uuid, self.node_id, self.node_ip)
 
     def ready(self) -> dict[str, str]:
@@ -43,6 +46,10 @@ class QueryVerticle:
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
         return self.core.apply(source, batch_id, slices)
+
+    def begin(self, source: str) -> list[int]:
+        """A source starts from an empty checkpoint (see ``runtime.partition``)."""
+        return self.core.begin(source)
 
     def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
         return self.core.get_many(items)
@@ -55,6 +62,10 @@ class QueryVerticle:
 
     def positions(self) -> dict[int, dict[str, Any]]:
         return self.core.positions()
+
+    def destroy(self) -> None:
+        """Delete this actor's partitions from disk (its store or the runtime is going away)."""
+        self.core.destroy()
 
     def info(self) -> dict[str, Any]:
         """What this actor is, for the registry to rebuild its tables after a restart."""

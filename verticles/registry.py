@@ -45,6 +45,9 @@ class Registry:
         self._env = env
         self._new_uuid = new_uuid
         self.state = RegistryState()
+        # How ingest of each store goes, as its sink last reported (not part of the routing view: it
+        # changes with every batch, and no request routes by it).
+        self.ingest: dict[str, dict[str, Any]] = {}
         if env.restarted():
             self._rebuild(int(clock() * 1000))
 
@@ -89,10 +92,19 @@ class Registry:
         return self.state.view()
 
     def drop_store(self, name: str) -> list[str]:
-        """Forget a store and stop its actors."""
+        """Forget a store, stop its actors and delete their data."""
         uuids = self.state.drop(name)
-        self._env.kill(uuids)
+        self.ingest.pop(name, None)
+        self._env.destroy(uuids)
         return uuids
+
+    def report_ingest(self, store: str, info: dict[str, Any]) -> None:
+        """The sink of ``store`` says how ingest goes (running, the batch applied and when, or failed and why)."""
+        self.ingest[store] = {**self.ingest.get(store, {}), **info}
+
+    def status(self) -> dict[str, Any]:
+        """What is not routing: ingest state per store."""
+        return {"ingest": dict(self.ingest)}
 
     def register_endpoint(self, node_id: str, host: str, port: int) -> int:
         return self.state.register_endpoint(Endpoint(node_id, host, port))

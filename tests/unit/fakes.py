@@ -58,6 +58,10 @@ class FakeOwner:
         await self._enter("count")
         return self.core.count(partitions)
 
+    async def positions(self) -> dict[int, dict[str, Any]]:
+        await self._enter("positions")
+        return self.core.positions()
+
 
 class FakeBus:
     """A registry and its query actors, in-process. ``load`` feeds a store like the sink does."""
@@ -66,6 +70,7 @@ class FakeBus:
         self.state = RegistryState()
         self.owners: dict[str, FakeOwner] = {}
         self.view_fetches = 0
+        self.ingest: dict[str, dict[str, Any]] = {}
         self._next = 0
         self.state.register_endpoint(Endpoint("node-a", "host-a", 7400))
 
@@ -79,7 +84,9 @@ class FakeBus:
         holdings = table.all_owners()
         infos = []
         for uuid, plan in zip(uuids, plans):
-            self.owners[uuid] = FakeOwner(QueryCore(spec, holdings[uuid]))
+            core = QueryCore(spec, holdings[uuid])
+            core.begin("q")  # as the sink does when its query starts from an empty checkpoint
+            self.owners[uuid] = FakeOwner(core)
             infos.append(ActorInfo(uuid, spec.name, plan.node_id or "node-a", "10.0.0.1", tuple(holdings[uuid])))
         self.state.install(table, infos)
 
@@ -112,6 +119,9 @@ class FakeBus:
 
     async def fetch_epoch(self) -> int:
         return self.state.epoch
+
+    async def fetch_status(self) -> dict[str, Any]:
+        return {"ingest": dict(self.ingest)}
 
     def owner(self, uuid: str) -> FakeOwner:
         return self.owners[uuid]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -28,9 +29,11 @@ class FakeEnv:
         self.nodes = list(nodes)
         self.started: list[tuple[str, tuple[int, ...], str | None]] = []
         self.killed: list[str] = []
+        self.destroyed: list[str] = []
         self.moves: list[tuple[str, str, str]] = []
         self.endpoints: dict[str, Endpoint] = {}
         self.infos: list[dict[str, Any]] = []
+        self.data: Path | None = None
 
     def node_id(self) -> str:
         return "node-a"
@@ -40,6 +43,9 @@ class FakeEnv:
 
     def restarted(self) -> bool:
         return self._restarted
+
+    def data_dir(self) -> Path | None:
+        return self.data
 
     def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
         self.moves.append((uuid, node_id, node_ip))
@@ -74,6 +80,9 @@ class FakeEnv:
     def kill(self, names: Sequence[str]) -> None:
         self.killed.extend(names)
 
+    def destroy(self, uuids: Sequence[str]) -> None:
+        self.destroyed.extend(uuids)
+
 
 def uuids() -> Any:
     counter = iter(range(1, 1000))
@@ -94,8 +103,11 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     assert len(env.started) == 2
     with pytest.raises(StoreConflict):
         registry.create_store(kv_spec("s", partitions=8, actors=2))
+    registry.report_ingest("s", {"state": "running", "batch_id": 3})
+    registry.report_ingest("s", {"batch_id": 4})
+    assert registry.status() == {"ingest": {"s": {"state": "running", "batch_id": 4}}}
     assert registry.drop_store("s") == [u for u, _, _ in env.started]
-    assert env.killed == [u for u, _, _ in env.started]
+    assert env.destroyed == [u for u, _, _ in env.started] and registry.status() == {"ingest": {}}
 
 
 def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles() -> None:
@@ -122,6 +134,7 @@ def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles(
 def test_a_fresh_query_actor_serves_and_a_restarted_one_says_503_and_reports_where_it_runs() -> None:
     spec = kv_spec("s", partitions=4, actors=2)
     fresh = QueryVerticle("u1", spec, [0, 2], FakeEnv())
+    assert fresh.begin("q") == [0, 2]
     assert fresh.get_many([(0, "k")]) == [None]
     assert fresh.ready() == {"uuid": "u1", "node_id": "node-a", "node_ip": "10.0.0.1"}
     env = FakeEnv(restarted=True)
@@ -130,6 +143,23 @@ def test_a_fresh_query_actor_serves_and_a_restarted_one_says_503_and_reports_whe
         restarted.get_many([(0, "k")])
     assert env.moves == [("u1", "node-a", "10.0.0.1")]
     assert restarted.info()["partitions"] == [0, 2]
+
+
+def test_a_restarted_query_actor_reopens_its_partitions_and_serves_at_once(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    spec = kv_spec("s", partitions=4, actors=2)
+    env = FakeEnv()
+    env.data = tmp_path
+    first = QueryVerticle("u1", spec, [0, 2], env)
+    first.apply("q", 0, {0: pa.table({"key": ["a"], "value": ["A"]}), 2: None})
+    first.core.close()  # what a dying process leaves: the engine's files
+    again = FakeEnv(restarted=True)
+    again.data = tmp_path
+    restarted = QueryVerticle("u1", spec, [0, 2], again)
+    assert restarted.get_many([(0, "a"), (2, "zz")]) == [b"\xa1A", None]
+    assert restarted.positions()[0] == {"source": "q", "batch_id": 0, "state": "serving"}
+    assert (tmp_path / "s" / "u1" / "p0").is_dir()
 
 
 def _bus() -> FakeBus:
