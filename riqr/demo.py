@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +118,9 @@ def run_demo(args: argparse.Namespace) -> int:
             + ("" if args.home is None else f" --home {home}")
             + "\n\n[riqr demo] serving until Ctrl-C"
         )
-        _serve_until_interrupted(queries)
-        return 0
+        from topologies.runner import supervise
+
+        return supervise(queries)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -135,19 +135,3 @@ def run_demo(args: argparse.Namespace) -> int:
         finally:
             ray.shutdown()
         _say("[riqr demo] stopped")
-
-
-def _serve_until_interrupted(queries: Sequence[Any]) -> None:
-    """Block until Ctrl-C or SIGTERM; raise if a streaming query dies."""
-    stop = {"now": False}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    while not stop["now"]:
-        for q in queries:
-            if not q.isActive:
-                raise RuntimeError(f"streaming query {q.name} stopped: {q.exception()}")
-        time.sleep(0.5)

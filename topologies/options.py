@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.config import DEFAULT_ACTORS, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER
+from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER
 from topologies.sources import FILES, SourceConfig
 
 __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpoint"]
@@ -15,14 +15,15 @@ __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpo
 
 @dataclass(frozen=True)
 class TopologyOptions:
-    """``namespace`` of the riqr runtime; ``partitions`` and ``actors`` of each store it creates;
-    ``trigger``, the micro-batch interval (None: the sink's default); ``source`` of its topics."""
+    """``namespace`` of the riqr runtime; ``partitions``, ``actors`` and ``engine`` of each store it
+    creates; ``trigger``, the micro-batch interval (None: the sink's default); ``source`` of its topics."""
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_PARTITIONS
     actors: int = DEFAULT_ACTORS
     trigger: str | None = None
     source: SourceConfig = FILES
+    engine: str = DEFAULT_ENGINE
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""
@@ -30,6 +31,7 @@ class TopologyOptions:
             "namespace": self.namespace,
             "partitions": self.partitions,
             "actors": self.actors,
+            "engine": self.engine,
             "trigger": self.trigger or DEFAULT_TRIGGER,
             "checkpoint": str(checkpoint_for(home, self.namespace, store)),
         }

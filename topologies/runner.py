@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,10 +31,18 @@ def run_topology(
     ``start(spark, home, options, **extra(args))`` starts the topology's queries: ``options`` is the
     ``TopologyOptions`` from the common flags, ``extra`` turns the topology's own flags into arguments.
 
-    SIGTERM (``ray job stop``) and SIGINT stop the queries cleanly; a query that fails stops the others
-    and makes the exit status 1.
+    SIGTERM (``ray job stop``) and SIGINT stop every query cleanly and exit 0; a query that fails, any
+    one of them, stops the others at once and makes the exit status 1 (see ``supervise``).
     """
-    from runtime.config import DEFAULT_ACTORS, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER, riqr_home
+    from runtime.config import (
+        DEFAULT_ACTORS,
+        DEFAULT_ENGINE,
+        DEFAULT_NAMESPACE,
+        DEFAULT_PARTITIONS,
+        DEFAULT_TRIGGER,
+        riqr_home,
+    )
+    from runtime.engines.base import ENGINES
 
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
     parser.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
@@ -41,6 +50,7 @@ def run_topology(
     parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
     parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
+    parser.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="where each store's partitions live")
     parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")
     parser.add_argument(
         "--source",
@@ -59,7 +69,9 @@ def run_topology(
         parser.error(str(err))
     from topologies.options import TopologyOptions
 
-    args.topology = TopologyOptions(args.namespace, args.partitions, args.actors, args.trigger, source)
+    args.topology = TopologyOptions(
+        args.namespace, args.partitions, args.actors, args.trigger, source, engine=args.engine
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import ray
@@ -68,27 +80,43 @@ def run_topology(
 
     ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
     spark = spark_session(args.master, app_name=parser.prog)
-    queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
-    log.info("topology running: %s", ", ".join(q.name for q in queries))
+    try:
+        queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
+        log.info("topology running: %s", ", ".join(q.name for q in queries))
+        return supervise(queries)
+    finally:
+        spark.stop()
 
-    def stop(signum: int, _frame: Any) -> None:
+
+def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
+    """Wait until a signal asks to stop (0) or any query ends by itself (1, naming it and why).
+
+    The signal handlers only set a flag: stopping a query is a call into the JVM, and making it from a
+    handler that interrupted another such call fails with py4j's "reentrant call". So the main thread
+    polls the queries (each poll a short JVM call) and stops them itself.
+    """
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping the queries", signum)
-        for q in queries:
-            q.stop()
+        stop.set()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    failed: Exception | None = None
-    for q in queries:
-        try:
-            q.awaitTermination()
-        except Exception as err:  # one query failed: stop the others and report
-            failed = err
-            for other in queries:
-                if other.isActive:
-                    other.stop()
-    spark.stop()
-    if failed is not None:
-        log.error("the topology failed: %s", failed)
-        return 1
-    return 0
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        failed = None
+        while not stop.is_set() and failed is None:
+            failed = next((q for q in queries if not q.isActive), None)
+            if failed is None:
+                stop.wait(poll)
+        for q in queries:
+            if q.isActive:
+                q.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failed is None:
+        log.info("topology stopped")
+        return 0
+    error = failed.exception()
+    log.error("query %s stopped: %s", failed.name, error if error is not None else "it ended without an error")
+    return 1

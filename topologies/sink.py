@@ -1,44 +1,45 @@
-"""``materialize``: the foreachBatch sink that wires a streaming DataFrame into a riqr store.
+"""``materialize``: the sink that wires a streaming DataFrame into a riqr store.
 
 The partition column is computed in Spark SQL (``runtime.partitioner.spark_partition_sql``, no Python
 UDF). Each micro-batch comes to the driver as Arrow (``DataFrame.toArrow``), is split by partition, and
 every owner of a partition (active and standbys) receives ``apply(source, batch_id, slices)`` over Ray.
-The batch completes only when all owners acknowledged; if one fails, the exception fails the Spark
-query before it commits the batch, and the replay after restart is a no-op wherever it had landed.
+The batch completes only when all owners acknowledged (``topologies.delivery``); if one fails, the
+exception fails the Spark query before it commits the batch, and the replay after restart is a no-op
+wherever it had landed.
 
 ``source`` is the streaming query's id from its checkpoint: stable across restarts of the same
-checkpoint, new for a fresh one (see ``runtime.engine.PartitionState``).
+checkpoint, new for a fresh one (see ``runtime.partition``). When the query starts, ``plan_start``
+compares the checkpoint with the partitions' positions: if some partition cannot be brought up to date
+by the batches to come (new actors after ``riqr down``/``riqr up``, a wiped disk, a gap), the checkpoint
+is set aside and the query starts from an empty one, whose batch 0 re-emits the whole state; partitions
+that were complete keep serving their old state until it arrives. That is riqr's rebuild path.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlparse
-
-import ray
 
 from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
 from runtime.config import (
     DEFAULT_ACTORS,
+    DEFAULT_ENGINE,
     DEFAULT_NAMESPACE,
     DEFAULT_PARTITIONS,
     DEFAULT_STANDBYS,
     DEFAULT_TRIGGER,
-    REGISTRY_NAME,
 )
 from runtime.errors import NotConnected, SchemaError
-from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
+from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
 from runtime.keys import KeySchema, key_type_for_spark
-from runtime.ownership import ClusterView
 from runtime.partitioner import spark_partition_sql
+from topologies.checkpoint import last_committed, query_id, supersede
+from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
 
-__all__ = ["materialize", "store_spec_for", "BatchDelivery"]
+__all__ = ["materialize", "store_spec_for", "plan_start", "BatchDelivery"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def store_spec_for(
     actors: int = DEFAULT_ACTORS,
     standbys: int = DEFAULT_STANDBYS,
     kind: str = "kv",
+    engine: str = DEFAULT_ENGINE,
 ) -> StoreSpec:
     """The store definition for a DataFrame ``schema`` (a Spark ``StructType``).
 
@@ -90,80 +92,43 @@ def store_spec_for(
         actors=actors,
         standbys=standbys,
         kind=kind,
+        engine=engine,
     )
 
 
-def _registry(namespace: str) -> Any:
-    try:
-        return ray.get_actor(REGISTRY_NAME, namespace=namespace)
-    except ValueError:
-        raise NotConnected(
-            f"no riqr runtime in Ray namespace {namespace!r}; start it with `riqr up --namespace {namespace}`",
-            namespace=namespace,
-        ) from None
-
-
-def _read_query_id(checkpoint: str) -> str:
-    """The streaming query id Spark wrote to ``<checkpoint>/metadata`` when the query started."""
-    parsed = urlparse(checkpoint)
-    if parsed.scheme not in ("", "file"):
-        raise SchemaError(f"checkpoint {checkpoint!r}: only local checkpoint directories are supported so far")
-    with open(os.path.join(parsed.path if parsed.scheme else checkpoint, "metadata"), encoding="utf-8") as f:
-        return str(json.loads(f.readline())["id"])
-
-
-class BatchDelivery:
-    """The foreachBatch function: split a micro-batch by partition and deliver it to the owners."""
-
-    def __init__(self, spec: StoreSpec, namespace: str, checkpoint: str, *, timeout: float = 120.0) -> None:
-        self.spec = spec
-        self.namespace = namespace
-        self.checkpoint = checkpoint
-        self.timeout = timeout
-        self._source: str | None = None
-        self._view: ClusterView | None = None
-        self._handles: dict[str, Any] = {}
-
-    def _current_view(self) -> ClusterView:
-        registry = _registry(self.namespace)
-        epoch = raycalls.get(registry.epoch.remote(), "registry epoch", timeout=self.timeout)
-        if self._view is None or self._view.epoch != epoch:
-            self._view = raycalls.get(registry.view.remote(), "registry view", timeout=self.timeout)
-        return self._view
-
-    def _handle(self, uuid: str) -> Any:
-        handle = self._handles.get(uuid)
-        if handle is None:
-            handle = self._handles[uuid] = ray.get_actor(uuid, namespace=self.namespace)
-        return handle
-
-    def deliver(self, source: str, batch_id: int, table: Any) -> int:
-        """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``; returns rows sent."""
-        view = self._current_view()
-        ownership = view.table(self.spec.name)
-        if ownership is None:
-            raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
-        split = split_by_partition(table, self.spec.partitions)
-        refs = [
-            self._handle(uuid).apply.remote(source, batch_id, slices)
-            for uuid, slices in slices_for_owners(ownership, split).items()
-        ]
-        raycalls.get(refs, f"delivering batch {batch_id} of {self.spec.name}", timeout=self.timeout)
-        return table.num_rows
-
-    def __call__(self, batch_df: Any, batch_id: int) -> None:
-        started = time.monotonic()
-        if self._source is None:
-            self._source = _read_query_id(self.checkpoint)
-        table = batch_df.toArrow()
-        rows = self.deliver(self._source, batch_id, table)
-        log.info(
-            "store %s: batch %d delivered, %d rows in %.0f ms",
-            self.spec.name,
-            batch_id,
-            rows,
-            (time.monotonic() - started) * 1000,
+def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
+    """How the query feeding a store starts from ``checkpoint``: ``"fresh"`` (nothing committed yet),
+    ``"resume"`` (every partition of the store is at the checkpoint's source, at or past its last
+    committed batch, and serving), or ``"rebuild"`` (some partition cannot be brought up to date by the
+    batches to come: new actors after ``riqr down``/``riqr up``, a wiped disk, a gap)."""
+    committed = last_committed(checkpoint)
+    if committed is None:
+        return "fresh"
+    source = query_id(checkpoint)
+    ownership = delivery.current_view(fresh=True).table(delivery.spec.name)
+    if ownership is None:
+        raise NotConnected(f"store {delivery.spec.name!r} is not registered", store=delivery.spec.name)
+    uuids = sorted(ownership.all_owners())
+    answers = raycalls.get(
+        [delivery.handle(u).positions.remote() for u in uuids], f"positions of {delivery.spec.name}", timeout=30
+    )
+    behind = sorted(
+        p
+        for positions in answers
+        for p, pos in positions.items()
+        if pos["source"] != source or pos["batch_id"] < committed or pos["state"] != "serving"
+    )
+    if behind:
+        log.warning(
+            "store %s: partitions %s are not at batch %d of the checkpoint's source %s: rebuilding them "
+            "from a fresh checkpoint",
+            delivery.spec.name,
+            behind,
+            committed,
+            source,
         )
+        return "rebuild"
+    return "resume"
 
 
 def _flatten_window(df: Any, window_column: str) -> Any:
@@ -197,14 +162,17 @@ def materialize(
     partitions: int = DEFAULT_PARTITIONS,
     actors: int = DEFAULT_ACTORS,
     standbys: int = DEFAULT_STANDBYS,
+    engine: str = DEFAULT_ENGINE,
     trigger: str = DEFAULT_TRIGGER,
     output_mode: str | None = None,
+    delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
 ) -> Any:
     """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
 
     ``key`` names the key column, or a list of columns for a composite key (the first one decides the
     partition). ``value`` names the value column(s); by default every other column. The store is created
-    (with its query actors) if it does not exist. Returns the ``StreamingQuery``.
+    (with its query actors) if it does not exist; ``engine`` (``rocksdb`` or ``memory``) is where its
+    partitions live. Returns the ``StreamingQuery``.
 
     ``kind="window"`` takes the output of a ``window(...)`` aggregation and ``kind="session"`` of a
     ``session_window(...)`` one: the window struct (``window_column``, by default ``window`` or
@@ -212,26 +180,61 @@ def materialize(
     the value. The output mode defaults to ``update``, except for sessions, where Spark allows only
     ``append`` (a session's range changes as it grows, and update mode has no way to retract the old
     one): sessions reach the store once, final, when the watermark passes their end.
+
+    An owner that does not acknowledge a batch within ``delivery_timeout`` seconds (retried meanwhile)
+    fails the query.
     """
     key_cols = [key] if isinstance(key, str) else list(key)
     if kind in ("window", "session"):
         df = _flatten_window(df, window_column or ("session_window" if kind == "session" else "window"))
         key_cols = [*key_cols, WINDOW_START_COLUMN]
     spec = store_spec_for(
-        df.schema, store, key_cols, value, partitions=partitions, actors=actors, standbys=standbys, kind=kind
+        df.schema,
+        store,
+        key_cols,
+        value,
+        partitions=partitions,
+        actors=actors,
+        standbys=standbys,
+        kind=kind,
+        engine=engine,
     )
-    raycalls.get(_registry(namespace).create_store.remote(spec), f"creating store {store}")
+    raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
     value_cols = [f.name for f in spec.value_fields]
     extra = [WINDOW_END_COLUMN] if spec.windowed else []
     partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)
     from pyspark.sql import functions as F
 
     shaped = df.select(*key_cols, *value_cols, *extra, F.expr(partition_sql).alias(PARTITION_COLUMN))
-    return (
-        shaped.writeStream.foreachBatch(BatchDelivery(spec, namespace, checkpoint))
+    name = f"riqr-{namespace}-{store}"
+    delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
+    plan = plan_start(delivery, checkpoint)
+    if plan == "rebuild":
+        moved = supersede(checkpoint)
+        log.warning("store %s: the old checkpoint is kept at %s", store, moved)
+    query = (
+        shaped.writeStream.foreachBatch(delivery)
         .outputMode(output_mode or ("append" if kind == "session" else "update"))
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=trigger)
-        .queryName(f"riqr-{namespace}-{store}")
+        .queryName(name)
         .start()
     )
+    delivery.report(state="rebuilding" if plan == "rebuild" else "running", plan=plan)
+    if plan == "fresh":
+        source = _wait_for_query_id(checkpoint)
+        began = delivery.begin(source)
+        log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began)
+    return query
+
+
+def _wait_for_query_id(checkpoint: str, timeout: float = 30.0) -> str:
+    """The query id Spark writes to the checkpoint as the query starts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        source = query_id(checkpoint)
+        if source is not None:
+            return source
+        if time.monotonic() > deadline:
+            raise NotConnected(f"the streaming query wrote no metadata to {checkpoint} within {timeout:g}s")
+        time.sleep(0.05)

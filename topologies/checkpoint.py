@@ -1,0 +1,53 @@
+"""What a Spark checkpoint directory says about a streaming query, and setting one aside for a rebuild.
+
+A checkpoint holds ``metadata`` (the query id, riqr's *source*: stable across restarts of the same
+checkpoint), ``offsets/<batch id>`` (the batches planned) and ``commits/<batch id>`` (the batches done).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from runtime.errors import SchemaError
+
+__all__ = ["local_path", "query_id", "last_committed", "supersede"]
+
+
+def local_path(checkpoint: str) -> Path:
+    """The local directory of a checkpoint location (only local file systems are supported so far)."""
+    parsed = urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        raise SchemaError(f"checkpoint {checkpoint!r}: only local checkpoint directories are supported so far")
+    return Path(parsed.path if parsed.scheme else checkpoint)
+
+
+def query_id(checkpoint: str) -> str | None:
+    """The streaming query id Spark wrote to ``<checkpoint>/metadata`` (None before the first start)."""
+    path = local_path(checkpoint) / "metadata"
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as f:
+        return str(json.loads(f.readline())["id"])
+
+
+def last_committed(checkpoint: str) -> int | None:
+    """The last batch id Spark committed in this checkpoint, or None if it never committed one."""
+    commits = local_path(checkpoint) / "commits"
+    if not commits.is_dir():
+        return None
+    ids = [int(name) for name in os.listdir(commits) if name.isdigit()]
+    return max(ids) if ids else None
+
+
+def supersede(checkpoint: str) -> Path:
+    """Move a checkpoint aside (kept, not deleted: ``<checkpoint>.superseded-<UTC time>``) so the query
+    starts again from an empty one. Returns where it went."""
+    path = local_path(checkpoint)
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    target = path.with_name(f"{path.name}.superseded-{stamp}")
+    os.replace(path, target)
+    return target

@@ -1,0 +1,186 @@
+"""The foreachBatch function of ``materialize``: split a micro-batch by partition and deliver the slices
+to every owner over Ray, until every owner has acknowledged it.
+
+* Every partition of every owner gets every batch id (an empty slice when it has no rows), so each can
+  tell when it missed one (``runtime.partition``).
+* An owner that is restarting or briefly unreachable is asked again with backoff, up to
+  ``delivery_timeout`` (a minute by default); only then does the batch fail, which fails the Spark query
+  before it commits the batch. A replay after a restart is a no-op wherever the batch had landed.
+* The registry hears how ingest goes (``report_ingest``): the batch applied and when, partitions that
+  are not complete, or why it failed. ``GET /stores`` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from runtime import raycalls
+from runtime.catalog import StoreSpec
+from runtime.config import REGISTRY_NAME
+from runtime.deadline import Deadline
+from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
+from runtime.ingest import slices_for_owners, split_by_partition
+from runtime.ownership import ClusterView
+from runtime.partition import INCOMPLETE
+from topologies.checkpoint import query_id
+
+__all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DELIVERY_TIMEOUT = 60.0
+_CALL_TIMEOUT = 30.0
+
+
+def registry(namespace: str) -> Any:
+    """The registry actor of ``namespace``, or ``NotConnected``."""
+    try:
+        return ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    except ValueError:
+        raise NotConnected(
+            f"no riqr runtime in Ray namespace {namespace!r}; start it with `riqr up --namespace {namespace}`",
+            namespace=namespace,
+        ) from None
+
+
+class BatchDelivery:
+    """Delivers micro-batches of one store; called by Spark as ``foreachBatch(df, batch_id)``."""
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        namespace: str,
+        checkpoint: str,
+        *,
+        delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
+        query_name: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.namespace = namespace
+        self.checkpoint = checkpoint
+        self.delivery_timeout = delivery_timeout
+        self.query_name = query_name
+        self._source: str | None = None
+        self._view: ClusterView | None = None
+        self._handles: dict[str, Any] = {}
+
+    # -- the cluster ----------------------------------------------------------------------------------
+
+    def current_view(self, *, fresh: bool = False) -> ClusterView:
+        reg = registry(self.namespace)
+        epoch = raycalls.get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
+        if fresh or self._view is None or self._view.epoch != epoch:
+            self._view = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+        return self._view
+
+    def handle(self, uuid: str) -> Any:
+        handle = self._handles.get(uuid)
+        if handle is None:
+            try:
+                handle = self._handles[uuid] = ray.get_actor(uuid, namespace=self.namespace)
+            except ValueError:
+                raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid) from None
+        return handle
+
+    def report(self, **info: Any) -> None:
+        """Tell the registry how ingest of this store goes (best effort: never fails a batch)."""
+        try:
+            info.setdefault("at", time.time())
+            info.setdefault("query", self.query_name)
+            registry(self.namespace).report_ingest.remote(self.spec.name, info)
+        except Exception:
+            log.debug("could not report ingest state of %s", self.spec.name, exc_info=True)
+
+    # -- delivery -------------------------------------------------------------------------------------
+
+    def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, pa.Table]) -> list[Any]:
+        """``apply`` on every owner, retrying the ones that fail transiently until the delivery deadline."""
+        deadline = Deadline.after(self.delivery_timeout)
+        what = f"delivering batch {batch_id} of {self.spec.name}"
+        ownership = self.current_view().table(self.spec.name)
+        if ownership is None:
+            raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
+        pending = slices_for_owners(ownership, dict(split))
+        results: list[Any] = []
+        backoff = 0.05
+        while True:
+            refs = {}
+            failed: dict[str, RiqrError] = {}
+            for uuid, slices in pending.items():
+                try:
+                    refs[uuid] = self.handle(uuid).apply.remote(source, batch_id, slices)
+                except OwnerUnavailable as err:
+                    failed[uuid] = err
+            for uuid, ref in refs.items():
+                try:
+                    timeout = max(deadline.remaining(), 0.001)
+                    results.extend(raycalls.get(ref, what, timeout=min(timeout, _CALL_TIMEOUT), actor=uuid))
+                except (OwnerUnavailable, DeadlineExceeded) as err:
+                    failed[uuid] = err
+            if not failed:
+                return results
+            if deadline.remaining() <= backoff:
+                first = next(iter(failed.values()))
+                raise OwnerUnavailable(
+                    f"{what}: {len(failed)} owner(s) did not acknowledge within {self.delivery_timeout:g}s "
+                    f"({first.message})",
+                    store=self.spec.name,
+                    batch_id=batch_id,
+                    actors=sorted(failed),
+                )
+            log.warning("%s: %d owner(s) not reachable, retrying in %.2fs", what, len(failed), backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+            for uuid in failed:
+                self._handles.pop(uuid, None)  # look the actor up again: it may have been restarted
+            pending = {uuid: pending[uuid] for uuid in failed}
+
+    def deliver(self, source: str, batch_id: int, table: pa.Table) -> int:
+        """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``; returns rows sent."""
+        results = self._apply_everywhere(source, batch_id, split_by_partition(table, self.spec.partitions))
+        incomplete = sorted({r.partition for r in results if r.state == INCOMPLETE})
+        if incomplete:
+            log.warning(
+                "store %s: partitions %s missed batches and answer 503 until rebuilt: restart the topology "
+                "(it rebuilds them from a fresh checkpoint)",
+                self.spec.name,
+                incomplete,
+            )
+        self.report(state="running", batch_id=batch_id, rows=table.num_rows, incomplete=incomplete)
+        return int(table.num_rows)
+
+    def begin(self, source: str) -> list[int]:
+        """A query starts from an empty checkpoint: owners' never-loaded partitions serve (empty) from now."""
+        self._source = source
+        view = self.current_view(fresh=True)
+        ownership = view.table(self.spec.name)
+        if ownership is None:
+            return []
+        refs = [self.handle(uuid).begin.remote(source) for uuid in ownership.all_owners()]
+        began = raycalls.get(refs, f"starting store {self.spec.name}", timeout=_CALL_TIMEOUT)
+        return sorted(p for partitions in began for p in partitions)
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        try:
+            if self._source is None:
+                self._source = query_id(self.checkpoint)
+            if self._source is None:
+                raise NotConnected(f"the checkpoint {self.checkpoint} has no query id", store=self.spec.name)
+            rows = self.deliver(self._source, batch_id, batch_df.toArrow())
+        except Exception as err:
+            self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
+            raise
+        log.info(
+            "store %s: batch %d delivered, %d rows in %.0f ms",
+            self.spec.name,
+            batch_id,
+            rows,
+            (time.monotonic() - started) * 1000,
+        )
