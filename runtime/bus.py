@@ -32,6 +32,10 @@ class OwnerClient(Protocol):
         """How many keys ``partitions`` hold."""
         ...
 
+    async def positions(self) -> dict[int, dict[str, Any]]:
+        """Each partition's source, last batch id applied and state (``runtime.partition``)."""
+        ...
+
 
 class Bus(Protocol):
     """How a facade reaches the registry and the query actors."""
@@ -39,5 +43,9 @@ class Bus(Protocol):
     async def fetch_view(self) -> ClusterView: ...
 
     async def fetch_epoch(self) -> int: ...
+
+    async def fetch_status(self) -> dict[str, Any]:
+        """What the registry knows beyond routing: ingest state per store."""
+        ...
 
     def owner(self, uuid: str) -> OwnerClient: ...

@@ -22,6 +22,7 @@ from runtime.bus import Bus
 from runtime.codec import decode_value
 from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
 from runtime.cursor import decode_cursor
+from runtime.deadline import Deadline, within
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, route_or_unavailable
 from runtime.facade.scatter import ScatterGather
@@ -46,6 +47,8 @@ class Facade:
         page_size: int = DEFAULT_PAGE_SIZE,
         max_page: int = MAX_PAGE,
     ) -> None:
+        self._bus = bus
+        self.timeout = timeout
         self.views = ViewCache(bus, refresh_interval=refresh_interval)
         self.router = KeyRouter(bus, self.views, timeout=timeout)
         self.scatter = ScatterGather(bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page)
@@ -107,19 +110,29 @@ class Facade:
 
     # -- metadata and catalog -------------------------------------------------------------------------
 
+    async def _positions(self, view: ClusterView, store: str | None = None) -> metadata.Positions:
+        uuids = [u for u, info in view.actors.items() if store is None or info.store == store]
+        return await metadata.gather_positions(self._bus, uuids, self.timeout)
+
     async def catalog(self) -> list[dict[str, Any]]:
-        return metadata.catalog(await self.views.loaded())
+        """Every store: kind, schemas, layout, engine, ingest state, and each partition's position."""
+        view = await self.views.loaded()
+        status = await within(Deadline.after(self.timeout), self._bus.fetch_status(), "registry status")
+        return metadata.catalog(view, await self._positions(view), status)
 
     async def metadata(self) -> list[dict[str, Any]]:
-        """Every query actor as a seed-000 instance."""
-        return metadata.instances(await self.views.loaded())
+        """Every query actor as a seed-000 instance, with its partitions' positions."""
+        view = await self.views.loaded()
+        return metadata.instances(view, await self._positions(view))
 
     async def metadata_for_store(self, store: str) -> list[dict[str, Any]]:
         await self.views.table(store)
-        return metadata.instances(self.views.current, store)
+        view = self.views.current
+        return metadata.instances(view, await self._positions(view, store), store)
 
     async def metadata_for_key(self, query: KeyQuery) -> dict[str, Any]:
         """The instance that owns the key's partition, whether or not the key is present."""
         table = await self.views.table(query.store)
         route = route_or_unavailable(table, bind_partition_key(table.spec, query.key))
-        return metadata.owner_of(self.views.current, table, route)
+        positions = await metadata.gather_positions(self._bus, (route.owner, *route.standbys), self.timeout)
+        return metadata.owner_of(self.views.current, table, route, positions)

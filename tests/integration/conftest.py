@@ -36,9 +36,11 @@ class RayCluster:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     # Ray jobs run their entrypoint with this PATH: make `python` the interpreter running the tests.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    # The stores' partitions go to a scratch data directory (the nodes inherit this environment).
+    os.environ["RIQR_DATA"] = str(tmp_path_factory.mktemp("riqr-data"))
     import ray
     from ray.cluster_utils import Cluster
 
@@ -73,10 +75,11 @@ class Runtime:
         return ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
 
 
-def deploy_runtime(prefix: str) -> Runtime:
+def deploy_runtime(prefix: str, namespace: str | None = None) -> Runtime:
+    """riqr deployed in a fresh namespace (or in ``namespace``, again), REST on free ports of 127.0.0.1."""
     from verticles import deploy
 
-    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    namespace = namespace or f"{prefix}-{uuid.uuid4().hex[:8]}"
     deployment = deploy.up(
         RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
     )

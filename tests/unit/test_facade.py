@@ -134,7 +134,10 @@ async def test_metadata_shapes(facade: Facade) -> None:
     instances = await facade.metadata()
     assert len(instances) == 2
     first = instances[0]
-    assert set(first) == {"host", "port", "state-store-names", "actor", "node", "partitions"}
+    assert set(first) == {"host", "port", "state-store-names", "actor", "node", "partitions", "positions"}
+    assert first["positions"] == [
+        {"partition": p, "source": "q", "batch_id": 0, "state": "serving"} for p in first["partitions"]
+    ]
     assert first["state-store-names"] == ["customers"]
     by_node = {i["node"]: (i["host"], i["port"]) for i in instances}
     assert by_node["node-a"] == ("host-a", 7400)  # the node's HTTP verticle
@@ -146,13 +149,30 @@ async def test_metadata_shapes(facade: Facade) -> None:
         await facade.metadata_for_store("nope")
 
 
-async def test_catalog(facade: Facade) -> None:
+async def test_catalog(facade: Facade, bus: FakeBus) -> None:
+    bus.ingest["customers"] = {"state": "running", "batch_id": 0, "at": 1.5}
     [entry] = await facade.catalog()
     assert entry["name"] == "customers" and entry["key"] == {
         "column": "key",
         "type": "string",
         "columns": [{"column": "key", "type": "string"}],
     }
+    assert entry["engine"] == "rocksdb" and entry["ingest"] == {"state": "running", "batch_id": 0, "at": 1.5}
+    assert [(e["partition"], e["state"], e["batch_id"]) for e in entry["positions"]] == [
+        (p, "serving", 0) for p in range(4)
+    ]
+
+
+async def test_the_catalog_says_which_partitions_cannot_answer_and_why(facade: Facade, bus: FakeBus) -> None:
+    table = facade.view.table("customers")
+    assert table is not None
+    sick = bus.owners[table.partitions[1].active or ""]
+    sick.core.partitions[1].state, sick.core.partitions[1].reason = "incomplete", "it missed batches"
+    down = bus.owners[table.partitions[0].active or ""]
+    down.down = True
+    states = {e["partition"]: (e["state"], e.get("reason")) for e in (await facade.catalog())[0]["positions"]}
+    assert states[1] == ("incomplete", "it missed batches")
+    assert states[0][0] == "unavailable" and states[2][0] == "unavailable"  # partition 0's owner holds 0 and 2
 
 
 async def test_reverse_and_prefix(bus: FakeBus) -> None:
@@ -270,7 +290,8 @@ async def test_a_key_sharing_a_batch_with_an_unavailable_partition_still_gets_it
     owner_uuid, (sick, healthy) = next(
         (u, ps) for u, ps in table.by_owner().items() if all(p in by_partition for p in ps)
     )
-    bus.owners[owner_uuid].core.partitions[sick].available = False
+    part = bus.owners[owner_uuid].core.partitions[sick]
+    part.state, part.reason = "incomplete", "a test said so"
     sick_key, healthy_key = by_partition[sick], by_partition[healthy]
     answers = await asyncio.gather(
         facade.get(KeyQuery("customers", sick_key)),

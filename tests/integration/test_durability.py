@@ -1,0 +1,164 @@
+"""No acknowledged batch is lost: query actors killed for real while GETs run and batches keep arriving,
+and the runtime torn down and brought back under a topology that restarts on its old checkpoint.
+
+Wrong answers are counted, not only errors: a 503 is honest, a count that goes backwards, exceeds what
+was produced, or a 404 for a key that exists is not.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from tests.integration.conftest import (
+    SEED_CUSTOMERS,
+    SEED_ORDER_COUNTS,
+    RayCluster,
+    deploy_runtime,
+    produce,
+    seeded_food_orders,
+    start_food_orders,
+)
+from tests.integration.helpers import http_get, wait_for
+
+pytestmark = pytest.mark.integration
+
+KEYS = [str(i) for i in range(1, 13)]
+
+
+@dataclass
+class Ledger:
+    """What was produced (per key, cumulative) and what readers saw."""
+
+    produced: Counter[str] = field(default_factory=lambda: Counter(SEED_ORDER_COUNTS))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    answers: Counter[int] = field(default_factory=Counter)
+    wrong: list[str] = field(default_factory=list)
+    last_seen: dict[str, int] = field(default_factory=dict)
+    unavailable_since: dict[str, float] = field(default_factory=dict)
+    longest_gap: float = 0.0
+
+
+def writer(home: Path, ledger: Ledger, stop: threading.Event) -> None:
+    rng = random.Random(7)
+    while not stop.is_set():
+        keys = [rng.choice(KEYS) for _ in range(5)]
+        with ledger.lock:
+            produce(home, "order", "\n".join(f"{k}--dish" for k in keys))
+            ledger.produced.update(keys)
+        stop.wait(0.3)
+
+
+def reader(url: str, ledger: Ledger, stop: threading.Event) -> None:
+    rng = random.Random(11)
+    while not stop.is_set():
+        key = rng.choice(KEYS)
+        status, _, body = http_get(f"{url}/stores/order-count/get/{key}")
+        now = time.monotonic()
+        with ledger.lock:
+            produced = ledger.produced[key]
+        ledger.answers[status] += 1
+        if status == 200:
+            count = body["response"]
+            if count > produced or count < ledger.last_seen.get(key, 0):
+                ledger.wrong.append(f"key {key}: {count} after {ledger.last_seen.get(key)}, produced {produced}")
+            ledger.last_seen[key] = count
+            since = ledger.unavailable_since.pop(key, None)
+            if since is not None:
+                ledger.longest_gap = max(ledger.longest_gap, now - since)
+        elif status == 404:
+            if key in ledger.last_seen or produced > 0 and key in SEED_ORDER_COUNTS:
+                ledger.wrong.append(f"key {key}: 404 although it has {produced} orders")
+        elif status == 503:
+            ledger.unavailable_since.setdefault(key, now)
+        else:
+            ledger.wrong.append(f"key {key}: status {status} {body}")
+
+
+def worker_pid(handle: Any) -> int:
+    return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
+
+
+def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: Any, tmp_path: Path) -> None:
+    with seeded_food_orders(spark, "riqr-kill", tmp_path, keep_running=True) as topology:
+        url, ns = topology.runtime.url, topology.runtime.namespace
+        owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
+        assert len(owners) == 2
+        ledger, stop = Ledger(), threading.Event()
+        threads = [
+            threading.Thread(target=writer, args=(topology.home, ledger, stop), daemon=True),
+            threading.Thread(target=reader, args=(url, ledger, stop), daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(2)  # load running before the first kill
+            ray.kill(ray.get_actor(owners[0], namespace=ns), no_restart=False)
+            wait_for(lambda: ledger.answers[200] > 50, what="answers after the first kill")
+            time.sleep(2)
+            os.kill(worker_pid(ray.get_actor(owners[1], namespace=ns)), signal.SIGKILL)
+            seen = ledger.answers[200]
+            wait_for(lambda: ledger.answers[200] > seen + 50, what="answers after the SIGKILL")
+            time.sleep(2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+
+        def exactly_what_was_produced() -> bool:
+            counts = {k: http_get(f"{url}/stores/order-count/get/{k}")[2].get("response") for k in ledger.produced}
+            return counts == dict(ledger.produced)
+
+        wait_for(exactly_what_was_produced, timeout=60, what="every count equal to the orders produced")
+        assert ledger.wrong == []
+        assert all(q.isActive for q in topology.queries), [q.exception() for q in topology.queries]
+        assert ledger.answers[200] > 200, ledger.answers
+        assert ledger.longest_gap < 15, f"a key answered 503 for {ledger.longest_gap:.1f}s"
+
+
+def test_down_and_up_then_a_restart_on_the_old_checkpoint_rebuilds_the_stores(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Path
+) -> None:
+    from verticles import deploy
+
+    with seeded_food_orders(spark, "riqr-rebuild", tmp_path, keep_running=False) as topology:
+        namespace = topology.runtime.namespace
+        produce(tmp_path, "order", "1--soup")  # lands in the checkpoint's input, not in the stores yet
+        deploy.down(namespace)
+        runtime = deploy_runtime("unused", namespace=namespace)
+        again = start_food_orders(spark, runtime, tmp_path)  # the same checkpoints
+        try:
+            url = runtime.url
+            wrong: list[str] = []
+
+            def rebuilt() -> bool:
+                done = True
+                for key, name in SEED_CUSTOMERS.items():
+                    status, _, body = http_get(f"{url}/stores/customer-v1-changelog/get/{key}")
+                    if status == 200 and body["response"] != name or status not in (200, 503):
+                        wrong.append(f"customer {key}: {status} {body}")
+                    done = done and status == 200
+                status, _, body = http_get(f"{url}/stores/order-count/get/1")
+                if status not in (200, 503) or status == 200 and body["response"] not in (1, 2):
+                    wrong.append(f"order-count 1: {status} {body}")
+                return done and status == 200 and body["response"] == 2
+
+            wait_for(rebuilt, timeout=120, what="both stores rebuilt from a fresh checkpoint")
+            assert wrong == []
+            catalog = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}
+            assert catalog["order-count"]["ingest"]["plan"] == "rebuild"
+            assert {p["state"] for p in catalog["order-count"]["positions"]} == {"serving"}
+            superseded = [p.name for p in (tmp_path / "checkpoints" / namespace).iterdir() if "superseded" in p.name]
+            assert len(superseded) == 2  # both stores' old checkpoints kept aside, not deleted
+        finally:
+            again.stop()
