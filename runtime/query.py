@@ -6,8 +6,10 @@ answers batched queries: many keys in one call, one scan or count over several p
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,10 @@ class QueryCore:
     ) -> None:
         self.spec = spec
         self.directory = directory
+        # One write at a time (apply, begin, close): a retried delivery may overlap the first attempt.
+        # Reads take no lock, so they go on while a large batch is applied; a scan of an engine whose
+        # iterators cannot run beside a write takes it too.
+        self._writing = threading.Lock()
         self.partitions: dict[int, PartitionState] = {}
         for p in sorted(partitions):
             path = None if directory is None else directory / f"p{p}"
@@ -133,7 +139,8 @@ class QueryCore:
 
     def begin(self, source: str) -> list[int]:
         """A source starts from an empty checkpoint; returns the partitions that start serving (empty)."""
-        return [p for p, state in self.partitions.items() if state.begin(source)]
+        with self._writing:
+            return [p for p, state in self.partitions.items() if state.begin(source)]
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
         """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None)."""
@@ -143,7 +150,8 @@ class QueryCore:
             if state is None:
                 raise self._unavailable(p)
             rows = rows_from_arrow(self.spec, table) if table is not None and table.num_rows else []
-            results.append(state.apply(source, batch_id, rows))
+            with self._writing:
+                results.append(state.apply(source, batch_id, rows))
         return results
 
     def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
@@ -167,11 +175,13 @@ class QueryCore:
         states = [self._partition(p) for p in partitions]
         if scan.is_empty():
             return []
-        runs = [s.engine.scan(scan) for s in states]
-        merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
-        if scan.times is not None:
-            merged = _window_filter(merged, scan.times)
-        return list(merged if limit is None else itertools.islice(merged, limit))
+        guard = self._writing if any(not s.engine.concurrent_scans for s in states) else contextlib.nullcontext()
+        with guard:
+            runs = [s.engine.scan(scan) for s in states]
+            merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
+            if scan.times is not None:
+                merged = _window_filter(merged, scan.times)
+            return list(merged if limit is None else itertools.islice(merged, limit))
 
     def count(self, partitions: Sequence[int]) -> int:
         return sum(self._partition(p).engine.count() for p in partitions)
@@ -182,10 +192,12 @@ class QueryCore:
 
     def close(self) -> None:
         """Close every partition's engine (its data stays on disk)."""
-        for state in self.partitions.values():
-            state.engine.close()
+        with self._writing:
+            for state in self.partitions.values():
+                state.engine.close()
 
     def destroy(self) -> None:
         """Close every partition's engine and delete its data (the store or the runtime is going away)."""
-        for state in self.partitions.values():
-            state.engine.destroy()
+        with self._writing:
+            for state in self.partitions.values():
+                state.engine.destroy()

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 _CALL_TIMEOUT = 30.0
+# Threads of a query actor: reads go on while one thread applies a batch (docs/benchmarks.md).
+_QUERY_THREADS = 4
 
 
 def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -125,7 +127,7 @@ class RayEnv:
     ) -> list[ActorInfo]:
         handles = [
             _remote(QueryVerticle)
-            .options(**_options(uuid, self.namespace, node_id))
+            .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
             .remote(uuid, spec, list(partitions), self)
             for uuid, partitions, node_id in members
         ]

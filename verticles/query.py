@@ -1,7 +1,8 @@
 """QueryVerticle: a Ray actor named by a uuid, holding some partitions of one store.
 
-A thin shell over ``runtime.query.QueryCore``. It runs calls one at a time (a plain, non-async actor),
-so a batch is applied atomically with respect to reads. Its partitions live under
+A thin shell over ``runtime.query.QueryCore``. It is a threaded actor: reads are answered while a batch
+is being applied (``QueryCore`` serialises the writes), so a large batch does not stall lookups. A batch's
+rows and position land in one atomic write per partition. Its partitions live under
 ``<data dir>/<store>/<uuid>/p<n>`` on its node, so when Ray restarts it (a crash, ``ray.kill`` with
 restart, its worker SIGKILLed) it reopens them at their last position and serves again by itself.
 """
@@ -9,6 +10,8 @@ restart, its worker SIGKILLed) it reopens them at their last position and serves
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,7 +38,11 @@ class QueryVerticle:
         recovered = env.restarted()
         root = env.data_dir()
         directory = None if root is None else root / spec.name / uuid
+        # Reads in other threads get the interpreter often while a batch is applied in Python code.
+        sys.setswitchinterval(0.001)
+        started = time.monotonic()
         self.core = QueryCore(spec, partitions, directory=directory, recovered=recovered)
+        self.opened_in = time.monotonic() - started
         if recovered:
             log.warning("query actor %s of %s restarted: %s", uuid, spec.name, self.core.positions())
             env.report_moved(uuid, self.node_id, self.node_ip)
@@ -75,4 +82,5 @@ class QueryVerticle:
             "partitions": sorted(self.core.partitions),
             "node_id": self.node_id,
             "node_ip": self.node_ip,
+            "opened_in": self.opened_in,
         }

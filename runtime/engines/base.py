@@ -68,8 +68,12 @@ class PartitionEngine(Protocol):
     """One partition's rows (internal key -> opaque bytes) and its position.
 
     Keys are internal keys of the store's ``KeySchema``; scan bounds may be partial tuples ending in ``TOP``.
-    Callers serialise calls; an iterator from ``scan`` is meant to be consumed before the next ``apply``.
+    Writes (``apply``, ``reset``, ``close``) are serialised by the caller. ``get``, ``get_many`` and
+    ``count`` may run in other threads while a write is in progress, seeing each key's old value or its
+    new one; a ``scan`` may too when ``concurrent_scans`` is true, and otherwise must not overlap a write.
     """
+
+    concurrent_scans: bool
 
     def get(self, key: Any) -> bytes | None:
         """The value of ``key``, or None."""

@@ -82,6 +82,8 @@ class MemoryEngine:
     """A partition in a ``SortedDict``; durable through a changelog and snapshots when given a directory."""
 
     kind = "memory"
+    # A SortedDict may not be iterated while another thread inserts into it; point reads are dict reads.
+    concurrent_scans = False
 
     def __init__(
         self,

@@ -73,6 +73,8 @@ class RocksEngine:
     """A partition in its own RocksDB database; rows, position and count change in one write batch."""
 
     kind = "rocksdb"
+    # RocksDB iterators read a consistent view while writes go on.
+    concurrent_scans = True
 
     def __init__(self, schema: KeySchema, path: Path, *, sync: bool = True) -> None:
         self.schema = schema

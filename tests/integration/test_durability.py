@@ -8,21 +8,18 @@ was produced, or a 404 for a key that exists is not.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 
+from bench.faults import Ledger, read_counts, write_orders
 from tests.integration.conftest import (
     SEED_CUSTOMERS,
-    SEED_ORDER_COUNTS,
     RayCluster,
     deploy_runtime,
     produce,
@@ -32,57 +29,6 @@ from tests.integration.conftest import (
 from tests.integration.helpers import http_get, wait_for
 
 pytestmark = pytest.mark.integration
-
-KEYS = [str(i) for i in range(1, 13)]
-
-
-@dataclass
-class Ledger:
-    """What was produced (per key, cumulative) and what readers saw."""
-
-    produced: Counter[str] = field(default_factory=lambda: Counter(SEED_ORDER_COUNTS))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    answers: Counter[int] = field(default_factory=Counter)
-    wrong: list[str] = field(default_factory=list)
-    last_seen: dict[str, int] = field(default_factory=dict)
-    unavailable_since: dict[str, float] = field(default_factory=dict)
-    longest_gap: float = 0.0
-
-
-def writer(home: Path, ledger: Ledger, stop: threading.Event) -> None:
-    rng = random.Random(7)
-    while not stop.is_set():
-        keys = [rng.choice(KEYS) for _ in range(5)]
-        with ledger.lock:
-            produce(home, "order", "\n".join(f"{k}--dish" for k in keys))
-            ledger.produced.update(keys)
-        stop.wait(0.3)
-
-
-def reader(url: str, ledger: Ledger, stop: threading.Event) -> None:
-    rng = random.Random(11)
-    while not stop.is_set():
-        key = rng.choice(KEYS)
-        status, _, body = http_get(f"{url}/stores/order-count/get/{key}")
-        now = time.monotonic()
-        with ledger.lock:
-            produced = ledger.produced[key]
-        ledger.answers[status] += 1
-        if status == 200:
-            count = body["response"]
-            if count > produced or count < ledger.last_seen.get(key, 0):
-                ledger.wrong.append(f"key {key}: {count} after {ledger.last_seen.get(key)}, produced {produced}")
-            ledger.last_seen[key] = count
-            since = ledger.unavailable_since.pop(key, None)
-            if since is not None:
-                ledger.longest_gap = max(ledger.longest_gap, now - since)
-        elif status == 404:
-            if key in ledger.last_seen or produced > 0 and key in SEED_ORDER_COUNTS:
-                ledger.wrong.append(f"key {key}: 404 although it has {produced} orders")
-        elif status == 503:
-            ledger.unavailable_since.setdefault(key, now)
-        else:
-            ledger.wrong.append(f"key {key}: status {status} {body}")
 
 
 def worker_pid(handle: Any) -> int:
@@ -96,8 +42,8 @@ def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: A
         assert len(owners) == 2
         ledger, stop = Ledger(), threading.Event()
         threads = [
-            threading.Thread(target=writer, args=(topology.home, ledger, stop), daemon=True),
-            threading.Thread(target=reader, args=(url, ledger, stop), daemon=True),
+            threading.Thread(target=write_orders, args=(topology.home, ledger, stop), daemon=True),
+            threading.Thread(target=read_counts, args=(url, ledger, stop), daemon=True),
         ]
         for t in threads:
             t.start()
