@@ -31,7 +31,8 @@ DEFAULT_PORT = 7400
 # A store's layout: partitions are fixed for its life (the partitioner depends on them), actors share them.
 DEFAULT_PARTITIONS = 4
 DEFAULT_ACTORS = 2
-DEFAULT_STANDBYS = 0
+# Standby copies of each partition; None means one whenever the cluster has more than one node.
+DEFAULT_STANDBYS: int | None = None
 # Where a store keeps its partitions (docs/design.md, "Storage engines", says why rocksdb by default).
 DEFAULT_ENGINE = "rocksdb"
 # How long one request may take end to end before it is a 504.

@@ -35,13 +35,19 @@ def split_by_partition(table: pa.Table, partitions: int) -> dict[int, pa.Table]:
     return out
 
 
-def slices_for_owners(table: OwnershipTable, split: dict[int, pa.Table]) -> dict[str, dict[int, pa.Table | None]]:
+def slices_for_owners(
+    table: OwnershipTable, split: dict[int, pa.Table], role: str | None = None
+) -> dict[str, dict[int, pa.Table | None]]:
     """For every actor holding a copy of some partition: each of its partitions -> its slice or None.
 
     Every partition an actor holds is listed, even with no rows, so each partition records that it has
-    seen the batch id (its position moves forward with every batch).
+    seen the batch id (its position moves forward with every batch). ``role`` ``"standby"`` or
+    ``"active"`` keeps only the copies in that role (the sink delivers to standbys first).
     """
     out: dict[str, dict[int, pa.Table | None]] = {}
-    for uuid, parts in table.all_owners().items():
-        out[uuid] = {p: split.get(p) for p in parts}
+    for p, owners in enumerate(table.partitions):
+        active: tuple[str, ...] = (owners.active,) if owners.active else ()
+        holders = {"active": active, "standby": owners.standbys}.get(role or "", active + owners.standbys)
+        for uuid in holders:
+            out.setdefault(uuid, {})[p] = split.get(p)
     return out

@@ -162,14 +162,25 @@ def plan_placement(spec: StoreSpec, nodes: Sequence[str]) -> list[Placement]:
 def table_from_placement(spec: StoreSpec, uuids: Sequence[str], plans: Sequence[Placement]) -> OwnershipTable:
     """The ownership table for actors created from ``plans`` (``uuids[i]`` runs ``plans[i]``).
 
-    Standbys, when asked for, are the next actors round the ring, so a partition's copies never share
-    an actor.
+    Standbys, when asked for, are actors further round the ring, never the active itself, and never on a
+    node that already holds a copy of the partition while an actor on another node is left: so a node's
+    loss takes at most one copy of any partition when there are enough nodes.
     """
     owners: list[PartitionOwners] = []
     holder = {p: i for i, plan in enumerate(plans) for p in plan.partitions}
     n = len(plans)
+    wanted = min(spec.standbys or 0, n - 1)
     for p in range(spec.partitions):
         i = holder[p]
-        standbys = tuple(uuids[(i + k) % n] for k in range(1, min(spec.standbys, n - 1) + 1))
-        owners.append(PartitionOwners(uuids[i], standbys))
+        ring = [(i + k) % n for k in range(1, n)]
+        chosen: list[int] = []
+        nodes = {plans[i].node_id}
+        for j in ring:  # first, actors on nodes without a copy yet
+            if len(chosen) < wanted and plans[j].node_id not in nodes:
+                chosen.append(j)
+                nodes.add(plans[j].node_id)
+        for j in ring:  # then any other actor, when there are fewer nodes than copies
+            if len(chosen) < wanted and j not in chosen:
+                chosen.append(j)
+        owners.append(PartitionOwners(uuids[i], tuple(uuids[j] for j in chosen)))
     return OwnershipTable(spec, tuple(owners))

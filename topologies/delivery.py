@@ -3,6 +3,8 @@ to every owner over Ray, until every owner has acknowledged it.
 
 * Every partition of every owner gets every batch id (an empty slice when it has no rows), so each can
   tell when it missed one (``runtime.partition``).
+* Standby copies get the batch first, actives after: an active never shows a batch its standbys lack,
+  so a read that fails over to a standby never sees the store go back in time.
 * An owner that is restarting or briefly unreachable is asked again with backoff, up to
   ``delivery_timeout`` (a minute by default); only then does the batch fail, which fails the Spark query
   before it commits the batch. A replay after a restart is a no-op wherever the batch had landed.
@@ -100,13 +102,23 @@ class BatchDelivery:
     # -- delivery -------------------------------------------------------------------------------------
 
     def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, pa.Table]) -> list[Any]:
-        """``apply`` on every owner, retrying the ones that fail transiently until the delivery deadline."""
+        """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
-        what = f"delivering batch {batch_id} of {self.spec.name}"
         ownership = self.current_view().table(self.spec.name)
         if ownership is None:
             raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
-        pending = slices_for_owners(ownership, dict(split))
+        results: list[Any] = []
+        for role in ("standby", "active"):
+            pending = slices_for_owners(ownership, dict(split), role)
+            if pending:
+                results.extend(self._apply_to(source, batch_id, pending, deadline))
+        return results
+
+    def _apply_to(
+        self, source: str, batch_id: int, pending: dict[str, dict[int, pa.Table | None]], deadline: Deadline
+    ) -> list[Any]:
+        """``apply`` on the given owners, retrying the ones that fail transiently until ``deadline``."""
+        what = f"delivering batch {batch_id} of {self.spec.name}"
         results: list[Any] = []
         backoff = 0.05
         while True:

@@ -24,6 +24,7 @@ class TopologyOptions:
     trigger: str | None = None
     source: SourceConfig = FILES
     engine: str = DEFAULT_ENGINE
+    standbys: int | None = None
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""
@@ -32,6 +33,7 @@ class TopologyOptions:
             "partitions": self.partitions,
             "actors": self.actors,
             "engine": self.engine,
+            "standbys": self.standbys,
             "trigger": self.trigger or DEFAULT_TRIGGER,
             "checkpoint": str(checkpoint_for(home, self.namespace, store)),
         }

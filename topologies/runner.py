@@ -50,6 +50,9 @@ def run_topology(
     parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
     parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
+    parser.add_argument(
+        "--standbys", type=int, default=None, help="standby copies of each partition; default 1 on several nodes"
+    )
     parser.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="where each store's partitions live")
     parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")
     parser.add_argument(
@@ -70,7 +73,7 @@ def run_topology(
     from topologies.options import TopologyOptions
 
     args.topology = TopologyOptions(
-        args.namespace, args.partitions, args.actors, args.trigger, source, engine=args.engine
+        args.namespace, args.partitions, args.actors, args.trigger, source, engine=args.engine, standbys=args.standbys
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -13,6 +13,7 @@ import logging
 import time
 import uuid as uuidlib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from runtime.catalog import StoreSpec
@@ -81,7 +82,10 @@ class Registry:
         """Create ``spec``'s query actors and publish its table; idempotent for an identical spec."""
         if self.state.existing(spec) is not None:
             return self.state.view()
-        plans = plan_placement(spec, self._env.alive_nodes())
+        nodes = self._env.alive_nodes()
+        if spec.standbys is None:
+            spec = replace(spec, standbys=min(1, spec.actors - 1) if len(nodes) > 1 else 0)
+        plans = plan_placement(spec, nodes)
         uuids = [self._new_uuid() for _ in plans]
         table = table_from_placement(spec, uuids, plans)
         holdings = table.all_owners()

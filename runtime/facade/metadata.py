@@ -44,19 +44,23 @@ def _positions_json(info: ActorInfo, positions: Positions) -> list[dict[str, Any
 
 def instance_json(view: ClusterView, info: ActorInfo, positions: Positions | None = None) -> dict[str, Any]:
     """A seed-000 metadata instance for a query actor, plus riqr's fields: the actor, its node, its
-    partitions and, when known, each partition's position and state.
+    partitions (those it answers for, and those it holds a standby copy of) and, when known, each
+    partition's position and state.
 
     ``host``/``port`` are the HTTP verticle on the actor's node, so a client that follows the metadata
     lands on the node holding the data.
     """
     endpoint = view.endpoints.get(info.node_id)
+    table = view.tables.get(info.store)
+    active = table.by_owner().get(info.uuid, []) if table is not None else list(info.partitions)
     out: dict[str, Any] = {
         "host": endpoint.host if endpoint else info.node_ip,
         "port": endpoint.port if endpoint else None,
         "state-store-names": [info.store],
         "actor": info.uuid,
         "node": info.node_id,
-        "partitions": list(info.partitions),
+        "partitions": active,
+        "standby-partitions": [p for p in info.partitions if p not in active],
     }
     if positions is not None:
         out["positions"] = _positions_json(info, positions)

@@ -9,6 +9,7 @@ queue there while making batches smaller (measured in docs/design.md).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from runtime.bus import Bus
@@ -16,11 +17,14 @@ from runtime.catalog import StoreSpec
 from runtime.coalesce import Coalescer
 from runtime.codec import to_jsonable
 from runtime.deadline import Deadline, within
-from runtime.errors import KeyNotFound, OwnerUnavailable, PartitionUnavailable
+from runtime.errors import DeadlineExceeded, KeyNotFound, OwnerUnavailable, PartitionUnavailable, RiqrError
 from runtime.facade.view import ViewCache
 from runtime.ownership import ClusterView, OwnershipTable, Route
 
-__all__ = ["KeyRouter", "route_or_unavailable"]
+__all__ = ["KeyRouter", "route_or_unavailable", "FAILOVER_AFTER"]
+
+# How long a request waits for the active owner before asking a standby (when the partition has one).
+FAILOVER_AFTER = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +64,43 @@ class KeyRouter:
         return batcher
 
     async def get(self, spec: StoreSpec, table: OwnershipTable, key: Any) -> Any:
-        """The packed value of the internal ``key``; ``KeyNotFound`` when absent."""
+        """The packed value of the internal ``key``; ``KeyNotFound`` when absent.
+
+        The active owner is asked first; if it is dead, restarting, slower than ``FAILOVER_AFTER``, or its
+        copy of the partition cannot answer, each standby is asked in turn, within the same deadline.
+        A standby that answers is in sync: it received every batch the active did, and before it.
+        """
         route = route_or_unavailable(table, key)
         deadline = Deadline.after(self.timeout)
-        what = f"get on {spec.name}"
-        # A batch fails as a whole when one of its partitions cannot answer; a key of another partition
-        # that shared the batch is asked again (once), in a batch of its own kind.
-        for attempt in (1, 2):
+        holders = (route.owner, *route.standbys)
+        failure: RiqrError | None = None
+        for index, uuid in enumerate(holders):
+            last = index == len(holders) - 1
+            budget = deadline if last else Deadline(min(deadline.at, time.monotonic() + FAILOVER_AFTER), self.timeout)
             try:
-                answer = await within(deadline, self._batcher(route.owner).submit((route.partition, key)), what)
-            except PartitionUnavailable as err:
-                if attempt == 1 and route.partition not in err.details.get("partitions", [route.partition]):
-                    continue
-                raise
-            except OwnerUnavailable:
-                self._views.refresh_soon()
-                raise
+                answer = await self._ask(uuid, route.partition, key, budget, f"get on {spec.name}")
+            except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
+                if isinstance(err, OwnerUnavailable):
+                    self._views.refresh_soon()
+                if last:
+                    raise
+                failure = err
+                log.info("failing over from %s for partition %d: %s", uuid, route.partition, err.message)
+                continue
             if answer is None:
                 shown = to_jsonable(spec.key.external(key))
                 raise KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
             return answer
+        raise failure or AssertionError("a route has at least one holder")  # pragma: no cover
+
+    async def _ask(self, uuid: str, partition: int, key: Any, deadline: Deadline, what: str) -> bytes | None:
+        # A batch fails as a whole when one of its partitions cannot answer; a key of another partition
+        # that shared the batch is asked again (once).
+        for attempt in (1, 2):
+            try:
+                return await within(deadline, self._batcher(uuid).submit((partition, key)), what)
+            except PartitionUnavailable as err:
+                if attempt == 1 and partition not in err.details.get("partitions", [partition]):
+                    continue
+                raise
         raise AssertionError("unreachable")  # pragma: no cover

@@ -17,7 +17,7 @@ from runtime.catalog import StoreSpec
 from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE
 from runtime.cursor import encode_cursor
 from runtime.deadline import Deadline, within
-from runtime.errors import OwnerUnavailable, PartitionUnavailable
+from runtime.errors import DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
 from runtime.facade.view import ViewCache
 from runtime.merge import merge_pages_async, sum_counts
 from runtime.ownership import OwnershipTable
@@ -28,6 +28,19 @@ from runtime.windows import present
 __all__ = ["ScatterGather", "owners_or_unavailable"]
 
 RawEntry = tuple[Any, bytes]
+
+
+def _other_holders(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
+    """For each of ``partitions``, its first copy (active, then standbys) on an actor not in ``tried``,
+    grouped by actor; partitions with no such copy are left out."""
+    groups: dict[str, list[int]] = {}
+    for p in partitions:
+        owners = table.partitions[p]
+        holders = ((owners.active,) if owners.active else ()) + owners.standbys
+        holder = next((u for u in holders if u not in tried), None)
+        if holder is not None:
+            groups.setdefault(holder, []).append(p)
+    return groups
 
 
 def owners_or_unavailable(table: OwnershipTable) -> dict[str, list[int]]:
@@ -69,9 +82,20 @@ class ScatterGather:
             raise
 
     async def _owner_pages(
-        self, uuid: str, partitions: list[int], scan: Scan, page_size: int
+        self,
+        table: OwnershipTable,
+        uuid: str,
+        partitions: list[int],
+        scan: Scan,
+        page_size: int,
+        tried: frozenset[str] = frozenset(),
     ) -> AsyncGenerator[list[RawEntry], None]:
-        """One owner's part of a scan, a page at a time, with the next page fetched while one is used."""
+        """One owner's part of a scan, a page at a time, with the next page fetched while one is used.
+
+        If the owner fails mid-scan (dead, restarting, its copy unable to answer), the rest of the scan
+        continues on standby copies of the same partitions, strictly after the last key already yielded:
+        no key twice, none skipped.
+        """
         owner = self._bus.owner(uuid)
         what = f"scan page from {uuid}"
         loop = asyncio.get_running_loop()
@@ -80,15 +104,46 @@ class ScatterGather:
         )
         try:
             while pending is not None:
-                page = list(await pending)
+                try:
+                    page = list(await pending)
+                except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded):
+                    pending = None
+                    tried = tried | {uuid}
+                    if not _other_holders(table, partitions, tried):
+                        raise
+                    async for rest in self._failover_pages(table, partitions, scan, page_size, tried):
+                        yield rest
+                    return
                 pending = None
                 if len(page) == page_size:
                     scan = scan.after(page[-1][0])
                     pending = loop.create_task(self._call(owner.scan(partitions, scan, page_size), what))
+                elif page:
+                    scan = scan.after(page[-1][0])
                 yield page
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+
+    async def _failover_pages(
+        self, table: OwnershipTable, partitions: list[int], scan: Scan, page_size: int, tried: frozenset[str]
+    ) -> AsyncGenerator[list[RawEntry], None]:
+        """The rest of a scan of ``partitions`` on their next untried holders (merged, if they differ)."""
+        groups = _other_holders(table, partitions, tried)
+        missing = sorted(set(partitions) - {p for ps in groups.values() for p in ps})
+        if missing:
+            raise PartitionUnavailable(
+                f"partitions {missing} of store {table.spec.name} have no copy left to answer",
+                store=table.spec.name,
+                partitions=missing,
+            )
+        sources = [self._owner_pages(table, u, ps, scan, page_size, tried) for u, ps in groups.items()]
+        try:
+            async for chunk in merge_pages_async(sources, reverse=scan.reverse):
+                yield chunk
+        finally:
+            for source in sources:
+                await source.aclose()
 
     async def raw_chunks(
         self, table: OwnershipTable, scan: Scan, page_size: int | None = None
@@ -97,7 +152,7 @@ class ScatterGather:
         if scan.is_empty():
             return
         size = page_size or self.page_size
-        sources = [self._owner_pages(u, p, scan, size) for u, p in owners_or_unavailable(table).items()]
+        sources = [self._owner_pages(table, u, p, scan, size) for u, p in owners_or_unavailable(table).items()]
         try:
             async for chunk in merge_pages_async(sources, reverse=scan.reverse):
                 yield chunk
@@ -145,10 +200,21 @@ class ScatterGather:
         return Page(shown, encode_cursor(spec.name, scan, entries[-1][0]) if more else None)
 
     async def count(self, table: OwnershipTable) -> int:
-        """The number of entries over all partitions (owners hold disjoint partitions, so counts add)."""
+        """The number of entries over all partitions (owners hold disjoint partitions, so counts add); an
+        owner that cannot answer is replaced by standby copies of its partitions."""
         owners = owners_or_unavailable(table)
 
+        async def count_on(uuid: str, partitions: list[int], tried: frozenset[str]) -> int:
+            try:
+                return await self._bus.owner(uuid).count(partitions)
+            except (OwnerUnavailable, PartitionUnavailable):
+                tried = tried | {uuid}
+                groups = _other_holders(table, partitions, tried)
+                if sorted(p for ps in groups.values() for p in ps) != sorted(partitions):
+                    raise
+                return sum(await asyncio.gather(*(count_on(u, ps, tried) for u, ps in groups.items())))
+
         async def gather() -> list[int]:
-            return list(await asyncio.gather(*(self._bus.owner(u).count(p) for u, p in owners.items())))
+            return list(await asyncio.gather(*(count_on(u, p, frozenset()) for u, p in owners.items())))
 
         return sum_counts(await self._call(gather(), f"count of {table.spec.name}"))

@@ -24,7 +24,9 @@ from topologies.sink import BatchDelivery
 
 pytestmark = pytest.mark.integration
 
-SPEC = StoreSpec("scores", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2)
+SPEC = StoreSpec(
+    "scores", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2, standbys=0
+)  # no standby: these tests are about what a lone copy does
 
 
 @pytest.fixture(scope="module")

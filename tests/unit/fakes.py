@@ -25,9 +25,15 @@ def kv_spec(
     partitions: int = 4,
     actors: int = 2,
     rest: tuple[tuple[str, str], ...] = (),
+    standbys: int | None = None,
 ) -> StoreSpec:
     return StoreSpec(
-        name, KeySchema("key", key_type, rest), (ValueField("value", "string"),), partitions=partitions, actors=actors
+        name,
+        KeySchema("key", key_type, rest),
+        (ValueField("value", "string"),),
+        partitions=partitions,
+        actors=actors,
+        standbys=standbys,
     )
 
 
@@ -39,10 +45,13 @@ class FakeOwner:
         self.calls: list[str] = []
         self.down = False
         self.stall = 0.0
+        self.down_after: int | None = None  # goes down once it has answered this many calls
 
     async def _enter(self, name: str) -> None:
         self.calls.append(name)
         await asyncio.sleep(self.stall)
+        if self.down_after is not None and len(self.calls) > self.down_after:
+            self.down = True
         if self.down:
             raise OwnerUnavailable("fake owner is down", retry_after=1)
 

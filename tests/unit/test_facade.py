@@ -134,7 +134,17 @@ async def test_metadata_shapes(facade: Facade) -> None:
     instances = await facade.metadata()
     assert len(instances) == 2
     first = instances[0]
-    assert set(first) == {"host", "port", "state-store-names", "actor", "node", "partitions", "positions"}
+    assert set(first) == {
+        "host",
+        "port",
+        "state-store-names",
+        "actor",
+        "node",
+        "partitions",
+        "standby-partitions",
+        "positions",
+    }
+    assert first["standby-partitions"] == []
     assert first["positions"] == [
         {"partition": p, "source": "q", "batch_id": 0, "state": "serving"} for p in first["partitions"]
     ]
@@ -301,3 +311,72 @@ async def test_a_key_sharing_a_batch_with_an_unavailable_partition_still_gets_it
     assert isinstance(answers[0], PartitionUnavailable) and answers[0].details["partitions"] == [sick]
     assert answers[1] == CUSTOMERS[healthy_key]
     assert bus.owners[owner_uuid].calls.count("get_many") == 2  # the shared batch, then the healthy key alone
+
+
+@pytest.fixture
+async def replicated() -> tuple[FakeBus, Facade]:
+    b = FakeBus()
+    b.create_store(kv_spec("r", standbys=1))
+    b.load("r", {f"k{i:03d}": f"v{i}" for i in range(300)})
+    core = Facade(b, timeout=2.0, page_size=16)
+    await core.start()
+    yield b, core
+    await core.stop()
+
+
+def _active_of(bus: FakeBus, facade: Facade, key: str) -> str:
+    table = facade.view.table("r")
+    assert table is not None
+    owner = table.partitions[table.partition_of(key)].active
+    assert owner is not None and table.partitions[table.partition_of(key)].standbys
+    return owner
+
+
+async def test_a_get_fails_over_to_the_standby_when_the_active_is_down(replicated: tuple[FakeBus, Facade]) -> None:
+    bus, facade = replicated
+    active = _active_of(bus, facade, "k007")
+    bus.owners[active].down = True
+    assert await facade.get(KeyQuery("r", "k007")) == "v7"
+    standby = next(u for u in bus.owners if u != active)
+    assert "get_many" in bus.owners[standby].calls
+
+
+async def test_a_slow_active_is_passed_over_within_the_deadline(
+    replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import routing
+
+    monkeypatch.setattr(routing, "FAILOVER_AFTER", 0.05)
+    bus, facade = replicated
+    bus.owners[_active_of(bus, facade, "k010")].stall = 5.0  # far past the 2 s deadline
+    assert await facade.get(KeyQuery("r", "k010")) == "v10"
+
+
+async def test_a_scan_whose_owner_dies_midway_continues_on_the_standby_with_every_key_once(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    bus, facade = replicated
+    victim = next(iter(bus.owners))
+    bus.owners[victim].down_after = 3  # answers three page calls, then is gone
+    keys = [k for chunk in [c async for c in facade.stream(RangeQuery("r"))] for k, _ in chunk]
+    assert keys == [f"k{i:03d}" for i in range(300)]
+    assert bus.owners[victim].down
+
+
+async def test_pages_and_counts_fail_over_too(replicated: tuple[FakeBus, Facade]) -> None:
+    bus, facade = replicated
+    first = await facade.page(RangeQuery("r"), PageRequest(100))
+    bus.owners[next(iter(bus.owners))].down = True
+    rest = await facade.page(RangeQuery("r"), PageRequest(1000, first.next))
+    assert [k for k, _ in first.entries + rest.entries] == [f"k{i:03d}" for i in range(300)]
+    assert await facade.count("r") == 300
+
+
+async def test_with_every_copy_down_the_answer_is_a_503(replicated: tuple[FakeBus, Facade]) -> None:
+    bus, facade = replicated
+    for owner in bus.owners.values():
+        owner.down = True
+    with pytest.raises(OwnerUnavailable):
+        await facade.get(KeyQuery("r", "k001"))
+    with pytest.raises(OwnerUnavailable):
+        await facade.entries(RangeQuery("r"))

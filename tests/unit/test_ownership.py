@@ -55,3 +55,22 @@ def test_view_lists_stores_sorted() -> None:
     )
     assert [s.name for s in view.stores()] == ["a-store", "b-store"]
     assert view.table("missing") is None
+
+
+def test_a_standby_goes_to_another_node_whenever_there_is_one() -> None:
+    spec = kv_spec(partitions=6, actors=3, standbys=1)
+    plans = plan_placement(spec, ["n1", "n2"])  # actors 0 and 2 on n1, actor 1 on n2
+    table = table_from_placement(spec, ["a", "b", "c"], plans)
+    node = {"a": "n1", "b": "n2", "c": "n1"}
+    for owners in table.partitions:
+        assert owners.active is not None and len(owners.standbys) == 1
+        assert node[owners.standbys[0]] != node[owners.active]
+    assert table.partitions[2] == PartitionOwners("c", ("b",))  # "a" is next round the ring, but on n1
+
+
+def test_more_copies_than_nodes_share_nodes_but_never_actors() -> None:
+    spec = kv_spec(partitions=3, actors=3, standbys=2)
+    table = table_from_placement(spec, ["a", "b", "c"], plan_placement(spec, ["n1", "n2"]))
+    for owners in table.partitions:
+        copies = (owners.active, *owners.standbys)
+        assert len(set(copies)) == 3

@@ -93,9 +93,19 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
     view = registry.create_store(kv_spec("s", partitions=4, actors=2))
+    # Two nodes: one standby per partition by default, on the other node; each actor holds every partition,
+    # half of them as the active copy.
     assert env.started == [
-        ("00000000-0000-4000-8000-000000000001", (0, 2), "node-a"),
-        ("00000000-0000-4000-8000-000000000002", (1, 3), "node-b"),
+        ("00000000-0000-4000-8000-000000000001", (0, 1, 2, 3), "node-a"),
+        ("00000000-0000-4000-8000-000000000002", (0, 1, 2, 3), "node-b"),
+    ]
+    table = view.table("s")
+    assert table is not None and table.spec.standbys == 1
+    assert [(o.active[-1], o.standbys[0][-1]) for o in table.partitions] == [  # type: ignore[index]
+        ("1", "2"),
+        ("2", "1"),
+        ("1", "2"),
+        ("2", "1"),
     ]
     assert view.table("s") is not None and view.table("s").unassigned() == []  # type: ignore[union-attr]
     epoch = registry.epoch()
@@ -103,6 +113,8 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     assert len(env.started) == 2
     with pytest.raises(StoreConflict):
         registry.create_store(kv_spec("s", partitions=8, actors=2))
+    single = Registry("ns", FakeEnv(nodes=["node-a"]), new_uuid=uuids()).create_store(kv_spec("t"))
+    assert single.table("t").spec.standbys == 0  # type: ignore[union-attr]  # one node: no standby
     registry.report_ingest("s", {"state": "running", "batch_id": 3})
     registry.report_ingest("s", {"batch_id": 4})
     assert registry.status() == {"ingest": {"s": {"state": "running", "batch_id": 4}}}

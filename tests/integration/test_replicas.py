@@ -1,0 +1,136 @@
+"""Standby replicas on a real two-node Ray: placed on the other node, fed every batch, and answering
+inside the same request when the active owner is dead or restarting: lookups, scans, pages, counts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+
+from runtime import raycalls
+from runtime.catalog import StoreSpec, ValueField
+from runtime.ingest import PARTITION_COLUMN
+from runtime.keys import KeySchema
+from runtime.partitioner import spark_partition_sql
+from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
+from tests.integration.helpers import http_get, wait_for
+from topologies.delivery import BatchDelivery
+
+pytestmark = pytest.mark.integration
+
+# standbys left to the registry: one, on the other node, since the test cluster has two.
+SPEC = StoreSpec("replicated", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2)
+USERS = range(0, 400)
+
+
+@pytest.fixture(scope="module")
+def runtime_ns(ray_cluster: RayCluster) -> Iterator[Runtime]:
+    from verticles import deploy
+
+    runtime = deploy_runtime("riqr-replicas")
+    yield runtime
+    deploy.down(runtime.namespace)
+
+
+@pytest.fixture
+def store(runtime_ns: Runtime, spark: Any) -> Iterator[BatchDelivery]:
+    registry = runtime_ns.registry()
+    view = raycalls.get(registry.create_store.remote(SPEC), "create_store")
+    delivery = BatchDelivery(SPEC, runtime_ns.namespace, checkpoint="unused")
+    df = spark.createDataFrame([(u, u * 10) for u in USERS], "user bigint, score bigint")
+    partition = spark_partition_sql(SPEC.key.type, "user", 4)
+    delivery.deliver("q", 0, df.selectExpr("user", "score", f"{partition} AS {PARTITION_COLUMN}").toArrow())
+    actors = {u for u, info in view.actors.items() if info.store == SPEC.name}
+    for url in runtime_ns.endpoints.values():
+        wait_for(
+            lambda url=url: {i["actor"] for i in http_get(f"{url}/metadata/stores/replicated")[2]["result"]} == actors,
+            what="the REST API seeing the store",
+        )
+    yield delivery
+    raycalls.get(registry.drop_store.remote(SPEC.name), "drop_store")
+
+
+def test_each_partition_has_a_standby_on_the_other_node(runtime_ns: Runtime, store: BatchDelivery) -> None:
+    view = raycalls.get(runtime_ns.registry().view.remote(), "view")
+    table = view.tables["replicated"]
+    assert table.spec.standbys == 1
+    for owners in table.partitions:
+        assert owners.active is not None and len(owners.standbys) == 1
+        assert view.actors[owners.active].node_id != view.actors[owners.standbys[0]].node_id
+    catalog = {s["name"]: s for s in http_get(f"{runtime_ns.url}/stores")[2]["result"]}
+    assert catalog["replicated"]["standbys"] == 1
+
+
+def test_a_dead_active_is_answered_for_by_its_standby_in_the_same_request(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    url = runtime_ns.url
+    owner = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]
+    assert len(owner["standbys"]) == 1
+    wrong: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def load() -> None:
+        i = 0
+        while not stop.is_set():
+            user = USERS[i % len(USERS)]
+            status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
+            if status != 200 or body != {"response": user * 10}:
+                wrong.append(f"{user}: {status} {body}")
+            answered[0] += 1
+            i += 7
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: answered[0] > 50, what="load before the kill")
+        ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=True)
+        seen = answered[0]
+        wait_for(lambda: answered[0] > seen + 200, what="answers after the kill")
+    finally:
+        stop.set()
+        reader.join(timeout=60)
+    assert wrong == []
+    body = http_get(f"{url}/stores/replicated/all")[2]
+    assert [e["key"] for e in body["result"]] == list(USERS)
+    assert http_get(f"{url}/stores/replicated/approximate-num-entries")[2] == {"result": len(USERS)}
+
+
+def test_a_stream_whose_owner_dies_midway_completes_with_every_key_once(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    url = runtime_ns.url
+    victim = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"]
+    request = urllib.request.Request(
+        f"{url}/stores/replicated/all?limit=100000", headers={"Accept": "application/x-ndjson"}
+    )
+    keys = []
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        for n, line in enumerate(resp):
+            keys.append(json.loads(line)["key"])
+            if n == 10:  # the first pages are out: the owner dies while the stream goes on
+                ray.kill(ray.get_actor(victim, namespace=runtime_ns.namespace), no_restart=True)
+    assert keys == list(USERS)
+    # Pages with cursors go on too.
+    first = http_get(f"{url}/stores/replicated/all?limit=150")[2]
+    rest = http_get(f"{url}/stores/replicated/all?limit=1000&cursor={first['next']}")[2]
+    assert [e["key"] for e in first["result"] + rest["result"]] == list(USERS)
+
+
+def test_a_batch_delivered_while_an_owner_restarts_reaches_every_copy(
+    runtime_ns: Runtime, store: BatchDelivery, spark: Any
+) -> None:
+    url = runtime_ns.url
+    owner = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]
+    ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=False)
+    table = pa.table({"user": pa.array([7], pa.int64()), "score": pa.array([777], pa.int64())})
+    partition = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["partition"]
+    store.deliver("q", 1, table.append_column(PARTITION_COLUMN, pa.array([partition], pa.int32())))
+    assert http_get(f"{url}/stores/replicated/get/7")[2] == {"response": 777}
