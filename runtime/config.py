@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for the annotation: config stays free of aiohttp and jwt
+    from runtime.auth import AuthConfig
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -92,11 +96,16 @@ def riqr_data(namespace: str, explicit: str | os.PathLike[str] | None = None) ->
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """How the verticles are deployed: namespace, HTTP binding, request deadline."""
+    """How the verticles are deployed: namespace, HTTP binding, request deadline, REST authentication.
+
+    ``auth`` None means no authentication, for in-cluster callers and tests on loopback; ``riqr up`` and
+    ``riqr demo`` always pass one (on unless ``--no-auth``). The default binding is loopback only.
+    """
 
     namespace: str = DEFAULT_NAMESPACE
-    http_host: str = "0.0.0.0"
+    http_host: str = "127.0.0.1"
     http_port: int = DEFAULT_PORT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     # Advertised host in metadata; None means the node's IP address.
     advertise_host: str | None = None
+    auth: AuthConfig | None = None
