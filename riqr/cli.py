@@ -1,7 +1,8 @@
 """The ``riqr`` command.
 
 riqr demo [--port 7400]                    local Ray + Spark, the seed-000 food orders served over REST
-riqr up [--address ADDR]                   deploy the verticles on a running Ray cluster
+riqr up [--address ADDR] [--no-auth]       deploy the verticles on a running Ray cluster (REST auth on)
+riqr token [--stores a,b] [--ttl SECONDS]  mint a bearer token for the REST API of a deployment
 riqr down [--address ADDR]                 remove them
 riqr run TOPOLOGY [options]                run a topology (as ``python -m topologies.TOPOLOGY`` does)
 echo "1--john" | riqr produce customer     append records to a landing directory
@@ -10,10 +11,13 @@ echo "1--john" | riqr produce customer     append records to a landing directory
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
 
+from riqr.access import rest_auth, token_for
+from runtime.auth import DEMO_TTL_SECONDS, AuthConfig
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PORT, RuntimeConfig, riqr_home
 from runtime.errors import RiqrError
 from runtime.landing import parse_console_bytes, write_records
@@ -44,12 +48,48 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from verticles import deploy
 
     _connect_ray(args.address, args.namespace)
+    auth = rest_auth(args.namespace, disabled=args.no_auth)
     config = RuntimeConfig(
-        namespace=args.namespace, http_host=args.host, http_port=args.port, advertise_host=args.advertise_host
+        namespace=args.namespace,
+        http_host=args.host,
+        http_port=args.port,
+        advertise_host=args.advertise_host,
+        auth=auth,
     )
     deployment = deploy.up(config)
     for ep in deployment.endpoints:
         print(f"node {ep.node_id[:12]}  REST API at {ep.url}")
+    if not auth.enabled:
+        _say("riqr: REST authentication is OFF (--no-auth): anyone who reaches the port reads every store")
+        return 0
+    token = token_for(auth)
+    if token is None:
+        _say("REST authentication is on: send tokens signed by your issuer as 'Authorization: Bearer <token>'")
+    else:
+        # On stdout, for the operator's terminal or a pipe; never logged. `riqr token` mints more.
+        _say("REST authentication is on. A token for every store, valid 24 h (more: riqr token --stores a,b):")
+        print(token)
+    return 0
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    env = AuthConfig.from_env()
+    secret = env.secret
+    if secret is None and env.public_key is None:
+        from verticles import deploy
+
+        _connect_ray(args.address, args.namespace)
+        secrets = deploy.existing_secrets(args.namespace)
+        if secrets is None:
+            _say(f"riqr: riqr is not up in namespace {args.namespace!r} (run riqr up first)")
+            return 2
+        secret = secrets.jwt_secret
+    if secret is None:
+        _say("riqr: the REST API verifies tokens with a public key (RIQR_JWT_PUBLIC_KEY_FILE): ask its issuer")
+        return 2
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()] or ["*"]
+    auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=())
+    print(token_for(auth, stores, args.ttl))
     return 0
 
 
@@ -92,9 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or the local cluster")
     up.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="REST port on every node (0: any free port)")
-    up.add_argument("--host", default="0.0.0.0", help="address the REST API binds to")
+    up.add_argument(
+        "--host", default="127.0.0.1", help="address the REST API binds to (default loopback; 0.0.0.0: every one)"
+    )
     up.add_argument("--advertise-host", default=None, help="host named in metadata; default the node's IP")
+    up.add_argument("--no-auth", action="store_true", help="serve the REST API without bearer tokens (unsafe)")
     up.set_defaults(func=_cmd_up)
+
+    token = sub.add_parser("token", help="print a bearer token for the REST API (the deployment's secret)")
+    token.add_argument("--address", default=None)
+    token.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    token.add_argument("--stores", default="*", help="comma-separated stores the token may read; default all")
+    token.add_argument("--ttl", type=int, default=DEMO_TTL_SECONDS, help="seconds until it expires")
+    token.set_defaults(func=_cmd_token)
 
     down = sub.add_parser("down", help="remove the verticles (and the stores' state) from the Ray cluster")
     down.add_argument("--address", default=None)
@@ -129,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ConnectionError as err:
         _say(f"riqr: cannot reach the Ray cluster: {err}")
+        return 2
+    except ValueError as err:  # a bad auth setting (RIQR_JWT_*); its message never quotes a secret
+        _say(f"riqr: {err}")
         return 2
 
 

@@ -31,18 +31,19 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def seed_curls(base: str) -> list[str]:
-    """The curl commands of seed 000, pointed at ``base``."""
+def seed_curls(base: str, token: str | None = None) -> list[str]:
+    """The curl commands of seed 000, pointed at ``base``, sending ``token`` when auth is on."""
+    curl = "curl" if token is None else f'curl -H "Authorization: Bearer {token}"'
     return [
-        f"curl {base}/metadata",
-        f"curl {base}/metadata/stores/order-count",
-        f"curl {base}/metadata/stores/order-count/key/1",
-        f"curl {base}/stores/customer-v1-changelog/all",
-        f"curl {base}/stores/customer-v1-changelog/get/2",
-        f"curl '{base}/stores/customer-v1-changelog/range?from=1&to=5'",
-        f"curl {base}/stores/customer-v1-changelog/approximate-num-entries",
-        f"curl {base}/stores/order-count/get/1",
-        f"curl {base}/stores",
+        f"{curl} {base}/metadata",
+        f"{curl} {base}/metadata/stores/order-count",
+        f"{curl} {base}/metadata/stores/order-count/key/1",
+        f"{curl} {base}/stores/customer-v1-changelog/all",
+        f"{curl} {base}/stores/customer-v1-changelog/get/2",
+        f"{curl} '{base}/stores/customer-v1-changelog/range?from=1&to=5'",
+        f"{curl} {base}/stores/customer-v1-changelog/approximate-num-entries",
+        f"{curl} {base}/stores/order-count/get/1",
+        f"{curl} {base}/stores",
     ]
 
 
@@ -78,6 +79,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     import ray
 
+    from riqr.access import rest_auth, token_for
     from runtime.client import connect
     from topologies import food_orders
     from topologies.options import TopologyOptions
@@ -89,8 +91,11 @@ def run_demo(args: argparse.Namespace) -> int:
     queries: list[Any] = []
     spark = None
     try:
+        # Auth on, as for riqr up: the deployment's own secret (or the operator's, from RIQR_JWT_*).
+        auth = rest_auth(namespace, disabled=False)
+        token = token_for(auth)
         config = RuntimeConfig(
-            namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost"
+            namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost", auth=auth
         )
         try:
             deployment = deploy.up(config)
@@ -112,7 +117,11 @@ def run_demo(args: argparse.Namespace) -> int:
             what="the seed data showing up in the stores",
         )
         _say(f"[riqr demo] ready in {time.monotonic() - started:.1f}s. Try:\n")
-        print("\n".join("  " + c for c in seed_curls(base)), flush=True)
+        if token is not None:
+            _say("  REST authentication is on; a token for every store, valid 24 h:\n")
+            print(f"  TOKEN={token}\n", flush=True)
+        print("\n".join("  " + c for c in seed_curls(base, token)), flush=True)
+        _say("\n  the API, browsable: " + base + "/docs (its OpenAPI document: " + base + "/openapi.json)")
         _say(
             "\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order"
             + ("" if args.home is None else f" --home {home}")

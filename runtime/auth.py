@@ -48,6 +48,7 @@ __all__ = [
     "auth_middleware",
     "mint_token",
     "generate_secret",
+    "DeploymentSecrets",
 ]
 
 log = logging.getLogger(__name__)
@@ -352,3 +353,25 @@ def mint_token(
 def generate_secret() -> str:
     """A fresh random HS256 secret (256 bits, URL-safe text)."""
     return secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True, repr=False)
+class DeploymentSecrets:
+    """What one deployment (a Ray namespace) keeps secret: the HMAC key of its cursors and the HS256
+    secret of its tokens (used unless the operator configures keys of their own).
+
+    The registry holds them from its creation: Ray re-runs its constructor with the same arguments when
+    it restarts it, so they survive restarts, and every node's verticles get the same ones.
+    """
+
+    cursor_key: bytes
+    jwt_secret: str
+
+    @classmethod
+    def generate(cls) -> DeploymentSecrets:
+        return cls(secrets.token_bytes(32), generate_secret())
+
+    def __repr__(self) -> str:
+        return "DeploymentSecrets(<hidden>)"
+
+    __str__ = __repr__

@@ -43,18 +43,23 @@ def decode_value(data: bytes) -> Any:
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, bytes):
         return base64.b64encode(obj).decode("ascii")
-    if isinstance(obj, (_dt.datetime, _dt.date)):
+    if isinstance(obj, (_dt.datetime, _dt.date, _dt.time)):
         return obj.isoformat()
+    if isinstance(obj, decimal.Decimal):
+        return str(obj)
     raise TypeError(f"cannot encode a value of type {type(obj).__name__} as JSON")
 
 
 # One encoder for every answer: json.dumps with options builds a new encoder per call, which dominated
 # the cost of streaming entries. Tuples become arrays, non-string map keys strings, as usual for JSON.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
+# NaN and infinities raise (``allow_nan=False``) instead of producing text no JSON parser accepts; the REST
+# renderer then spells them as strings (runtime.rest.render.encode_json).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default, allow_nan=False)
 
 
 def to_json(value: Any) -> str:
-    """Compact JSON of a decoded value or answer; bytes become base64 text, datetimes ISO-8601."""
+    """Compact JSON of a decoded value or answer; bytes become base64 text, datetimes ISO-8601.
+    ``ValueError`` for NaN or infinite floats."""
     return _ENCODER.encode(value)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for the annotation: config stays free of aiohttp and jwt
+    from runtime.auth import AuthConfig
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -18,6 +22,12 @@ __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE",
     "DEFAULT_TRIGGER",
+    "MAX_URL_CHARS",
+    "MAX_HEADER_FIELD_BYTES",
+    "MAX_HEADERS",
+    "MAX_QUERY_PARAMS",
+    "MAX_KEY_CHARS",
+    "MAX_BODY_BYTES",
     "VIEW_REFRESH_INTERVAL",
     "RuntimeConfig",
     "riqr_home",
@@ -41,6 +51,17 @@ DEFAULT_REQUEST_TIMEOUT = 10.0
 DEFAULT_PAGE_SIZE = 1000
 # The largest page a client may ask for; larger results are for NDJSON streams or cursors.
 MAX_PAGE = 10_000
+# Limits on what a REST request may carry (docs/api.md, "Limits"). The request line (method, URL, version)
+# and each header field are capped by aiohttp's parser; they differ by two bytes on purpose, so that a
+# parser rejection can say which one was exceeded (414 or 431) from the limit it reports.
+MAX_URL_CHARS = 8192
+MAX_HEADER_FIELD_BYTES = 8190
+MAX_HEADERS = 64
+MAX_QUERY_PARAMS = 16
+# A key, key bound or prefix as written in the URL (percent-encoded): longer is a 400 key-too-long.
+MAX_KEY_CHARS = 1024
+# No route reads a body; a small one is tolerated (some clients send an empty JSON object).
+MAX_BODY_BYTES = 1024
 # The micro-batch interval of riqr's topologies.
 DEFAULT_TRIGGER = "250 milliseconds"
 # How often a facade compares its cached view's epoch with the registry's.
@@ -76,11 +97,16 @@ def riqr_data(namespace: str, explicit: str | os.PathLike[str] | None = None) ->
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """How the verticles are deployed: namespace, HTTP binding, request deadline."""
+    """How the verticles are deployed: namespace, HTTP binding, request deadline, REST authentication.
+
+    ``auth`` None means no authentication, for in-cluster callers and tests on loopback; ``riqr up`` and
+    ``riqr demo`` always pass one (on unless ``--no-auth``). The default binding is loopback only.
+    """
 
     namespace: str = DEFAULT_NAMESPACE
-    http_host: str = "0.0.0.0"
+    http_host: str = "127.0.0.1"
     http_port: int = DEFAULT_PORT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     # Advertised host in metadata; None means the node's IP address.
     advertise_host: str | None = None
+    auth: AuthConfig | None = None

@@ -1,25 +1,47 @@
-"""Cursors: the position of a paged scan as an opaque token for clients.
+"""Cursors: the position of a paged scan as an opaque, authenticated token for clients.
 
 A cursor is the scan (bounds, direction, time filter) plus the last key returned, so the next page starts
-strictly after that key; msgpack in URL-safe base64, naming its store (a cursor for another store is a 400).
+strictly after that key. Its body is msgpack naming the store and the kind of query that issued it; an
+HMAC-SHA-256 tag (truncated to 128 bits, as RFC 4868 does for IPsec) keyed per deployment follows it, and
+both travel as URL-safe base64: ``<body>.<tag>``.
+
+Why both a tag and validation: the tag makes a cursor unforgeable (any change is a 400 before anything is
+unpacked), and it is keyed per deployment so every node's facades accept each other's cursors and a
+restarted verticle keeps accepting the ones it issued. The body is still checked against the store's key
+schema and the shape of its scans on decode, because a genuine cursor can outlive its store: a store
+dropped and recreated under the same name with other key types must get a 400, never an error inside an
+owner.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
+import secrets
 from typing import Any
 
 import msgpack
 
+from runtime.catalog import StoreSpec
 from runtime.errors import MalformedCursor
-from runtime.keys import TOP
+from runtime.keys import TOP, KeyType
 from runtime.scan import Bound, Scan, TimeFilter
 
-__all__ = ["encode_cursor", "decode_cursor"]
+__all__ = ["CursorCodec", "MAX_CURSOR_CHARS", "generate_cursor_key"]
 
-_CURSOR_VERSION = 1
+_CURSOR_VERSION = 2
 _TOP_EXT = 1
+_TAG_BYTES = 16
+# Far above any cursor riqr issues (bounds are keys, themselves limited), so only junk is refused unread.
+MAX_CURSOR_CHARS = 4096
+_NOT_OURS = "the cursor is not one this server issued"
+
+
+def generate_cursor_key() -> bytes:
+    """A fresh 256-bit HMAC key for a deployment's cursors."""
+    return secrets.token_bytes(32)
 
 
 def _pack_default(obj: Any) -> Any:
@@ -29,47 +51,138 @@ def _pack_default(obj: Any) -> Any:
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _TOP_EXT:
+    if code == _TOP_EXT and data == b"":
         return TOP
-    raise MalformedCursor("the cursor is not one this server issued")
+    raise MalformedCursor(_NOT_OURS)
 
 
 def _wire_key(key: Any) -> Any:
     return list(key) if isinstance(key, tuple) else key
 
 
-def encode_cursor(store: str, scan: Scan, last_key: Any) -> str:
-    """An opaque token continuing ``scan`` of ``store`` after ``last_key``."""
-    hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
-    lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
-    times = None if scan.times is None else scan.times.to_wire()
-    packed = msgpack.packb(
-        [_CURSOR_VERSION, store, scan.reverse, lo, hi, _wire_key(last_key), times],
-        use_bin_type=True,
-        default=_pack_default,
-    )
-    return base64.urlsafe_b64encode(packed).decode("ascii").rstrip("=")
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
 
 
-def _key_from_wire(key: Any) -> Any:
-    return tuple(key) if isinstance(key, list) else key
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def decode_cursor(store: str, token: str) -> Scan:
-    """The scan a cursor continues, already moved past its last key. ``MalformedCursor`` if not ours."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        version, cursor_store, reverse, lo, hi, last, times = msgpack.unpackb(raw, raw=False, ext_hook=_ext_hook)
-    except MalformedCursor:
-        raise
-    except (ValueError, TypeError, binascii.Error, msgpack.UnpackException):
-        raise MalformedCursor("the cursor is not one this server issued", store=store) from None
-    if version != _CURSOR_VERSION or cursor_store != store:
-        raise MalformedCursor(f"the cursor belongs to another query, not to store {store!r}", store=store)
-    scan = Scan(
-        None if lo is None else Bound(_key_from_wire(lo[0]), bool(lo[1])),
-        None if hi is None else Bound(_key_from_wire(hi[0]), bool(hi[1])),
-        bool(reverse),
-        None if times is None else TimeFilter(*times),
-    )
-    return scan.after(_key_from_wire(last))
+class CursorCodec:
+    """Issues and checks the cursors of one deployment, keyed by ``key`` (see ``generate_cursor_key``).
+
+    Without a key it makes a random one: cursors are then good only for this codec (unit tests, a
+    facade used on its own).
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key if key is not None else generate_cursor_key()
+        if len(self._key) < 16:
+            raise ValueError("a cursor key needs at least 128 bits")
+
+    def __repr__(self) -> str:
+        return "CursorCodec(key=<hidden>)"
+
+    def _tag(self, body: bytes) -> bytes:
+        return hmac.new(self._key, body, hashlib.sha256).digest()[:_TAG_BYTES]
+
+    def encode(self, store: str, shape: str, scan: Scan, last_key: Any) -> str:
+        """An opaque token continuing ``scan`` of ``store`` (issued by a ``shape`` query) after ``last_key``."""
+        hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
+        lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
+        times = None if scan.times is None else scan.times.to_wire()
+        body = msgpack.packb(
+            [_CURSOR_VERSION, store, shape, scan.reverse, lo, hi, _wire_key(last_key), times],
+            use_bin_type=True,
+            default=_pack_default,
+        )
+        return f"{_b64(body)}.{_b64(self._tag(body))}"
+
+    def decode(self, spec: StoreSpec, shape: str, token: str) -> Scan:
+        """The scan a cursor continues, already moved past its last key; ``MalformedCursor`` unless this
+        deployment issued it for ``spec``'s store and a ``shape`` query, and it fits the store's schema."""
+        body = self._verified_body(spec.name, token)
+        try:
+            version, store, issued_for, reverse, lo, hi, last, times = msgpack.unpackb(
+                body, raw=False, ext_hook=_ext_hook, strict_map_key=True
+            )
+        except MalformedCursor:
+            raise MalformedCursor(_NOT_OURS, store=spec.name) from None
+        except (ValueError, TypeError, msgpack.UnpackException):
+            raise MalformedCursor(_NOT_OURS, store=spec.name) from None
+        if version != _CURSOR_VERSION or store != spec.name or issued_for != shape:
+            raise MalformedCursor(f"the cursor belongs to another query, not to this {shape} query of store "
+                                  f"{spec.name!r}", store=spec.name)  # fmt: skip
+        try:
+            scan = Scan(_bound(spec, lo), _bound(spec, hi), _flag(reverse), _times(spec, times))
+            return scan.after(_key(spec, last, whole=True))
+        except _Invalid:
+            raise MalformedCursor(f"the cursor does not fit store {spec.name!r}", store=spec.name) from None
+
+    def _verified_body(self, store: str, token: Any) -> bytes:
+        if not isinstance(token, str) or len(token) > MAX_CURSOR_CHARS or token.count(".") != 1:
+            raise MalformedCursor(_NOT_OURS, store=store)
+        body_text, _, tag_text = token.partition(".")
+        try:
+            body, tag = _unb64(body_text), _unb64(tag_text)
+        except (ValueError, binascii.Error):
+            raise MalformedCursor(_NOT_OURS, store=store) from None
+        if not hmac.compare_digest(tag, self._tag(body)):
+            raise MalformedCursor(_NOT_OURS, store=store)
+        return body
+
+
+class _Invalid(Exception):
+    """A cursor part that does not fit the store (turned into one ``MalformedCursor``)."""
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid
+    return value
+
+
+def _component(key_type: KeyType, value: Any) -> Any:
+    """One key column's internal value, checked: text for strings, an integer in range otherwise."""
+    if key_type.kind == "string" and isinstance(value, str):
+        return value
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if key_type.kind == "timestamp" and is_int:
+        return value
+    if key_type.kind == "integer" and is_int and key_type.lo <= value <= key_type.hi:
+        return value
+    raise _Invalid
+
+
+def _key(spec: StoreSpec, value: Any, *, whole: bool) -> Any:
+    """An internal key (``whole``) or bound of ``spec``: leading components, maybe ending with ``TOP``."""
+    columns = [t for _, t in spec.key.columns]
+    if not spec.key.composite:
+        return _component(columns[0], value)
+    if not isinstance(value, list) or not 1 <= len(value) <= len(columns):
+        raise _Invalid
+    if whole and len(value) != len(columns):
+        raise _Invalid
+    parts: list[Any] = []
+    for i, part in enumerate(value):
+        last = i == len(value) - 1
+        parts.append(TOP if part is TOP and last and not whole else _component(columns[i], part))
+    return tuple(parts)
+
+
+def _bound(spec: StoreSpec, value: Any) -> Bound | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise _Invalid
+    return Bound(_key(spec, value[0], whole=False), _flag(value[1]))
+
+
+def _times(spec: StoreSpec, value: Any) -> TimeFilter | None:
+    if value is None:
+        return None
+    if not spec.windowed or not isinstance(value, list) or len(value) != 3:
+        raise _Invalid
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value):
+        raise _Invalid
+    return TimeFilter(*value)

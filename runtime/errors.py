@@ -16,6 +16,12 @@ __all__ = [
     "MalformedKey",
     "MalformedRange",
     "MalformedCursor",
+    "MalformedPath",
+    "KeyTooLong",
+    "TooManyParameters",
+    "PayloadTooLarge",
+    "UriTooLong",
+    "HeadersTooLarge",
     "InvalidParameter",
     "NotFound",
     "StoreNotFound",
@@ -97,6 +103,45 @@ class MalformedCursor(BadRequest):
     """A paging cursor that this server did not issue for this query."""
 
     code = "malformed-cursor"
+
+
+class MalformedPath(BadRequest):
+    """A path segment that is not valid percent-encoded UTF-8 (a store name such as ``%FF``)."""
+
+    code = "malformed-path"
+
+
+class KeyTooLong(MalformedKey):
+    """A key (or key bound, or prefix) longer than ``runtime.config.MAX_KEY_CHARS`` as written in the URL."""
+
+    code = "key-too-long"
+
+
+class TooManyParameters(BadRequest):
+    """More query parameters than ``runtime.config.MAX_QUERY_PARAMS``."""
+
+    code = "too-many-parameters"
+
+
+class PayloadTooLarge(RiqrError):
+    """A request body: no route of the REST API takes one, so anything above a token size is refused."""
+
+    status = 413
+    code = "payload-too-large"
+
+
+class UriTooLong(RiqrError):
+    """A request line longer than ``runtime.config.MAX_URL_CHARS``."""
+
+    status = 414
+    code = "uri-too-long"
+
+
+class HeadersTooLarge(RiqrError):
+    """A header field over ``MAX_HEADER_FIELD_BYTES``, or more than ``MAX_HEADERS`` headers."""
+
+    status = 431
+    code = "headers-too-large"
 
 
 class InvalidParameter(BadRequest):

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 from urllib.parse import unquote, unquote_plus
 
 from runtime.catalog import StoreSpec
-from runtime.config import MAX_PAGE
-from runtime.errors import InvalidParameter, MalformedKey, MalformedRange, RiqrError
+from runtime.config import MAX_KEY_CHARS, MAX_PAGE
+from runtime.errors import InvalidParameter, KeyTooLong, MalformedKey, MalformedRange, RiqrError
 from runtime.scan import Scan, prefix_scan
 from runtime.windows import require_kind, session_scan, window_scan
 
@@ -45,6 +45,9 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def _decode(text: str, *, in_query: bool) -> str:
+    if len(text) > MAX_KEY_CHARS:
+        raise KeyTooLong(f"the key is {len(text)} characters long in the URL; the limit is {MAX_KEY_CHARS}",
+                         limit=MAX_KEY_CHARS)  # fmt: skip
     if _BAD_ESCAPE.search(text):
         raise MalformedKey(f"{text!r} has a '%' that is not followed by two hex digits", key=text)
     try:
@@ -62,11 +65,17 @@ class UrlKey:
     raw: str
     in_query: bool = False
 
+    def text(self) -> str:
+        """The whole key decoded as one text (a prefix; a store name); ``MalformedKey`` for bad escapes."""
+        return _decode(self.raw, in_query=self.in_query)
+
     def decode(self, columns: int) -> str | tuple[str, ...]:
         """The key's text (one column) or the texts of its components; ``MalformedKey`` for bad escapes."""
         if columns > 1:
+            if len(self.raw) > MAX_KEY_CHARS:
+                return self.text()  # refused for its length before it is split
             return tuple(_decode(part, in_query=self.in_query) for part in self.raw.split("/"))
-        return _decode(self.raw, in_query=self.in_query)
+        return self.text()
 
 
 def _user_key(spec: StoreSpec, key: Any) -> Any:
@@ -102,6 +111,9 @@ class KeyQuery:
 class ScanQuery(Protocol):
     """A query over a range of keys: it names its store and binds to a ``Scan`` given the store's spec."""
 
+    # Which kind of scan this is ("range", "window", "session"): a cursor is valid only for its own kind.
+    shape: ClassVar[str]
+
     @property
     def store(self) -> str: ...
 
@@ -111,6 +123,8 @@ class ScanQuery(Protocol):
 @dataclass(frozen=True)
 class RangeQuery:
     """``all`` (no bounds), ``range`` (``lo``/``hi`` inclusive, either optional) or ``prefix``."""
+
+    shape: ClassVar[str] = "range"
 
     store: str
     lo: Any = None
@@ -139,6 +153,8 @@ class RangeQuery:
         try:
             lo = None if self.lo is None else key.coerce_bound(_user_key(spec, self.lo), upper=False)
             hi = None if self.hi is None else key.coerce_bound(_user_key(spec, self.hi), upper=True)
+        except KeyTooLong:
+            raise
         except RiqrError as err:
             raise MalformedRange(err.message, store=spec.name) from None
         return Scan.closed(lo, hi, reverse=self.reverse)
@@ -148,6 +164,8 @@ class RangeQuery:
 class WindowQuery:
     """Windows of ``key`` (or of the keys in [``key_from``, ``key_to``], each optional) whose start lies
     in [``time_from``, ``time_to``] (datetimes or ISO-8601; None is open)."""
+
+    shape: ClassVar[str] = "window"
 
     store: str
     key: Any = None
@@ -174,6 +192,8 @@ class WindowQuery:
 class SessionQuery:
     """Sessions of ``key`` (or of a key range); with bounds, those ending at or after ``earliest_end`` and
     starting at or before ``latest_start`` (Kafka's ``findSessions``)."""
+
+    shape: ClassVar[str] = "session"
 
     store: str
     key: Any = None

@@ -23,6 +23,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime import raycalls
+from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name, riqr_data
 from runtime.deadline import Deadline
@@ -33,7 +34,17 @@ from verticles.http import HttpVerticle
 from verticles.query import QueryVerticle
 from verticles.registry import Registry
 
-__all__ = ["RayEnv", "Deployment", "NodeEndpoint", "ensure_registry", "up", "down", "alive_nodes"]
+__all__ = [
+    "RayEnv",
+    "Deployment",
+    "NodeEndpoint",
+    "ensure_registry",
+    "deployment_secrets",
+    "existing_secrets",
+    "up",
+    "down",
+    "alive_nodes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -197,20 +208,38 @@ class Deployment:
 
 
 def ensure_registry(namespace: str) -> Any:
-    """The registry of ``namespace``, created if missing."""
+    """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
+    registry keeps its own, since ``get_if_exists`` ignores the arguments)."""
     handle = (
         _remote(Registry)
         .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True))
-        .remote(namespace, RayEnv(namespace))
+        .remote(namespace, RayEnv(namespace), secrets=DeploymentSecrets.generate())
     )
     raycalls.get(handle.epoch.remote(), "starting the registry")
     return handle
 
 
+def deployment_secrets(namespace: str) -> DeploymentSecrets:
+    """The cursor key and token secret of ``namespace``'s deployment (creating its registry if needed)."""
+    secrets: DeploymentSecrets = raycalls.get(ensure_registry(namespace).secrets.remote(), "the deployment's keys")
+    return secrets
+
+
+def existing_secrets(namespace: str) -> DeploymentSecrets | None:
+    """The secrets of a deployment that is up, or None (``riqr token`` must not create a registry)."""
+    try:
+        handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    except ValueError:
+        return None
+    secrets: DeploymentSecrets = raycalls.get(handle.secrets.remote(), "the deployment's keys", timeout=_CALL_TIMEOUT)
+    return secrets
+
+
 def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
-    """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent."""
+    """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent: a
+    verticle that is running already keeps its settings (``riqr down`` first to change auth or binding)."""
     ns = config.namespace
-    ensure_registry(ns)
+    cursor_key = deployment_secrets(ns).cursor_key
     env = RayEnv(ns)
     endpoints = []
     for node_id in nodes if nodes is not None else alive_nodes():
@@ -218,12 +247,21 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
         facade = (
             _remote(FacadeVerticle)
             .options(**_options(facade_name(node_id), ns, node_id, get_if_exists=True))
-            .remote(bus, config.request_timeout)
+            .remote(bus, config.request_timeout, cursor_key=cursor_key)
         )
         http = (
             _remote(HttpVerticle)
             .options(**_options(http_name(node_id), ns, node_id, get_if_exists=True))
-            .remote(bus, env, config.http_host, config.http_port, config.advertise_host, config.request_timeout)
+            .remote(
+                bus,
+                env,
+                config.http_host,
+                config.http_port,
+                config.advertise_host,
+                config.request_timeout,
+                auth=config.auth,
+                cursor_key=cursor_key,
+            )  # fmt: skip
         )
         where = raycalls.get(http.start.remote(), f"starting the REST API on node {node_id}")
         raycalls.get(facade.ready.remote(), f"starting the facade on node {node_id}")

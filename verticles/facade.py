@@ -19,8 +19,9 @@ __all__ = ["FacadeVerticle"]
 class FacadeVerticle:
     """Routes and scatter-gathers for callers on its node."""
 
-    def __init__(self, bus: Bus, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
-        self.core = Facade(bus, timeout=timeout)
+    def __init__(self, bus: Bus, timeout: float = DEFAULT_REQUEST_TIMEOUT, *, cursor_key: bytes | None = None) -> None:
+        # The deployment's cursor key: the Python client pages with the same cursors as REST callers.
+        self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key)
         self._started = False
 
     async def _ready(self) -> Facade:

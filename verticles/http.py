@@ -13,11 +13,13 @@ import logging
 
 from aiohttp import web
 
+from runtime.auth import AuthConfig
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT
 from runtime.facade import Facade
 from runtime.ownership import Endpoint
 from runtime.rest import build_app
+from runtime.rest.server import start_runner
 from verticles.env import VerticleEnv
 
 __all__ = ["HttpVerticle"]
@@ -41,14 +43,19 @@ class HttpVerticle:
         *,
         restart_attempts: int = 30,
         restart_backoff: float = 1.0,
+        auth: AuthConfig | None = None,
+        cursor_key: bytes | None = None,
     ) -> None:
+        # ``auth`` and ``cursor_key`` are constructor arguments so that Ray's restart of this actor keeps
+        # them: it serves the same tokens and accepts the cursors it issued before.
         self._env = env
+        self.auth = auth if auth is not None else AuthConfig()
         self.host = host
         self.port = port
         # Advertise what clients can reach: the bound address, unless it is a wildcard.
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
-        self.core = Facade(bus, timeout=timeout)
+        self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key)
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
         self._restart_attempts = restart_attempts
@@ -80,8 +87,7 @@ class HttpVerticle:
         """Start serving (idempotent) and register the endpoint; returns where it listens."""
         if self._runner is None:
             await self.core.start()
-            runner = web.AppRunner(build_app(self.core), access_log=None)
-            await runner.setup()
+            runner = await start_runner(build_app(self.core, auth=self.auth))
             site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
             try:
                 await site.start()
@@ -92,7 +98,11 @@ class HttpVerticle:
             addresses = runner.addresses
             self.bound_port = int(addresses[0][1]) if addresses else self.port
             await self._env.register_endpoint(Endpoint(self.node_id, self.advertise_host, self.bound_port))
-            log.info("riqr REST API on http://%s:%s", self.advertise_host, self.bound_port)
+            log.info("riqr REST API on http://%s:%s (auth %s)", self.advertise_host, self.bound_port,
+                     "on" if self.auth.enabled else "off")  # fmt: skip
+            if not self.auth.enabled and self.host not in ("127.0.0.1", "::1", "localhost"):
+                log.warning("the REST API on %s:%s has no authentication: anyone who reaches it reads every store",
+                            self.host, self.bound_port)  # fmt: skip
         return self._where()
 
     async def where(self) -> dict[str, object] | None:

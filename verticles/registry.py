@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, Placement, plan_placement, table_from_placement
 from runtime.registry import RegistryState
@@ -41,8 +42,12 @@ class Registry:
         *,
         clock: Callable[[], float] = time.time,
         new_uuid: Callable[[], str] = _new_uuid,
+        secrets: DeploymentSecrets | None = None,
     ) -> None:
         self.namespace = namespace
+        # verticles.deploy passes them, so a restart (same constructor arguments) keeps them; generating
+        # here is for tests only, since a restarted registry would then hand out new ones.
+        self._secrets = secrets if secrets is not None else DeploymentSecrets.generate()
         self._env = env
         self._new_uuid = new_uuid
         self.state = RegistryState()
@@ -71,6 +76,10 @@ class Registry:
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
         log.warning("registry restarted; rebuilt %d stores from their query actors", len(by_store))
+
+    def secrets(self) -> DeploymentSecrets:
+        """The deployment's cursor key and token secret (in-cluster callers are trusted: docs/security.md)."""
+        return self._secrets
 
     def epoch(self) -> int:
         return self.state.epoch

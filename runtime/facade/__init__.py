@@ -21,7 +21,7 @@ from typing import Any
 from runtime.bus import Bus
 from runtime.codec import decode_value
 from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
-from runtime.cursor import decode_cursor
+from runtime.cursor import CursorCodec
 from runtime.deadline import Deadline, within
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, route_or_unavailable
@@ -46,8 +46,12 @@ class Facade:
         refresh_interval: float = VIEW_REFRESH_INTERVAL,
         page_size: int = DEFAULT_PAGE_SIZE,
         max_page: int = MAX_PAGE,
+        cursor_key: bytes | None = None,
     ) -> None:
+        # Every facade of a deployment gets the same ``cursor_key`` (verticles.deploy), so a cursor one
+        # node issued pages on at any other, and on the Python client's facade verticle too.
         self._bus = bus
+        self.cursors = CursorCodec(cursor_key)
         self.timeout = timeout
         self.views = ViewCache(bus, refresh_interval=refresh_interval)
         self.router = KeyRouter(bus, self.views, timeout=timeout)
@@ -82,7 +86,7 @@ class Facade:
     async def _bind(self, query: ScanQuery, cursor: str | None = None) -> tuple[OwnershipTable, Scan]:
         table = await self.views.table(query.store)
         scan = query.bind(table.spec)  # validates the query even when a cursor continues it
-        return table, scan if cursor is None else decode_cursor(query.store, cursor)
+        return table, scan if cursor is None else self.cursors.decode(table.spec, query.shape, cursor)
 
     async def entries(self, query: ScanQuery) -> list[Any]:
         """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries."""
@@ -92,7 +96,11 @@ class Facade:
     async def page(self, query: ScanQuery, request: PageRequest) -> Page:
         """One page of a scan and the cursor of the next (None after the last page)."""
         table, scan = await self._bind(query, request.cursor)
-        return await self.scatter.page(table, scan, request.limit)
+
+        def cursor_after(last_key: Any) -> str:
+            return self.cursors.encode(table.spec.name, query.shape, scan, last_key)
+
+        return await self.scatter.page(table, scan, request.limit, cursor_after)
 
     async def stream(self, query: ScanQuery, cursor: str | None = None) -> AsyncGenerator[list[Any], None]:
         """Every entry of a scan as chunks, with memory flat whatever the size (NDJSON, ``iterate``)."""

@@ -9,13 +9,12 @@ nothing: if any partition has no owner the answer is a 503 listing them, never a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from runtime.bus import Bus
 from runtime.catalog import StoreSpec
 from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE
-from runtime.cursor import encode_cursor
 from runtime.deadline import Deadline, within
 from runtime.errors import DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
 from runtime.facade.view import ViewCache
@@ -189,15 +188,18 @@ class ScatterGather:
         spec = table.spec
         return [present(spec, k, v) for k, v in await self._collect_raw(table, scan, None)]
 
-    async def page(self, table: OwnershipTable, scan: Scan, limit: int | None) -> Page:
-        """At most ``limit`` entries of ``scan`` (default: the page size) and the cursor of the next page."""
+    async def page(
+        self, table: OwnershipTable, scan: Scan, limit: int | None, cursor_after: Callable[[Any], str]
+    ) -> Page:
+        """At most ``limit`` entries of ``scan`` (default: the page size) and the cursor of the next page,
+        which ``cursor_after(last key)`` issues (the facade knows the query and holds the cursor key)."""
         limit = check_limit(self.page_size if limit is None else limit, self.max_page)
         spec: StoreSpec = table.spec
         entries = await self._collect_raw(table, scan, limit + 1)
         more = len(entries) > limit
         entries = entries[:limit]
         shown = [present(spec, k, v) for k, v in entries]
-        return Page(shown, encode_cursor(spec.name, scan, entries[-1][0]) if more else None)
+        return Page(shown, cursor_after(entries[-1][0]) if more else None)
 
     async def count(self, table: OwnershipTable) -> int:
         """The number of entries over all partitions (owners hold disjoint partitions, so counts add); an

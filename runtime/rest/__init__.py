@@ -1,55 +1,57 @@
 """The REST API as an aiohttp application built by a factory, from one route table.
 
-``build_app(facade)`` wires the seed-000 paths (and riqr's additions) to a ``Facade``; the HttpVerticle only
-starts and stops it. ``ROUTES`` is the route table as data: the app is built from it, and so can be any
-description of the API (its docs, an OpenAPI document), so they cannot drift apart.
+``build_app(facade, auth=...)`` wires the seed-000 paths (and riqr's additions) to a ``Facade``; the
+HttpVerticle only starts and stops it. ``ROUTES`` (``runtime.rest.routes``) is the route table as data:
+the app is built from it, and so is its OpenAPI document (``GET /openapi.json``, browsable at ``/docs``),
+so they cannot drift apart.
+
+Middlewares, outermost first: errors become JSON (``render.error_middleware``); the request limits of
+``runtime.config`` (``limits.limits_middleware``); bearer-token authentication and per-store
+authorization (``runtime.auth``). Every response says ``Server: riqr``, without a version.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from aiohttp import web
 
+from runtime.auth import AuthConfig, auth_middleware
+from runtime.config import MAX_BODY_BYTES, MAX_HEADER_FIELD_BYTES, MAX_HEADERS, MAX_URL_CHARS
 from runtime.facade import Facade
 from runtime.rest import handlers as h
-from runtime.rest.render import Handler, error_middleware
+from runtime.rest.limits import limits_middleware
+from runtime.rest.openapi import SPEC, openapi_document
+from runtime.rest.render import SERVER_NAME, error_middleware
+from runtime.rest.routes import PUBLIC_PATHS, ROUTES, Param, Route
 
-__all__ = ["build_app", "FACADE", "ROUTES", "Route"]
+__all__ = ["build_app", "FACADE", "ROUTES", "Route", "Param", "PUBLIC_PATHS", "PARSER_LIMITS"]
 
 FACADE = h.FACADE
 
-
-@dataclass(frozen=True)
-class Route:
-    """One GET path of the REST API: its aiohttp path pattern, handler, and a one-line summary."""
-
-    path: str
-    handler: Handler
-    summary: str
+# aiohttp's parser limits (Application handler_args), so the test server and the verticle's agree.
+PARSER_LIMITS = {"max_line_size": MAX_URL_CHARS, "max_field_size": MAX_HEADER_FIELD_BYTES, "max_headers": MAX_HEADERS}
 
 
-ROUTES: tuple[Route, ...] = (
-    Route("/metadata", h.metadata, "every query actor, as seed-000 metadata instances"),
-    Route("/metadata/stores/{store}", h.metadata_for_store, "the instances holding a store"),
-    Route("/metadata/stores/{store}/key/{key:.*}", h.metadata_for_key, "the instance owning a key's partition"),
-    Route("/stores", h.catalog, "the store catalog: kinds, key and value schemas, partitions"),
-    Route("/stores/{store}/all", h.all_entries, "every entry in key order"),
-    Route("/stores/{store}/get/{key:.*}", h.get_key, "the value of one key"),
-    Route("/stores/{store}/range", h.range_entries, "the entries between two keys, both inclusive"),
-    Route("/stores/{store}/prefix/{prefix:.*}", h.prefix_entries, "the entries whose key starts with a prefix"),
-    Route("/stores/{store}/windows", h.windows_of_range, "windows of a key range within a time range"),
-    Route("/stores/{store}/windows/{key:.*}", h.windows_of_key, "windows of one key within a time range"),
-    Route("/stores/{store}/sessions", h.sessions_of_range, "sessions of a key range"),
-    Route("/stores/{store}/sessions/{key:.*}", h.sessions_of_key, "sessions of one key"),
-    Route("/stores/{store}/approximate-num-entries", h.approximate_num_entries, "the number of entries"),
-)
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    # aiohttp would announce "Python/3.x aiohttp/x.y"; a version only helps whoever scans for old ones.
+    response.headers["Server"] = SERVER_NAME
 
 
-def build_app(facade: Facade) -> web.Application:
-    """The REST application over ``facade``. Keys in paths may be empty and may contain ``/``."""
-    app = web.Application(middlewares=[error_middleware])
+def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Application:
+    """The REST application over ``facade``; ``auth`` (default: off) says who may read what.
+
+    Keys in paths may be empty and may contain ``/``. Cursors are checked with the facade's cursor key
+    (``Facade(cursor_key=...)``), so every node of a deployment accepts every other's.
+    """
+    auth = auth if auth is not None else AuthConfig()
+    app = web.Application(
+        middlewares=[error_middleware, limits_middleware, auth_middleware(auth, public_paths=PUBLIC_PATHS)],
+        client_max_size=MAX_BODY_BYTES,
+        handler_args=PARSER_LIMITS,
+    )
     app[FACADE] = facade
+    app[h.AUTH] = auth
+    app[SPEC] = openapi_document(ROUTES, auth_enabled=auth.enabled)
+    app.on_response_prepare.append(_server_header)
     for route in ROUTES:
-        app.router.add_get(route.path, route.handler)
+        app.router.add_get(route.path, route.handler, allow_head=False)
     return app

@@ -11,13 +11,16 @@ from urllib.parse import unquote_plus
 
 from aiohttp import web
 
-from runtime.errors import InvalidParameter
+from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
+from runtime.errors import InvalidParameter, MalformedKey, MalformedPath
 from runtime.facade import Facade
 from runtime.queries import KeyQuery, PageRequest, RangeQuery, ScanQuery, SessionQuery, UrlKey, WindowQuery
 from runtime.rest.render import entries_json, reply, stream_ndjson, wants_ndjson
 
 __all__ = [
     "FACADE",
+    "AUTH",
+    "health",
     "metadata",
     "metadata_for_store",
     "metadata_for_key",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 FACADE: web.AppKey[Facade] = web.AppKey("riqr.facade", Facade)
+AUTH: web.AppKey[AuthConfig] = web.AppKey("riqr.auth", AuthConfig)
 
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 
@@ -43,7 +47,19 @@ def _facade(request: web.Request) -> Facade:
 
 
 def _store(request: web.Request) -> str:
-    return request.match_info["store"]
+    """The store named in the path, decoded strictly: aiohttp's lenient decoding would turn ``%FF`` into
+    U+FFFD and answer 404 for a store nobody asked for."""
+    segments = request.rel_url.raw_path.split("/")
+    raw = segments[3] if segments[1] == "metadata" else segments[2]
+    try:
+        return UrlKey(raw).text()
+    except MalformedKey as err:
+        raise MalformedPath(f"the store name in the path is malformed: {err.message}") from None
+
+
+def _may_read(request: web.Request, store: str) -> bool:
+    """Whether the caller may see ``store`` in listings (auth.visible; everyone when auth is off)."""
+    return visible(request.app[AUTH], request.get(PRINCIPAL, ANONYMOUS), store)
 
 
 def _path_key(request: web.Request, skip: int) -> UrlKey:
@@ -98,8 +114,15 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
     return reply(request, {"result": entries_json(await facade.entries(query))})
 
 
+async def health(request: web.Request) -> web.Response:
+    """Liveness: this process serves HTTP (it asks nothing of the cluster; no token needed)."""
+    return reply(request, {"status": "ok"})
+
+
 async def metadata(request: web.Request) -> web.Response:
-    return reply(request, {"result": await _facade(request).metadata()})
+    instances = await _facade(request).metadata()
+    shown = [i for i in instances if all(_may_read(request, s) for s in i.get("state-store-names", ()))]
+    return reply(request, {"result": shown})
 
 
 async def metadata_for_store(request: web.Request) -> web.Response:
@@ -112,7 +135,8 @@ async def metadata_for_key(request: web.Request) -> web.Response:
 
 
 async def catalog(request: web.Request) -> web.Response:
-    return reply(request, {"result": await _facade(request).catalog()})
+    stores = await _facade(request).catalog()
+    return reply(request, {"result": [s for s in stores if _may_read(request, s["name"])]})
 
 
 async def get_key(request: web.Request) -> web.Response:
@@ -135,7 +159,8 @@ async def range_entries(request: web.Request) -> web.StreamResponse:
 
 
 async def prefix_entries(request: web.Request) -> web.StreamResponse:
-    query = RangeQuery(_store(request), prefix=request.match_info["prefix"], reverse=_bool_param(request, "reverse"))
+    prefix = _path_key(request, 3).text()  # strictly decoded, like keys
+    query = RangeQuery(_store(request), prefix=prefix, reverse=_bool_param(request, "reverse"))
     return await _scan_reply(request, query)
 
 

@@ -2,11 +2,18 @@
 prefers it, NDJSON for streams. The one error middleware lives here: riqr errors get their own status
 (and Retry-After for 503s), aiohttp's routing errors become JSON too, and anything else is a logged 500,
 which no client input should ever reach.
+
+Every value riqr answers with encodes in every format: datetimes as ISO-8601 text, bytes as base64 in
+JSON (bin in msgpack), integers beyond 64 bits as decimal text in msgpack (it has no wider integers), and
+NaN or infinite floats as the text ``"NaN"``/``"Infinity"`` in JSON (which has no such numbers). An error
+body that still cannot be encoded falls back to a fixed minimal JSON error, so rendering an error never
+fails.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -18,38 +25,97 @@ from runtime.codec import to_json
 from runtime.errors import RiqrError
 from runtime.windows import Windowed
 
-__all__ = ["reply", "error_middleware", "stream_ndjson", "entries_json", "wants_ndjson", "MSGPACK", "NDJSON"]
+__all__ = [
+    "reply",
+    "error_reply",
+    "error_middleware",
+    "stream_ndjson",
+    "entries_json",
+    "wants_ndjson",
+    "MSGPACK",
+    "NDJSON",
+    "SERVER_NAME",
+]
 
 log = logging.getLogger(__name__)
 
 MSGPACK = "application/msgpack"
 NDJSON = "application/x-ndjson"
+# What the Server header says: no product version for scanners to match against known vulnerabilities.
+SERVER_NAME = "riqr"
+_MINIMAL_ERROR = b'{"error":{"code":"internal","message":"the error could not be encoded"}}'
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _wants_msgpack(request: web.Request) -> bool:
+def _wants_msgpack(request: web.BaseRequest) -> bool:
     accept = request.headers.get("Accept", "")
     return MSGPACK in accept and "application/json" not in accept.split(MSGPACK)[0]
 
 
-def wants_ndjson(request: web.Request) -> bool:
+def wants_ndjson(request: web.BaseRequest) -> bool:
     return NDJSON in request.headers.get("Accept", "")
 
 
 def _msgpack_default(obj: Any) -> Any:
     # Timestamps (window bounds, timestamp keys) travel as ISO-8601 text, as in JSON.
-    if isinstance(obj, (_dt.datetime, _dt.date)):
+    if isinstance(obj, (_dt.datetime, _dt.date, _dt.time)):
         return obj.isoformat()
+    if isinstance(obj, int):  # only called for integers msgpack cannot hold (beyond 64 bits)
+        return str(obj)
+    if isinstance(obj, decimal.Decimal):
+        return str(obj)
     raise TypeError(f"cannot encode a value of type {type(obj).__name__}")
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with what JSON cannot hold made text: only used once plain encoding has failed."""
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
+    if value is None or isinstance(value, (bool, int, bytes, _dt.date, _dt.time)):
+        return value
+    return str(value)
+
+
+def encode_json(body: Any) -> bytes:
+    """``body`` as UTF-8 JSON; values plain JSON cannot hold are made text rather than failing."""
+    try:
+        return to_json(body).encode("utf-8")
+    except (ValueError, TypeError, UnicodeEncodeError):
+        return to_json(_json_safe(body)).encode("utf-8")
+
+
+def _encode(request: web.BaseRequest, body: Any) -> tuple[bytes, str]:
+    if _wants_msgpack(request):
+        packed: bytes = msgpack.packb(body, use_bin_type=True, default=_msgpack_default)
+        return packed, MSGPACK
+    return encode_json(body), "application/json"
 
 
 def reply(request: web.Request, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     """A response with ``body`` encoded as the client asked (JSON unless it prefers msgpack)."""
-    if _wants_msgpack(request):
-        packed = msgpack.packb(body, use_bin_type=True, default=_msgpack_default)
-        return web.Response(body=packed, status=status, content_type=MSGPACK, headers=headers)
-    return web.Response(text=to_json(body), status=status, content_type="application/json", headers=headers)
+    data, content_type = _encode(request, body)
+    return web.Response(body=data, status=status, content_type=content_type, headers=headers)
+
+
+def error_reply(
+    request: web.BaseRequest, body: dict[str, Any], status: int, headers: dict[str, str] | None = None
+) -> web.Response:
+    """An error response that cannot fail: in the format asked for if possible, else a minimal JSON error."""
+    try:
+        data, content_type = _encode(request, body)
+    except Exception:
+        log.warning("an error body for %s could not be encoded; sent a minimal one", request.path, exc_info=True)
+        data, content_type = _MINIMAL_ERROR, "application/json"
+    return web.Response(body=data, status=status, content_type=content_type, headers=headers)
 
 
 @web.middleware
@@ -60,18 +126,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except RiqrError as err:
         if err.status >= 500:
             log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
-        return reply(request, err.to_json(), status=err.status, headers=err.headers())
+        return error_reply(request, err.to_json(), status=err.status, headers=err.headers())
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = "not-found" if exc.status == 404 else "method-not-allowed" if exc.status == 405 else "http-error"
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         body = {"error": {"code": code, "message": exc.reason, "path": request.path}}
-        return reply(request, body, status=exc.status, headers=headers)
+        return error_reply(request, body, status=exc.status, headers=headers)
     except Exception:
         log.exception("unhandled error serving %s %s", request.method, request.path)
         body = {"error": {"code": "internal", "message": "internal error; see the server log"}}
-        return reply(request, body, status=500)
+        return error_reply(request, body, status=500)
 
 
 def _entry_json(entry: Any) -> dict[str, Any]:
@@ -104,10 +170,10 @@ async def stream_ndjson(
                 if left is not None:
                     chunk = chunk[:left]
                     left -= len(chunk)
-                await response.write(("\n".join(to_json(_entry_json(e)) for e in chunk) + "\n").encode())
+                await response.write(b"".join(encode_json(_entry_json(e)) + b"\n" for e in chunk))
                 chunk = None if left == 0 else await anext(chunks, None)
         except RiqrError as err:
-            await response.write((to_json(err.to_json()) + "\n").encode())
+            await response.write(encode_json(err.to_json()) + b"\n")
         await response.write_eof()
         return response
     finally:

@@ -57,6 +57,9 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
     )
     urls = re.findall(r"REST API at (http://\S+)", out)
     assert len(urls) == 2, out
+    # riqr up serves with auth on and prints a token for every store (a JWT: three base64url parts).
+    [token] = re.findall(r"\beyJ[\w-]+\.[\w-]+\.[\w-]+", out)
+    bearer = {"Authorization": f"Bearer {token}"}
     try:
         run(
             BIN / "ray",
@@ -93,8 +96,8 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
         run(BIN / "riqr", "produce", "order", "--home", str(tmp_path), stdin=SEED_ORDERS)
 
         def seeded() -> bool:
-            all_customers = http_get(f"{urls[1]}/stores/customer-v1-changelog/all")[2]
-            orders = http_get(f"{urls[0]}/stores/order-count/approximate-num-entries")[2]
+            all_customers = http_get(f"{urls[1]}/stores/customer-v1-changelog/all", bearer)[2]
+            orders = http_get(f"{urls[0]}/stores/order-count/approximate-num-entries", bearer)[2]
             return all_customers == {
                 "result": [{"key": k, "value": v} for k, v in sorted(CUSTOMERS.items())]
             } and orders == {"result": 3}
@@ -108,8 +111,8 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
             return seeded()
 
         wait_for(seeded_or_job_died, timeout=240, what="the Ray job's topology serving the seed data", fatal=(JobDied,))
-        assert http_get(f"{urls[1]}/stores/order-count/get/1")[2] == {"response": 1}
-        assert http_get(f"{urls[0]}/stores/order-count/get/")[2] == {"response": 1}
+        assert http_get(f"{urls[1]}/stores/order-count/get/1", bearer)[2] == {"response": 1}
+        assert http_get(f"{urls[0]}/stores/order-count/get/", bearer)[2] == {"response": 1}
     finally:
         subprocess.run(
             [BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -13,3 +15,13 @@ def _no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("unit tests must not start or join Ray; move this test to tests/integration")
 
     monkeypatch.setattr(ray, "init", refuse)
+
+
+# Hypothesis: a few seconds of examples in the normal suite; HYPOTHESIS_PROFILE=thorough for a long hunt.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "riqr", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.register_profile("thorough", parent=settings.get_profile("riqr"), max_examples=5000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "riqr"))

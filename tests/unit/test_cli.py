@@ -6,9 +6,13 @@ from urllib.parse import urlsplit
 import pytest
 
 from riqr import cli, demo
+from riqr.access import token_for
+from runtime.auth import AuthConfig, generate_secret
 from runtime.facade import Facade
 from runtime.rest import build_app
 from tests.unit.fakes import FakeBus, kv_spec
+
+SECRET = generate_secret()
 
 
 def stdin(data: bytes) -> io.TextIOWrapper:
@@ -53,17 +57,23 @@ async def seeded_app(aiohttp_client):  # type: ignore[no-untyped-def]
     bus.load("customer-v1-changelog", customers)
     bus.create_store(kv_spec("order-count"))
     bus.load("order-count", {"1": 1, "2": 1, "": 1})
-    return await aiohttp_client(build_app(Facade(bus, timeout=1.0)))
+    # Auth on, with a secret as `riqr demo` has one: the printed curls must carry a token that works.
+    auth = AuthConfig(enabled=True, secret=SECRET)
+    return await aiohttp_client(build_app(Facade(bus, timeout=1.0), auth=auth))
 
 
 async def test_every_curl_the_demo_prints_answers_as_the_seed_says(seeded_app) -> None:  # type: ignore[no-untyped-def]
     answers = {}
-    for command in demo.seed_curls("http://localhost:7400"):
+    token = token_for(AuthConfig(enabled=True, secret=SECRET))
+    assert token is not None
+    for command in demo.seed_curls("http://localhost:7400", token):
         words = shlex.split(command)
-        assert words[0] == "curl" and len(words) == 2, command
-        url = urlsplit(words[1])
+        assert words[:2] == ["curl", "-H"] and len(words) == 4, command
+        name, _, value = words[2].partition(": ")
+        url = urlsplit(words[3])
         path = url.path + (f"?{url.query}" if url.query else "")
-        resp = await seeded_app.get(path)
+        assert (await seeded_app.get(path)).status == 401  # the token is what lets it through
+        resp = await seeded_app.get(path, headers={name: value})
         assert resp.status == 200, (command, await resp.text())
         answers[path] = await resp.json()
     assert answers["/stores/customer-v1-changelog/get/2"] == {"response": "adam"}

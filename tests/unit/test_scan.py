@@ -1,8 +1,6 @@
 import pytest
 
-from runtime.cursor import decode_cursor, encode_cursor
 from runtime.engines import PartitionEngine, Position, open_engine
-from runtime.errors import MalformedCursor
 from runtime.keys import KeySchema
 from runtime.scan import Bound, Scan, prefix_scan
 
@@ -44,16 +42,3 @@ def test_emptiness() -> None:
     assert Scan(Bound("a"), Bound("a", False)).is_empty()
     assert not Scan.closed("a", "a").is_empty()
     assert not Scan().is_empty()
-
-
-def test_cursor_round_trip_continues_the_same_scan() -> None:
-    scan = Scan.closed(("c1", 5), ("c1", 9), reverse=True)
-    token = encode_cursor("s", scan, ("c1", 7))
-    assert decode_cursor("s", token) == scan.after(("c1", 7))
-    assert "=" not in token and "/" not in token and "+" not in token  # URL-safe
-
-
-@pytest.mark.parametrize("token", ["", "not-base64!", "AAAA", encode_cursor("other", Scan(), "k")])
-def test_foreign_cursors_are_rejected(token: str) -> None:
-    with pytest.raises(MalformedCursor):
-        decode_cursor("s", token)

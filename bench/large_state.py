@@ -1,0 +1,106 @@
+"""Benchmark: state larger than memory on the rocksdb engine: load ``--keys`` keys (50 million by default)
+into one store through its query actor, and sample the actor's memory as the key count grows.
+
+    .venv/bin/python -m bench.large_state [--keys 50000000] [--batch 500000]
+
+The store has one partition on one query actor, so every key lands in one RocksDB. The actor's resident
+memory is printed every ``--report`` keys, with the partition's size on disk; with the rocksdb engine it
+stays flat (block cache and memtables are bounded) while the keys grow. The baseline is the actor's memory
+before the first key, in the same run. A last step reads keys back from the start, middle and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from bench.loadgen import key_name
+
+__all__ = ["main"]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def disk_mb(path: str) -> float:
+    done = subprocess.run(["du", "-sm", path], capture_output=True, text=True, check=False)
+    return float(done.stdout.split()[0]) if done.returncode == 0 and done.stdout else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=50_000_000)
+    parser.add_argument("--batch", type=int, default=500_000)
+    parser.add_argument("--report", type=int, default=5_000_000)
+    args = parser.parse_args()
+    data = os.environ.setdefault("RIQR_DATA", tempfile.mkdtemp(prefix="riqr-large-data-"))
+
+    import pyarrow as pa
+    import ray
+
+    from runtime import raycalls
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.config import REGISTRY_NAME, RuntimeConfig
+    from runtime.ingest import PARTITION_COLUMN
+    from runtime.keys import KeySchema
+    from topologies.delivery import BatchDelivery
+    from verticles import deploy
+
+    ray.init(namespace="riqr-bench", log_to_driver=False, configure_logging=False)
+    namespace = f"riqr-large-{uuid.uuid4().hex[:8]}"
+    deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0))
+    rows: list[tuple[int, float, float]] = []
+    try:
+        spec = StoreSpec("large", KeySchema("key", "string"), (ValueField("value", "bigint"),), partitions=1, actors=1)
+        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+        view = raycalls.get(registry.create_store.remote(spec), "create_store")
+        uuid_ = view.tables["large"].partitions[0].active
+        handle = ray.get_actor(uuid_, namespace=namespace)
+        pid = int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
+        where = os.path.join(data, namespace, "large", uuid_)
+        delivery = BatchDelivery(spec, namespace, "unused")
+        rows.append((0, rss_mb(pid), 0.0))
+        started = time.monotonic()
+        for batch_id, start in enumerate(range(0, args.keys, args.batch)):
+            n = min(args.batch, args.keys - start)
+            table = pa.table(
+                {
+                    "key": [key_name(i) for i in range(start, start + n)],
+                    "value": pa.array(range(start, start + n), pa.int64()),
+                    PARTITION_COLUMN: pa.array([0] * n, pa.int32()),
+                }
+            )
+            delivery.deliver("bench", batch_id, table)
+            loaded = start + n
+            if loaded % args.report == 0 or loaded == args.keys:
+                rows.append((loaded, rss_mb(pid), disk_mb(where)))
+                rate = loaded / (time.monotonic() - started)
+                print(f"  {loaded:>12,} keys  actor RSS {rows[-1][1]:>7.0f} MB  on disk {rows[-1][2]:>7.0f} MB"
+                      f"  ({rate:,.0f} keys/s)", file=sys.stderr, flush=True)  # fmt: skip
+        probes = [0, args.keys // 2, args.keys - 1]
+        answers = raycalls.get(handle.get_many.remote([(0, key_name(i)) for i in probes]), "get_many")
+        assert all(a is not None for a in answers), answers
+        count = raycalls.get(handle.count.remote([0]), "count")
+        assert count == args.keys, count
+    finally:
+        deploy.down(namespace)
+        ray.shutdown()
+    base = rows[0][1]
+    print(f"\n{args.keys:,} keys into one rocksdb partition through its query actor")
+    print(f"{'keys':>14}{'actor RSS MB':>14}{'vs empty':>10}{'disk MB':>10}")
+    for keys, rss, disk in rows:
+        print(f"{keys:>14,}{rss:>14.0f}{rss / base:>10.2f}{disk:>10.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The REST API's OpenAPI 3.1 document, generated from the route table, and a page that shows it.
+
+``openapi_document(ROUTES)`` turns each ``Route`` (path, parameters, answer, errors) into an operation;
+the shapes of answers and errors are the components below, written once. ``/docs`` is a static page that
+fetches ``/openapi.json`` from the same server and lists paths, parameters and answers: no CDN, no
+external script, so it works air-gapped and leaks nothing to third parties.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from aiohttp import web
+
+from runtime.config import MAX_BODY_BYTES, MAX_HEADER_FIELD_BYTES, MAX_HEADERS, MAX_QUERY_PARAMS, MAX_URL_CHARS
+
+# Routes are ``runtime.rest.routes.Route`` values; typed loosely here because that module imports this
+# one (for the handlers below), and the layering test forbids import cycles.
+Route = Any
+
+__all__ = ["SPEC", "openapi_document", "openapi_json", "docs_page", "COMMON_ERRORS", "ERROR_CODES"]
+
+SPEC: web.AppKey[dict[str, Any]] = web.AppKey("riqr.openapi", dict)
+
+# Statuses any route may answer, and the error codes behind each status (docs/api.md lists them too).
+COMMON_ERRORS = (405, 413, 414, 431)
+ERROR_CODES: dict[int, tuple[str, ...]] = {
+    400: (
+        "bad-request",
+        "malformed-key",
+        "key-too-long",
+        "malformed-range",
+        "malformed-cursor",
+        "malformed-path",
+        "invalid-parameter",
+        "too-many-parameters",
+    ),  # fmt: skip
+    401: ("unauthorized",),
+    403: ("forbidden",),
+    404: ("not-found", "store-not-found", "key-not-found"),
+    405: ("method-not-allowed",),
+    413: ("payload-too-large",),
+    414: ("uri-too-long",),
+    431: ("headers-too-large",),
+    503: ("unavailable", "partition-unavailable", "partition-incomplete", "owner-unavailable", "not-connected"),
+    504: ("deadline-exceeded",),
+}
+_REASONS = {400: "Bad request", 401: "Missing or invalid bearer token", 403: "Not allowed to read this store",
+            404: "Not found", 405: "Only GET", 413: "Request body too large", 414: "URL too long",
+            431: "Headers too large", 503: "Unavailable; retry after Retry-After seconds",
+            504: "Deadline exceeded"}  # fmt: skip
+
+_ANY: dict[str, Any] = {"description": "any JSON value (the store's value schema, see GET /stores)"}
+_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
+_COMPONENTS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                "additionalProperties": True,
+            }
+        },
+    },
+    "Entry": {
+        "type": "object",
+        "required": ["key", "value"],
+        "properties": {
+            "key": {"description": "the key: a scalar, or an array of components for composite keys"},
+            "value": _ANY,
+            "window": {
+                "type": "object",
+                "properties": {
+                    "start": {"type": "string", "format": "date-time"},
+                    "end": {"type": "string", "format": "date-time"},
+                },  # fmt: skip
+            },
+        },
+    },
+    "Entries": {
+        "type": "object",
+        "required": ["result"],
+        "properties": {
+            "result": {"type": "array", "items": {"$ref": "#/components/schemas/Entry"}},
+            "next": {"type": ["string", "null"], "description": "cursor of the next page (paged answers only)"},
+        },
+    },
+    "Value": {"type": "object", "required": ["response"], "properties": {"response": _ANY}},
+    "Count": {"type": "object", "required": ["result"], "properties": {"result": {"type": "integer"}}},
+    "Instance": {
+        "type": "object",
+        "properties": {
+            "host": {"type": "string"},
+            "port": {"type": "integer"},
+            "state-store-names": {"type": "array", "items": {"type": "string"}},
+        },  # fmt: skip
+        "additionalProperties": True,
+    },
+    "Instances": {
+        "type": "object",
+        "properties": {"result": {"type": "array", "items": {"$ref": "#/components/schemas/Instance"}}},
+    },  # fmt: skip
+    "Catalog": {"type": "object", "properties": {"result": {"type": "array", "items": _OBJECT}}},
+    "Health": {"type": "object", "properties": {"status": {"type": "string"}}},
+    "OpenAPI": _OBJECT,
+}
+
+
+def _oas_path(aiohttp_path: str) -> str:
+    """``/get/{key:.*}`` -> ``/get/{key}``: OpenAPI has no regular expressions in paths."""
+    return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", aiohttp_path)
+
+
+def _answer(name: str) -> dict[str, Any]:
+    if name == "html":
+        return {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
+    ref = {"$ref": f"#/components/schemas/{name}"}
+    content: dict[str, Any] = {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}
+    if name == "Entries":
+        content["application/x-ndjson"] = {"schema": {"$ref": "#/components/schemas/Entry"}}
+    return {"description": "OK", "content": content}
+
+
+def _error(status: int) -> dict[str, Any]:
+    codes = ", ".join(ERROR_CODES[status])
+    ref = {"$ref": "#/components/schemas/Error"}
+    return {"description": f"{_REASONS[status]} (error codes: {codes})",
+            "content": {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}}  # fmt: skip
+
+
+def _operation(route: Route, auth_enabled: bool) -> dict[str, Any]:
+    statuses = set(route.errors) | set(COMMON_ERRORS) | (set() if route.public or not auth_enabled else {401})
+    responses: dict[str, Any] = {"200": _answer(route.answer)}
+    responses.update({str(s): _error(s) for s in sorted(statuses)})
+    op: dict[str, Any] = {
+        "summary": route.summary,
+        "operationId": route.handler.__name__,
+        "tags": [route.tag],
+        "parameters": [
+            {
+                "name": p.name,
+                "in": p.where,
+                "required": p.required,
+                "description": p.description,
+                "schema": dict(p.schema),
+            }
+            for p in route.params
+        ],
+        "responses": responses,
+    }
+    if route.public:
+        op["security"] = []  # no token needed, whatever the global requirement
+    return op
+
+
+def openapi_document(routes: Iterable[Route], *, auth_enabled: bool = True) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes`` (every route a GET)."""
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "riqr REST API",
+            "version": "1",
+            "description": (
+                "Interactive queries over the state of Spark Structured Streaming jobs. Limits: request line "
+                f"{MAX_URL_CHARS} bytes, header field {MAX_HEADER_FIELD_BYTES} bytes, {MAX_HEADERS} headers, "
+                f"{MAX_QUERY_PARAMS} query parameters, request body {MAX_BODY_BYTES} bytes. Answers are JSON, "
+                "msgpack with 'Accept: application/msgpack', NDJSON streams of scans with 'Accept: "
+                'application/x-ndjson\'. Errors are {"error": {"code", "message", ...}}.'
+            ),
+        },
+        "paths": {_oas_path(r.path): {"get": _operation(r, auth_enabled)} for r in routes},
+        "components": {"schemas": _COMPONENTS},
+    }
+    if auth_enabled:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """The document this app was built with."""
+    return web.json_response(request.app[SPEC])
+
+
+_DOCS_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>riqr REST API</title>
+<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}code{background:#eee;padding:0 .2em}
+section{border-top:1px solid #ccc;padding:.5em 0}td{padding:0 .5em;vertical-align:top}</style></head>
+<body><h1>riqr REST API</h1><p id="about">Loading <a href="openapi.json">openapi.json</a> ...</p><div id="paths"></div>
+<script>
+const el = (tag, text) => {
+  const e = document.createElement(tag);
+  if (text !== undefined) e.textContent = text;  // text, never HTML: the spec's strings are not markup
+  return e;
+};
+fetch("openapi.json").then(r => r.json()).then(spec => {
+  document.getElementById("about").textContent = spec.info.description;
+  const root = document.getElementById("paths");
+  for (const [path, item] of Object.entries(spec.paths)) {
+    const op = item.get, s = el("section");
+    const h = el("h3"); h.append(el("code", "GET " + path)); s.append(h, el("p", op.summary));
+    if (op.parameters.length) {
+      const t = el("table");
+      for (const p of op.parameters) {
+        const row = el("tr"); row.append(el("td", p.name), el("td", p.in), el("td", p.description)); t.append(row);
+      }
+      s.append(t);
+    }
+    const ul = el("ul");
+    for (const [status, r] of Object.entries(op.responses)) ul.append(el("li", status + ": " + r.description));
+    s.append(ul); root.append(s);
+  }
+});
+</script></body></html>
+"""
+
+
+async def docs_page(request: web.Request) -> web.Response:
+    """A self-contained page rendering ``/openapi.json`` (relative URL: works behind a path prefix)."""
+    # The page may load nothing but itself and this server's openapi.json.
+    csp = "default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
+    return web.Response(text=_DOCS_HTML, content_type="text/html", headers={"Content-Security-Policy": csp})

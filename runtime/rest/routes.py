@@ -1,0 +1,195 @@
+"""The route table of the REST API, as data: path, handler, parameters, answer and errors per route.
+
+``build_app`` registers these routes and ``runtime.rest.openapi`` describes them, so the served API and
+its document are one list. Parameters and answers name shared shapes (``runtime.rest.openapi``'s
+components) rather than repeating them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.config import MAX_KEY_CHARS, MAX_PAGE
+from runtime.rest import handlers as h
+from runtime.rest import openapi as doc
+from runtime.rest.render import Handler
+
+__all__ = ["Param", "Route", "ROUTES", "PUBLIC_PATHS"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A path or query parameter: its name, where it goes, a description and a JSON schema."""
+
+    name: str
+    where: str  # "path" or "query"
+    description: str
+    schema: tuple[tuple[str, Any], ...] = (("type", "string"),)
+
+    @property
+    def required(self) -> bool:
+        return self.where == "path"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One GET path: aiohttp pattern, handler, summary; what it takes and answers, and its own errors.
+
+    ``answer`` names a component schema (or ``"html"``); ``errors`` are the statuses this route adds to
+    the ones every route may give (``openapi.COMMON_ERRORS``). ``public`` routes need no token.
+    """
+
+    path: str
+    handler: Handler
+    summary: str
+    params: tuple[Param, ...] = ()
+    answer: str = "Entries"
+    errors: tuple[int, ...] = ()
+    public: bool = False
+    tag: str = "stores"
+
+
+STORE = Param("store", "path", "The store's name (percent-encoded).")
+KEY = Param(
+    "key",
+    "path",
+    f"The key, percent-encoded; a composite key's components joined by '/' (a '/' inside one is %2F). At most "
+    f"{MAX_KEY_CHARS} characters as written. Typed by the store's key schema (see GET /stores).",
+    (("type", "string"), ("maxLength", MAX_KEY_CHARS)),
+)
+PREFIX = Param("prefix", "path", "A key prefix (string keys, or a composite key's string first column).")
+REVERSE = Param("reverse", "query", "Descending key order.", (("type", "boolean"),))
+LIMIT = Param(
+    "limit",
+    "query",
+    "Page size: answer one page and the cursor of the next ('next'); with NDJSON, stop after this many.",
+    (("type", "integer"), ("minimum", 1), ("maximum", MAX_PAGE)),
+)
+CURSOR = Param("cursor", "query", "The 'next' of the previous page: continues that scan (its bounds travel with it).")
+PAGING = (REVERSE, LIMIT, CURSOR)
+FROM_KEY = Param("from", "query", "Lower key bound, inclusive; optional.")
+TO_KEY = Param("to", "query", "Upper key bound, inclusive; optional.")
+KEY_FROM = Param("keyFrom", "query", "Lower key bound, inclusive; optional.")
+KEY_TO = Param("keyTo", "query", "Upper key bound, inclusive; optional.")
+TIME_FROM = Param("from", "query", "Windows starting at or after this ISO-8601 time.", (("type", "string"),))
+TIME_TO = Param("to", "query", "Windows starting at or before this ISO-8601 time.", (("type", "string"),))
+EARLIEST_END = Param("earliestEnd", "query", "Sessions ending at or after this ISO-8601 time.")
+LATEST_START = Param("latestStart", "query", "Sessions starting at or before this ISO-8601 time.")
+
+_SCAN = (400, 403, 404, 503, 504)
+_KEYED = (400, 403, 404, 503, 504)
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "/health",
+        h.health,
+        "liveness of this REST server (no token needed)",
+        answer="Health",
+        public=True,
+        tag="service",
+    ),  # fmt: skip
+    Route(
+        "/openapi.json",
+        doc.openapi_json,
+        "this API as an OpenAPI 3.1 document",
+        answer="OpenAPI",
+        public=True,
+        tag="service",
+    ),  # fmt: skip
+    Route(
+        "/docs",
+        doc.docs_page,
+        "this API as a browsable page (no external resources)",
+        answer="html",
+        public=True,
+        tag="service",
+    ),  # fmt: skip
+    Route(
+        "/metadata",
+        h.metadata,
+        "every query actor (of stores the caller may read), as seed-000 metadata instances",
+        answer="Instances",
+        errors=(503, 504),
+        tag="metadata",
+    ),  # fmt: skip
+    Route(
+        "/metadata/stores/{store}",
+        h.metadata_for_store,
+        "the instances holding a store",
+        (STORE,),
+        "Instances",
+        (400, 403, 404, 503, 504),
+        tag="metadata",
+    ),  # fmt: skip
+    Route(
+        "/metadata/stores/{store}/key/{key:.*}",
+        h.metadata_for_key,
+        "the instance owning a key's partition",
+        (STORE, KEY),
+        "Instance",
+        _KEYED,
+        tag="metadata",
+    ),  # fmt: skip
+    Route(
+        "/stores",
+        h.catalog,
+        "the store catalog (stores the caller may read): kinds, key and value schemas, partitions",
+        answer="Catalog",
+        errors=(503, 504),
+    ),  # fmt: skip
+    Route("/stores/{store}/all", h.all_entries, "every entry in key order", (STORE, *PAGING), errors=_SCAN),
+    Route("/stores/{store}/get/{key:.*}", h.get_key, "the value of one key", (STORE, KEY), "Value", _KEYED),
+    Route(
+        "/stores/{store}/range",
+        h.range_entries,
+        "the entries between two keys, both inclusive",
+        (STORE, FROM_KEY, TO_KEY, *PAGING),
+        errors=_SCAN,
+    ),  # fmt: skip
+    Route(
+        "/stores/{store}/prefix/{prefix:.*}",
+        h.prefix_entries,
+        "the entries whose key starts with a prefix",
+        (STORE, PREFIX, *PAGING),
+        errors=_SCAN,
+    ),  # fmt: skip
+    Route(
+        "/stores/{store}/windows",
+        h.windows_of_range,
+        "windows of a key range within a time range",
+        (STORE, KEY_FROM, KEY_TO, TIME_FROM, TIME_TO, *PAGING),
+        errors=_SCAN,
+    ),  # fmt: skip
+    Route(
+        "/stores/{store}/windows/{key:.*}",
+        h.windows_of_key,
+        "windows of one key within a time range",
+        (STORE, KEY, TIME_FROM, TIME_TO, *PAGING),
+        errors=_SCAN,
+    ),  # fmt: skip
+    Route(
+        "/stores/{store}/sessions",
+        h.sessions_of_range,
+        "sessions of a key range",
+        (STORE, KEY_FROM, KEY_TO, LIMIT, CURSOR),
+        errors=_SCAN,
+    ),  # fmt: skip
+    Route(
+        "/stores/{store}/sessions/{key:.*}",
+        h.sessions_of_key,
+        "sessions of one key",
+        (STORE, KEY, EARLIEST_END, LATEST_START, LIMIT, CURSOR),
+        errors=_SCAN,
+    ),  # fmt: skip
+    Route(
+        "/stores/{store}/approximate-num-entries",
+        h.approximate_num_entries,
+        "the number of entries",
+        (STORE,),
+        "Count",
+        (400, 403, 404, 503, 504),
+    ),  # fmt: skip
+)
+
+PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)

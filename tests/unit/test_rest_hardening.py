@@ -1,0 +1,158 @@
+"""What a hostile or careless client sends gets a JSON 4xx; auth filters listings; the OpenAPI document
+covers every route and validates; the server announces no version."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+from openapi_spec_validator import validate
+
+from runtime.auth import AuthConfig, generate_secret, mint_token
+from runtime.config import MAX_KEY_CHARS, MAX_QUERY_PARAMS
+from runtime.cursor import generate_cursor_key
+from runtime.rest import ROUTES, build_app
+from runtime.rest.openapi import openapi_document
+from tests.unit.rest_fixtures import every_kind_app
+
+SECRET = generate_secret()
+
+
+@pytest.fixture
+async def client(aiohttp_client):  # type: ignore[no-untyped-def]
+    return await aiohttp_client(every_kind_app())
+
+
+@pytest.mark.parametrize("accept", ["application/json", "application/msgpack", "application/x-ndjson"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/stores/strings/all",
+        "/stores/longs/all",
+        "/stores/bookings/all",
+        "/stores/clicks/windows",
+        "/stores/visits/sessions",
+        "/stores/clicks/windows/alice?limit=1",
+        "/stores",
+        "/metadata",
+    ],  # fmt: skip
+)
+async def test_every_value_encodes_in_every_format(client, path: str, accept: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path, headers={"Accept": accept})
+    assert resp.status == 200, await resp.text()
+    body = await resp.read()
+    if resp.content_type == "application/msgpack":
+        msgpack.unpackb(body, strict_map_key=False)
+    elif resp.content_type == "application/x-ndjson":
+        [json.loads(line) for line in body.splitlines()]
+    else:
+        json.loads(body)  # strict: no NaN
+
+
+async def test_big_integers_and_nan_have_a_spelling(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/stores/strings/get/a%2Fb", headers={"Accept": "application/msgpack"})).read()
+    assert msgpack.unpackb(body) == {"response": 2**64 - 1}
+    assert await (await client.get("/stores/strings/get/%C3%A9")).json() == {"response": "NaN"}
+    error = await client.get("/stores/longs/get/" + "9" * 30, headers={"Accept": "application/msgpack"})
+    assert error.status == 400 and msgpack.unpackb(await error.read())["error"]["code"] == "malformed-key"
+
+
+async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/strings/all?limit=" + "9" * 30, headers={"Accept": "application/msgpack"})
+    assert resp.status == 400 and msgpack.unpackb(await resp.read())["error"]["code"] == "invalid-parameter"
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/stores/%FF/all", 400, "malformed-path"),
+        ("/metadata/stores/%E9/key/1", 400, "malformed-path"),
+        ("/stores/strings/prefix/%FF", 400, "malformed-key"),
+        ("/stores/strings/get/" + "k" * (MAX_KEY_CHARS + 1), 400, "key-too-long"),
+        ("/stores/strings/range?from=" + "k" * (MAX_KEY_CHARS + 1), 400, "key-too-long"),
+        ("/stores/strings/all?" + "&".join(f"p{i}=1" for i in range(MAX_QUERY_PARAMS + 1)), 400, "too-many-parameters"),
+        ("/stores/strings/all?cursor=" + "A" * 5000, 400, "malformed-cursor"),
+        ("/stores/clicks/windows?from=yesterday", 400, "malformed-range"),
+    ],
+)
+async def test_hostile_requests_get_their_code(client, path: str, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path)
+    assert resp.status == status and (await resp.json())["error"]["code"] == code
+
+
+async def test_a_cursor_of_another_store_or_query_kind_is_a_400(client) -> None:  # type: ignore[no-untyped-def]
+    page = await (await client.get("/stores/clicks/windows?limit=1")).json()
+    for path in ("/stores/visits/sessions", "/stores/clicks/all", "/stores/strings/all"):
+        resp = await client.get(f"{path}?limit=1&cursor={page['next']}")
+        assert resp.status == 400 and (await resp.json())["error"]["code"] == "malformed-cursor", path
+
+
+async def test_a_cursor_pages_on_any_node_of_the_deployment(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    key = generate_cursor_key()
+    one, other = (
+        await aiohttp_client(every_kind_app(cursor_key=key)),
+        await aiohttp_client(every_kind_app(cursor_key=key)),
+    )
+    page = await (await one.get("/stores/bookings/all?limit=2")).json()
+    rest = await (await other.get(f"/stores/bookings/all?limit=100&cursor={page['next']}")).json()
+    assert len(page["result"]) + len(rest["result"]) == 9
+
+
+async def test_bodies_and_other_methods_are_json_errors(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/strings/all", data=b"x" * 5000)
+    assert resp.status == 413 and (await resp.json())["error"]["code"] == "payload-too-large"
+    for method in ("POST", "PUT", "DELETE", "PATCH", "HEAD"):
+        resp = await client.request(method, "/stores/strings/all")
+        assert resp.status == 405, method
+        if method != "HEAD":
+            assert (await resp.json())["error"]["code"] == "method-not-allowed"
+
+
+async def test_no_version_banner(client) -> None:  # type: ignore[no-untyped-def]
+    for path in ("/stores", "/nope", "/stores/nope/all"):
+        assert (await client.get(path)).headers["Server"] == "riqr"
+
+
+@pytest.fixture
+async def secured(aiohttp_client):  # type: ignore[no-untyped-def]
+    return await aiohttp_client(every_kind_app(auth=AuthConfig(enabled=True, secret=SECRET)))
+
+
+def _bearer(*stores: str) -> dict[str, str]:
+    return {"Authorization": "Bearer " + mint_token(SECRET, stores=stores)}
+
+
+async def test_listings_show_only_what_the_token_may_read(secured) -> None:  # type: ignore[no-untyped-def]
+    assert (await secured.get("/stores")).status == 401
+    stores = (await (await secured.get("/stores", headers=_bearer("longs", "clicks"))).json())["result"]
+    assert sorted(s["name"] for s in stores) == ["clicks", "longs"]
+    instances = (await (await secured.get("/metadata", headers=_bearer("longs"))).json())["result"]
+    assert instances and {n for i in instances for n in i["state-store-names"]} == {"longs"}
+    assert (await secured.get("/stores/strings/all", headers=_bearer("longs"))).status == 403
+
+
+async def test_docs_spec_and_health_need_no_token(secured) -> None:  # type: ignore[no-untyped-def]
+    for path in ("/health", "/openapi.json", "/docs"):
+        assert (await secured.get(path)).status == 200, path
+    page = await (await secured.get("/docs")).text()
+    assert "openapi.json" in page and "http" not in page.replace("http-equiv", "")  # nothing from elsewhere
+
+
+@pytest.mark.parametrize("auth_enabled", [True, False])
+def test_the_openapi_document_covers_every_route_and_validates(auth_enabled: bool) -> None:
+    doc = openapi_document(ROUTES, auth_enabled=auth_enabled)
+    validate(doc)  # OpenAPI 3.1 schema
+    assert len(doc["paths"]) == len(ROUTES)
+    for route in ROUTES:
+        op = doc["paths"][route.path.replace(":.*", "")]["get"]
+        assert {p["name"] for p in op["parameters"]} == {p.name for p in route.params}
+        assert {"200", "405", "413", "414", "431"} <= set(op["responses"])
+        assert ("401" in op["responses"]) == (auth_enabled and not route.public)
+
+
+async def test_the_served_document_is_the_one_built_from_the_routes(secured) -> None:  # type: ignore[no-untyped-def]
+    served = await (await secured.get("/openapi.json")).json()
+    assert served == json.loads(json.dumps(openapi_document(ROUTES)))
+    app = build_app.__doc__
+    assert app is not None

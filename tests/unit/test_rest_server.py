@@ -1,0 +1,68 @@
+"""Raw malformed requests over TCP against a real server: aiohttp's parser refusals are JSON with the
+right status. These only show with a real server (the test client speaks valid HTTP), and they fail
+loudly if an aiohttp upgrade breaks ``runtime.rest.server``'s one private hook."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from runtime.config import MAX_HEADERS, MAX_URL_CHARS
+from runtime.rest.server import start_runner
+from tests.unit.rest_fixtures import every_kind_app
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    runner = await start_runner(every_kind_app())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield int(runner.addresses[0][1])
+    await runner.cleanup()
+
+
+async def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    answer = await reader.read()  # until the server closes: every refusal closes the connection
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+GET = b"GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (GET % (b"/stores/\xff\xfe/all", b""), 400, "bad-request"),
+        (GET % (b"/stores", b"X-Bad\x01: v\r\n"), 400, "bad-request"),
+        (GET % (b"/stores", b"X-Big: " + b"a" * 10_000 + b"\r\n"), 431, "headers-too-large"),
+        (GET % (b"/stores", b"".join(b"X-%d: v\r\n" % i for i in range(MAX_HEADERS + 1))), 431, "headers-too-large"),
+        (GET % (b"/stores", b"Transfer-Encoding: chunked\r\n") + b"zz\r\nabc\r\n0\r\n\r\n", 400, "bad-request"),
+        (GET % (b"/" + b"a" * (MAX_URL_CHARS + 1), b""), 414, "uri-too-long"),
+        (GET % (b"/" + b"a" * 1_000_000, b""), 414, "uri-too-long"),  # read whole, not reset
+        (b"NOT HTTP AT ALL\r\n\r\n", 400, "bad-request"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "bad-request"),  # TLS on the HTTP port
+    ],
+)
+async def test_parser_refusals_are_json(port: int, request_bytes: bytes, status: int, code: str) -> None:
+    got, headers, body = await _exchange(port, request_bytes)
+    assert got == status, body
+    assert headers["content-type"].startswith("application/json")
+    assert headers["server"] == "riqr"
+    assert json.loads(body)["error"]["code"] == code
+
+
+async def test_the_server_keeps_serving_after_refusals(port: int) -> None:
+    await _exchange(port, GET % (b"/stores/\xff/all", b""))
+    status, headers, body = await _exchange(port, GET % (b"/stores/strings/get/a", b"Connection: close\r\n"))
+    assert status == 200 and json.loads(body) == {"response": "x"} and headers["server"] == "riqr"
