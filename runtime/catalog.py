@@ -45,8 +45,7 @@ class StoreSpec:
     """A store's definition.
 
     ``partitions`` is fixed for the life of the store (the partitioner depends on it); ``actors`` is how
-    many query actors share the partitions; ``standbys`` how many extra copies each partition has (None:
-    the registry decides when it creates the store: one whenever the cluster has more than one node).
+    many query actors share the partitions; ``standbys`` how many extra copies each partition has.
     ``value_fields`` lists the value columns: one column means values are scalars, several mean maps.
     """
 
@@ -56,7 +55,7 @@ class StoreSpec:
     kind: str = "kv"
     partitions: int = DEFAULT_PARTITIONS
     actors: int = DEFAULT_ACTORS
-    standbys: int | None = DEFAULT_STANDBYS
+    standbys: int = DEFAULT_STANDBYS
     engine: str = DEFAULT_ENGINE
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -72,9 +71,9 @@ class StoreSpec:
             )
         if self.engine not in ENGINES:
             raise SchemaError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.standbys is not None and self.standbys < 0:
+        if self.standbys < 0:
             raise SchemaError(f"standbys must not be negative, got {self.standbys}")
-        if self.standbys is not None and self.standbys >= self.actors:
+        if self.standbys >= self.actors:
             raise SchemaError(
                 f"{self.standbys} standby copies of each partition need at least {self.standbys + 1} actors, "
                 f"got {self.actors}"

@@ -41,8 +41,10 @@ DEFAULT_PORT = 7400
 # A store's layout: partitions are fixed for its life (the partitioner depends on them), actors share them.
 DEFAULT_PARTITIONS = 4
 DEFAULT_ACTORS = 2
-# Standby copies of each partition; None means one whenever the cluster has more than one node.
-DEFAULT_STANDBYS: int | None = None
+# Standby copies of each partition. Off by default until answers carry positions: a read that fails over
+# to a standby (fed first) and then back to its active could see the store go back by one batch
+# (docs/design.md, "Replicas").
+DEFAULT_STANDBYS = 0
 # Where a store keeps its partitions (docs/design.md, "Storage engines", says why rocksdb by default).
 DEFAULT_ENGINE = "rocksdb"
 # How long one request may take end to end before it is a 504.

@@ -169,7 +169,7 @@ def table_from_placement(spec: StoreSpec, uuids: Sequence[str], plans: Sequence[
     owners: list[PartitionOwners] = []
     holder = {p: i for i, plan in enumerate(plans) for p in plan.partitions}
     n = len(plans)
-    wanted = min(spec.standbys or 0, n - 1)
+    wanted = min(spec.standbys, n - 1)
     for p in range(spec.partitions):
         i = holder[p]
         ring = [(i + k) % n for k in range(1, n)]

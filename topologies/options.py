@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_NAMESPACE, DEFAULT_PARTITIONS, DEFAULT_TRIGGER
+from runtime.config import (
+    DEFAULT_ACTORS,
+    DEFAULT_ENGINE,
+    DEFAULT_NAMESPACE,
+    DEFAULT_PARTITIONS,
+    DEFAULT_STANDBYS,
+    DEFAULT_TRIGGER,
+)
 from topologies.sources import FILES, SourceConfig
 
 __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpoint"]
@@ -24,7 +31,7 @@ class TopologyOptions:
     trigger: str | None = None
     source: SourceConfig = FILES
     engine: str = DEFAULT_ENGINE
-    standbys: int | None = None
+    standbys: int = DEFAULT_STANDBYS
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""

@@ -39,6 +39,7 @@ def run_topology(
         DEFAULT_ENGINE,
         DEFAULT_NAMESPACE,
         DEFAULT_PARTITIONS,
+        DEFAULT_STANDBYS,
         DEFAULT_TRIGGER,
         riqr_home,
     )
@@ -51,7 +52,7 @@ def run_topology(
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
     parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
     parser.add_argument(
-        "--standbys", type=int, default=None, help="standby copies of each partition; default 1 on several nodes"
+        "--standbys", type=int, default=DEFAULT_STANDBYS, help="standby copies of each partition (on other nodes)"
     )
     parser.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="where each store's partitions live")
     parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")

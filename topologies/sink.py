@@ -54,7 +54,7 @@ def store_spec_for(
     *,
     partitions: int = DEFAULT_PARTITIONS,
     actors: int = DEFAULT_ACTORS,
-    standbys: int | None = DEFAULT_STANDBYS,
+    standbys: int = DEFAULT_STANDBYS,
     kind: str = "kv",
     engine: str = DEFAULT_ENGINE,
 ) -> StoreSpec:
@@ -161,7 +161,7 @@ def materialize(
     namespace: str = DEFAULT_NAMESPACE,
     partitions: int = DEFAULT_PARTITIONS,
     actors: int = DEFAULT_ACTORS,
-    standbys: int | None = DEFAULT_STANDBYS,
+    standbys: int = DEFAULT_STANDBYS,
     engine: str = DEFAULT_ENGINE,
     trigger: str = DEFAULT_TRIGGER,
     output_mode: str | None = None,

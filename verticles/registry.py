@@ -13,7 +13,6 @@ import logging
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from runtime.auth import DeploymentSecrets
@@ -91,10 +90,7 @@ class Registry:
         """Create ``spec``'s query actors and publish its table; idempotent for an identical spec."""
         if self.state.existing(spec) is not None:
             return self.state.view()
-        nodes = self._env.alive_nodes()
-        if spec.standbys is None:
-            spec = replace(spec, standbys=min(1, spec.actors - 1) if len(nodes) > 1 else 0)
-        plans = plan_placement(spec, nodes)
+        plans = plan_placement(spec, self._env.alive_nodes())
         uuids = [self._new_uuid() for _ in plans]
         table = table_from_placement(spec, uuids, plans)
         holdings = table.all_owners()

@@ -25,7 +25,7 @@ def kv_spec(
     partitions: int = 4,
     actors: int = 2,
     rest: tuple[tuple[str, str], ...] = (),
-    standbys: int | None = None,
+    standbys: int = 0,
 ) -> StoreSpec:
     return StoreSpec(
         name,

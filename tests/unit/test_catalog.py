@@ -17,7 +17,7 @@ def spec(**kw: object) -> StoreSpec:
 
 def test_defaults_and_json() -> None:
     s = spec()
-    assert (s.partitions, s.actors, s.standbys, s.kind) == (4, 2, None, "kv")  # None: the registry decides
+    assert (s.partitions, s.actors, s.standbys, s.kind) == (4, 2, 0, "kv")
     assert s.scalar_value
     assert s.to_json() == {
         "name": "order-count",
@@ -26,7 +26,7 @@ def test_defaults_and_json() -> None:
         "value": [{"column": "count", "type": "bigint"}],
         "partitions": 4,
         "actors": 2,
-        "standbys": None,
+        "standbys": 0,
         "engine": "rocksdb",
     }
 

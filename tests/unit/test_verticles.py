@@ -92,9 +92,8 @@ def uuids() -> Any:
 def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -> None:
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
-    view = registry.create_store(kv_spec("s", partitions=4, actors=2))
-    # Two nodes: one standby per partition by default, on the other node; each actor holds every partition,
-    # half of them as the active copy.
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1))
+    # One standby per partition, on the other node: each actor holds every partition, half of them active.
     assert env.started == [
         ("00000000-0000-4000-8000-000000000001", (0, 1, 2, 3), "node-a"),
         ("00000000-0000-4000-8000-000000000002", (0, 1, 2, 3), "node-b"),
@@ -109,12 +108,12 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     ]
     assert view.table("s") is not None and view.table("s").unassigned() == []  # type: ignore[union-attr]
     epoch = registry.epoch()
-    assert registry.create_store(kv_spec("s", partitions=4, actors=2)).epoch == epoch  # idempotent
+    assert registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1)).epoch == epoch  # idempotent
     assert len(env.started) == 2
     with pytest.raises(StoreConflict):
         registry.create_store(kv_spec("s", partitions=8, actors=2))
-    single = Registry("ns", FakeEnv(nodes=["node-a"]), new_uuid=uuids()).create_store(kv_spec("t"))
-    assert single.table("t").spec.standbys == 0  # type: ignore[union-attr]  # one node: no standby
+    plain = Registry("ns", FakeEnv(), new_uuid=uuids()).create_store(kv_spec("t"))
+    assert plain.table("t").partitions[0].standbys == ()  # type: ignore[union-attr]  # none unless asked
     registry.report_ingest("s", {"state": "running", "batch_id": 3})
     registry.report_ingest("s", {"batch_id": 4})
     assert registry.status() == {"ingest": {"s": {"state": "running", "batch_id": 4}}}
