@@ -24,8 +24,9 @@ from topologies.delivery import BatchDelivery
 
 pytestmark = pytest.mark.integration
 
-# standbys left to the registry: one, on the other node, since the test cluster has two.
-SPEC = StoreSpec("replicated", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2)
+SPEC = StoreSpec(
+    "replicated", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2, standbys=1
+)
 USERS = range(0, 400)
 
 
