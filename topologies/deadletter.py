@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEAD_LETTER_TRIGGER",
@@ -94,13 +97,17 @@ def write_dead_letters(
     *,
     consumer: str,
     trigger: dict[str, Any] | None = None,
+    namespace: str | None = None,
 ) -> Any:
     """Start (or find running) the streaming query appending ``bad`` to ``topic``'s dead letters.
 
     ``bad`` has the columns ``split_valid`` gives. The query keeps its progress in ``checkpoint``; it is
     named after it, so asking again while it runs returns the running query instead of a second writer.
     ``trigger`` is passed to ``DataStreamWriter.trigger`` (default every 2 seconds;
-    ``{"availableNow": True}`` processes what is there and stops). Returns the ``StreamingQuery``.
+    ``{"availableNow": True}`` processes what is there and stops). With a ``namespace``, every batch
+    also tells that riqr runtime's registry how many records the consumer (a store) has dead-lettered
+    from ``topic`` so far, which ``GET /stores`` shows in the store's ingest state. Returns the
+    ``StreamingQuery``.
     """
     from pyspark.sql import functions as F
 
@@ -127,6 +134,8 @@ def write_dead_letters(
         # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites.
         rows = (row.letter for row in batch.toLocalIterator())
         _write_batch(directory, f"{writer}-{batch_id:012d}{_SUFFIX}", rows)
+        if namespace is not None:
+            _report(namespace, consumer, topic, _count(directory, writer))
 
     return (
         letters.writeStream.queryName(name)
@@ -135,6 +144,25 @@ def write_dead_letters(
         .trigger(**(trigger or DEAD_LETTER_TRIGGER))
         .start()
     )
+
+
+def _count(directory: Path, writer: str) -> int:
+    """The dead letters one writer (one consumer of one topic) has written so far."""
+    count = 0
+    for path in directory.glob(f"{writer}-*{_SUFFIX}"):
+        with open(path, "rb") as lines:
+            count += sum(1 for line in lines if line.strip())
+    return count
+
+
+def _report(namespace: str, consumer: str, topic: str, count: int) -> None:
+    """Best effort: a registry that cannot be told now hears the total with the next batch."""
+    try:
+        from topologies.delivery import registry
+
+        registry(namespace).report_ingest.remote(consumer, {"dead_letters": {topic: count}})
+    except Exception:
+        log.debug("could not report dead letters of %s", consumer, exc_info=True)
 
 
 def _files(home: Path, topic: str) -> list[Path]:

@@ -66,7 +66,7 @@ class TopologyOptions:
         for more in frames[1:]:
             bad = bad.unionByName(more)
         checkpoint = dead_letter_checkpoint(home, self.namespace, consumer, topic)
-        return [write_dead_letters(bad, home, topic, checkpoint, consumer=consumer)]
+        return [write_dead_letters(bad, home, topic, checkpoint, consumer=consumer, namespace=self.namespace)]
 
 
 def checkpoint_for(home: Path, namespace: str, store: str) -> Path:
