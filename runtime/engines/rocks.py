@@ -65,11 +65,10 @@ def _options() -> Options:
     table = BlockBasedOptions()
     table.set_block_cache(_shared_cache)
     table.set_bloom_filter(10, False)
-    # Index and filter blocks live in the shared block cache, not beside it: otherwise they stay in memory
-    # for every table file, and the actor's memory grows with the key count (measured: about 9 bytes per
-    # key, bench/large_state.py). Level-0 ones are pinned, as they are read on every lookup.
-    table.set_cache_index_and_filter_blocks(True)
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    # Index and filter blocks stay outside the block cache (RocksDB's default), so an actor's memory grows
+    # with its key count, by about 9 bytes per key (bench/large_state.py). Putting them in the shared
+    # 64 MiB cache was tried: loading stalled past 10 million keys (each apply's multi-get paged filters
+    # through the cache). Partitioned filters with a larger cache are the next thing to measure.
     options.set_block_based_table_factory(table)
     return options
 
