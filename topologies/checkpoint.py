@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from runtime.errors import SchemaError
 
-__all__ = ["local_path", "query_id", "last_committed", "supersede"]
+__all__ = ["local_path", "query_id", "last_committed", "last_planned", "supersede"]
 
 
 def local_path(checkpoint: str) -> Path:
@@ -34,13 +34,22 @@ def query_id(checkpoint: str) -> str | None:
         return str(json.loads(f.readline())["id"])
 
 
+def _last_batch(checkpoint: str, log: str) -> int | None:
+    directory = local_path(checkpoint) / log
+    if not directory.is_dir():
+        return None
+    ids = [int(name) for name in os.listdir(directory) if name.isdigit()]
+    return max(ids) if ids else None
+
+
 def last_committed(checkpoint: str) -> int | None:
     """The last batch id Spark committed in this checkpoint, or None if it never committed one."""
-    commits = local_path(checkpoint) / "commits"
-    if not commits.is_dir():
-        return None
-    ids = [int(name) for name in os.listdir(commits) if name.isdigit()]
-    return max(ids) if ids else None
+    return _last_batch(checkpoint, "commits")
+
+
+def last_planned(checkpoint: str) -> int | None:
+    """The last batch id Spark planned (wrote offsets for) in this checkpoint, or None if none yet."""
+    return _last_batch(checkpoint, "offsets")
 
 
 def supersede(checkpoint: str) -> Path:

@@ -36,7 +36,7 @@ from runtime.errors import NotConnected, SchemaError
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
 from runtime.keys import KeySchema, key_type_for_spark
 from runtime.partitioner import spark_partition_sql
-from topologies.checkpoint import last_committed, query_id, supersede
+from topologies.checkpoint import last_committed, last_planned, query_id, supersede
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
 
 __all__ = ["materialize", "store_spec_for", "plan_start", "BatchDelivery"]
@@ -97,13 +97,16 @@ def store_spec_for(
 
 
 def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
-    """How the query feeding a store starts from ``checkpoint``: ``"fresh"`` (nothing committed yet),
-    ``"resume"`` (every partition of the store is at the checkpoint's source, at or past its last
-    committed batch, and serving), or ``"rebuild"`` (some partition cannot be brought up to date by the
-    batches to come: new actors after ``riqr down``/``riqr up``, a wiped disk, a gap)."""
+    """How the query feeding a store starts from ``checkpoint``: ``"fresh"`` (the checkpoint never planned
+    a batch), ``"resume"`` (every partition of the store is at the checkpoint's source, at or past its last
+    committed batch, and serving; or nothing was committed yet, so batch 0 comes again and brings every
+    partition up), or ``"rebuild"`` (some partition cannot be brought up to date by the batches to come:
+    new actors after ``riqr down``/``riqr up``, a wiped disk, a gap)."""
     committed = last_committed(checkpoint)
     if committed is None:
-        return "fresh"
+        # Batch 0 planned but not committed (the query stopped in between) is delivered again: the
+        # partitions must not be told they start empty, or they would answer 404s until it lands.
+        return "fresh" if last_planned(checkpoint) is None else "resume"
     source = query_id(checkpoint)
     ownership = delivery.current_view(fresh=True).table(delivery.spec.name)
     if ownership is None:

@@ -75,10 +75,20 @@ def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: A
 def test_down_and_up_then_a_restart_on_the_old_checkpoint_rebuilds_the_stores(
     ray_cluster: RayCluster, spark: Any, tmp_path: Path
 ) -> None:
+    from topologies.checkpoint import last_committed
+    from topologies.options import checkpoint_for
     from verticles import deploy
 
-    with seeded_food_orders(spark, "riqr-rebuild", tmp_path, keep_running=False) as topology:
+    with seeded_food_orders(spark, "riqr-rebuild", tmp_path, keep_running=True) as topology:
         namespace = topology.runtime.namespace
+        # Stop only once Spark has committed the seed's batches: a restart then has committed batches
+        # the new, empty actors never saw, which is the case the rebuild path is for.
+        stores = ["customer-v1-changelog", "order-count"]
+        wait_for(
+            lambda: all(last_committed(str(checkpoint_for(tmp_path, namespace, s))) is not None for s in stores),
+            what="the seed's batches committed",
+        )
+        topology.stop()
         produce(tmp_path, "order", "1--soup")  # lands in the checkpoint's input, not in the stores yet
         deploy.down(namespace)
         runtime = deploy_runtime("unused", namespace=namespace)
