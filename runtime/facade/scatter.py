@@ -42,6 +42,18 @@ def _other_holders(table: OwnershipTable, partitions: list[int], tried: frozense
     return groups
 
 
+async def _merged(
+    sources: list[AsyncGenerator[list[RawEntry], None]], *, reverse: bool
+) -> AsyncGenerator[list[RawEntry], None]:
+    """``merge_pages_async`` of page sources, closing every source however the merge ends."""
+    try:
+        async for chunk in merge_pages_async(sources, reverse=reverse):
+            yield chunk
+    finally:
+        for source in sources:
+            await source.aclose()
+
+
 def owners_or_unavailable(table: OwnershipTable) -> dict[str, list[int]]:
     """Owner uuid -> its partitions, or ``PartitionUnavailable`` if any partition has no owner."""
     missing = table.unassigned()
@@ -117,8 +129,6 @@ class ScatterGather:
                 if len(page) == page_size:
                     scan = scan.after(page[-1][0])
                     pending = loop.create_task(self._call(owner.scan(partitions, scan, page_size), what))
-                elif page:
-                    scan = scan.after(page[-1][0])
                 yield page
         finally:
             if pending is not None and not pending.done():
@@ -137,12 +147,8 @@ class ScatterGather:
                 partitions=missing,
             )
         sources = [self._owner_pages(table, u, ps, scan, page_size, tried) for u, ps in groups.items()]
-        try:
-            async for chunk in merge_pages_async(sources, reverse=scan.reverse):
-                yield chunk
-        finally:
-            for source in sources:
-                await source.aclose()
+        async for chunk in _merged(sources, reverse=scan.reverse):
+            yield chunk
 
     async def raw_chunks(
         self, table: OwnershipTable, scan: Scan, page_size: int | None = None
@@ -152,12 +158,8 @@ class ScatterGather:
             return
         size = page_size or self.page_size
         sources = [self._owner_pages(table, u, p, scan, size) for u, p in owners_or_unavailable(table).items()]
-        try:
-            async for chunk in merge_pages_async(sources, reverse=scan.reverse):
-                yield chunk
-        finally:
-            for source in sources:
-                await source.aclose()
+        async for chunk in _merged(sources, reverse=scan.reverse):
+            yield chunk
 
     async def stream(self, table: OwnershipTable, scan: Scan) -> AsyncGenerator[list[Any], None]:
         """The entries of ``scan`` as callers see them (``runtime.windows.present``), in chunks."""
