@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.loadgen import key_name
 
-__all__ = ["Ledger", "write_orders", "read_counts", "SEED_ORDER_COUNTS"]
+__all__ = ["Ledger", "write_orders", "read_counts", "worker_pid", "SEED_ORDER_COUNTS"]
 
 SEED_ORDER_COUNTS = {"": 1, "1": 1, "2": 1}
 KEYS = [str(i) for i in range(1, 13)]
@@ -113,7 +113,8 @@ def read_counts(url: str, ledger: Ledger, stop: threading.Event) -> None:
         ledger.record(key, status, body)
 
 
-def _worker_pid(handle: Any) -> int:
+def worker_pid(handle: Any) -> int:
+    """The pid of the worker process running an actor (to SIGKILL it)."""
     import ray
 
     return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
@@ -160,7 +161,7 @@ def scenario_kills(spark: Any, duration: float, every: float, engine: str, *, ki
                 if kills % 2 == 0:
                     ray.kill(victim, no_restart=False)
                 else:
-                    os.kill(_worker_pid(victim), signal.SIGKILL)
+                    os.kill(worker_pid(victim), signal.SIGKILL)
                 kills += 1
                 print(f"  kill {kills} at {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
                 next_kill += every
@@ -234,7 +235,7 @@ def scenario_restore(sizes: list[int], engines: list[str]) -> list[tuple[str, in
                     delivery.deliver("bench", batch_id, table)
                 uuid_ = view.tables[name].partitions[0].active
                 handle = ray.get_actor(uuid_, namespace=namespace)
-                old_pid = _worker_pid(handle)
+                old_pid = worker_pid(handle)
                 last_key = key_name(size - 1)
 
                 def probe(self: Any, key: str = last_key) -> tuple[int, Any]:  # runs in the actor

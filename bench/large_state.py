@@ -19,17 +19,11 @@ import tempfile
 import time
 import uuid
 
+from bench.faults import worker_pid
 from bench.loadgen import key_name
+from bench.stream_all import rss_mb
 
 __all__ = ["main"]
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def disk_mb(path: str) -> float:
@@ -66,7 +60,7 @@ def main() -> None:
         view = raycalls.get(registry.create_store.remote(spec), "create_store")
         uuid_ = view.tables["large"].partitions[0].active
         handle = ray.get_actor(uuid_, namespace=namespace)
-        pid = int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
+        pid = worker_pid(handle)
         where = os.path.join(data, namespace, "large", uuid_)
         delivery = BatchDelivery(spec, namespace, "unused")
         rows.append((0, rss_mb(pid), 0.0))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import ray
 
-from bench.faults import Ledger, read_counts, write_orders
+from bench.faults import Ledger, read_counts, worker_pid, write_orders
 from tests.integration.conftest import (
     SEED_CUSTOMERS,
     RayCluster,
@@ -29,10 +29,6 @@ from tests.integration.conftest import (
 from tests.integration.helpers import http_get, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def worker_pid(handle: Any) -> int:
-    return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
 
 
 def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: Any, tmp_path: Path) -> None:

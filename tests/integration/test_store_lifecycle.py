@@ -106,6 +106,8 @@ def test_a_restarted_owner_serves_again_by_itself_with_exactly_its_state(
     import os
     import signal
 
+    from bench.faults import worker_pid
+
     url = runtime_ns.url
     owner = http_get(f"{url}/metadata/stores/scores/key/1")[2]["result"]
     before = http_get(f"{url}/stores/scores/all")[2]
@@ -113,7 +115,7 @@ def test_a_restarted_owner_serves_again_by_itself_with_exactly_its_state(
     if how == "ray.kill":
         ray.kill(handle, no_restart=False)
     else:
-        os.kill(int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))), signal.SIGKILL)
+        os.kill(worker_pid(handle), signal.SIGKILL)
     # The sink's next batch waits out the restart (and so does a GET, within its deadline).
     store.deliver("query-1", 1, arrow_batch(spark, [(1, 11)]))
     assert http_get(f"{url}/stores/scores/get/1")[2] == {"response": 11}
