@@ -119,7 +119,7 @@ class PartitionState:
 
     def _mark_incomplete(self, reason: str) -> None:
         if self.state != INCOMPLETE:
-            log.warning("partition %d is incomplete: %s", self.partition, reason)
+            log.warning("partition %d is incomplete: %s", self.partition, reason, extra={"partition": self.partition})
         self.state, self.reason = INCOMPLETE, reason
         if self._marker is not None and not self._marker.exists():
             # Durable, so a restart cannot make the partition forget that its state has a hole.
