@@ -124,7 +124,8 @@ class QueryCore:
         for p in sorted(partitions):
             path = None if directory is None else directory / f"p{p}"
             engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
-            self.partitions[p] = PartitionState(p, engine, directory=path, lost=recovered and path is None)
+            lost = recovered and path is None
+            self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
 
     def _unavailable(self, p: int) -> PartitionUnavailable:
         name = self.spec.name
