@@ -17,6 +17,8 @@ __all__ = [
     "DEFAULT_ACTORS",
     "DEFAULT_STANDBYS",
     "DEFAULT_ENGINE",
+    "ROCKSDB_CACHE_BYTES",
+    "ROCKSDB_CACHE_ENV",
     "riqr_data",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_PAGE_SIZE",
@@ -47,6 +49,11 @@ DEFAULT_ACTORS = 2
 DEFAULT_STANDBYS = 0
 # Where a store keeps its partitions (docs/design.md, "Storage engines", says why rocksdb by default).
 DEFAULT_ENGINE = "rocksdb"
+# The rocksdb engine's block cache, one per query actor process and shared by its partitions: it bounds
+# what the actor holds of data, index and filter blocks, whatever the key count. RIQR_ROCKSDB_CACHE_MB
+# (read where the actor starts) changes it.
+ROCKSDB_CACHE_ENV = "RIQR_ROCKSDB_CACHE_MB"
+ROCKSDB_CACHE_BYTES = int(float(os.environ.get(ROCKSDB_CACHE_ENV, "256")) * (1 << 20))
 # How long one request may take end to end before it is a 504.
 DEFAULT_REQUEST_TIMEOUT = 10.0
 # Entries per page a facade asks an owner for, and per page a client gets when it names no limit.

@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from runtime import logs, raycalls
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
-from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name, riqr_data
+from runtime.config import REGISTRY_NAME, ROCKSDB_CACHE_ENV, RuntimeConfig, facade_name, http_name, riqr_data
 from runtime.deadline import Deadline
 from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint
@@ -66,10 +66,10 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
     node belongs to the registry, with standbys (see docs/design.md).
     """
     strategy = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-    # The log settings of whoever deploys (`RIQR_LOG_FORMAT=json riqr up`) reach every verticle, and
-    # through the registry's environment the query actors it creates.
-    log_env = {k: os.environ[k] for k in (logs.LEVEL_ENV, logs.FORMAT_ENV) if os.environ.get(k)}
-    runtime_env = {"runtime_env": {"env_vars": log_env}} if log_env else {}
+    # The log and engine settings of whoever deploys (`RIQR_LOG_FORMAT=json riqr up`) reach every
+    # verticle, and through the registry's environment the query actors it creates.
+    env = {k: os.environ[k] for k in (logs.LEVEL_ENV, logs.FORMAT_ENV, ROCKSDB_CACHE_ENV) if os.environ.get(k)}
+    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
     return {"name": name, "namespace": namespace, "lifetime": "detached", "num_cpus": 0, "max_restarts": -1,
             **strategy, **runtime_env, **extra}  # fmt: skip
 

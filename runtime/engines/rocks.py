@@ -11,9 +11,13 @@ the new ones. The count needs to know which keys exist already; one ``multi_get`
 (rocksdict: ``Rdict.get(list)``) answers that.
 
 Options, kept modest for a 2-core node holding many partitions: two background jobs, 16 MiB memtables (at
-most two per partition), LZ4, a 10-bit Bloom filter for point gets, one 64 MiB block cache shared by every
-partition in the process, at most 2 info logs kept. Writes are synced (``WriteOptions.sync``) by default,
-so a batch acknowledged to Spark survives a machine crash, not only a process crash.
+most two per partition), LZ4, a 10-bit Bloom filter for point gets, one block cache shared by every
+partition in the process (``ROCKSDB_CACHE_BYTES``: 256 MiB unless ``RIQR_ROCKSDB_CACHE_MB`` says otherwise),
+at most 2 info logs kept. Index and filter blocks are partitioned and live in that cache (only their small
+top-level blocks are pinned), so what a query actor holds for RocksDB is bounded by the cache and the
+memtables, whatever the key count: state larger than memory stays on disk (bench/large_state.py). Writes
+are synced (``WriteOptions.sync``) by default, so a batch acknowledged to Spark survives a machine crash, not
+only a process crash.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any, cast
 
 import msgpack
 from rocksdict import (
+    BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
     Checkpoint,
@@ -37,14 +42,14 @@ from rocksdict import (
     WriteOptions,
 )
 
+from runtime.config import ROCKSDB_CACHE_BYTES
 from runtime.engines.base import NONE, Position, new_directory, prepare_directory
 from runtime.engines.keycodec import KEYS_HI, KEYS_LO, META_PREFIX, KeyCodec
 from runtime.keys import KeySchema
 from runtime.scan import Scan
 
-__all__ = ["RocksEngine", "BLOCK_CACHE_BYTES"]
+__all__ = ["RocksEngine"]
 
-BLOCK_CACHE_BYTES = 64 << 20
 _META = META_PREFIX + b"meta"
 _DB_DIR = "rocksdb"
 _shared_cache: Cache | None = None
@@ -53,7 +58,7 @@ _shared_cache: Cache | None = None
 def _options() -> Options:
     global _shared_cache
     if _shared_cache is None:
-        _shared_cache = Cache(BLOCK_CACHE_BYTES)
+        _shared_cache = Cache(ROCKSDB_CACHE_BYTES)
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_max_background_jobs(2)
@@ -65,10 +70,17 @@ def _options() -> Options:
     table = BlockBasedOptions()
     table.set_block_cache(_shared_cache)
     table.set_bloom_filter(10, False)
-    # Index and filter blocks stay outside the block cache (RocksDB's default), so an actor's memory grows
-    # with its key count, by about 9 bytes per key (bench/large_state.py). Putting them in the shared
-    # 64 MiB cache was tried: loading stalled past 10 million keys (each apply's multi-get paged filters
-    # through the cache). Partitioned filters with a larger cache are the next thing to measure.
+    # Outside the cache (RocksDB's default) index and filter blocks cost about 1.4 bytes per key for good.
+    # Whole filters inside the cache stalled loading past 10 million keys (every apply's multi-get paged
+    # multi-megabyte filters through it); partitioned ones move in 4 KiB pieces (measured in
+    # docs/benchmarks.md, "State larger than memory").
+    table.set_format_version(5)
+    table.set_index_type(BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_metadata_block_size(4096)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_top_level_index_and_filter(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     options.set_block_based_table_factory(table)
     return options
 
