@@ -119,6 +119,8 @@ def _oas_path(aiohttp_path: str) -> str:
 def _answer(name: str) -> dict[str, Any]:
     if name == "html":
         return {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
+    if "/" in name:  # a media type: a static file
+        return {"description": "OK", "content": {name: {"schema": {"type": "string"}}}}
     ref = {"$ref": f"#/components/schemas/{name}"}
     content: dict[str, Any] = {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}
     if name == "Entries":
