@@ -36,6 +36,10 @@ class OwnerClient(Protocol):
         """Each partition's source, last batch id applied and state (``runtime.partition``)."""
         ...
 
+    async def stats(self) -> dict[str, Any]:
+        """``positions()`` as ``"partitions"`` and the actor's metric samples (``QueryCore.stats``)."""
+        ...
+
 
 class Bus(Protocol):
     """How a facade reaches the registry and the query actors."""

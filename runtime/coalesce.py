@@ -28,10 +28,12 @@ class Coalescer(Generic[T, R]):
         *,
         max_in_flight: int = 2,
         max_batch: int = 1024,
+        on_send: Callable[[int], None] | None = None,
     ) -> None:
         if max_in_flight < 1 or max_batch < 1:
             raise ValueError("max_in_flight and max_batch must be at least 1")
         self._send = send
+        self._on_send = on_send  # told each call's batch size (the coalesced-batch-size metric)
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
@@ -63,6 +65,8 @@ class Coalescer(Generic[T, R]):
 
     async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         self.calls += 1
+        if self._on_send is not None:
+            self._on_send(len(batch))
         try:
             results = await self._send([item for item, _ in batch])
             if len(results) != len(batch):

@@ -61,8 +61,11 @@ class ApplyResult:
 class PartitionState:
     """One partition: its engine (rows and position) and whether it may serve."""
 
-    def __init__(self, partition: int, engine: PartitionEngine, *, directory: Path | None, lost: bool = False) -> None:
+    def __init__(
+        self, partition: int, engine: PartitionEngine, *, directory: Path | None, lost: bool = False, store: str = ""
+    ) -> None:
         self.partition = partition
+        self.store = store  # for log lines
         self.engine = engine
         self._marker = None if directory is None else directory / _MARKER
         position = engine.position()
@@ -112,14 +115,16 @@ class PartitionState:
             self.engine.apply(Position(source, batch_id), rows)
             return ApplyResult(self.partition, True, len(rows))
         self._mark_incomplete(
+            batch_id,
             f"it received batch {batch_id} of source {source} while at batch {position.batch_id} of source "
-            f"{position.source}, so it missed batches; it is rebuilt when the topology restarts"
+            f"{position.source}, so it missed batches; it is rebuilt when the topology restarts",
         )
         return ApplyResult(self.partition, False, 0, state=self.state)
 
-    def _mark_incomplete(self, reason: str) -> None:
+    def _mark_incomplete(self, batch_id: int, reason: str) -> None:
         if self.state != INCOMPLETE:
-            log.warning("partition %d is incomplete: %s", self.partition, reason)
+            fields = {"store": self.store or None, "partition": self.partition, "batch": batch_id}
+            log.warning("partition %d is incomplete: %s", self.partition, reason, extra=fields)
         self.state, self.reason = INCOMPLETE, reason
         if self._marker is not None and not self._marker.exists():
             # Durable, so a restart cannot make the partition forget that its state has a hole.

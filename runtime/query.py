@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from runtime.engines import open_engine
 from runtime.errors import PartitionIncomplete, PartitionUnavailable
 from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
+from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.partition import LOST, ApplyResult, PartitionState
 from runtime.scan import Scan, TimeFilter
 
@@ -81,7 +83,7 @@ def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes |
         else:
             rows.append((key, encode_value(value if ends is None else [ends[i], value])))
     if dropped:
-        log.warning("store %s: dropped %d rows with a null key", spec.name, dropped)
+        log.warning("store %s: dropped %d rows with a null key", spec.name, dropped, extra={"store": spec.name})
     return rows
 
 
@@ -108,9 +110,12 @@ class QueryCore:
         *,
         directory: Path | None = None,
         recovered: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.spec = spec
         self.directory = directory
+        # What it applied, for Ray's metrics (the verticle mirrors them) and every HTTP node's /metrics.
+        self.metrics = metrics if metrics is not None else Metrics(QUERY_METRICS)
         # One write at a time (apply, begin, close): a retried delivery may overlap the first attempt.
         # Reads take no lock, so they go on while a large batch is applied; a scan of an engine whose
         # iterators cannot run beside a write takes it too.
@@ -119,7 +124,8 @@ class QueryCore:
         for p in sorted(partitions):
             path = None if directory is None else directory / f"p{p}"
             engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
-            self.partitions[p] = PartitionState(p, engine, directory=path, lost=recovered and path is None)
+            lost = recovered and path is None
+            self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
 
     def _unavailable(self, p: int) -> PartitionUnavailable:
         name = self.spec.name
@@ -144,6 +150,7 @@ class QueryCore:
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
         """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None)."""
+        started = time.perf_counter()
         results = []
         for p, table in sorted(slices.items()):
             state = self.partitions.get(p)
@@ -152,6 +159,13 @@ class QueryCore:
             rows = rows_from_arrow(self.spec, table) if table is not None and table.num_rows else []
             with self._writing:
                 results.append(state.apply(source, batch_id, rows))
+        name = self.spec.name
+        for result in results:
+            if result.applied:
+                self.metrics.inc("riqr_batches_applied_total", name, str(result.partition))
+                if result.rows:
+                    self.metrics.inc("riqr_rows_applied_total", name, str(result.partition), amount=result.rows)
+        self.metrics.observe("riqr_apply_duration_seconds", time.perf_counter() - started, name)
         return results
 
     def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
@@ -189,6 +203,11 @@ class QueryCore:
     def positions(self) -> dict[int, dict[str, Any]]:
         """What each partition reflects: its source, last batch id applied, and state."""
         return {p: state.describe() for p, state in self.partitions.items()}
+
+    def stats(self) -> dict[str, Any]:
+        """Positions and states plus this core's metric samples: what a node's probe asks for (``runtime.health``)."""
+        samples = [(s.name, s.labels, s.value) for s in self.metrics.samples()]
+        return {"partitions": self.positions(), "samples": samples}
 
     def close(self) -> None:
         """Close every partition's engine (its data stays on disk)."""

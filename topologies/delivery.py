@@ -146,7 +146,8 @@ class BatchDelivery:
                     batch_id=batch_id,
                     actors=sorted(failed),
                 )
-            log.warning("%s: %d owner(s) not reachable, retrying in %.2fs", what, len(failed), backoff)
+            log.warning("%s: %d owner(s) not reachable, retrying in %.2fs", what, len(failed), backoff,
+                        extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
             time.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
             for uuid in failed:
@@ -163,6 +164,7 @@ class BatchDelivery:
                 "(it rebuilds them from a fresh checkpoint)",
                 self.spec.name,
                 incomplete,
+                extra={"store": self.spec.name, "batch": batch_id},
             )
         self.report(state="running", batch_id=batch_id, rows=table.num_rows, incomplete=incomplete)
         return int(table.num_rows)
@@ -195,4 +197,5 @@ class BatchDelivery:
             batch_id,
             rows,
             (time.monotonic() - started) * 1000,
+            extra={"store": self.spec.name, "batch": batch_id, "query": self.query_name},
         )

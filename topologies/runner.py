@@ -64,7 +64,20 @@ def run_topology(
     )
     parser.add_argument("--kafka-bootstrap", default=None, help="Kafka bootstrap servers, for the Kafka sources")
     parser.add_argument("--starting-offsets", default="earliest", choices=["earliest", "latest"])
+    from runtime import logs
+
+    parser.add_argument("--log-level", default=None, help="debug, info, warning, error; default $RIQR_LOG_LEVEL, info")
+    parser.add_argument(
+        "--log-format",
+        default=None,
+        choices=logs.FORMATS,
+        help="key=value or JSON lines; default $RIQR_LOG_FORMAT or kv",
+    )
     args = parser.parse_args(argv)
+    try:
+        logs.configure(args.log_level, args.log_format)
+    except ValueError as err:
+        parser.error(str(err))
     from topologies.sources import SourceConfig
 
     try:
@@ -76,7 +89,6 @@ def run_topology(
     args.topology = TopologyOptions(
         args.namespace, args.partitions, args.actors, args.trigger, source, engine=args.engine, standbys=args.standbys
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import ray
 
@@ -86,7 +98,7 @@ def run_topology(
     spark = spark_session(args.master, app_name=parser.prog)
     try:
         queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
-        log.info("topology running: %s", ", ".join(q.name for q in queries))
+        log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)
     finally:
         spark.stop()
@@ -122,5 +134,6 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
         log.info("topology stopped")
         return 0
     error = failed.exception()
-    log.error("query %s stopped: %s", failed.name, error if error is not None else "it ended without an error")
+    log.error("query %s stopped: %s", failed.name, error if error is not None else "it ended without an error",
+              extra={"query": failed.name})  # fmt: skip
     return 1

@@ -129,6 +129,7 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
             behind,
             committed,
             source,
+            extra={"store": delivery.spec.name, "batch": committed},
         )
         return "rebuild"
     return "resume"
@@ -214,7 +215,7 @@ def materialize(
     plan = plan_start(delivery, checkpoint)
     if plan == "rebuild":
         moved = supersede(checkpoint)
-        log.warning("store %s: the old checkpoint is kept at %s", store, moved)
+        log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
     query = (
         shaped.writeStream.foreachBatch(delivery)
         .outputMode(output_mode or ("append" if kind == "session" else "update"))
@@ -227,7 +228,8 @@ def materialize(
     if plan == "fresh":
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
-        log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began)
+        log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,
+                 extra={"store": store})  # fmt: skip
     return query
 
 

@@ -59,6 +59,9 @@ class RayOwner:
     async def positions(self) -> dict[int, dict[str, Any]]:
         return await self._call("positions")
 
+    async def stats(self) -> dict[str, Any]:
+        return await self._call("stats")
+
 
 class RayBus:
     """Reaches the registry and query actors of one namespace over Ray."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,15 +23,17 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from runtime import raycalls
+from runtime import logs, raycalls
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name, riqr_data
 from runtime.deadline import Deadline
+from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint
 from verticles.bus import RayBus
 from verticles.facade import FacadeVerticle
 from verticles.http import HttpVerticle
+from verticles.metrics import RayMetricsExporter
 from verticles.query import QueryVerticle
 from verticles.registry import Registry
 
@@ -63,8 +66,12 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
     node belongs to the registry, with standbys (see docs/design.md).
     """
     strategy = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+    # The log settings of whoever deploys (`RIQR_LOG_FORMAT=json riqr up`) reach every verticle, and
+    # through the registry's environment the query actors it creates.
+    log_env = {k: os.environ[k] for k in (logs.LEVEL_ENV, logs.FORMAT_ENV) if os.environ.get(k)}
+    runtime_env = {"runtime_env": {"env_vars": log_env}} if log_env else {}
     return {"name": name, "namespace": namespace, "lifetime": "detached", "num_cpus": 0, "max_restarts": -1,
-            **strategy, **extra}  # fmt: skip
+            **strategy, **runtime_env, **extra}  # fmt: skip
 
 
 def _remote(cls: type) -> Any:
@@ -100,6 +107,9 @@ class RayEnv:
 
     def data_dir(self) -> Path | None:
         return riqr_data(self.namespace)
+
+    def export_metrics(self, metrics: Metrics) -> None:
+        RayMetricsExporter(metrics).start()
 
     # -- RegistryLink -----------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.catalog import StoreSpec
+from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint
 
 __all__ = ["NodeFacts", "RegistryLink", "ClusterOps", "VerticleEnv", "RegistryEnv"]
@@ -31,6 +32,10 @@ class NodeFacts(Protocol):
 
     def data_dir(self) -> Path | None:
         """Where this node keeps the stores' partitions (None: nowhere, state is in memory only)."""
+        ...
+
+    def export_metrics(self, metrics: Metrics) -> None:
+        """Copy this actor's ``metrics`` into Ray's metrics system from now on (``verticles.metrics``)."""
         ...
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime import logs
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT
 from runtime.facade import Facade
@@ -21,6 +22,7 @@ class FacadeVerticle:
 
     def __init__(self, bus: Bus, timeout: float = DEFAULT_REQUEST_TIMEOUT, *, cursor_key: bytes | None = None) -> None:
         # The deployment's cursor key: the Python client pages with the same cursors as REST callers.
+        logs.configure_from_env()
         self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key)
         self._started = False
 

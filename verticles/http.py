@@ -13,6 +13,7 @@ import logging
 
 from aiohttp import web
 
+from runtime import logs
 from runtime.auth import AuthConfig
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT
@@ -48,6 +49,7 @@ class HttpVerticle:
     ) -> None:
         # ``auth`` and ``cursor_key`` are constructor arguments so that Ray's restart of this actor keeps
         # them: it serves the same tokens and accepts the cursors it issued before.
+        logs.configure_from_env()
         self._env = env
         self.auth = auth if auth is not None else AuthConfig()
         self.host = host
@@ -56,6 +58,7 @@ class HttpVerticle:
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
         self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key)
+        env.export_metrics(self.core.metrics)  # what /metrics shows of this process, into Ray's metrics too
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
         self._restart_attempts = restart_attempts

@@ -17,7 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from runtime import logs
 from runtime.catalog import StoreSpec
+from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from verticles.env import VerticleEnv
@@ -32,6 +34,8 @@ class QueryVerticle:
     link to the registry."""
 
     def __init__(self, uuid: str, spec: StoreSpec, partitions: Sequence[int], env: VerticleEnv) -> None:
+        logs.configure_from_env()
+        self.log = logs.bind(log, store=spec.name, actor=uuid)
         self.uuid = uuid
         self.node_id = env.node_id()
         self.node_ip = env.node_ip()
@@ -41,10 +45,12 @@ class QueryVerticle:
         # Reads in other threads get the interpreter often while a batch is applied in Python code.
         sys.setswitchinterval(0.001)
         started = time.monotonic()
-        self.core = QueryCore(spec, partitions, directory=directory, recovered=recovered)
+        metrics = Metrics(QUERY_METRICS)
+        self.core = QueryCore(spec, partitions, directory=directory, recovered=recovered, metrics=metrics)
         self.opened_in = time.monotonic() - started
+        env.export_metrics(metrics)
         if recovered:
-            log.warning("query actor %s of %s restarted: %s", uuid, spec.name, self.core.positions())
+            self.log.warning("query actor restarted: %s", self.core.positions())
             env.report_moved(uuid, self.node_id, self.node_ip)
 
     def ready(self) -> dict[str, str]:
@@ -69,6 +75,10 @@ class QueryVerticle:
 
     def positions(self) -> dict[int, dict[str, Any]]:
         return self.core.positions()
+
+    def stats(self) -> dict[str, Any]:
+        """Positions and metric samples, for the HTTP verticles' readiness and metrics (``runtime.health``)."""
+        return self.core.stats()
 
     def destroy(self) -> None:
         """Delete this actor's partitions from disk (its store or the runtime is going away)."""

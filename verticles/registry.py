@@ -15,6 +15,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from typing import Any
 
+from runtime import logs
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, Placement, plan_placement, table_from_placement
@@ -43,6 +44,7 @@ class Registry:
         new_uuid: Callable[[], str] = _new_uuid,
         secrets: DeploymentSecrets | None = None,
     ) -> None:
+        logs.configure_from_env()
         self.namespace = namespace
         # verticles.deploy passes them, so a restart (same constructor arguments) keeps them; generating
         # here is for tests only, since a restarted registry would then hand out new ones.
@@ -68,7 +70,7 @@ class Registry:
             try:
                 table = table_from_placement(spec, [m["uuid"] for m in members], plans)
             except KeyError:
-                log.error("store %s lost actors; it will be unavailable until recreated", name)
+                log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
             actors = [ActorInfo(m["uuid"], name, m["node_id"], m["node_ip"], tuple(m["partitions"])) for m in members]
             self.state.install(table, actors)
@@ -97,7 +99,8 @@ class Registry:
         members = [(uuid, holdings[uuid], plan.node_id) for uuid, plan in zip(uuids, plans)]
         actors = self._env.start_query_actors(spec, members)
         self.state.install(table, actors)
-        log.info("created store %s: %d partitions on %d actors", spec.name, spec.partitions, len(actors))
+        log.info("created store %s: %d partitions on %d actors", spec.name, spec.partitions, len(actors),
+                 extra={"store": spec.name})  # fmt: skip
         return self.state.view()
 
     def drop_store(self, name: str) -> list[str]:

@@ -27,6 +27,8 @@ from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, route_or_unavailable
 from runtime.facade.scatter import ScatterGather
 from runtime.facade.view import ViewCache
+from runtime.health import ClusterProbe
+from runtime.metrics import Metrics
 from runtime.ownership import ClusterView, OwnershipTable
 from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key
 from runtime.scan import Scan
@@ -47,15 +49,20 @@ class Facade:
         page_size: int = DEFAULT_PAGE_SIZE,
         max_page: int = MAX_PAGE,
         cursor_key: bytes | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         # Every facade of a deployment gets the same ``cursor_key`` (verticles.deploy), so a cursor one
         # node issued pages on at any other, and on the Python client's facade verticle too.
         self._bus = bus
         self.cursors = CursorCodec(cursor_key)
         self.timeout = timeout
+        # This process's metrics (the HTTP verticle serves them at /metrics and mirrors them into Ray).
+        self.metrics = metrics if metrics is not None else Metrics()
         self.views = ViewCache(bus, refresh_interval=refresh_interval)
-        self.router = KeyRouter(bus, self.views, timeout=timeout)
+        self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics)
         self.scatter = ScatterGather(bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page)
+        # /ready and /metrics look at the cluster through this: at most one look per second, shared.
+        self.probe = ClusterProbe(bus, lambda: self.views.current)
 
     @property
     def view(self) -> ClusterView:
@@ -91,7 +98,9 @@ class Facade:
     async def entries(self, query: ScanQuery) -> list[Any]:
         """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries."""
         table, scan = await self._bind(query)
-        return await self.scatter.collect(table, scan)
+        entries = await self.scatter.collect(table, scan)
+        self._scanned(query.store, len(entries))
+        return entries
 
     async def page(self, query: ScanQuery, request: PageRequest) -> Page:
         """One page of a scan and the cursor of the next (None after the last page)."""
@@ -100,17 +109,25 @@ class Facade:
         def cursor_after(last_key: Any) -> str:
             return self.cursors.encode(table.spec.name, query.shape, scan, last_key)
 
-        return await self.scatter.page(table, scan, request.limit, cursor_after)
+        page = await self.scatter.page(table, scan, request.limit, cursor_after)
+        self._scanned(query.store, len(page.entries))
+        return page
 
     async def stream(self, query: ScanQuery, cursor: str | None = None) -> AsyncGenerator[list[Any], None]:
         """Every entry of a scan as chunks, with memory flat whatever the size (NDJSON, ``iterate``)."""
         table, scan = await self._bind(query, cursor)
         chunks = self.scatter.stream(table, scan)
+        scanned = self.metrics.child("riqr_scan_entries_total", query.store)
         try:
             async for chunk in chunks:
+                scanned.inc(len(chunk))
                 yield chunk
         finally:
             await chunks.aclose()
+
+    def _scanned(self, store: str, entries: int) -> None:
+        if entries:
+            self.metrics.inc("riqr_scan_entries_total", store, amount=entries)
 
     async def count(self, store: str) -> int:
         """``approximate-num-entries``: the number of keys over all partitions."""

@@ -19,6 +19,7 @@ from runtime.codec import to_jsonable
 from runtime.deadline import Deadline, within
 from runtime.errors import DeadlineExceeded, KeyNotFound, OwnerUnavailable, PartitionUnavailable, RiqrError
 from runtime.facade.view import ViewCache
+from runtime.metrics import Metrics
 from runtime.ownership import ClusterView, OwnershipTable, Route
 
 __all__ = ["KeyRouter", "route_or_unavailable", "FAILOVER_AFTER"]
@@ -46,10 +47,11 @@ def route_or_unavailable(table: OwnershipTable, key: Any) -> Route:
 class KeyRouter:
     """Answers key lookups: one coalesced batch per owner, under the request deadline."""
 
-    def __init__(self, bus: Bus, views: ViewCache, *, timeout: float) -> None:
+    def __init__(self, bus: Bus, views: ViewCache, *, timeout: float, metrics: Metrics | None = None) -> None:
         self._bus = bus
         self._views = views
         self.timeout = timeout
+        self.metrics = metrics if metrics is not None else Metrics()
         self._batchers: dict[str, Batcher] = {}
         views.listeners.append(self._forget_gone)
 
@@ -57,10 +59,12 @@ class KeyRouter:
         for uuid in set(self._batchers) - set(view.actors):
             del self._batchers[uuid]
 
-    def _batcher(self, uuid: str) -> Batcher:
+    def _batcher(self, uuid: str, store: str) -> Batcher:
         batcher = self._batchers.get(uuid)
         if batcher is None:
-            batcher = self._batchers[uuid] = Coalescer(self._bus.owner(uuid).get_many, max_in_flight=1)
+            sizes = self.metrics.child("riqr_coalesced_batch_size", store)  # an actor holds one store
+            owner = self._bus.owner(uuid)
+            batcher = self._batchers[uuid] = Coalescer(owner.get_many, max_in_flight=1, on_send=sizes.observe)
         return batcher
 
     async def get(self, spec: StoreSpec, table: OwnershipTable, key: Any) -> Any:
@@ -78,7 +82,7 @@ class KeyRouter:
             last = index == len(holders) - 1
             budget = deadline if last else Deadline(min(deadline.at, time.monotonic() + FAILOVER_AFTER), self.timeout)
             try:
-                answer = await self._ask(uuid, route.partition, key, budget, f"get on {spec.name}")
+                answer = await self._ask(uuid, spec.name, route.partition, key, budget)
             except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
                 if isinstance(err, OwnerUnavailable):
                     self._views.refresh_soon()
@@ -93,12 +97,12 @@ class KeyRouter:
             return answer
         raise failure or AssertionError("a route has at least one holder")  # pragma: no cover
 
-    async def _ask(self, uuid: str, partition: int, key: Any, deadline: Deadline, what: str) -> bytes | None:
+    async def _ask(self, uuid: str, store: str, partition: int, key: Any, deadline: Deadline) -> bytes | None:
         # A batch fails as a whole when one of its partitions cannot answer; a key of another partition
         # that shared the batch is asked again (once).
         for attempt in (1, 2):
             try:
-                return await within(deadline, self._batcher(uuid).submit((partition, key)), what)
+                return await within(deadline, self._batcher(uuid, store).submit((partition, key)), f"get on {store}")
             except PartitionUnavailable as err:
                 if attempt == 1 and partition not in err.details.get("partitions", [partition]):
                     continue

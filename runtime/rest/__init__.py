@@ -5,7 +5,8 @@ HttpVerticle only starts and stops it. ``ROUTES`` (``runtime.rest.routes``) is t
 the app is built from it, and so is its OpenAPI document (``GET /openapi.json``, browsable at ``/docs``),
 so they cannot drift apart.
 
-Middlewares, outermost first: errors become JSON (``render.error_middleware``); the request limits of
+Middlewares, outermost first: every request counted and timed (``probes.metrics_middleware``); errors
+become JSON (``render.error_middleware``); the request limits of
 ``runtime.config`` (``limits.limits_middleware``); bearer-token authentication and per-store
 authorization (``runtime.auth``). Every response says ``Server: riqr``, without a version.
 """
@@ -20,6 +21,7 @@ from runtime.facade import Facade
 from runtime.rest import handlers as h
 from runtime.rest.limits import limits_middleware
 from runtime.rest.openapi import SPEC, openapi_document
+from runtime.rest.probes import metrics_middleware
 from runtime.rest.render import SERVER_NAME, error_middleware
 from runtime.rest.routes import PUBLIC_PATHS, ROUTES, Param, Route
 
@@ -44,7 +46,12 @@ def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Applicat
     """
     auth = auth if auth is not None else AuthConfig()
     app = web.Application(
-        middlewares=[error_middleware, limits_middleware, auth_middleware(auth, public_paths=PUBLIC_PATHS)],
+        middlewares=[
+            metrics_middleware(facade.metrics),
+            error_middleware,
+            limits_middleware,
+            auth_middleware(auth, public_paths=PUBLIC_PATHS),
+        ],
         client_max_size=MAX_BODY_BYTES,
         handler_args=PARSER_LIMITS,
     )

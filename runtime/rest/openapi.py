@@ -107,6 +107,21 @@ _COMPONENTS: dict[str, Any] = {
     },  # fmt: skip
     "Catalog": {"type": "object", "properties": {"result": {"type": "array", "items": _OBJECT}}},
     "Health": {"type": "object", "properties": {"status": {"type": "string"}}},
+    "Ready": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {
+            "status": {"enum": ["ready", "not-ready"]},
+            "stores": {"type": "integer"},
+            "partitions": {"type": "integer"},
+            "missing": {
+                "type": "array",
+                "description": "a partition with no serving copy (store, partition, state, reason), or a store "
+                "whose ingest failed (store, ingest, reason)",
+                "items": _OBJECT,
+            },
+        },
+    },
     "OpenAPI": _OBJECT,
 }
 
@@ -119,6 +134,8 @@ def _oas_path(aiohttp_path: str) -> str:
 def _answer(name: str) -> dict[str, Any]:
     if name == "html":
         return {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
+    if name == "prometheus":
+        return {"description": "OK", "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}}}
     if "/" in name:  # a media type: a static file
         return {"description": "OK", "content": {name: {"schema": {"type": "string"}}}}
     ref = {"$ref": f"#/components/schemas/{name}"}
@@ -139,6 +156,8 @@ def _operation(route: Route, auth_enabled: bool) -> dict[str, Any]:
     statuses = set(route.errors) | set(COMMON_ERRORS) | (set() if route.public or not auth_enabled else {401})
     responses: dict[str, Any] = {"200": _answer(route.answer)}
     responses.update({str(s): _error(s) for s in sorted(statuses)})
+    if route.answer == "Ready":  # not ready is a 503 whose body says what is missing, not an error
+        responses["503"] = {**_answer("Ready"), "description": "Not ready: 'missing' lists what"}
     op: dict[str, Any] = {
         "summary": route.summary,
         "operationId": route.handler.__name__,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import MAX_KEY_CHARS, MAX_PAGE
-from runtime.rest import console
+from runtime.rest import console, probes
 from runtime.rest import handlers as h
 from runtime.rest import openapi as doc
 from runtime.rest.render import Handler
@@ -191,6 +191,23 @@ ROUTES: tuple[Route, ...] = (
         (STORE,),
         "Count",
         (400, 403, 404, 503, 504),
+    ),  # fmt: skip
+    Route(
+        "/ready",
+        probes.ready,
+        "readiness: every partition has a serving copy and no store's ingest failed; 503 lists what is missing",
+        answer="Ready",
+        errors=(503,),
+        public=True,
+        tag="service",
+    ),  # fmt: skip
+    Route(
+        "/metrics",
+        probes.metrics,
+        "this node's and the cluster's metrics, Prometheus text format 0.0.4 (docs/operations.md)",
+        answer="prometheus",
+        errors=(403,),
+        tag="service",
     ),  # fmt: skip
     Route("/", console.console_page, "the web console (no token needed to load it)", answer="html", public=True,
           tag="console"),  # fmt: skip

@@ -71,6 +71,10 @@ class FakeOwner:
         await self._enter("positions")
         return self.core.positions()
 
+    async def stats(self) -> dict[str, Any]:
+        await self._enter("stats")
+        return self.core.stats()
+
 
 class FakeBus:
     """A registry and its query actors, in-process. ``load`` feeds a store like the sink does."""

@@ -34,6 +34,7 @@ class FakeEnv:
         self.endpoints: dict[str, Endpoint] = {}
         self.infos: list[dict[str, Any]] = []
         self.data: Path | None = None
+        self.exported: list[Any] = []
 
     def node_id(self) -> str:
         return "node-a"
@@ -46,6 +47,9 @@ class FakeEnv:
 
     def data_dir(self) -> Path | None:
         return self.data
+
+    def export_metrics(self, metrics: Any) -> None:
+        self.exported.append(metrics)
 
     def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
         self.moves.append((uuid, node_id, node_ip))

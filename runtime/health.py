@@ -1,0 +1,266 @@
+"""Readiness and the cluster's metrics, from one cheap, shared look at the cluster.
+
+``/ready`` must answer whether every partition of every store has a copy that serves and whether every
+store's ingest runs. The cached ``ClusterView`` says who owns what, but not whether an owner is alive or
+its copy complete: only the query actor knows. So a ``ClusterProbe`` takes a ``ClusterSnapshot``: the
+cached view (no registry call), the registry's ingest status (one call) and each query actor's
+``stats()`` (one call per actor, in parallel, each with a short deadline, ``PROBE_DEADLINE``). Snapshots
+are reused for ``PROBE_MAX_AGE`` seconds and concurrent callers share one in flight, so however often
+load balancers probe and Prometheus scrapes, a node asks each actor at most about once a second.
+
+``readiness`` and ``cluster_families`` are pure functions of a snapshot; unit tests feed them values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from runtime.bus import Bus
+from runtime.errors import RiqrError
+from runtime.metrics import BY_NAME, CLUSTER_METRICS, QUERY_METRICS, MetricDef
+from runtime.ownership import ClusterView
+from runtime.partition import SERVING
+
+__all__ = [
+    "ClusterSnapshot",
+    "ClusterProbe",
+    "Readiness",
+    "readiness",
+    "cluster_families",
+    "PROBE_MAX_AGE",
+    "PROBE_DEADLINE",
+]
+
+# How long a snapshot is reused, and how long each actor has to answer for one.
+PROBE_MAX_AGE = 1.0
+PROBE_DEADLINE = 1.0
+
+# An actor's stats: {"partitions": {p: {"source", "batch_id", "state"[, "reason"]}}, "samples": [...]},
+# or the reason it gave none.
+ActorStats = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """The cluster as one node saw it at ``taken_at`` (monotonic seconds)."""
+
+    view: ClusterView
+    ingest: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    stats: Mapping[str, ActorStats] = field(default_factory=dict)
+    failures: Mapping[str, str] = field(default_factory=dict)  # actor uuid -> why it gave no stats
+    registry_error: str | None = None
+    taken_at: float = 0.0
+
+    def partition_of(self, uuid: str, partition: int) -> dict[str, Any]:
+        """What ``uuid`` said about its copy of ``partition`` (``unavailable`` if it did not answer)."""
+        if uuid in self.failures:
+            return {"state": "unavailable", "reason": self.failures[uuid]}
+        known = self.stats.get(uuid, {}).get("partitions", {})
+        return dict(known.get(partition, {"state": "unknown", "reason": "the actor does not report it"}))
+
+
+class ClusterProbe:
+    """Takes ``ClusterSnapshot``s, at most one per ``max_age`` seconds, one at a time."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        view: Callable[[], ClusterView],
+        *,
+        max_age: float = PROBE_MAX_AGE,
+        deadline: float = PROBE_DEADLINE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._bus = bus
+        self._view = view
+        self.max_age = max_age
+        self.deadline = deadline
+        self._clock = clock
+        self._last: ClusterSnapshot | None = None
+        self._pending: asyncio.Task[ClusterSnapshot] | None = None
+        self.taken = 0  # snapshots taken (tests read it)
+
+    async def snapshot(self) -> ClusterSnapshot:
+        """A snapshot no older than ``max_age``; callers arriving while one is taken share it."""
+        last = self._last
+        if last is not None and self._clock() - last.taken_at < self.max_age:
+            return last
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.get_running_loop().create_task(self._take(), name="riqr-cluster-probe")
+        # Shielded: one caller going away (a probe that timed out) does not cancel the others' snapshot.
+        return await asyncio.shield(self._pending)
+
+    async def _bounded(self, awaitable: Any) -> Any:
+        async with asyncio.timeout(self.deadline):
+            return await awaitable
+
+    async def _take(self) -> ClusterSnapshot:
+        view = self._view()
+        uuids = sorted(view.actors)
+        answers = await asyncio.gather(
+            self._bounded(self._bus.fetch_status()),
+            *(self._bounded(self._bus.owner(u).stats()) for u in uuids),
+            return_exceptions=True,
+        )
+        status, per_actor = answers[0], answers[1:]
+        stats: dict[str, ActorStats] = {}
+        failures: dict[str, str] = {}
+        for uuid, answer in zip(uuids, per_actor):
+            if isinstance(answer, BaseException):
+                failures[uuid] = _reason(answer, self.deadline)
+            else:
+                stats[uuid] = answer
+        registry_error = None
+        ingest: dict[str, Any] = {}
+        if isinstance(status, BaseException):
+            registry_error = _reason(status, self.deadline)
+        else:
+            ingest = dict(status.get("ingest", {}))
+        self.taken += 1
+        snapshot = ClusterSnapshot(view, ingest, stats, failures, registry_error, self._clock())
+        self._last = snapshot
+        return snapshot
+
+
+def _reason(err: BaseException, deadline: float) -> str:
+    if isinstance(err, RiqrError):
+        return err.message
+    if isinstance(err, TimeoutError):
+        return f"it did not answer within {deadline:g}s"
+    return f"{type(err).__name__}: {err}"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The verdict of ``/ready``: ready, or what is missing (one entry per partition or store)."""
+
+    ready: bool
+    missing: tuple[dict[str, Any], ...] = ()
+    stores: int = 0
+    partitions: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "ready" if self.ready else "not-ready", "stores": self.stores,
+                               "partitions": self.partitions}  # fmt: skip
+        if not self.ready:
+            out["missing"] = list(self.missing)
+        return out
+
+
+def readiness(snapshot: ClusterSnapshot) -> Readiness:
+    """Ready when every partition of every store has a serving copy (active or standby) and no store's
+    ingest failed. A store whose sink never reported (or a registry that cannot be asked) does not make
+    the node unready: a restarted registry forgets ingest reports until the next batch."""
+    view = snapshot.view
+    missing: list[dict[str, Any]] = []
+    if view.epoch == 0 and snapshot.registry_error is not None:
+        # Never saw the cluster: an empty view here means "unknown", not "no stores".
+        missing.append({"registry": "unreachable", "reason": snapshot.registry_error})
+    partitions = 0
+    for spec in view.stores():
+        table = view.tables[spec.name]
+        for p, owners in enumerate(table.partitions):
+            partitions += 1
+            holders = ((owners.active,) if owners.active else ()) + owners.standbys
+            copies = [snapshot.partition_of(u, p) for u in holders]
+            if any(c.get("state") == SERVING for c in copies):
+                continue
+            first = copies[0] if copies else {"state": "unassigned", "reason": "no actor holds it"}
+            entry = {"store": spec.name, "partition": p, "state": first.get("state", "unknown")}
+            if first.get("reason"):
+                entry["reason"] = first["reason"]
+            missing.append(entry)
+        ingest = snapshot.ingest.get(spec.name) or {}
+        if ingest.get("state") == "failed":
+            missing.append({"store": spec.name, "ingest": "failed", "reason": ingest.get("error", "unknown")})
+    return Readiness(not missing, tuple(missing), len(view.tables), partitions)
+
+
+def _family(d: MetricDef) -> Metric:
+    return Metric(d.base, d.help, d.kind)
+
+
+def _role(view: ClusterView, store: str, partition: int, uuid: str) -> str:
+    table = view.tables.get(store)
+    if table is None or not 0 <= partition < len(table.partitions):
+        return "none"
+    return "active" if table.partitions[partition].active == uuid else "standby"
+
+
+def _query_families(snapshot: ClusterSnapshot) -> list[Metric]:
+    """The query actors' own metrics, summed over actors; per-partition ones get a ``role`` label."""
+    sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for uuid, stats in snapshot.stats.items():
+        for name, labels, value in stats.get("samples", ()):
+            labels = dict(labels)
+            if "partition" in labels:
+                labels["role"] = _role(snapshot.view, labels.get("store", ""), int(labels["partition"]), uuid)
+            key = (name, tuple(sorted(labels.items())))
+            sums[key] = sums.get(key, 0.0) + float(value)
+    families = []
+    for d in QUERY_METRICS:
+        family = _family(d)
+        prefix = d.base
+        for (name, labels), value in sorted(sums.items()):
+            if name == prefix or (name.startswith(prefix + "_") and name[len(prefix) + 1 :] in _SUFFIXES):
+                family.add_sample(name, dict(labels), value)
+        families.append(family)
+    return families
+
+
+_SUFFIXES = ("total", "bucket", "sum", "count")
+
+
+def cluster_families(snapshot: ClusterSnapshot, verdict: Readiness | None = None) -> list[Metric]:
+    """The metric families ``/metrics`` adds to the node's own: partitions, ingest, dead letters,
+    readiness, and the query actors' apply metrics summed over actors."""
+    verdict = verdict or readiness(snapshot)
+    view = snapshot.view
+    fam = {d.name: _family(d) for d in CLUSTER_METRICS}
+    for spec in view.stores():
+        name = spec.name
+        table = view.tables[name]
+        ingest = snapshot.ingest.get(name) or {}
+        delivered = ingest.get("batch_id")
+        unavailable = 0
+        for p, owners in enumerate(table.partitions):
+            labels = {"store": name, "partition": str(p)}
+            counts: dict[tuple[str, str], int] = {}
+            serving = False
+            for role, uuid in [("active", owners.active)] + [("standby", u) for u in owners.standbys]:
+                if uuid is None:
+                    continue
+                state = str(snapshot.partition_of(uuid, p).get("state", "unknown"))
+                serving = serving or state == SERVING
+                counts[(role, state)] = counts.get((role, state), 0) + 1
+            for (role, state), n in sorted(counts.items()):
+                fam["riqr_partition_replicas"].add_sample(
+                    "riqr_partition_replicas", {**labels, "role": role, "state": state}, n
+                )
+            unavailable += 0 if serving else 1
+            active = snapshot.partition_of(owners.active, p) if owners.active else {}
+            if isinstance(active.get("batch_id"), int):
+                fam["riqr_partition_position"].add_sample("riqr_partition_position", labels, active["batch_id"])
+                if isinstance(delivered, int):
+                    lag = max(0, delivered - active["batch_id"])
+                    fam["riqr_partition_lag_batches"].add_sample("riqr_partition_lag_batches", labels, lag)
+        fam["riqr_partitions_unavailable"].add_sample("riqr_partitions_unavailable", {"store": name}, unavailable)
+        if ingest.get("state"):
+            fam["riqr_ingest_state"].add_sample("riqr_ingest_state", {"store": name, "state": str(ingest["state"])}, 1)
+        if isinstance(ingest.get("at"), (int, float)):
+            fam["riqr_ingest_last_report_timestamp_seconds"].add_sample(
+                "riqr_ingest_last_report_timestamp_seconds", {"store": name}, float(ingest["at"])
+            )
+        for topic, count in sorted((ingest.get("dead_letters") or {}).items()):
+            fam["riqr_dead_letters_total"].add_sample(
+                "riqr_dead_letters_total", {"store": name, "topic": str(topic)}, float(count)
+            )
+    fam["riqr_ready"].add_sample("riqr_ready", {}, 1.0 if verdict.ready else 0.0)
+    assert set(fam) <= set(BY_NAME)
+    return [*fam.values(), *_query_families(snapshot)]

@@ -1,0 +1,263 @@
+"""riqr's metrics: one catalog of every metric, a per-process recorder, and the mirror into Ray's metrics.
+
+Every metric riqr exports is declared once in ``CATALOG`` (name, type, labels, meaning, where it is
+recorded). docs/operations.md's table lists the same names, and a test holds the two together.
+
+A process records into its own ``Metrics`` (a private ``prometheus_client`` registry, so unit tests and
+several cores in one process do not share counters). Recording is a dictionary lookup of the labelled
+child plus ``prometheus_client``'s increment (a short lock, never held across an await): about a
+microsecond. The HTTP verticle serves its process's metrics at ``GET /metrics``; ``Mirror`` copies every
+process's metrics into Ray's metrics system (``ray.util.metrics``, done by ``verticles.metrics``) from a
+background thread every few seconds, so Ray's per-record cost (a few microseconds) stays off the
+request path: counters as increments since the last copy, gauges as their value, histograms as one
+observation per new sample at its bucket's bound (bucket counts exact, the sum to bucket resolution).
+
+Labels are bounded: routes are patterns, never paths; stores, partitions, topics and states are few; no
+key, value, token or actor id is ever a label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "MetricDef",
+    "CATALOG",
+    "BY_NAME",
+    "HTTP_METRICS",
+    "QUERY_METRICS",
+    "CLUSTER_METRICS",
+    "Metrics",
+    "Sample",
+    "Mirror",
+    "MirrorTarget",
+    "exposition",
+    "CONTENT_TYPE",
+]
+
+# Series named ``*_created`` double the output and no dashboard of ours reads them.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Where a metric is recorded (docs/operations.md, "Metrics", says what each means for the operator).
+HTTP = "http"  # the HTTP verticle's process: at its /metrics and in Ray
+QUERY = "query"  # each query actor's process: in Ray, and summed over actors at every /metrics
+CLUSTER = "cluster"  # computed by the HTTP verticle from its cluster probe at scrape time: /metrics only
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+APPLY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric: its exposed name (with ``_total`` for counters), type, help text, labels, where it is
+    recorded, and the bucket bounds of a histogram."""
+
+    name: str
+    kind: str  # "counter", "gauge" or "histogram"
+    help: str
+    labels: tuple[str, ...] = ()
+    where: str = HTTP
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def base(self) -> str:
+        """The name without ``_total``: what ``prometheus_client`` and Ray take for a counter."""
+        return self.name.removesuffix("_total") if self.kind == "counter" else self.name
+
+
+CATALOG: tuple[MetricDef, ...] = (
+    MetricDef("riqr_http_requests_total", "counter", "REST requests answered, by route pattern and status",
+              ("route", "status")),
+    MetricDef("riqr_http_request_duration_seconds", "histogram", "time to answer a REST request, by route pattern",
+              ("route",), buckets=LATENCY_BUCKETS),
+    MetricDef("riqr_coalesced_batch_size", "histogram", "keys per coalesced get_many call to a query actor",
+              ("store",), buckets=BATCH_BUCKETS),
+    MetricDef("riqr_scan_entries_total", "counter", "entries returned or streamed by scans, pages and streams",
+              ("store",)),
+    MetricDef("riqr_batches_applied_total", "counter", "batches applied to a partition copy (not replays)",
+              ("store", "partition", "role"), QUERY),
+    MetricDef("riqr_rows_applied_total", "counter", "rows (upserts and deletes) applied to a partition copy",
+              ("store", "partition", "role"), QUERY),
+    MetricDef("riqr_apply_duration_seconds", "histogram", "time a query actor takes to apply one batch",
+              ("store",), QUERY, APPLY_BUCKETS),
+    MetricDef("riqr_partition_position", "gauge", "last batch id applied by the active copy (-1: none yet)",
+              ("store", "partition"), CLUSTER),
+    MetricDef("riqr_partition_lag_batches", "gauge", "batches the sink delivered that the active copy does not show",
+              ("store", "partition"), CLUSTER),
+    MetricDef("riqr_partition_replicas", "gauge", "copies of a partition, by role and state",
+              ("store", "partition", "role", "state"), CLUSTER),
+    MetricDef("riqr_partitions_unavailable", "gauge", "partitions of a store with no serving copy",
+              ("store",), CLUSTER),
+    MetricDef("riqr_ingest_state", "gauge", "1 for the state the store's sink last reported",
+              ("store", "state"), CLUSTER),
+    MetricDef("riqr_ingest_last_report_timestamp_seconds", "gauge", "when the store's sink last reported (Unix time)",
+              ("store",), CLUSTER),
+    MetricDef("riqr_dead_letters_total", "counter", "records of a topic dead-lettered by a store's topology",
+              ("store", "topic"), CLUSTER),
+    MetricDef("riqr_ready", "gauge", "1 when GET /ready on this node answers 200", (), CLUSTER),
+)  # fmt: skip
+
+BY_NAME = {d.name: d for d in CATALOG}
+HTTP_METRICS = tuple(d for d in CATALOG if d.where == HTTP)
+# A query actor records these without the ``role`` label (it does not know its role; the HTTP verticle
+# adds it from the ownership table when it sums them).
+QUERY_METRICS = tuple(d for d in CATALOG if d.where == QUERY)
+CLUSTER_METRICS = tuple(d for d in CATALOG if d.where == CLUSTER)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One exposed sample: full name (``_total``, ``_bucket``...), labels, value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+def _recorded_labels(d: MetricDef) -> tuple[str, ...]:
+    return tuple(label for label in d.labels if not (d.where == QUERY and label == "role"))
+
+
+class Metrics:
+    """The metrics one process records, in a registry of its own."""
+
+    def __init__(self, defs: Iterable[MetricDef] = HTTP_METRICS) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.defs = {d.name: d for d in defs}
+        self._families: dict[str, Any] = {}
+        for d in self.defs.values():
+            labels = _recorded_labels(d)
+            if d.kind == "counter":
+                family: Any = Counter(d.base, d.help, labels, registry=self.registry)
+            elif d.kind == "gauge":
+                family = Gauge(d.base, d.help, labels, registry=self.registry)
+            else:
+                family = Histogram(d.base, d.help, labels, registry=self.registry, buckets=d.buckets)
+            self._families[d.name] = family
+        # (name, label values) -> prometheus_client child: its own ``labels()`` validates on every call.
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def child(self, name: str, *labels: str) -> Any:
+        """The series of ``name`` with these label values (in the catalog's order), created once."""
+        key = (name, labels)
+        found = self._children.get(key)
+        if found is None:
+            family = self._families[name]
+            found = self._children[key] = family.labels(*labels) if labels else family
+        return found
+
+    def inc(self, name: str, *labels: str, amount: float = 1.0) -> None:
+        self.child(name, *labels).inc(amount)
+
+    def observe(self, name: str, value: float, *labels: str) -> None:
+        self.child(name, *labels).observe(value)
+
+    def set(self, name: str, value: float, *labels: str) -> None:
+        self.child(name, *labels).set(value)
+
+    def samples(self) -> list[Sample]:
+        """Every sample this process holds (what a query actor hands the HTTP verticles)."""
+        return [
+            Sample(s.name, tuple(sorted(s.labels.items())), float(s.value))
+            for family in self.registry.collect()
+            for s in family.samples
+        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample (tests; ``name`` as exposed, e.g. ``..._total``, ``..._count``)."""
+        got = self.registry.get_sample_value(name, labels)
+        return 0.0 if got is None else float(got)
+
+
+class _Families(Collector):
+    def __init__(self, families: Sequence[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._families
+
+
+def exposition(metrics: Metrics, extra: Sequence[Any] = ()) -> bytes:
+    """Prometheus text (version 0.0.4) of ``metrics`` followed by the ``extra`` metric families."""
+    out = prometheus_client.generate_latest(metrics.registry)
+    if extra:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(extra))
+        out += prometheus_client.generate_latest(registry)
+    return out
+
+
+class MirrorTarget(Protocol):
+    """Where ``Mirror`` copies samples to (Ray's metrics, ``verticles.metrics``; a list in tests)."""
+
+    def counter_inc(self, d: MetricDef, tags: dict[str, str], amount: float) -> None: ...
+
+    def gauge_set(self, d: MetricDef, tags: dict[str, str], value: float) -> None: ...
+
+    def histogram_observe(self, d: MetricDef, tags: dict[str, str], value: float, times: int) -> None: ...
+
+
+class Mirror:
+    """Copies a ``Metrics`` into another metrics system, a difference at a time (``flush``)."""
+
+    def __init__(self, metrics: Metrics, target: MirrorTarget, *, constant_tags: dict[str, str] | None = None) -> None:
+        self.metrics = metrics
+        self.target = target
+        self.constant_tags = dict(constant_tags or {})
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def _tags(self, labels: tuple[tuple[str, str], ...]) -> dict[str, str]:
+        return {**self.constant_tags, **dict(labels)}
+
+    def _delta(self, key: tuple[str, tuple[tuple[str, str], ...]], value: float) -> float:
+        delta = value - self._last.get(key, 0.0)
+        self._last[key] = value
+        return delta
+
+    def flush(self) -> None:
+        """Send what changed since the last flush."""
+        by_base = {d.base: d for d in self.metrics.defs.values()}
+        for family in self.metrics.registry.collect():
+            d = by_base.get(family.name)
+            if d is None:
+                continue
+            if d.kind == "histogram":
+                self._flush_histogram(d, family.samples)
+                continue
+            for s in family.samples:
+                labels = tuple(sorted(s.labels.items()))
+                if d.kind == "gauge":
+                    self.target.gauge_set(d, self._tags(labels), float(s.value))
+                elif s.name.endswith("_total"):
+                    delta = self._delta((s.name, labels), float(s.value))
+                    if delta > 0:
+                        self.target.counter_inc(d, self._tags(labels), delta)
+
+    def _flush_histogram(self, d: MetricDef, samples: Iterable[Any]) -> None:
+        cumulative: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+        for s in samples:
+            if s.name.endswith("_bucket"):
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+                cumulative.setdefault(labels, []).append((float(s.labels["le"]), float(s.value)))
+        for labels, buckets in cumulative.items():
+            buckets.sort()
+            below = 0.0
+            for bound, total in buckets:
+                in_bucket = total - below
+                below = total
+                new = int(self._delta((d.name + "_bucket", (*labels, ("le", str(bound)))), in_bucket))
+                if new > 0:
+                    # The bucket's own bound lands in the same bucket on the other side (same bounds,
+                    # upper bound inclusive); the overflow bucket gets a value past the last bound.
+                    value = bound if not math.isinf(bound) else (d.buckets[-1] * 2 if d.buckets else 1.0)
+                    self.target.histogram_observe(d, self._tags(labels), value, new)

@@ -1,0 +1,81 @@
+"""What operators and their tools ask a node: readiness (``/ready``), metrics (``/metrics``), and the
+middleware that counts and times every request.
+
+``/health`` (in ``handlers``) asks nothing of the cluster. ``/ready`` and the cluster part of
+``/metrics`` come from the facade's ``ClusterProbe`` (``runtime.health``): one shared look at the
+cluster per second at most, whatever the probe and scrape rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
+from runtime.errors import Forbidden
+from runtime.facade import Facade
+from runtime.health import cluster_families, readiness
+from runtime.metrics import CONTENT_TYPE, Metrics, exposition
+from runtime.rest.handlers import AUTH, FACADE
+from runtime.rest.render import Handler, reply
+
+__all__ = ["ready", "metrics", "metrics_middleware", "UNMATCHED"]
+
+# The route label of requests no route matched (their paths are never labels: they are unbounded).
+UNMATCHED = "unmatched"
+
+
+def _facade(request: web.Request) -> Facade:
+    return request.app[FACADE]
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 when every partition has a serving copy and no store's ingest failed; else 503 with what is missing."""
+    verdict = readiness(await _facade(request).probe.snapshot())
+    return reply(request, verdict.to_json(), status=200 if verdict.ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """This node's metrics and the cluster's, as Prometheus text.
+
+    With auth on, the caller's token must be allowed to read every store, since store names are labels.
+    """
+    facade = _facade(request)
+    snapshot = await facade.probe.snapshot()
+    auth: AuthConfig = request.app[AUTH]
+    principal = request.get(PRINCIPAL, ANONYMOUS)
+    hidden = [s for s in snapshot.view.tables if not visible(auth, principal, s)]
+    if hidden:
+        raise Forbidden("/metrics shows every store: it needs a token allowed to read all of them")
+    body = exposition(facade.metrics, cluster_families(snapshot))
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def metrics_middleware(recorder: Metrics) -> Middleware:
+    """Counts every answered request by route pattern and status, and times it (outermost middleware,
+    so errors rendered further in are counted with their status)."""
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away before the answer (nginx's code for it)
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else UNMATCHED
+            recorder.child("riqr_http_requests_total", route, str(status)).inc()
+            recorder.child("riqr_http_request_duration_seconds", route).observe(time.perf_counter() - started)
+
+    return observe

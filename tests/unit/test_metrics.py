@@ -1,0 +1,192 @@
+"""Metrics: names follow Prometheus conventions, every metric moves when its thing happens, the docs list
+exactly the catalog, and the copy into Ray sends differences."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from runtime.facade import Facade
+from runtime.health import ClusterSnapshot, cluster_families
+from runtime.metrics import CATALOG, QUERY_METRICS, MetricDef, Metrics, Mirror, exposition
+from runtime.query import QueryCore
+from runtime.rest import build_app
+from tests.unit.fakes import FakeBus, kv_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _value(text: str, name: str, **labels: str) -> float:
+    return _samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.parametrize("d", CATALOG, ids=lambda d: d.name)
+def test_names_and_labels_follow_prometheus_conventions(d: MetricDef) -> None:
+    assert re.fullmatch(r"riqr_[a-z_]+", d.name)
+    assert d.name.endswith("_total") == (d.kind == "counter")
+    if d.kind == "histogram":
+        assert d.name.endswith(("_seconds", "_size")) and d.buckets == tuple(sorted(d.buckets))
+    assert not {"key", "value", "path", "actor", "token"} & set(d.labels)  # unbounded or secret
+
+
+def test_the_operations_doc_lists_exactly_the_catalog() -> None:
+    text = (REPO / "docs" / "operations.md").read_text()
+    table = set(re.findall(r"^\| `(riqr_[a-z_]+)` \|", text, re.M))
+    assert table == {d.name for d in CATALOG}
+
+
+@pytest.fixture
+async def served(aiohttp_client):  # type: ignore[no-untyped-def]
+    bus = FakeBus()
+    bus.create_store(kv_spec("s"))
+    bus.load("s", {f"k{i}": str(i) for i in range(20)})
+    facade = Facade(bus, timeout=1.0)
+    facade.probe.max_age = 0.0
+    await facade.start()
+    yield bus, facade, await aiohttp_client(build_app(facade))
+    await facade.stop()
+
+
+async def _metrics(client: Any) -> str:
+    answer = await client.get("/metrics")
+    assert answer.status == 200
+    return str(await answer.text())
+
+
+async def test_requests_are_counted_by_route_pattern_and_status_and_timed(served) -> None:  # type: ignore[no-untyped-def]
+    _, _, client = served
+    route = "/stores/{store}/get/{key}"
+    before = await _metrics(client)
+    assert (await client.get("/stores/s/get/k1")).status == 200
+    assert (await client.get("/stores/s/get/nope")).status == 404
+    assert (await client.get("/no/such/path/k1")).status == 404
+    after = await _metrics(client)
+    for status in ("200", "404"):
+        grown = _value(after, "riqr_http_requests_total", route=route, status=status)
+        assert grown == _value(before, "riqr_http_requests_total", route=route, status=status) + 1
+    assert _value(after, "riqr_http_requests_total", route="unmatched", status="404") == 1
+    assert _value(after, "riqr_http_request_duration_seconds_count", route=route) == 2
+    assert "k1" not in after and "nope" not in after  # keys never become labels
+
+
+async def test_concurrent_gets_are_coalesced_and_the_batch_sizes_recorded(served) -> None:  # type: ignore[no-untyped-def]
+    bus, facade, client = served
+    await asyncio.gather(*(client.get(f"/stores/s/get/k{i}") for i in range(20)))
+    text = await _metrics(client)
+    calls = _value(text, "riqr_coalesced_batch_size_count", store="s")
+    assert _value(text, "riqr_coalesced_batch_size_sum", store="s") == 20
+    assert 1 <= calls == sum(o.calls.count("get_many") for o in bus.owners.values())
+
+
+async def test_scanned_entries_are_counted_for_lists_pages_and_streams(served) -> None:  # type: ignore[no-untyped-def]
+    _, _, client = served
+    await client.get("/stores/s/all")
+    await client.get("/stores/s/all?limit=5")
+    stream = await client.get("/stores/s/all", headers={"Accept": "application/x-ndjson"})
+    assert len((await stream.text()).splitlines()) == 20
+    assert _value(await _metrics(client), "riqr_scan_entries_total", store="s") == 20 + 5 + 20
+
+
+def test_applies_are_counted_per_partition_but_replays_are_not() -> None:
+    core = QueryCore(kv_spec("s", partitions=1, actors=1), [0])
+    core.begin("q")
+    bus = FakeBus()
+    bus.create_store(kv_spec("s", partitions=1, actors=1))
+    uuid = next(iter(bus.owners))
+    bus.owners[uuid].core = core
+    bus.load("s", {"a": "1", "b": "2"}, batch_id=0)
+    bus.load("s", {"a": "1", "b": "2"}, batch_id=0)  # a replay
+    bus.load("s", {"a": None}, batch_id=1)  # a delete is a row too
+    m = core.metrics
+    assert m.value("riqr_batches_applied_total", store="s", partition="0") == 2
+    assert m.value("riqr_rows_applied_total", store="s", partition="0") == 3
+    assert m.value("riqr_apply_duration_seconds_count", store="s") == 3
+    assert {name for name, _, _ in core.stats()["samples"]} >= {"riqr_rows_applied_total"}
+
+
+def _snapshot(standbys: int = 0, **ingest: Any) -> tuple[FakeBus, ClusterSnapshot]:
+    bus = FakeBus()
+    bus.create_store(kv_spec("s", partitions=2, actors=2, standbys=standbys))
+    bus.load("s", {"a": "1", "b": "2", "c": "3"})
+    view = bus.state.view()
+    stats = {u: o.core.stats() for u, o in bus.owners.items()}
+    return bus, ClusterSnapshot(view, {"s": ingest} if ingest else {}, stats)
+
+
+def _cluster_text(snapshot: ClusterSnapshot) -> str:
+    return exposition(Metrics(()), cluster_families(snapshot)).decode()
+
+
+def test_cluster_metrics_show_positions_lag_ingest_and_dead_letters() -> None:
+    _, snapshot = _snapshot(state="running", batch_id=3, at=1700000000.5, dead_letters={"order": 2})
+    text = _cluster_text(snapshot)
+    assert _value(text, "riqr_partition_position", store="s", partition="0") == 0
+    assert _value(text, "riqr_partition_lag_batches", store="s", partition="1") == 3
+    assert _value(text, "riqr_ingest_state", store="s", state="running") == 1
+    assert _value(text, "riqr_ingest_last_report_timestamp_seconds", store="s") == 1700000000.5
+    assert _value(text, "riqr_dead_letters_total", store="s", topic="order") == 2
+    assert _value(text, "riqr_partitions_unavailable", store="s") == 0
+    assert _value(text, "riqr_ready") == 1
+
+
+def test_cluster_metrics_count_copies_by_role_and_state_and_label_applies_by_role() -> None:
+    bus, snapshot = _snapshot(standbys=1)
+    dead = sorted(bus.owners)[0]
+    alive = {u: s for u, s in snapshot.stats.items() if u != dead}
+    snapshot = ClusterSnapshot(snapshot.view, {}, alive, {dead: "gone"})
+    text = _cluster_text(snapshot)
+    table = snapshot.view.tables["s"]
+    p = table.by_owner()[dead][0]
+    assert _value(text, "riqr_partition_replicas", store="s", partition=str(p), role="active", state="unavailable") == 1
+    assert _value(text, "riqr_partition_replicas", store="s", partition=str(p), role="standby", state="serving") == 1
+    assert _value(text, "riqr_partitions_unavailable", store="s") == 0  # the standby serves
+    assert _value(text, "riqr_batches_applied_total", store="s", partition=str(p), role="standby") == 1
+    assert _value(text, "riqr_batches_applied_total", store="s", partition=str(p), role="active") == 0
+    assert _value(text, "riqr_apply_duration_seconds_count", store="s") == 1  # the live actor's one apply
+
+
+class _Target:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, str], float, int]] = []
+
+    def counter_inc(self, d: MetricDef, tags: dict[str, str], amount: float) -> None:
+        self.calls.append(("inc", d.base, tags, amount, 1))
+
+    def gauge_set(self, d: MetricDef, tags: dict[str, str], value: float) -> None:
+        self.calls.append(("set", d.base, tags, value, 1))
+
+    def histogram_observe(self, d: MetricDef, tags: dict[str, str], value: float, times: int) -> None:
+        self.calls.append(("observe", d.base, tags, value, times))
+
+
+def test_the_copy_into_ray_sends_counter_differences_and_histogram_samples_once() -> None:
+    metrics = Metrics(QUERY_METRICS)
+    target = _Target()
+    mirror = Mirror(metrics, target)
+    metrics.inc("riqr_rows_applied_total", "s", "0", amount=5)
+    metrics.observe("riqr_apply_duration_seconds", 0.003, "s")
+    metrics.observe("riqr_apply_duration_seconds", 0.003, "s")
+    metrics.observe("riqr_apply_duration_seconds", 99.0, "s")
+    mirror.flush()
+    assert ("inc", "riqr_rows_applied", {"store": "s", "partition": "0"}, 5.0, 1) in target.calls
+    assert ("observe", "riqr_apply_duration_seconds", {"store": "s"}, 0.005, 2) in target.calls
+    assert ("observe", "riqr_apply_duration_seconds", {"store": "s"}, 60.0, 1) in target.calls
+    target.calls.clear()
+    mirror.flush()
+    assert target.calls == []  # nothing new, nothing sent
+    metrics.inc("riqr_rows_applied_total", "s", "0", amount=2)
+    mirror.flush()
+    assert target.calls == [("inc", "riqr_rows_applied", {"store": "s", "partition": "0"}, 2.0, 1)]
