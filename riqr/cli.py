@@ -4,6 +4,8 @@ riqr demo [--port 7400]                    local Ray + Spark, the seed-000 food 
 riqr up [--address ADDR] [--no-auth]       deploy the verticles on a running Ray cluster (REST auth on)
 riqr token [--stores a,b] [--ttl SECONDS]  mint a bearer token for the REST API of a deployment
 riqr down [--address ADDR]                 remove them
+riqr status [--address ADDR] [--json]      stores, partitions, replicas, positions, lag, ingest, endpoints
+riqr query STORE get KEY                   a value; range [FROM [TO]] / prefix P / all: JSON lines
 riqr run TOPOLOGY [options]                run a topology (as ``python -m topologies.TOPOLOGY`` does)
 echo "1--john" | riqr produce customer     append records to a landing directory
 """
@@ -14,13 +16,17 @@ import argparse
 import dataclasses
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from riqr.access import rest_auth, token_for
 from runtime.auth import DEMO_TTL_SECONDS, AuthConfig
-from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PORT, RuntimeConfig, riqr_home
-from runtime.errors import RiqrError
+from runtime.codec import to_json
+from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_PORT, REGISTRY_NAME, RuntimeConfig, riqr_home
+from runtime.errors import NotConnected, RiqrError
 from runtime.landing import parse_console_bytes, write_records
+from runtime.queries import UrlKey
+from runtime.windows import Windowed
 
 __all__ = ["main", "build_parser"]
 
@@ -45,20 +51,25 @@ def _connect_ray(address: str | None, namespace: str) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from verticles import deploy
+    from riqr.progress import Steps
 
-    _connect_ray(args.address, args.namespace)
-    auth = rest_auth(args.namespace, disabled=args.no_auth)
-    config = RuntimeConfig(
-        namespace=args.namespace,
-        http_host=args.host,
-        http_port=args.port,
-        advertise_host=args.advertise_host,
-        auth=auth,
-    )
-    deployment = deploy.up(config)
+    with Steps("[riqr up]") as steps:
+        with steps.step("joining the Ray cluster"):
+            _connect_ray(args.address, args.namespace)
+        from verticles import deploy
+
+        auth = rest_auth(args.namespace, disabled=args.no_auth)
+        config = RuntimeConfig(
+            namespace=args.namespace,
+            http_host=args.host,
+            http_port=args.port,
+            advertise_host=args.advertise_host,
+            auth=auth,
+        )
+        with steps.step("starting the registry, facades and HTTP verticles"):
+            deployment = deploy.up(config)
     for ep in deployment.endpoints:
-        print(f"node {ep.node_id[:12]}  REST API at {ep.url}")
+        print(f"node {ep.node_id[:12]}  REST API at {ep.url}  (web console: {ep.url}/)")
     if not auth.enabled:
         _say("riqr: REST authentication is OFF (--no-auth): anyone who reaches the port reads every store")
         return 0
@@ -102,6 +113,83 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registry_endpoints(namespace: str) -> dict[str, tuple[str, int]]:
+    """Node id -> (host, port) of each node's REST API, as the registry has them."""
+    import ray
+
+    from runtime import raycalls
+
+    try:
+        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    except ValueError:
+        raise NotConnected(f"riqr is not up in namespace {namespace!r} (run riqr up first)") from None
+    view = raycalls.get(registry.view.remote(), "the registry's view", timeout=30)
+    return {node: (ep.host, ep.port) for node, ep in view.endpoints.items()}
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from runtime.client import connect
+
+    _connect_ray(args.address, args.namespace)
+    endpoints = _registry_endpoints(args.namespace)
+    client = connect(args.namespace)
+    catalog, instances = client.stores(), client.metadata()
+    if args.json:
+        print(to_json({"stores": catalog, "instances": instances,
+                       "endpoints": {n: f"http://{h}:{p}/" for n, (h, p) in endpoints.items()}}))  # fmt: skip
+        return 0
+    from rich.console import Console
+
+    from riqr.status import render_status
+
+    # Off a terminal (a pipe, a log) rich would wrap at 80 columns: keep rows whole there.
+    console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+    render_status(console, catalog, instances, endpoints)
+    return 0
+
+
+def _url_key(text: str | None) -> UrlKey | None:
+    return None if text is None else UrlKey(text)
+
+
+def _entry_json(entry: Any) -> str:
+    if isinstance(entry, Windowed):
+        return to_json(entry.to_json())
+    return to_json({"key": entry[0], "value": entry[1]})
+
+
+def query_lines(store: Any, args: argparse.Namespace) -> Iterator[str]:
+    """The answer of ``riqr query`` as JSON lines: the value of a key, or one entry per line.
+
+    Keys and bounds are written as in a REST path (docs/api.md): a composite key's components joined by
+    '/', percent-escapes allowed (``%2F`` for a '/' inside one). Scans go a page at a time, so a large
+    store streams with flat memory; ``--limit`` stops early.
+    """
+    if args.op == "get":
+        yield to_json(store.get(UrlKey(args.key)))
+        return
+    bounds: dict[str, Any] = {}
+    if args.op == "range":
+        bounds = {"lo": _url_key(args.lo), "hi": _url_key(args.hi)}
+    elif args.op == "prefix":
+        bounds = {"prefix": UrlKey(args.prefix).text()}
+    page_size = min(args.limit or DEFAULT_PAGE_SIZE, DEFAULT_PAGE_SIZE)
+    for n, entry in enumerate(store.iterate(reverse=args.reverse, page_size=page_size, **bounds), start=1):
+        yield _entry_json(entry)
+        if args.limit is not None and n >= args.limit:
+            return
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from runtime.client import connect
+
+    _connect_ray(args.address, args.namespace)
+    store = connect(args.namespace).store(args.store)
+    for line in query_lines(store, args):
+        print(line, flush=args.op != "get")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from topologies import run_by_name
 
@@ -112,6 +200,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from riqr.demo import run_demo
 
     return run_demo(args)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +240,35 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--stores", default="*", help="comma-separated stores the token may read; default all")
     token.add_argument("--ttl", type=int, default=DEMO_TTL_SECONDS, help="seconds until it expires")
     token.set_defaults(func=_cmd_token)
+
+    status = sub.add_parser("status", help="stores, partitions, replicas, positions, lag, ingest, REST endpoints")
+    status.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or the local cluster")
+    status.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    status.add_argument("--json", action="store_true", help="print what the table shows as one JSON object")
+    status.set_defaults(func=_cmd_status)
+
+    query = sub.add_parser(
+        "query",
+        help="query a store: get KEY, range [FROM [TO]], prefix P, all (JSON lines)",
+        description="Keys and bounds as in a REST path: composite keys' components joined by '/', "
+        "percent-escapes allowed. Values print as JSON; scans one {key, value} per line.",
+    )
+    query.add_argument("store")
+    query.add_argument("--address", default=None)
+    query.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    ops = query.add_subparsers(dest="op", required=True)
+    get = ops.add_parser("get", help="the value of a key")
+    get.add_argument("key")
+    scans = [ops.add_parser("all", help="every entry in key order")]
+    scans.append(ops.add_parser("range", help="entries between two keys, both inclusive, either optional"))
+    scans[-1].add_argument("lo", nargs="?", default=None, metavar="FROM")
+    scans[-1].add_argument("hi", nargs="?", default=None, metavar="TO")
+    scans.append(ops.add_parser("prefix", help="entries whose key starts with a prefix"))
+    scans[-1].add_argument("prefix")
+    for scan in scans:
+        scan.add_argument("--limit", type=_positive, default=None, help="stop after this many entries")
+        scan.add_argument("--reverse", action="store_true", help="descending key order")
+    query.set_defaults(func=_cmd_query)
 
     down = sub.add_parser("down", help="remove the verticles (and the stores' state) from the Ray cluster")
     down.add_argument("--address", default=None)

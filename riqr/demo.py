@@ -80,48 +80,57 @@ def run_demo(args: argparse.Namespace) -> int:
     import ray
 
     from riqr.access import rest_auth, token_for
+    from riqr.progress import Steps
     from runtime.client import connect
     from topologies import food_orders
     from topologies.options import TopologyOptions
     from topologies.spark import spark_session
     from verticles import deploy
 
-    _say("[riqr demo] starting a local Ray cluster with its dashboard ...")
-    ctx = ray.init(namespace=namespace, include_dashboard=True, log_to_driver=False, configure_logging=False)
+    steps = Steps("[riqr demo]")
     queries: list[Any] = []
     spark = None
     try:
-        # Auth on, as for riqr up: the deployment's own secret (or the operator's, from RIQR_JWT_*).
-        auth = rest_auth(namespace, disabled=False)
-        token = token_for(auth)
-        config = RuntimeConfig(
-            namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost", auth=auth
-        )
-        try:
-            deployment = deploy.up(config)
-        except (RiqrError, RuntimeError) as err:
-            _say(f"[riqr demo] could not start the REST API: {err}")
-            return 2
-        base = f"http://localhost:{deployment.endpoints[0].port}"
-        _say(f"[riqr demo] verticles up; REST API at {base}; Ray dashboard at http://{ctx.dashboard_url}")
-        _say("[riqr demo] starting Spark and the food-orders topology ...")
-        spark = spark_session(app_name="riqr-demo")
-        queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
-        load_seed(home)
-        _say("[riqr demo] seed-000 records produced; waiting for the stores to reflect them ...")
-        client = connect(namespace)
-        customers, orders = client.store(food_orders.CUSTOMER_STORE), client.store(food_orders.ORDER_COUNT_STORE)
-        wait_until(
-            lambda: customers.approximate_num_entries() == 7 and orders.approximate_num_entries() == 3,
-            timeout=args.ready_timeout,
-            what="the seed data showing up in the stores",
-        )
+        with steps:
+            with steps.step("starting a local Ray cluster with its dashboard"):
+                ctx = ray.init(
+                    namespace=namespace, include_dashboard=True, log_to_driver=False, configure_logging=False
+                )
+            # Auth on, as for riqr up: the deployment's own secret (or the operator's, from RIQR_JWT_*).
+            try:
+                with steps.step("starting the registry, facades and HTTP verticles"):
+                    auth = rest_auth(namespace, disabled=False)
+                    token = token_for(auth)
+                    config = RuntimeConfig(
+                        namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost",
+                        auth=auth,
+                    )  # fmt: skip
+                    deployment = deploy.up(config)
+            except (RiqrError, RuntimeError) as err:
+                steps.say(f"could not start the REST API: {err}")
+                return 2
+            base = f"http://localhost:{deployment.endpoints[0].port}"
+            steps.say(f"REST API and web console at {base}/ ; Ray dashboard at http://{ctx.dashboard_url}")
+            with steps.step("starting Spark and the food-orders topology"):
+                spark = spark_session(app_name="riqr-demo")
+                queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
+            load_seed(home)
+            with steps.step("waiting for the first batches to bring the seed-000 records into the stores"):
+                client = connect(namespace)
+                customers = client.store(food_orders.CUSTOMER_STORE)
+                orders = client.store(food_orders.ORDER_COUNT_STORE)
+                wait_until(
+                    lambda: customers.approximate_num_entries() == 7 and orders.approximate_num_entries() == 3,
+                    timeout=args.ready_timeout,
+                    what="the seed data showing up in the stores",
+                )
         _say(f"[riqr demo] ready in {time.monotonic() - started:.1f}s. Try:\n")
         if token is not None:
             _say("  REST authentication is on; a token for every store, valid 24 h:\n")
             print(f"  TOKEN={token}\n", flush=True)
         print("\n".join("  " + c for c in seed_curls(base, token)), flush=True)
-        _say("\n  the API, browsable: " + base + "/docs (its OpenAPI document: " + base + "/openapi.json)")
+        _say("\n  the web console: " + base + "/ (paste the token)")
+        _say("  the API, browsable: " + base + "/docs (its OpenAPI document: " + base + "/openapi.json)")
         _say(
             "\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order"
             + ("" if args.home is None else f" --home {home}")
@@ -139,8 +148,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 q.stop()
         if spark is not None:
             spark.stop()
-        try:
-            deploy.down(namespace)
-        finally:
-            ray.shutdown()
+        if ray.is_initialized():
+            try:
+                deploy.down(namespace)
+            finally:
+                ray.shutdown()
         _say("[riqr demo] stopped")

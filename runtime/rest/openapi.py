@@ -136,6 +136,8 @@ def _answer(name: str) -> dict[str, Any]:
         return {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
     if name == "prometheus":
         return {"description": "OK", "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}}}
+    if "/" in name:  # a media type: a static file
+        return {"description": "OK", "content": {name: {"schema": {"type": "string"}}}}
     ref = {"$ref": f"#/components/schemas/{name}"}
     content: dict[str, Any] = {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}
     if name == "Entries":

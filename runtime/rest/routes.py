@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import MAX_KEY_CHARS, MAX_PAGE
+from runtime.rest import console, probes
 from runtime.rest import handlers as h
 from runtime.rest import openapi as doc
-from runtime.rest import probes
 from runtime.rest.render import Handler
 
 __all__ = ["Param", "Route", "ROUTES", "PUBLIC_PATHS"]
@@ -37,8 +37,9 @@ class Param:
 class Route:
     """One GET path: aiohttp pattern, handler, summary; what it takes and answers, and its own errors.
 
-    ``answer`` names a component schema (or ``"html"``); ``errors`` are the statuses this route adds to
-    the ones every route may give (``openapi.COMMON_ERRORS``). ``public`` routes need no token.
+    ``answer`` names a component schema (or ``"html"``, or a media type such as ``"text/css"``); ``errors``
+    are the statuses this route adds to the ones every route may give (``openapi.COMMON_ERRORS``).
+    ``public`` routes need no token.
     """
 
     path: str
@@ -208,6 +209,12 @@ ROUTES: tuple[Route, ...] = (
         errors=(403,),
         tag="service",
     ),  # fmt: skip
+    Route("/", console.console_page, "the web console (no token needed to load it)", answer="html", public=True,
+          tag="console"),  # fmt: skip
+    Route("/console/console.js", console.console_script, "the web console's script", answer="text/javascript",
+          public=True, tag="console"),  # fmt: skip
+    Route("/console/console.css", console.console_style, "the web console's style sheet", answer="text/css",
+          public=True, tag="console"),  # fmt: skip
 )
 
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)

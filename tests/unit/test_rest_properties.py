@@ -165,6 +165,8 @@ def paths(draw: st.DrawFn) -> str:
         path = path.replace(name, draw(KEY_TEXT))
     if draw(st.integers(min_value=0, max_value=9)) == 0:
         path += "/" + draw(KEY_TEXT)  # off the routes
+    if path.startswith("//"):  # after "/" (the console): a client would read "//x" as a host name
+        path = "/" + path.lstrip("/")
     return path
 
 

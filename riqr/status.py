@@ -1,0 +1,149 @@
+"""What ``riqr status`` prints, from the catalog, the metadata and the REST endpoints (pure: no Ray).
+
+The inputs are the answers of ``GET /stores`` and ``GET /metadata`` (the Python client's ``stores()`` and
+``metadata()`` give the same) and the registry's endpoints, so the table shows what the console shows.
+A partition's lag is how many batches it is behind the last batch its store's sink reported delivering;
+the sink delivers every batch id to every partition (an empty slice when it has no rows), so the two
+count the same batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = [
+    "STORE_COLUMNS",
+    "lag",
+    "replicas_per_node",
+    "store_rows",
+    "endpoint_rows",
+    "render_status",
+]
+
+STORE_COLUMNS = ("store", "kind", "partitions", "replicas per node", "positions", "lag", "ingest", "dead letters")
+
+
+def _short(node: str) -> str:
+    return node[:12]
+
+
+def lag(position: Mapping[str, Any], ingest: Mapping[str, Any] | None) -> int | None:
+    """Batches ``position`` is behind the last batch the sink delivered, or None when either is unknown."""
+    if not ingest or not isinstance(ingest.get("batch_id"), int) or not isinstance(position.get("batch_id"), int):
+        return None
+    return max(0, int(ingest["batch_id"]) - int(position["batch_id"]))
+
+
+def replicas_per_node(instances: Iterable[Mapping[str, Any]], store: str) -> dict[str, tuple[int, int]]:
+    """Node -> (active partitions, standby partitions) of ``store`` held there."""
+    out: dict[str, tuple[int, int]] = {}
+    for instance in instances:
+        if store not in instance.get("state-store-names", ()):
+            continue
+        active, standby = out.get(instance["node"], (0, 0))
+        out[instance["node"]] = (
+            active + len(instance.get("partitions", ())),
+            standby + len(instance.get("standby-partitions", ())),
+        )
+    return dict(sorted(out.items()))
+
+
+def _replicas(instances: Iterable[Mapping[str, Any]], store: str) -> str:
+    parts = []
+    for node, (active, standby) in replicas_per_node(instances, store).items():
+        parts.append(f"{_short(node)}: {active} active" + (f", {standby} standby" if standby else ""))
+    return "\n".join(parts) or "-"
+
+
+def _positions(positions: Sequence[Mapping[str, Any]]) -> str:
+    states: dict[str, int] = {}
+    for p in positions:
+        states[str(p.get("state"))] = states.get(str(p.get("state")), 0) + 1
+    text = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    batches = [p["batch_id"] for p in positions if isinstance(p.get("batch_id"), int)]
+    if batches:
+        low, high = min(batches), max(batches)
+        text += f", batch {low}" + (f"-{high}" if high != low else "")
+    return text or "-"
+
+
+def _lag(positions: Sequence[Mapping[str, Any]], ingest: Mapping[str, Any] | None) -> str:
+    lags = [x for x in (lag(p, ingest) for p in positions) if x is not None]
+    return f"{max(lags)} batches" if lags else "-"
+
+
+def _ingest(ingest: Mapping[str, Any] | None, now: float) -> str:
+    if not ingest or not ingest.get("state"):
+        return "no sink reported"
+    text = str(ingest["state"])
+    if isinstance(ingest.get("batch_id"), int):
+        text += f", batch {ingest['batch_id']}"
+    if isinstance(ingest.get("at"), (int, float)):
+        text += f", {max(0, round(now - ingest['at']))} s ago"
+    if ingest.get("error"):
+        text += f": {ingest['error']}"
+    return text
+
+
+def _dead_letters(ingest: Mapping[str, Any] | None) -> str:
+    letters = (ingest or {}).get("dead_letters") or {}
+    return ", ".join(f"{topic}: {n}" for topic, n in sorted(letters.items())) or "0"
+
+
+def store_rows(
+    catalog: Iterable[Mapping[str, Any]], instances: Sequence[Mapping[str, Any]], now: float | None = None
+) -> list[tuple[str, ...]]:
+    """One row per store, in ``STORE_COLUMNS`` order."""
+    now = time.time() if now is None else now
+    rows: list[tuple[str, ...]] = []
+    for store in sorted(catalog, key=lambda s: str(s["name"])):
+        positions = store.get("positions") or []
+        ingest = store.get("ingest")
+        partitions = str(store["partitions"]) + (f" (+{store['standbys']} standby)" if store.get("standbys") else "")
+        rows.append((
+            str(store["name"]),
+            str(store["kind"]),
+            partitions,
+            _replicas(instances, str(store["name"])),
+            _positions(positions),
+            _lag(positions, ingest),
+            _ingest(ingest, now),
+            _dead_letters(ingest),
+        ))  # fmt: skip
+    return rows
+
+
+def endpoint_rows(endpoints: Mapping[str, tuple[str, int]]) -> list[tuple[str, str]]:
+    """(node, URL) of each node's REST API, by node id."""
+    return [(_short(node), f"http://{host}:{port}/") for node, (host, port) in sorted(endpoints.items())]
+
+
+def render_status(
+    console: Console,
+    catalog: Iterable[Mapping[str, Any]],
+    instances: Sequence[Mapping[str, Any]],
+    endpoints: Mapping[str, tuple[str, int]],
+    now: float | None = None,
+) -> None:
+    """Print the stores table and the REST endpoints table on ``console``."""
+    stores = Table(title="stores", title_justify="left", show_lines=True)
+    for column in STORE_COLUMNS:
+        stores.add_column(column, overflow="fold")
+    rows = store_rows(catalog, instances, now)
+    for row in rows:
+        stores.add_row(*row)
+    if rows:
+        console.print(stores)
+    else:
+        console.print("no stores yet (a topology creates them)")
+    rest = Table(title="REST API (the web console is at each URL)", title_justify="left")
+    rest.add_column("node")
+    rest.add_column("url")
+    for node, url in endpoint_rows(endpoints):
+        rest.add_row(node, url)
+    console.print(rest)

@@ -1,0 +1,368 @@
+// The riqr console: plain JavaScript over this server's REST API (docs/api.md), no build step.
+// Everything taken from an answer reaches the page through textContent, never as markup.
+"use strict";
+
+const TOKEN_KEY = "riqr.token";
+const state = {catalog: [], instances: [], selected: null, nextUrl: null, page: 0};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, value);
+  return node;
+}
+
+function row(cells) {
+  const tr = el("tr");
+  for (const cell of cells) {
+    const td = el("td");
+    if (cell instanceof Node) td.append(cell); else td.textContent = cell === undefined || cell === null ? "" : String(cell);
+    tr.append(td);
+  }
+  return tr;
+}
+
+function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+}
+
+function short(id) {
+  return id ? String(id).slice(0, 12) : "";
+}
+
+// -- the token -----------------------------------------------------------------------------------------
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+function showTokenState() {
+  $("token-state").textContent = token() ? "token set (this tab only)" : "no token";
+}
+
+// -- calls ---------------------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+function explain(err) {
+  if (!(err instanceof ApiError)) return "cannot reach the REST API: " + err.message;
+  if (err.status === 401) return "401 Unauthorized (" + err.message + "): paste a valid bearer token above";
+  if (err.status === 403) return "403 Forbidden (" + err.message + "): the token may not read this store";
+  return err.status + " " + err.code + ": " + err.message;
+}
+
+// GET a path relative to the page (so the console works behind a path prefix), with the token.
+async function api(path) {
+  const headers = {Accept: "application/json"};
+  if (token()) headers.Authorization = "Bearer " + token();
+  const resp = await fetch(path, {headers, cache: "no-store"});
+  let body = null;
+  try {
+    body = await resp.json();
+  } catch (e) {
+    body = null;
+  }
+  if (!resp.ok) {
+    const error = (body && body.error) || {};
+    throw new ApiError(resp.status, error.code || "error", error.message || resp.statusText);
+  }
+  return body;
+}
+
+// A key for a path: a composite key's components are joined by "/", each percent-encoded.
+function keyPath(store, text) {
+  const columns = store && store.key && store.key.columns ? store.key.columns.length : 1;
+  const parts = columns > 1 ? text.split("/") : [text];
+  return parts.map(encodeURIComponent).join("/");
+}
+
+function query(params) {
+  const pairs = Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== "");
+  return pairs.length ? "?" + pairs.map(([k, v]) => k + "=" + encodeURIComponent(v)).join("&") : "";
+}
+
+// -- the catalog ---------------------------------------------------------------------------------------
+
+// Batches a partition is behind the last batch its store's sink delivered (same source only).
+function lag(position, ingest) {
+  if (!ingest || typeof ingest.batch_id !== "number" || typeof position.batch_id !== "number") return null;
+  return Math.max(0, ingest.batch_id - position.batch_id);
+}
+
+function replicasByNode(storeName) {
+  const nodes = new Map();
+  for (const inst of state.instances) {
+    if (!(inst["state-store-names"] || []).includes(storeName)) continue;
+    const entry = nodes.get(inst.node) || {active: [], standby: []};
+    entry.active.push(...(inst.partitions || []));
+    entry.standby.push(...(inst["standby-partitions"] || []));
+    nodes.set(inst.node, entry);
+  }
+  return nodes;
+}
+
+function describeReplicas(storeName) {
+  const list = el("ul", null, {class: "plain"});
+  for (const [node, parts] of replicasByNode(storeName)) {
+    let text = "node " + short(node) + ": " + parts.active.length + " active";
+    if (parts.standby.length) text += ", " + parts.standby.length + " standby";
+    list.append(el("li", text, {title: node}));
+  }
+  return list;
+}
+
+function describePositions(store) {
+  const states = new Map();
+  for (const p of store.positions || []) states.set(p.state, (states.get(p.state) || 0) + 1);
+  const batches = (store.positions || []).map((p) => p.batch_id).filter((b) => typeof b === "number");
+  const parts = [...states].map(([s, n]) => n + " " + s);
+  if (batches.length) parts.push("batch " + Math.min(...batches) + (Math.max(...batches) !== Math.min(...batches) ? "–" + Math.max(...batches) : ""));
+  return parts.join(", ");
+}
+
+function describeLag(store) {
+  const lags = (store.positions || []).map((p) => lag(p, store.ingest)).filter((l) => l !== null);
+  return lags.length ? "max " + Math.max(...lags) + " batches" : "–";
+}
+
+function describeIngest(ingest) {
+  if (!ingest || !ingest.state) return "no sink reported";
+  let text = ingest.state;
+  if (typeof ingest.batch_id === "number") text += ", batch " + ingest.batch_id;
+  if (typeof ingest.at === "number") text += ", " + Math.max(0, Math.round(Date.now() / 1000 - ingest.at)) + " s ago";
+  if (ingest.error) text += ": " + ingest.error;
+  return text;
+}
+
+function describeDeadLetters(ingest) {
+  const letters = (ingest && ingest.dead_letters) || {};
+  const entries = Object.entries(letters);
+  if (!entries.length) return "0";
+  return entries.map(([topic, n]) => topic + ": " + n).join(", ");
+}
+
+function schema(columns) {
+  return (columns || []).map((c) => c.column + " " + c.type).join(", ");
+}
+
+function renderCatalog() {
+  const body = $("stores").tBodies[0];
+  clear(body);
+  for (const store of state.catalog) {
+    const open = el("button", store.name, {type: "button", class: "link", "data-store": store.name});
+    open.addEventListener("click", () => selectStore(store.name));
+    const keyColumns = store.key.columns || [{column: store.key.column, type: store.key.type}];
+    const tr = row([open, store.kind, schema(keyColumns), schema(store.value),
+      store.partitions + (store.standbys ? " (+" + store.standbys + " standby)" : ""),
+      describeReplicas(store.name), describePositions(store), describeLag(store),
+      describeIngest(store.ingest), describeDeadLetters(store.ingest)]);
+    tr.setAttribute("data-store", store.name);
+    body.append(tr);
+  }
+  if (!state.catalog.length) body.append(row(["no stores yet (or none this token may read)"]));
+  const select = $("q-store");
+  const current = select.value;
+  clear(select);
+  for (const store of state.catalog) select.append(el("option", store.name, {value: store.name}));
+  if (state.catalog.some((s) => s.name === current)) select.value = current;
+}
+
+function renderDetail() {
+  const store = state.catalog.find((s) => s.name === state.selected);
+  $("store-detail").hidden = !store;
+  if (!store) return;
+  $("detail-name").textContent = store.name;
+  const actors = new Map(state.instances.map((i) => [i.actor, i]));
+  const body = $("partitions").tBodies[0];
+  clear(body);
+  for (const p of store.positions || []) {
+    const inst = actors.get(p.actor) || {};
+    const l = lag(p, store.ingest);
+    const rest = inst.host ? "http://" + inst.host + ":" + inst.port : "";
+    const tr = row([p.partition, p.state + (p.reason ? " (" + p.reason + ")" : ""), p.batch_id, l === null ? "–" : l,
+      p.source, el("span", short(p.actor), {title: p.actor || ""}), el("span", short(inst.node), {title: inst.node || ""}), rest]);
+    tr.setAttribute("data-partition", String(p.partition));
+    body.append(tr);
+  }
+}
+
+async function refresh() {
+  try {
+    const [stores, metadata] = await Promise.all([api("stores"), api("metadata")]);
+    state.catalog = stores.result;
+    state.instances = metadata.result;
+    renderCatalog();
+    renderDetail();
+    setStatus("");
+  } catch (err) {
+    state.catalog = [];
+    state.instances = [];
+    renderCatalog();
+    renderDetail();
+    setStatus(explain(err), true);
+  }
+}
+
+function setStatus(text, isError) {
+  const status = $("status");
+  status.textContent = text;
+  status.className = isError ? "error" : "";
+}
+
+function selectStore(name) {
+  state.selected = name;
+  $("q-store").value = name;
+  renderDetail();
+}
+
+// -- queries -------------------------------------------------------------------------------------------
+
+function showFields() {
+  const op = $("q-op").value;
+  for (const label of document.querySelectorAll("#query label[data-for]")) {
+    label.hidden = !label.getAttribute("data-for").split(" ").includes(op);
+  }
+}
+
+function queryUrl() {
+  const store = state.catalog.find((s) => s.name === $("q-store").value);
+  if (!store) throw new Error("choose a store");
+  const base = "stores/" + encodeURIComponent(store.name);
+  const op = $("q-op").value;
+  const key = $("q-key").value, from = $("q-from").value, to = $("q-to").value;
+  const tfrom = $("q-tfrom").value, tto = $("q-tto").value;
+  const paging = {limit: $("q-limit").value, reverse: $("q-reverse").checked && op !== "sessions" ? "true" : ""};
+  switch (op) {
+    case "get": return base + "/get/" + keyPath(store, key);
+    case "all": return base + "/all" + query(paging);
+    case "range": return base + "/range" + query({from, to, ...paging});
+    case "prefix": return base + "/prefix/" + encodeURIComponent(key) + query(paging);
+    case "windows":
+      if (key) return base + "/windows/" + encodeURIComponent(key) + query({from: tfrom, to: tto, ...paging});
+      return base + "/windows" + query({keyFrom: from, keyTo: to, from: tfrom, to: tto, ...paging});
+    case "sessions":
+      if (key) return base + "/sessions/" + encodeURIComponent(key) + query({earliestEnd: tfrom, latestStart: tto, limit: paging.limit});
+      return base + "/sessions" + query({keyFrom: from, keyTo: to, limit: paging.limit});
+    default: throw new Error("unknown query " + op);
+  }
+}
+
+function showEntries(entries) {
+  const body = $("q-results").tBodies[0];
+  clear(body);
+  for (const entry of entries) {
+    const window = entry.window ? entry.window.start + " – " + entry.window.end : "";
+    body.append(row([JSON.stringify(entry.key), window, JSON.stringify(entry.value)]));
+  }
+}
+
+async function run(url, page) {
+  $("q-url").textContent = "GET " + url;
+  $("q-next").disabled = true;
+  state.nextUrl = null;
+  $("q-status").className = "";
+  $("q-status").textContent = "asking ...";
+  try {
+    const body = await api(url);
+    if ("response" in body) {
+      showEntries([{key: $("q-key").value, value: body.response}]);
+      $("q-status").textContent = "found";
+      return;
+    }
+    showEntries(body.result);
+    const shown = body.result.length;
+    if (body.next) {
+      const cursor = "cursor=" + encodeURIComponent(body.next);
+      const limit = $("q-limit").value ? "&limit=" + encodeURIComponent($("q-limit").value) : "";
+      state.nextUrl = url.split("?")[0] + "?" + cursor + limit;
+      $("q-next").disabled = false;
+    }
+    const paged = body.next !== undefined ? "page " + page + ": " : "";
+    $("q-status").textContent = paged + shown + " entries" + (body.next ? "; more: Next page" : "; end of the scan");
+  } catch (err) {
+    clear($("q-results").tBodies[0]);
+    $("q-status").textContent = explain(err);
+    $("q-status").className = "error";
+  }
+}
+
+// -- where a key lives ---------------------------------------------------------------------------------
+
+async function locate() {
+  const store = state.catalog.find((s) => s.name === $("q-store").value);
+  const out = $("m-result");
+  clear(out);
+  $("m-status").className = "";
+  if (!store) {
+    $("m-status").textContent = "choose a store in the query panel";
+    return;
+  }
+  try {
+    const body = await api("metadata/stores/" + encodeURIComponent(store.name) + "/key/" + keyPath(store, $("m-key").value));
+    const owner = body.result;
+    const standbys = (owner.standbys || []).map((s) => short(s.actor) + " on node " + short(s.node)).join(", ");
+    const facts = [
+      ["store", store.name], ["partition", owner.partition], ["actor", owner.actor], ["node", owner.node],
+      ["REST endpoint", owner.host ? "http://" + owner.host + ":" + owner.port : "–"],
+      ["standbys", standbys || "none"],
+    ];
+    for (const [name, value] of facts) {
+      out.append(el("dt", name), el("dd", value, {"data-fact": name}));
+    }
+    $("m-status").textContent = "";
+  } catch (err) {
+    $("m-status").textContent = explain(err);
+    $("m-status").className = "error";
+  }
+}
+
+// -- wiring --------------------------------------------------------------------------------------------
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("auth").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token").value.trim();
+    if (value) sessionStorage.setItem(TOKEN_KEY, value);
+    $("token").value = "";
+    showTokenState();
+    refresh();
+  });
+  $("clear-token").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showTokenState();
+    refresh();
+  });
+  $("refresh").addEventListener("click", refresh);
+  $("q-op").addEventListener("change", showFields);
+  $("q-store").addEventListener("change", () => selectStore($("q-store").value));
+  $("query").addEventListener("submit", (event) => {
+    event.preventDefault();
+    let url;
+    try {
+      url = queryUrl();
+    } catch (err) {
+      $("q-status").textContent = err.message;
+      return;
+    }
+    state.page = 1;
+    run(url, state.page);
+  });
+  $("q-next").addEventListener("click", () => {
+    if (state.nextUrl) run(state.nextUrl, ++state.page);
+  });
+  $("locate").addEventListener("submit", (event) => {
+    event.preventDefault();
+    locate();
+  });
+  showTokenState();
+  showFields();
+  refresh();
+});

@@ -1,0 +1,81 @@
+"""`riqr status` and `riqr query` as separate Ray drivers against a deployed riqr holding the seed-000
+stores, and `riqr up` reporting its steps as plain lines when its stderr is not a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.integration.conftest import REPO, SEED_CUSTOMERS, RayCluster, Runtime
+
+pytestmark = pytest.mark.integration
+
+
+def _riqr(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "riqr", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_status_shows_stores_partitions_replicas_positions_ingest_and_endpoints(
+    seeded: Runtime, ray_cluster: RayCluster
+) -> None:
+    done = _riqr("status", "--address", ray_cluster.address, "--namespace", seeded.namespace)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 8}
+    assert {"customer-v1-changelog", "order-count"} <= set(rows)
+    for name in ("customer-v1-changelog", "order-count"):
+        cells = [c.strip() for c in rows[name].split("│")[1:-1]]
+        assert cells[1:3] == ["kv", "4"]
+        assert cells[4].startswith("4 serving, batch ")
+        assert cells[5] == "0 batches"
+        assert cells[6].startswith("running, batch ")
+    for node in seeded.endpoints:  # every node holds one actor of each store, two partitions each
+        assert out.count(f"{node[:12]}: 2 active") == 2
+    for url in seeded.endpoints.values():
+        assert f"{url}/" in out
+    as_json = json.loads(
+        _riqr("status", "--json", "--address", ray_cluster.address, "--namespace", seeded.namespace).stdout
+    )
+    assert sorted(s["name"] for s in as_json["stores"]) == ["customer-v1-changelog", "order-count"]
+    assert sorted(as_json["endpoints"].values()) == sorted(f"{u}/" for u in seeded.endpoints.values())
+
+
+def test_query_prints_values_and_entries_as_json_lines(seeded: Runtime, ray_cluster: RayCluster) -> None:
+    where = ("--address", ray_cluster.address, "--namespace", seeded.namespace)
+    get = _riqr("query", "customer-v1-changelog", *where, "get", "2")
+    assert get.returncode == 0 and get.stdout == '"adam"\n', get.stderr
+    scan = _riqr("query", "customer-v1-changelog", *where, "range", "2", "4")
+    assert [json.loads(line) for line in scan.stdout.splitlines()] == [
+        {"key": k, "value": SEED_CUSTOMERS[k]} for k in "234"
+    ]
+    first = _riqr("query", "customer-v1-changelog", *where, "all", "--limit", "2", "--reverse")
+    assert [json.loads(line)["key"] for line in first.stdout.splitlines()] == ["7", "6"]
+    missing = _riqr("query", "customer-v1-changelog", *where, "get", "99")
+    assert missing.returncode == 2 and "riqr:" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_up_reports_its_steps_as_plain_lines_off_a_terminal(ray_cluster: RayCluster) -> None:
+    from verticles import deploy
+
+    namespace = f"riqr-status-{uuid.uuid4().hex[:8]}"
+    try:
+        done = _riqr("up", "--address", ray_cluster.address, "--namespace", namespace, "--port", "0", "--no-auth")
+        assert done.returncode == 0, done.stderr
+        steps = [line for line in done.stderr.splitlines() if line.startswith("[riqr up]")]
+        assert steps[0] == "[riqr up] joining the Ray cluster ..."
+        assert steps[1].startswith("[riqr up] joining the Ray cluster: done in ")
+        assert steps[-1].startswith("[riqr up] starting the registry, facades and HTTP verticles: done in ")
+        assert not any("\x1b" in line for line in steps)  # Ray's own banner may be coloured; ours is not
+        assert "web console: http://127.0.0.1:" in done.stdout
+        empty = _riqr("status", "--address", ray_cluster.address, "--namespace", namespace)
+        assert empty.returncode == 0 and "no stores yet" in empty.stdout, empty.stderr
+    finally:
+        deploy.down(namespace)
+    gone = _riqr("status", "--address", ray_cluster.address, "--namespace", namespace)
+    assert gone.returncode == 2 and "not up" in gone.stderr

@@ -1,0 +1,189 @@
+"""``riqr status``, ``riqr query`` and the progress of ``riqr demo``/``up``: pure logic on fake data."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from riqr import cli
+from riqr.progress import Steps
+from riqr.status import endpoint_rows, lag, render_status, replicas_per_node, store_rows
+from runtime.queries import UrlKey
+from runtime.windows import Windowed
+
+NODE_A, NODE_B = "a" * 56, "b" * 56
+NOW = 1_000_000.0
+
+
+def _catalog() -> list[dict[str, Any]]:
+    spec = {"key": {"column": "key", "type": "string"}, "value": [{"column": "count", "type": "bigint"}]}
+    ingest = {"state": "running", "batch_id": 7, "at": NOW - 3, "query": "q", "dead_letters": {"order": 2}}
+    return [
+        {**spec, "name": "order-count", "kind": "kv", "partitions": 4, "standbys": 1, "ingest": ingest,
+         "positions": [{"partition": p, "actor": "u1", "source": "s", "batch_id": 7 - (p == 3) * 2,
+                        "state": "serving"} for p in range(4)]},
+        {**spec, "name": "clicks", "kind": "window", "partitions": 2, "standbys": 0, "ingest": None,
+         "positions": [{"partition": 0, "actor": None, "state": "unassigned"},
+                       {"partition": 1, "actor": "u3", "state": "loading", "source": None, "batch_id": -1}]},
+    ]  # fmt: skip
+
+
+def _instances() -> list[dict[str, Any]]:
+    return [
+        {"state-store-names": ["order-count"], "node": NODE_A, "partitions": [0, 2], "standby-partitions": [1, 3]},
+        {"state-store-names": ["order-count"], "node": NODE_B, "partitions": [1, 3], "standby-partitions": [0, 2]},
+        {"state-store-names": ["clicks"], "node": NODE_B, "partitions": [1], "standby-partitions": []},
+    ]
+
+
+def test_lag_counts_batches_behind_the_last_delivered_and_needs_both_ends() -> None:
+    assert lag({"batch_id": 5}, {"batch_id": 7}) == 2
+    assert lag({"batch_id": 8}, {"batch_id": 7}) == 0  # reported before the sink's report arrived
+    assert lag({"batch_id": 5}, None) is None and lag({}, {"batch_id": 7}) is None
+
+
+def test_replicas_are_counted_per_node() -> None:
+    assert replicas_per_node(_instances(), "order-count") == {NODE_A: (2, 2), NODE_B: (2, 2)}
+    assert replicas_per_node(_instances(), "clicks") == {NODE_B: (1, 0)}
+    assert replicas_per_node(_instances(), "other") == {}
+
+
+def test_a_row_per_store_says_what_serves_how_far_behind_and_how_ingest_goes() -> None:
+    rows = {row[0]: row for row in store_rows(_catalog(), _instances(), now=NOW)}
+    assert list(rows) == ["clicks", "order-count"]  # by name
+    orders = rows["order-count"]
+    assert orders[1:3] == ("kv", "4 (+1 standby)")
+    assert orders[3] == "aaaaaaaaaaaa: 2 active, 2 standby\nbbbbbbbbbbbb: 2 active, 2 standby"
+    assert orders[4] == "4 serving, batch 5-7"
+    assert orders[5] == "2 batches"
+    assert orders[6] == "running, batch 7, 3 s ago"
+    assert orders[7] == "order: 2"
+    clicks = rows["clicks"]
+    assert clicks[4] == "1 loading, 1 unassigned, batch -1"
+    assert clicks[5] == "-" and clicks[6] == "no sink reported" and clicks[7] == "0"
+
+
+def test_a_failed_ingest_shows_its_error() -> None:
+    catalog = _catalog()
+    catalog[0]["ingest"] = {"state": "failed", "batch_id": 8, "error": "OwnerUnavailable: gone"}
+    row = store_rows(catalog, _instances(), now=NOW)[1]
+    assert row[6] == "failed, batch 8: OwnerUnavailable: gone"
+
+
+def test_the_rendered_tables_hold_every_store_and_endpoint() -> None:
+    out = io.StringIO()
+    endpoints = {NODE_B: ("10.0.0.2", 7400), NODE_A: ("10.0.0.1", 7400)}
+    assert endpoint_rows(endpoints) == [
+        ("aaaaaaaaaaaa", "http://10.0.0.1:7400/"),
+        ("bbbbbbbbbbbb", "http://10.0.0.2:7400/"),
+    ]
+    render_status(Console(file=out, width=200, color_system=None), _catalog(), _instances(), endpoints, now=NOW)
+    text = out.getvalue()
+    expected = ["order-count", "clicks", "4 serving, batch 5-7", "running, batch 7, 3 s ago", "order: 2"]
+    expected += ["http://10.0.0.1:7400/", "http://10.0.0.2:7400/", "replicas per node", "dead letters"]
+    for part in expected:
+        assert part in text, part
+    empty = io.StringIO()
+    render_status(Console(file=empty, width=120, color_system=None), [], [], endpoints, now=NOW)
+    assert "no stores yet" in empty.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["query", "s", "get", "1"], {"store": "s", "op": "get", "key": "1"}),
+        (["query", "s", "range", "2", "5"], {"op": "range", "lo": "2", "hi": "5", "limit": None, "reverse": False}),
+        (["query", "s", "range"], {"op": "range", "lo": None, "hi": None}),
+        (["query", "s", "prefix", "ab", "--reverse"], {"op": "prefix", "prefix": "ab", "reverse": True}),
+        (["query", "s", "all", "--limit", "3"], {"op": "all", "limit": 3}),
+        (["query", "s", "--namespace", "ns", "all"], {"namespace": "ns", "address": None}),
+        (["status", "--address", "10.0.0.1:6379", "--namespace", "ns"], {"address": "10.0.0.1:6379", "json": False}),
+        (["status", "--json"], {"namespace": "riqr", "json": True}),
+    ],
+)
+def test_arguments(argv: list[str], expected: dict[str, Any]) -> None:
+    args = vars(cli.build_parser().parse_args(argv))
+    assert {k: args[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("argv", [["query", "s"], ["query", "s", "get"], ["query", "s", "all", "--limit", "0"],
+                                  ["query", "s", "range", "1", "2", "3"]])  # fmt: skip
+def test_bad_arguments_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(argv)
+
+
+class FakeStore:
+    """The part of ``runtime.client.Store`` that ``riqr query`` uses, over a sorted dict."""
+
+    def __init__(self, data: dict[Any, Any]) -> None:
+        self.data = dict(sorted(data.items()))
+        self.asked: list[dict[str, Any]] = []
+
+    def get(self, key: UrlKey) -> Any:
+        return self.data[key.text()]
+
+    def iterate(self, **kwargs: Any) -> Any:
+        self.asked.append(kwargs)
+        items = list(self.data.items())[:: -1 if kwargs["reverse"] else 1]
+        lo, hi, prefix = kwargs.get("lo"), kwargs.get("hi"), kwargs.get("prefix")
+        for k, v in items:
+            if (lo is None or k >= lo.text()) and (hi is None or k <= hi.text()) and k.startswith(prefix or ""):
+                yield (k, v)
+
+
+def _lines(store: Any, *argv: str) -> list[str]:
+    return list(cli.query_lines(store, cli.build_parser().parse_args(["query", "s", *argv])))
+
+
+def test_query_prints_json_lines() -> None:
+    store = FakeStore({"1": "john", "2": {"n": 2}, "3": None, "a/b": [1.5], "ab": "x"})
+    assert _lines(store, "get", "2") == ['{"n":2}']
+    assert _lines(store, "range", "1", "2") == ['{"key":"1","value":"john"}', '{"key":"2","value":{"n":2}}']
+    assert _lines(store, "prefix", "a") == ['{"key":"a/b","value":[1.5]}', '{"key":"ab","value":"x"}']
+    assert _lines(store, "all", "--limit", "2", "--reverse") == [
+        '{"key":"ab","value":"x"}',
+        '{"key":"a/b","value":[1.5]}',
+    ]
+    assert store.asked[-1]["page_size"] == 2  # never fetches more than it prints
+    assert _lines(store, "prefix", "a%2F") == ['{"key":"a/b","value":[1.5]}']  # written as in a REST path
+
+
+def test_query_prints_windows_with_their_bounds() -> None:
+    start = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+    window = Windowed("alice", start, start + dt.timedelta(minutes=1), 3)
+
+    class Windows(FakeStore):
+        def iterate(self, **kwargs: Any) -> Any:
+            yield window
+
+    [line] = _lines(Windows({}), "all")
+    assert line.startswith('{"key":"alice","window":{"start":"2026-01-01T12:00:00') and line.endswith('"value":3}')
+
+
+def test_progress_off_a_terminal_is_plain_lines_with_durations() -> None:
+    out = io.StringIO()  # not a TTY
+    with Steps("[riqr demo]", out) as steps:
+        with steps.step("starting Ray"):
+            pass
+        steps.say("REST API at http://localhost:7400/")
+        with pytest.raises(RuntimeError), steps.step("starting Spark"):
+            raise RuntimeError("no Java")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[riqr demo] starting Ray ..."
+    assert lines[1].startswith("[riqr demo] starting Ray: done in ") and lines[1].endswith("s")
+    assert lines[2] == "[riqr demo] REST API at http://localhost:7400/"
+    assert lines[3] == "[riqr demo] starting Spark ..."
+    assert lines[4].startswith("[riqr demo] starting Spark: failed after ")
+    assert "\x1b" not in out.getvalue()  # no terminal control codes in logs
+
+
+def test_progress_on_a_terminal_is_live_and_leaves_each_step_with_its_time() -> None:
+    out = io.StringIO()
+    with Steps("[riqr up]", out, live=True) as steps, steps.step("deploying the verticles"):
+        pass
+    assert "deploying the verticles" in out.getvalue() and "0:00:0" in out.getvalue()
