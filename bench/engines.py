@@ -13,7 +13,8 @@ In one run, on keys like those of a real store (strings ``user-<9 digits>``, 24-
     per engine, as a rate and as a ratio to ``dict.get`` / iterating a sorted list in the same run.
 (d) the cost of fsync (memory) / synced writes (rocksdb) for small applies, each engine with and without.
 
-``--store 10000000 --restore 100000,1000000,10000000`` reproduces the 10M figures (several minutes).
+``--store 10000000 --restore 100000,1000000,10000000`` reproduces the 10M figures (several minutes);
+``--parts b --restore 100000,1000000,10000000`` runs only the restore timings.
 """
 
 from __future__ import annotations
@@ -175,15 +176,21 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=200_000, help="point gets in (c)")
     parser.add_argument("--no-fsync", action="store_true", help="durable engines without fsync/sync writes")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--parts", default="a,b,c,d", help="which of (a) to (d) to run, e.g. b for restore only")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="riqr-bench-", dir=args.dir))
+    parts = set(args.parts.split(","))
     try:
-        engines, existing = bench_inserts(args.store, args.new, workdir, not args.no_fsync)
-        bench_reads(engines, existing, args.reads)
-        for engine in engines.values():
-            engine.destroy()
-        bench_restore([int(s) for s in args.restore.split(",") if s], workdir)
-        bench_sync_cost(workdir)
+        if parts & {"a", "c"}:
+            engines, existing = bench_inserts(args.store, args.new, workdir, not args.no_fsync)
+            if "c" in parts:
+                bench_reads(engines, existing, args.reads)
+            for engine in engines.values():
+                engine.destroy()
+        if "b" in parts:
+            bench_restore([int(s) for s in args.restore.split(",") if s], workdir)
+        if "d" in parts:
+            bench_sync_cost(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
