@@ -24,10 +24,12 @@ import uuid
 import pyarrow as pa
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory in MB: all of it (``VmRSS``), or one part of it: ``RssAnon`` (its own
+    heap), ``RssShmem`` (shared memory it touched, such as Ray's object store), ``RssFile``."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 

@@ -243,18 +243,26 @@ class MemoryEngine:
                 f.unlink()
 
     def _recover(self, path: Path) -> None:
+        # The snapshot and the changelog are gathered into a plain dict and sorted once at the end: the
+        # snapshot's keys come first, in order, and the keys the changelog adds after them, so the sort
+        # merges one long run with the sorted new keys. Inserting the changelog's keys into a SortedDict one
+        # by one cost 45 s for a 10-million-key partition (bench/engines.py, restore).
+        rows: dict[Any, bytes] = {}
         snapshots = sorted((_generation_of(f), f) for f in path.glob("snapshot-*.bin"))
         if snapshots:
             self._generation, newest = snapshots[-1]
-            self._position, self._rows = read_snapshot(newest)
+            self._position, keys, values = _read_snapshot_columns(newest)
+            rows = dict(zip(keys, values))
+            del keys, values
         self._remove_older(path, self._generation)
         changelog = path / f"changelog-{self._generation:012d}.log"
         if changelog.exists():
-            self._replay(changelog)
+            self._replay(changelog, rows)
+        self._rows = SortedDict(rows)
         self._log_fd = os.open(changelog, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         fsync_directory(path)
 
-    def _replay(self, changelog: Path) -> None:
+    def _replay(self, changelog: Path, rows: dict[Any, bytes]) -> None:
         data = changelog.read_bytes()
         at = 0
         while at + _RECORD.size <= len(data):
@@ -263,7 +271,12 @@ class MemoryEngine:
             if len(payload) != length or zlib.crc32(payload) != crc:
                 break
             source, batch_id, final = _unpack(payload)
-            self._write(Position(source, batch_id), final)
+            for key, value in final.items():
+                if value is None:
+                    rows.pop(key, None)
+                else:
+                    rows[key] = value
+            self._position = Position(source, batch_id)
             self._log_records += 1
             self._log_rows += len(final)
             at += _RECORD.size + length
@@ -308,6 +321,12 @@ def write_snapshot(path: Path, rows: SortedDict, position: Position) -> None:
 
 def read_snapshot(path: Path) -> tuple[Position, SortedDict]:
     """The position and rows in a snapshot file; ``EngineCorrupt`` if it is damaged."""
+    position, keys, values = _read_snapshot_columns(path)
+    return position, SortedDict(zip(keys, values))
+
+
+def _read_snapshot_columns(path: Path) -> tuple[Position, Sequence[Any], Sequence[bytes]]:
+    """The position, keys (in order) and values in a snapshot file; ``EngineCorrupt`` if it is damaged."""
     data = path.read_bytes()
     head = len(_SNAPSHOT_MAGIC) + _CRC.size
     body = memoryview(data)[head:]
@@ -317,4 +336,4 @@ def read_snapshot(path: Path) -> tuple[Position, SortedDict]:
         # Snapshots are renamed into place only when complete, so damage here is not a crash's doing.
         raise EngineCorrupt(f"snapshot {path} is damaged", path=str(path))
     source, batch_id, keys, values = _unpack(body)
-    return Position(source, batch_id), SortedDict(zip(keys, values))
+    return Position(source, batch_id), keys, values
