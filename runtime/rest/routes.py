@@ -209,12 +209,30 @@ ROUTES: tuple[Route, ...] = (
         errors=(403,),
         tag="service",
     ),  # fmt: skip
-    Route("/", console.console_page, "the web console (no token needed to load it)", answer="html", public=True,
-          tag="console"),  # fmt: skip
-    Route("/console/console.js", console.console_script, "the web console's script", answer="text/javascript",
-          public=True, tag="console"),  # fmt: skip
-    Route("/console/console.css", console.console_style, "the web console's style sheet", answer="text/css",
-          public=True, tag="console"),  # fmt: skip
+    Route(
+        "/",
+        console.console_page,
+        "the web console (no token needed to load it)",
+        answer="html",
+        public=True,
+        tag="console",
+    ),  # fmt: skip
+    Route(
+        "/console/console.js",
+        console.console_script,
+        "the web console's script",
+        answer="text/javascript",
+        public=True,
+        tag="console",
+    ),  # fmt: skip
+    Route(
+        "/console/console.css",
+        console.console_style,
+        "the web console's style sheet",
+        answer="text/css",
+        public=True,
+        tag="console",
+    ),  # fmt: skip
 )
 
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)
