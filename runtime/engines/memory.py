@@ -277,9 +277,18 @@ class MemoryEngine:
 
     def checkpoint(self, dest: Path) -> Position:
         """Write the current rows and position into the new directory ``dest`` as generation 0's snapshot."""
+        return self.start_checkpoint(dest).finish()
+
+    def start_checkpoint(self, dest: Path) -> _PendingSnapshot:
+        """Copy the keys and values (references, at C speed) now; serialise and write them in ``finish()``.
+
+        Values are immutable bytes and a write replaces them rather than changing them, so the copied lists
+        stay the state at this instant while later applies go on.
+        """
         new_directory(self.kind, self.schema, dest)
-        write_snapshot(dest / f"snapshot-{0:012d}.bin", self._rows, self._position)
-        return self._position
+        keys = list(self._rows.keys())
+        values = list(map(self._rows.__getitem__, keys))
+        return _PendingSnapshot(dest / f"snapshot-{0:012d}.bin", self._position, keys, values)
 
     def close(self) -> None:
         """Close the changelog and drop the rows."""
@@ -294,6 +303,18 @@ class MemoryEngine:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+class _PendingSnapshot:
+    """A memory partition's keys and values captured by ``start_checkpoint``, written out by ``finish``."""
+
+    def __init__(self, path: Path, position: Position, keys: list[Any], values: list[bytes]) -> None:
+        self.path, self.position, self._keys, self._values = path, position, keys, values
+
+    def finish(self) -> Position:
+        _write_snapshot_lists(self.path, self._keys, self._values, self.position)
+        self._keys, self._values = [], []
+        return self.position
+
+
 def _generation_of(path: Path) -> int:
     return int(path.name.split("-", 1)[1].split(".", 1)[0])
 
@@ -301,7 +322,10 @@ def _generation_of(path: Path) -> int:
 def write_snapshot(path: Path, rows: SortedDict, position: Position) -> None:
     """Write ``rows`` (in key order) and ``position`` to ``path`` atomically."""
     keys = list(rows.keys())
-    values = list(map(rows.__getitem__, keys))
+    _write_snapshot_lists(path, keys, list(map(rows.__getitem__, keys)), position)
+
+
+def _write_snapshot_lists(path: Path, keys: list[Any], values: list[bytes], position: Position) -> None:
     body = msgpack.packb([position.source, position.batch_id, keys, values], use_bin_type=True)
     write_atomically(path, _SNAPSHOT_MAGIC + _CRC.pack(zlib.crc32(body)) + body)
 
