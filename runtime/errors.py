@@ -32,6 +32,7 @@ __all__ = [
     "PartitionUnavailable",
     "OwnerUnavailable",
     "PartitionIncomplete",
+    "PartitionCatchingUp",
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
@@ -201,6 +202,13 @@ class PartitionIncomplete(PartitionUnavailable):
     first one): it answers 503 rather than from partial state."""
 
     code = "partition-incomplete"
+
+
+class PartitionCatchingUp(PartitionIncomplete):
+    """A copy that lost its state is being rebuilt from a peer and has not caught up yet: it answers 503
+    until it is in sync, never as if it were current."""
+
+    code = "partition-catching-up"
 
 
 class OwnerUnavailable(Unavailable):

@@ -10,7 +10,10 @@ missed one. The states:
 * ``loading``: nothing applied yet (a new actor, or a new source whose first batch has not arrived);
 * ``incomplete``: it saw a gap (for example a new, empty actor receiving batch 57); it stays so, across
   restarts (an ``INCOMPLETE`` marker next to its data), until a new source's batch 0 rebuilds it;
-* ``lost``: its actor restarted and the state was not durable.
+* ``lost``: its actor restarted and the state was not durable;
+* ``catching-up``: it lost its state and is being rebuilt from a live peer (``runtime.rebuild``): it
+  buffers the batches that arrive, installs the peer's copy at some position ``p``, applies the buffered
+  batches after ``p`` in order, and serves only once it has applied every batch it received.
 
 Only ``serving`` answers; the others are 503s that say why, never an answer from partial state.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +39,17 @@ from typing import Any
 from runtime.engines import NONE, PartitionEngine, Position
 from runtime.engines.base import fsync_directory, write_atomically
 
-__all__ = ["PartitionState", "ApplyResult", "SERVING", "LOADING", "INCOMPLETE", "LOST"]
+__all__ = [
+    "PartitionState",
+    "ApplyResult",
+    "SERVING",
+    "LOADING",
+    "INCOMPLETE",
+    "LOST",
+    "CATCHING_UP",
+    "MARKER",
+    "BUFFER_ROWS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +57,14 @@ SERVING = "serving"
 LOADING = "loading"
 INCOMPLETE = "incomplete"
 LOST = "lost"
+CATCHING_UP = "catching-up"
 
-_MARKER = "INCOMPLETE"
+MARKER = "INCOMPLETE"
+# Rows a catching-up partition buffers at most; past it the buffer is dropped and the catch-up starts
+# over from a fresher snapshot (memory stays bounded whatever the ingest rate and the copy's duration).
+BUFFER_ROWS = 1_000_000
+
+Rows = Sequence[tuple[Any, bytes | None]]
 
 
 @dataclass(frozen=True)
@@ -67,7 +87,13 @@ class PartitionState:
         self.partition = partition
         self.store = store  # for log lines
         self.engine = engine
-        self._marker = None if directory is None else directory / _MARKER
+        self._marker = None if directory is None else directory / MARKER
+        # While catching up: the batches received, in order; the last one received; and a generation
+        # that changes whenever a catch-up starts or is abandoned, so a stale one cannot install.
+        self._buffer: deque[tuple[str, int, Rows]] = deque()
+        self._buffered_rows = 0
+        self._received: Position | None = None
+        self.generation = 0
         position = engine.position()
         self.reason = ""
         if self._marker is not None and self._marker.exists():
@@ -100,9 +126,16 @@ class PartitionState:
             return True
         return False
 
-    def apply(self, source: str, batch_id: int, rows: Sequence[tuple[Any, bytes | None]]) -> ApplyResult:
+    def apply(self, source: str, batch_id: int, rows: Rows) -> ApplyResult:
         """Apply batch ``batch_id`` of ``source`` to this partition, by the rules in the module docstring."""
         position = self.engine.position()
+        if self.state == CATCHING_UP:
+            if not (batch_id == 0 and source != position.source):
+                self.buffer(source, batch_id, rows)
+                return ApplyResult(self.partition, False, 0, state=CATCHING_UP)
+            # Batch 0 of a new source rebuilds the partition by itself: the catch-up is moot.
+            log.info("partition %d: batch 0 of a new source ends its catch-up", self.partition)
+            self._end_catch_up()
         if batch_id == 0 and source != position.source:
             self.engine.reset(Position(source, -1))
             self._clear_marker()
@@ -121,11 +154,88 @@ class PartitionState:
         )
         return ApplyResult(self.partition, False, 0, state=self.state)
 
+    # -- catching up from a peer (driven by runtime.rebuild, under the caller's write lock) -------------
+
+    def start_catch_up(self) -> int:
+        """Turn ``catching-up``: from now on batches are buffered, not applied. Returns the generation the
+        catch-up must present to install and to apply its buffer. The marker stays (or is written), so a
+        crash before the catch-up ends reopens the partition as incomplete, not as serving an old state."""
+        self._end_catch_up()
+        self._write_marker("it lost its state and is being rebuilt from a live peer")
+        self.state, self.reason = CATCHING_UP, "it is being rebuilt from a live peer and has not caught up yet"
+        return self.generation
+
+    def buffer(self, source: str, batch_id: int, rows: Rows) -> None:
+        """Keep a batch received while catching up (dropping the buffer when it grows past ``BUFFER_ROWS``:
+        the catch-up then sees a gap and starts over from a fresher snapshot)."""
+        self._received = Position(source, batch_id)
+        if self._buffered_rows + len(rows) > BUFFER_ROWS:
+            log.warning("partition %d: catch-up buffer over %d rows; dropped, will copy again", self.partition,
+                        BUFFER_ROWS, extra={"store": self.store or None, "partition": self.partition})  # fmt: skip
+            self._buffer, self._buffered_rows = deque(), 0
+        self._buffer.append((source, batch_id, rows))
+        self._buffered_rows += len(rows)
+
+    def install(self, engine: PartitionEngine, generation: int) -> bool:
+        """Replace the engine with a peer's copy (already in place on disk); False if the catch-up is stale."""
+        if generation != self.generation or self.state != CATCHING_UP:
+            return False
+        self.engine = engine
+        position = engine.position()
+        self.reason = f"it was rebuilt from a peer's copy at batch {position.batch_id} and is catching up"
+        return True
+
+    def catch_up_step(self, generation: int) -> str:
+        """Apply the next buffered batch; one of ``"aborted"`` (the catch-up is stale), ``"applied"`` (call
+        again), ``"gap"`` (the buffer does not continue from the installed position: copy again) and
+        ``"in-sync"`` (every batch received is applied: the partition serves from now on)."""
+        if generation != self.generation or self.state != CATCHING_UP:
+            return "aborted"
+        position = self.engine.position()
+        while self._buffer and self._buffer[0][0] == position.source and self._buffer[0][1] <= position.batch_id:
+            self._drop_first()  # already in the copy (or a replay)
+        if self._buffer:
+            source, batch_id, rows = self._buffer[0]
+            if source != position.source or batch_id != position.batch_id + 1:
+                return "gap"
+            self.engine.apply(Position(source, batch_id), rows)
+            self._drop_first()
+            return "applied"
+        received = self._received
+        if received is not None and (received.source != position.source or received.batch_id > position.batch_id):
+            return "gap"  # batches were received and dropped (the buffer overflowed): not all are here
+        self._end_catch_up()
+        self._clear_marker()
+        self.state, self.reason = SERVING, ""
+        return "in-sync"
+
+    def give_up(self, generation: int, reason: str) -> None:
+        """End a catch-up that found no peer to copy from: back to ``incomplete`` (the next batch, or a
+        restart of the topology, tries again)."""
+        if generation == self.generation and self.state == CATCHING_UP:
+            self._end_catch_up()
+            self._mark_incomplete(-1, reason)
+
+    def cancel_catch_up(self) -> None:
+        """Make a catch-up in progress stale (its engine is closing: it must not install or apply)."""
+        if self.state == CATCHING_UP:
+            self._end_catch_up()
+
+    def _drop_first(self) -> None:
+        self._buffered_rows -= len(self._buffer.popleft()[2])
+
+    def _end_catch_up(self) -> None:
+        self._buffer, self._buffered_rows, self._received = deque(), 0, None
+        self.generation += 1
+
     def _mark_incomplete(self, batch_id: int, reason: str) -> None:
         if self.state != INCOMPLETE:
             fields = {"store": self.store or None, "partition": self.partition, "batch": batch_id}
             log.warning("partition %d is incomplete: %s", self.partition, reason, extra=fields)
         self.state, self.reason = INCOMPLETE, reason
+        self._write_marker(reason)
+
+    def _write_marker(self, reason: str) -> None:
         if self._marker is not None and not self._marker.exists():
             # Durable, so a restart cannot make the partition forget that its state has a hole.
             write_atomically(self._marker, reason.encode("utf-8"))
@@ -141,4 +251,6 @@ class PartitionState:
         out: dict[str, Any] = {"source": position.source, "batch_id": position.batch_id, "state": self.state}
         if self.reason:
             out["reason"] = self.reason
+        if self.state == CATCHING_UP:
+            out["buffered"] = len(self._buffer)
         return out

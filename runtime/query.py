@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,14 @@ import pyarrow as pa
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value, encode_value
 from runtime.engines import open_engine
-from runtime.errors import PartitionIncomplete, PartitionUnavailable
+from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
-from runtime.partition import LOST, ApplyResult, PartitionState
+from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, SERVING, ApplyResult, PartitionState, Rows
+from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
 from runtime.scan import Scan, TimeFilter
+from runtime.snapshots import SnapshotCorrupt, SnapshotExports, SnapshotOffer, describe_files, remove_leftovers
 
 __all__ = ["QueryCore", "ApplyResult", "rows_from_arrow", "internal_keys"]
 
@@ -87,6 +90,10 @@ def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes |
     return rows
 
 
+def _start_thread(work: Callable[[], object]) -> None:
+    threading.Thread(target=work, name="riqr-rebuild", daemon=True).start()
+
+
 def _window_filter(entries: Iterator[tuple[Any, bytes]], times: TimeFilter) -> Iterator[tuple[Any, bytes]]:
     for key, raw in entries:
         end = decode_value(raw)[0] if times.end_from is not None else 0
@@ -111,6 +118,10 @@ class QueryCore:
         directory: Path | None = None,
         recovered: bool = False,
         metrics: Metrics | None = None,
+        peers: PeerSource | None = None,
+        me: str = "",
+        spawn: Callable[[Callable[[], object]], None] | None = None,
+        rebuild: RebuildSettings | None = None,
     ) -> None:
         self.spec = spec
         self.directory = directory
@@ -123,9 +134,18 @@ class QueryCore:
         self.partitions: dict[int, PartitionState] = {}
         for p in sorted(partitions):
             path = None if directory is None else directory / f"p{p}"
+            if directory is not None:
+                remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
             engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
             lost = recovered and path is None
             self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
+        # With ``peers``, a copy that lost its state is rebuilt from a live peer (``runtime.rebuild``) in a
+        # thread that ``spawn`` starts; peers copy from this core through the exports.
+        self._rebuilder = (
+            None if peers is None else Rebuilder(spec, me, peers, self._writing, directory, settings=rebuild)
+        )
+        self._spawn = spawn or _start_thread
+        self._exports: SnapshotExports | None = None
 
     def _unavailable(self, p: int) -> PartitionUnavailable:
         name = self.spec.name
@@ -135,6 +155,8 @@ class QueryCore:
         message = f"partition {p} of store {name} is {state.state}: {state.reason}"
         if state.state == LOST:
             return PartitionUnavailable(message, store=name, partition=p, retry_after=5)
+        if state.state == CATCHING_UP:
+            return PartitionCatchingUp(message, store=name, partition=p, retry_after=1)
         return PartitionIncomplete(message, store=name, partition=p, retry_after=5)
 
     def _partition(self, p: int) -> PartitionState:
@@ -158,7 +180,10 @@ class QueryCore:
                 raise self._unavailable(p)
             rows = rows_from_arrow(self.spec, table) if table is not None and table.num_rows else []
             with self._writing:
-                results.append(state.apply(source, batch_id, rows))
+                result = state.apply(source, batch_id, rows)
+                if result.state == INCOMPLETE and self._rebuilder is not None:
+                    result = self._start_catch_up(state, (source, batch_id, rows))
+                results.append(result)
         name = self.spec.name
         for result in results:
             if result.applied:
@@ -167,6 +192,66 @@ class QueryCore:
                     self.metrics.inc("riqr_rows_applied_total", name, str(result.partition), amount=result.rows)
         self.metrics.observe("riqr_apply_duration_seconds", time.perf_counter() - started, name)
         return results
+
+    # -- rebuilding from a peer (runtime.rebuild) -------------------------------------------------------
+
+    def _start_catch_up(self, state: PartitionState, batch: tuple[str, int, Rows] | None) -> ApplyResult:
+        """Under the write lock: turn ``state`` catching-up (buffering ``batch``, the one that found the gap)
+        and start copying from a peer in the background. The sink's apply returns at once."""
+        assert self._rebuilder is not None
+        generation = state.start_catch_up()
+        if batch is not None:
+            state.buffer(*batch)
+        rebuilder = self._rebuilder
+        self._spawn(lambda: rebuilder.run(state, generation))
+        return ApplyResult(state.partition, False, 0, state=CATCHING_UP)
+
+    def rebuild_unserved(self) -> list[int]:
+        """Start rebuilding every partition that cannot serve (a restarted actor whose copy was wiped,
+        lost or marked incomplete); returns those partitions. Without peers, nothing happens."""
+        if self._rebuilder is None:
+            return []
+        started = []
+        with self._writing:
+            for p, state in self.partitions.items():
+                if state.state not in (SERVING, CATCHING_UP):
+                    self._start_catch_up(state, None)
+                    started.append(p)
+        return started
+
+    def open_snapshot(self, partition: int) -> SnapshotOffer:
+        """Export a consistent copy of a serving partition for a peer to copy (``runtime.snapshots``).
+
+        The engine's capture runs under the write lock (brief: a RocksDB checkpoint, or copying a memory
+        partition's key and value references); writing it out and checksumming it do not.
+        """
+        exports = self._exports
+        if exports is None:
+            root = self.directory / ".exports" if self.directory is not None else Path(tempfile.mkdtemp()) / "exports"
+            exports = self._exports = SnapshotExports(root)
+        token, dest = exports.new_directory()
+        try:
+            with self._writing:
+                state = self._partition(partition)
+                pending = state.engine.start_checkpoint(dest)
+            position = pending.finish()
+            return SnapshotOffer(token, partition, position, describe_files(dest))
+        except BaseException:
+            exports.close(token)
+            raise
+
+    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
+        """Bytes of a file of an export (``open_snapshot``)."""
+        if self._exports is None:
+            raise SnapshotCorrupt(f"no open snapshot export {token!r} here", token=token)
+        return self._exports.read(token, path, offset, length)
+
+    def close_snapshot(self, token: str) -> None:
+        """Delete an export (idempotent)."""
+        if self._exports is not None:
+            self._exports.close(token)
+
+    # -- reads -----------------------------------------------------------------------------------------
 
     def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
         """One answer per ``(partition, key)``: the packed value, or None when absent.
@@ -213,10 +298,16 @@ class QueryCore:
         """Close every partition's engine (its data stays on disk)."""
         with self._writing:
             for state in self.partitions.values():
+                state.cancel_catch_up()
                 state.engine.close()
+        if self._exports is not None:
+            self._exports.close_all()
 
     def destroy(self) -> None:
         """Close every partition's engine and delete its data (the store or the runtime is going away)."""
         with self._writing:
             for state in self.partitions.values():
+                state.cancel_catch_up()
                 state.engine.destroy()
+        if self._exports is not None:
+            self._exports.close_all()

@@ -8,8 +8,13 @@ to every owner over Ray, until every owner has acknowledged it.
 * An owner that is restarting or briefly unreachable is asked again with backoff, up to
   ``delivery_timeout`` (a minute by default); only then does the batch fail, which fails the Spark query
   before it commits the batch. A replay after a restart is a no-op wherever the batch had landed.
+* A copy that is catching up from a peer (``runtime.rebuild``) answers at once that it buffered the
+  batch (state ``catching-up``): not a failure, and the batch is acknowledged to Spark once the other
+  copies applied it. That is safe because the buffered copy serves nothing until it has applied the
+  batch, and the in-sync copies hold it durably; if the catching-up copy dies, it reopens incomplete and
+  copies again from them (docs/design.md, "Rebuilding a copy from a peer").
 * The registry hears how ingest goes (``report_ingest``): the batch applied and when, partitions that
-  are not complete, or why it failed. ``GET /stores`` shows it.
+  are not complete or catching up, or why it failed. ``GET /stores`` shows it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
 from runtime.ingest import slices_for_owners, split_by_partition
 from runtime.ownership import ClusterView
-from runtime.partition import INCOMPLETE
+from runtime.partition import CATCHING_UP, INCOMPLETE, SERVING
 from topologies.checkpoint import query_id
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
@@ -166,7 +171,23 @@ class BatchDelivery:
                 incomplete,
                 extra={"store": self.spec.name, "batch": batch_id},
             )
-        self.report(state="running", batch_id=batch_id, rows=table.num_rows, incomplete=incomplete)
+        catching_up = sorted({r.partition for r in results if r.state == CATCHING_UP})
+        if catching_up:
+            log.info("store %s: partitions %s are catching up from a peer and buffered batch %d", self.spec.name,
+                     catching_up, batch_id, extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
+        unheld = sorted({r.partition for r in results} - {r.partition for r in results if r.state == SERVING})
+        if unheld:
+            log.warning(
+                "store %s: no in-sync copy of partitions %s holds batch %d; they answer 503 until rebuilt (restart "
+                "the topology if no copy comes back)",
+                self.spec.name,
+                unheld,
+                batch_id,
+                extra={"store": self.spec.name, "batch": batch_id},
+            )
+        self.report(
+            state="running", batch_id=batch_id, rows=table.num_rows, incomplete=incomplete, catching_up=catching_up
+        )
         return int(table.num_rows)
 
     def begin(self, source: str) -> list[int]:

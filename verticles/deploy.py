@@ -28,8 +28,10 @@ from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import REGISTRY_NAME, ROCKSDB_CACHE_ENV, RuntimeConfig, facade_name, http_name, riqr_data
 from runtime.deadline import Deadline
+from runtime.errors import OwnerUnavailable
 from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint
+from runtime.snapshots import SnapshotOffer
 from verticles.bus import RayBus
 from verticles.facade import FacadeVerticle
 from verticles.http import HttpVerticle
@@ -39,6 +41,7 @@ from verticles.registry import Registry
 
 __all__ = [
     "RayEnv",
+    "RaySnapshotPeer",
     "Deployment",
     "NodeEndpoint",
     "ensure_registry",
@@ -53,6 +56,8 @@ log = logging.getLogger(__name__)
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 _CALL_TIMEOUT = 30.0
+# Exporting a snapshot checksums every file of the partition on the peer: allow for a large one.
+_EXPORT_TIMEOUT = 300.0
 # Threads of a query actor: reads go on while one thread applies a batch (docs/benchmarks.md).
 _QUERY_THREADS = 4
 
@@ -138,6 +143,19 @@ class RayEnv:
         with contextlib.suppress(ValueError):  # the registry is gone already (riqr down)
             await self._ask_registry("unregister_endpoint", node_id)
 
+    # -- PeerLink ---------------------------------------------------------------------------------------
+
+    def holders(self, store: str, partition: int) -> list[str]:
+        view = raycalls.get(self._registry().view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+        table = view.table(store)
+        if table is None or partition >= len(table.partitions):
+            return []
+        owners = table.partitions[partition]
+        return [u for u in (owners.active, *owners.standbys) if u is not None]
+
+    def snapshot_peer(self, uuid: str) -> RaySnapshotPeer:
+        return RaySnapshotPeer(self.namespace, uuid)
+
     # -- ClusterOps -------------------------------------------------------------------------------------
 
     def alive_nodes(self) -> list[str]:
@@ -198,6 +216,31 @@ class RayEnv:
             except Exception:  # gone already, or its node is: its data goes with the node
                 log.warning("could not delete the data of query actor %s", uuid, exc_info=True)
         self.kill(uuids)
+
+
+class RaySnapshotPeer:
+    """A query actor as a source of partition snapshots (``runtime.snapshots.SnapshotPeer``), over Ray."""
+
+    def __init__(self, namespace: str, uuid: str) -> None:
+        self.uuid = uuid
+        try:
+            self._handle = ray.get_actor(uuid, namespace=namespace)
+        except ValueError:
+            raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid) from None
+
+    def open_snapshot(self, partition: int) -> SnapshotOffer:
+        offer: SnapshotOffer = raycalls.get(self._handle.open_snapshot.remote(partition), "exporting a snapshot",
+                                            timeout=_EXPORT_TIMEOUT, actor=self.uuid)  # fmt: skip
+        return offer
+
+    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
+        data: bytes = raycalls.get(self._handle.read_snapshot.remote(token, path, offset, length),
+                                   "copying a snapshot", timeout=_CALL_TIMEOUT, actor=self.uuid)  # fmt: skip
+        return data
+
+    def close_snapshot(self, token: str) -> None:
+        raycalls.get(self._handle.close_snapshot.remote(token), "closing a snapshot export", timeout=_CALL_TIMEOUT,
+                     actor=self.uuid)  # fmt: skip
 
 
 @dataclass(frozen=True)

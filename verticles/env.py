@@ -3,6 +3,7 @@ with fakes. ``verticles.deploy.RayEnv`` is the Ray implementation, and the only 
 
 * ``NodeFacts``: where this actor runs and whether Ray restarted it;
 * ``RegistryLink``: the calls a verticle makes to the registry (reporting a move, its endpoint);
+* ``PeerLink``: how a query actor reaches the other copies of its partitions (rebuilding from a peer);
 * ``ClusterOps``: what the registry does to the cluster (nodes, creating and finding query actors).
 """
 
@@ -15,8 +16,9 @@ from typing import Any, Protocol
 from runtime.catalog import StoreSpec
 from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint
+from runtime.snapshots import SnapshotPeer
 
-__all__ = ["NodeFacts", "RegistryLink", "ClusterOps", "VerticleEnv", "RegistryEnv"]
+__all__ = ["NodeFacts", "RegistryLink", "PeerLink", "ClusterOps", "VerticleEnv", "RegistryEnv"]
 
 
 class NodeFacts(Protocol):
@@ -55,6 +57,18 @@ class RegistryLink(Protocol):
     async def unregister_endpoint(self, node_id: str) -> None: ...
 
 
+class PeerLink(Protocol):
+    """A query actor's calls to its peers (blocking: a catch-up runs in a thread of the actor)."""
+
+    def holders(self, store: str, partition: int) -> list[str]:
+        """The actors holding a copy of ``partition`` of ``store``, active first (the registry's table)."""
+        ...
+
+    def snapshot_peer(self, uuid: str) -> SnapshotPeer:
+        """The query actor ``uuid``, as a source of partition snapshots (``runtime.snapshots``)."""
+        ...
+
+
 class ClusterOps(Protocol):
     """What the registry does to the cluster."""
 
@@ -84,8 +98,8 @@ class ClusterOps(Protocol):
         ...
 
 
-class VerticleEnv(NodeFacts, RegistryLink, Protocol):
-    """What a query or HTTP verticle gets: its node facts and its link to the registry."""
+class VerticleEnv(NodeFacts, RegistryLink, PeerLink, Protocol):
+    """What a query or HTTP verticle gets: its node facts, its link to the registry and to its peers."""
 
 
 class RegistryEnv(NodeFacts, ClusterOps, Protocol):

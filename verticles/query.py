@@ -4,7 +4,9 @@ A thin shell over ``runtime.query.QueryCore``. It is a threaded actor: reads are
 is being applied (``QueryCore`` serialises the writes), so a large batch does not stall lookups. A batch's
 rows and position land in one atomic write per partition. Its partitions live under
 ``<data dir>/<store>/<uuid>/p<n>`` on its node, so when Ray restarts it (a crash, ``ray.kill`` with
-restart, its worker SIGKILLed) it reopens them at their last position and serves again by itself.
+restart, its worker SIGKILLed) it reopens them at their last position and serves again by itself. When
+a partition cannot (its data was wiped, or it missed batches) and the store has standbys, it rebuilds
+the partition from a live peer (``runtime.rebuild``), and serves it once it has caught up.
 """
 
 from __future__ import annotations
@@ -22,11 +24,25 @@ from runtime.catalog import StoreSpec
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
-from verticles.env import VerticleEnv
+from runtime.snapshots import SnapshotOffer, SnapshotPeer
+from verticles.env import PeerLink, VerticleEnv
 
 __all__ = ["QueryVerticle"]
 
 log = logging.getLogger(__name__)
+
+
+class _StorePeers:
+    """``runtime.rebuild.PeerSource`` for one store, over the verticle's ``PeerLink``."""
+
+    def __init__(self, link: PeerLink, store: str) -> None:
+        self._link, self._store = link, store
+
+    def holders(self, partition: int) -> list[str]:
+        return self._link.holders(self._store, partition)
+
+    def peer(self, uuid: str) -> SnapshotPeer:
+        return self._link.snapshot_peer(uuid)
 
 
 class QueryVerticle:
@@ -46,12 +62,20 @@ class QueryVerticle:
         sys.setswitchinterval(0.001)
         started = time.monotonic()
         metrics = Metrics(QUERY_METRICS)
-        self.core = QueryCore(spec, partitions, directory=directory, recovered=recovered, metrics=metrics)
+        # Only a store with standbys has peers to rebuild from; without, a lost copy waits for the
+        # topology-restart rebuild path (docs/design.md, "Durability").
+        peers = _StorePeers(env, spec.name) if spec.standbys > 0 else None
+        self.core = QueryCore(
+            spec, partitions, directory=directory, recovered=recovered, metrics=metrics, peers=peers, me=uuid
+        )
         self.opened_in = time.monotonic() - started
         env.export_metrics(metrics)
         if recovered:
             self.log.warning("query actor restarted: %s", self.core.positions())
             env.report_moved(uuid, self.node_id, self.node_ip)
+            rebuilding = self.core.rebuild_unserved()
+            if rebuilding:
+                self.log.warning("rebuilding partitions %s from live peers", rebuilding)
 
     def ready(self) -> dict[str, str]:
         """Where this actor runs; the registry waits on this before publishing the actor."""
@@ -75,6 +99,16 @@ class QueryVerticle:
 
     def positions(self) -> dict[int, dict[str, Any]]:
         return self.core.positions()
+
+    def open_snapshot(self, partition: int) -> SnapshotOffer:
+        """Export a consistent copy of a serving partition for a peer rebuilding its own (``runtime.snapshots``)."""
+        return self.core.open_snapshot(partition)
+
+    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
+        return self.core.read_snapshot(token, path, offset, length)
+
+    def close_snapshot(self, token: str) -> None:
+        self.core.close_snapshot(token)
 
     def stats(self) -> dict[str, Any]:
         """Positions and metric samples, for the HTTP verticles' readiness and metrics (``runtime.health``)."""

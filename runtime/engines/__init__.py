@@ -13,6 +13,7 @@ from runtime.engines.base import (
     EngineCorrupt,
     EngineMismatch,
     PartitionEngine,
+    PendingCheckpoint,
     Position,
 )
 from runtime.engines.keycodec import KeyCodec
@@ -27,6 +28,7 @@ __all__ = [
     "EngineMismatch",
     "KeyCodec",
     "PartitionEngine",
+    "PendingCheckpoint",
     "Position",
     "open_engine",
 ]

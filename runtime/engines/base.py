@@ -27,6 +27,7 @@ __all__ = [
     "Position",
     "NONE",
     "PartitionEngine",
+    "PendingCheckpoint",
     "EngineMismatch",
     "EngineCorrupt",
     "ENGINES",
@@ -62,6 +63,16 @@ class EngineCorrupt(RiqrError):
     """An engine directory's durable files are damaged beyond the torn tail a crash can leave."""
 
     code = "engine-corrupt"
+
+
+class PendingCheckpoint(Protocol):
+    """A point-in-time copy that has been captured but not yet fully written out (``start_checkpoint``)."""
+
+    position: Position
+
+    def finish(self) -> Position:
+        """Write what is left of the copy into its directory (no lock needed) and return its position."""
+        ...
 
 
 class PartitionEngine(Protocol):
@@ -106,6 +117,12 @@ class PartitionEngine(Protocol):
 
     def checkpoint(self, dest: Path) -> Position:
         """Write a point-in-time copy into the new directory ``dest`` (``open_engine`` opens it)."""
+        ...
+
+    def start_checkpoint(self, dest: Path) -> PendingCheckpoint:
+        """Capture a point-in-time copy for the new directory ``dest``, cheaply: the caller holds its write
+        lock only for this call, and writes the rest out with ``finish()`` after releasing it, so a peer
+        copying a partition stalls its writes for the capture, not for the whole write-out."""
         ...
 
     def close(self) -> None:

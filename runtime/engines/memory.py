@@ -290,9 +290,20 @@ class MemoryEngine:
 
     def checkpoint(self, dest: Path) -> Position:
         """Write the current rows and position into the new directory ``dest`` as generation 0's snapshot."""
+        return self.start_checkpoint(dest).finish()
+
+    def start_checkpoint(self, dest: Path) -> _PendingSnapshot:
+        """Copy references now, at C speed (0.08 s per million keys): the keys in order, and the dict's
+        keys and values in its own order; pairing values with the ordered keys (most of the cost) and
+        serialising happen in ``finish()``, outside the caller's lock.
+
+        Values are immutable bytes and a write replaces them rather than changing them, so the copied lists
+        stay the state at this instant while later applies go on.
+        """
         new_directory(self.kind, self.schema, dest)
-        write_snapshot(dest / f"snapshot-{0:012d}.bin", self._rows, self._position)
-        return self._position
+        ordered = list(self._rows.keys())
+        stored = (list(dict.keys(self._rows)), list(dict.values(self._rows)))
+        return _PendingSnapshot(dest / f"snapshot-{0:012d}.bin", self._position, ordered, stored)
 
     def close(self) -> None:
         """Close the changelog and drop the rows."""
@@ -307,6 +318,21 @@ class MemoryEngine:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+class _PendingSnapshot:
+    """A memory partition's keys and values captured by ``start_checkpoint``, written out by ``finish``."""
+
+    def __init__(
+        self, path: Path, position: Position, ordered: list[Any], stored: tuple[list[Any], list[bytes]]
+    ) -> None:
+        self.path, self.position, self._ordered, self._stored = path, position, ordered, stored
+
+    def finish(self) -> Position:
+        value_of = dict(zip(*self._stored))
+        _write_snapshot_lists(self.path, self._ordered, list(map(value_of.__getitem__, self._ordered)), self.position)
+        self._ordered, self._stored = [], ([], [])
+        return self.position
+
+
 def _generation_of(path: Path) -> int:
     return int(path.name.split("-", 1)[1].split(".", 1)[0])
 
@@ -314,7 +340,10 @@ def _generation_of(path: Path) -> int:
 def write_snapshot(path: Path, rows: SortedDict, position: Position) -> None:
     """Write ``rows`` (in key order) and ``position`` to ``path`` atomically."""
     keys = list(rows.keys())
-    values = list(map(rows.__getitem__, keys))
+    _write_snapshot_lists(path, keys, list(map(rows.__getitem__, keys)), position)
+
+
+def _write_snapshot_lists(path: Path, keys: list[Any], values: list[bytes], position: Position) -> None:
     body = msgpack.packb([position.source, position.batch_id, keys, values], use_bin_type=True)
     write_atomically(path, _SNAPSHOT_MAGIC + _CRC.pack(zlib.crc32(body)) + body)
 

@@ -85,6 +85,16 @@ def _options() -> Options:
     return options
 
 
+class _DoneCheckpoint:
+    """A checkpoint written in full by ``start_checkpoint``: ``finish`` has nothing left to do."""
+
+    def __init__(self, position: Position) -> None:
+        self.position = position
+
+    def finish(self) -> Position:
+        return self.position
+
+
 class RocksEngine:
     """A partition in its own RocksDB database; rows, position and count change in one write batch."""
 
@@ -231,6 +241,10 @@ class RocksEngine:
         # The position and count are rows of the database, so the checkpoint carries them consistently.
         Checkpoint(self.db).create_checkpoint(str(dest / _DB_DIR))
         return self._position
+
+    def start_checkpoint(self, dest: Path) -> _DoneCheckpoint:
+        """A RocksDB checkpoint is cheap (a memtable flush and hard links), so it is all done here."""
+        return _DoneCheckpoint(self.checkpoint(dest))
 
     def close(self) -> None:
         """End live scans (they pin the database) and close it."""

@@ -44,7 +44,14 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
     413: ("payload-too-large",),
     414: ("uri-too-long",),
     431: ("headers-too-large",),
-    503: ("unavailable", "partition-unavailable", "partition-incomplete", "owner-unavailable", "not-connected"),
+    503: (
+        "unavailable",
+        "partition-unavailable",
+        "partition-incomplete",
+        "partition-catching-up",
+        "owner-unavailable",
+        "not-connected",
+    ),
     504: ("deadline-exceeded",),
 }
 _REASONS = {400: "Bad request", 401: "Missing or invalid bearer token", 403: "Not allowed to read this store",

@@ -135,3 +135,88 @@ def test_a_batch_delivered_while_an_owner_restarts_reaches_every_copy(
     partition = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["partition"]
     store.deliver("q", 1, table.append_column(PARTITION_COLUMN, pa.array([partition], pa.int32())))
     assert http_get(f"{url}/stores/replicated/get/7")[2] == {"response": 777}
+
+
+def test_a_copy_whose_data_was_wiped_is_rebuilt_from_its_peer_while_batches_and_reads_go_on(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    import random
+    import shutil
+    import time
+
+    from runtime.config import riqr_data
+    from runtime.scan import Scan
+
+    url, ns = runtime_ns.url, runtime_ns.namespace
+    view = raycalls.get(runtime_ns.registry().view.remote(), "view")
+    victim, peer = sorted(u for u, info in view.actors.items() if info.store == SPEC.name)
+    history: dict[int, set[int]] = {u: {u * 10} for u in USERS}
+    latest = {u: u * 10 for u in USERS}
+    ingest_errors: list[str] = []
+    wrong: list[str] = []
+    statuses: dict[int, int] = {}
+    stop = threading.Event()
+    delivered = [0]
+
+    def write() -> None:
+        rng = random.Random(7)
+        batch = 1
+        while not stop.is_set():
+            users = rng.sample(list(USERS), 20)
+            for u in users:  # known before it is delivered, so a read can never see an unknown value
+                latest[u] = u * 10 + batch * 100_000
+                history[u].add(latest[u])
+            table = pa.table({"user": pa.array(users, pa.int64()), "score": pa.array([latest[u] for u in users])})
+            parts = [view.tables[SPEC.name].partition_of(u) for u in users]
+            try:
+                store.deliver("q", batch, table.append_column(PARTITION_COLUMN, pa.array(parts, pa.int32())))
+            except Exception as err:  # ingest must never fail
+                ingest_errors.append(f"batch {batch}: {err!r}")
+                return
+            delivered[0] = batch
+            batch += 1
+            time.sleep(0.05)
+
+    def read() -> None:
+        rng = random.Random(11)
+        while not stop.is_set():
+            u = rng.choice(list(USERS))
+            status, _, body = http_get(f"{url}/stores/replicated/get/{u}")
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 200 and body["response"] not in history[u] or status not in (200, 503):
+                wrong.append(f"{u}: {status} {body}")
+
+    threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: delivered[0] >= 10, what="batches flowing before the wipe")
+        handle = ray.get_actor(victim, namespace=ns)
+        # Wipe its partitions while it runs, then restart it: it comes back with nothing to reopen.
+        shutil.rmtree(riqr_data(ns) / SPEC.name / victim)
+        ray.kill(handle, no_restart=False)
+        at_restart = delivered[0]
+
+        def rebuilt() -> bool:
+            positions = raycalls.get(handle.positions.remote(), "positions", timeout=30)
+            return all(pos["state"] == "serving" for pos in positions.values())
+
+        wait_for(lambda: delivered[0] > at_restart + 5 and rebuilt(), timeout=120, what="the wiped copy in sync")
+        seen = sum(statuses.values())
+        wait_for(lambda: sum(statuses.values()) > seen + 100, what="reads after the rebuild")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert ingest_errors == []
+    assert wrong == [], wrong[:10]
+    peer_handle = ray.get_actor(peer, namespace=ns)
+    mine = raycalls.get(handle.positions.remote(), "positions")
+    assert mine == raycalls.get(peer_handle.positions.remote(), "positions")
+    assert {pos["batch_id"] for pos in mine.values()} == {delivered[0]}
+    partitions = list(range(SPEC.partitions))
+    copy = raycalls.get(handle.scan.remote(partitions, Scan()), "scan")
+    assert copy == raycalls.get(peer_handle.scan.remote(partitions, Scan()), "scan")
+    from runtime.codec import decode_value
+
+    assert {k: decode_value(v) for k, v in copy} == latest

@@ -207,6 +207,19 @@ def test_checkpoint_opens_as_a_point_in_time_copy(opener: Opener, tmp_path: Path
         engine.checkpoint(tmp_path / "copy")
 
 
+def test_start_checkpoint_captures_at_the_call_and_finishes_after_later_writes(opener: Opener, tmp_path: Path) -> None:
+    engine = opener(LONG_KEY)
+    engine.apply(P1, [(k, b"old") for k in range(100)])
+    pending = engine.start_checkpoint(tmp_path / "copy")  # under the caller's write lock: brief
+    assert pending.position == P1
+    engine.apply(P2, [(k, b"new") for k in range(50, 150)] + [(0, None)])  # writes go on before the write-out
+    engine.reset(Position("q2", -1))
+    assert pending.finish() == P1
+    copy = opener(LONG_KEY, "copy")
+    assert copy.position() == P1 and copy.count() == 100
+    assert list(copy.scan(Scan())) == [(k, b"old") for k in range(100)]
+
+
 def test_reopening_with_another_kind_or_key_schema_fails_clearly(opener: Opener) -> None:
     engine = opener(STRING_KEY)
     engine.apply(P1, [("a", b"1")])

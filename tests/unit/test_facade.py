@@ -380,3 +380,21 @@ async def test_with_every_copy_down_the_answer_is_a_503(replicated: tuple[FakeBu
         await facade.get(KeyQuery("r", "k001"))
     with pytest.raises(OwnerUnavailable):
         await facade.entries(RangeQuery("r"))
+
+
+async def test_a_catching_up_active_is_shown_so_and_its_reads_fail_over_to_the_standby(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    bus, facade = replicated
+    table = facade.view.table("r")
+    assert table is not None
+    p = table.partition_of("k007")
+    active = _active_of(bus, facade, "k007")
+    bus.owners[active].core.partitions[p].start_catch_up()  # as a gap does when the store has peers
+    assert await facade.get(KeyQuery("r", "k007")) == "v7"  # 503 partition-catching-up, then the standby
+    standby = next(u for u in bus.owners if u != active)
+    assert "get_many" in bus.owners[standby].calls
+    entry = next(e for e in (await facade.catalog())[0]["positions"] if e["partition"] == p)
+    assert entry["state"] == "catching-up" and entry["buffered"] == 0 and "rebuilt from a live peer" in entry["reason"]
+    mine = next(i for i in await facade.metadata() if i["actor"] == active)
+    assert next(x for x in mine["positions"] if x["partition"] == p)["state"] == "catching-up"

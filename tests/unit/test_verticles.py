@@ -15,6 +15,7 @@ import pytest
 from runtime.catalog import StoreSpec
 from runtime.errors import PartitionUnavailable, StoreConflict
 from runtime.ownership import ActorInfo, Endpoint
+from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
 from verticles.http import HttpVerticle
 from verticles.query import QueryVerticle
@@ -35,6 +36,7 @@ class FakeEnv:
         self.infos: list[dict[str, Any]] = []
         self.data: Path | None = None
         self.exported: list[Any] = []
+        self.peers: dict[str, Any] = {}
 
     def node_id(self) -> str:
         return "node-a"
@@ -77,6 +79,12 @@ class FakeEnv:
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         return list(self.infos)
+
+    def holders(self, store: str, partition: int) -> list[str]:
+        return list(self.peers)
+
+    def snapshot_peer(self, uuid: str) -> Any:
+        return self.peers[uuid]
 
     def http_endpoints(self) -> list[Endpoint]:
         return list(self.endpoints.values())
@@ -175,6 +183,33 @@ def test_a_restarted_query_actor_reopens_its_partitions_and_serves_at_once(tmp_p
     assert restarted.get_many([(0, "a"), (2, "zz")]) == [b"\xa1A", None]
     assert restarted.positions()[0] == {"source": "q", "batch_id": 0, "state": "serving"}
     assert (tmp_path / "s" / "u1" / "p0").is_dir()
+
+
+def test_a_restarted_query_actor_with_wiped_data_rebuilds_from_its_peer_in_the_background(tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    import pyarrow as pa
+
+    spec = kv_spec("s", partitions=2, actors=2, standbys=1)
+    peer_env, env = FakeEnv(), FakeEnv()
+    peer_env.data, env.data = tmp_path / "a", tmp_path / "b"
+    peer = QueryVerticle("u2", spec, [0, 1], peer_env)
+    first = QueryVerticle("u1", spec, [0, 1], env)
+    for actor in (first, peer):
+        for n in range(3):
+            actor.apply("q", n, {0: pa.table({"key": [f"k{n}"], "value": [str(n)]}), 1: None})
+    first.core.close()
+    shutil.rmtree(tmp_path / "b")  # the disk was wiped while the actor was down
+    again = FakeEnv(restarted=True)
+    again.data, again.peers = tmp_path / "b", {"u1": None, "u2": peer}
+    restarted = QueryVerticle("u1", spec, [0, 1], again)
+    deadline = time.monotonic() + 30
+    while any(pos["state"] != "serving" for pos in restarted.positions().values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert restarted.positions() == peer.positions()
+    assert restarted.scan([0, 1], Scan()) == peer.scan([0, 1], Scan())
+    restarted.core.close()
 
 
 def _bus() -> FakeBus:

@@ -1,0 +1,218 @@
+"""Rebuilding a copy of a partition that lost its state from a live peer, and catching it up.
+
+The query actor holding the copy drives it (``QueryCore`` starts one when a partition turns incomplete
+and the store has standbys, or when a restarted actor finds a partition it cannot serve). One catch-up:
+
+1. The partition turns ``catching-up`` (``PartitionState.start_catch_up``) and buffers every batch that
+   arrives from then on; the sink's ``apply`` returns at once, saying so.
+2. A peer holding a serving copy (active first, then standbys, from the registry's table) exports a
+   consistent snapshot at position ``p`` (``runtime.snapshots``); it is copied in chunks, checked, and
+   installed atomically in the partition's place, marked incomplete until step 3 ends.
+3. The buffered batches after ``p`` are applied in order, one per hold of the write lock (so the sink
+   never waits behind more than one batch). If the buffer does not continue from ``p`` (the peer was
+   behind the first batch buffered, or the buffer overflowed), a fresh snapshot is taken and step 2
+   repeats; the buffer is kept. Once every batch received is applied the partition is in sync and serves.
+
+If no peer can give a snapshot for ``give_up_after`` seconds the partition goes back to ``incomplete``
+(the topology-restart rebuild path remains); a new source's batch 0 ends a catch-up at once, since it
+rebuilds the partition by itself. Nothing here imports Ray: peers are reached through ``PeerSource``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from runtime.catalog import StoreSpec
+from runtime.engines import PartitionEngine, open_engine
+from runtime.engines.base import MANIFEST, write_atomically
+from runtime.errors import RiqrError
+from runtime.partition import MARKER, PartitionState
+from runtime.scan import Scan
+from runtime.snapshots import (
+    CHUNK_BYTES,
+    SnapshotCorrupt,
+    SnapshotOffer,
+    SnapshotPeer,
+    download,
+    install_directory,
+)
+
+__all__ = ["PeerSource", "RebuildSettings", "Rebuilder"]
+
+log = logging.getLogger(__name__)
+
+
+class PeerSource(Protocol):
+    """How a query actor finds and reaches the other copies of its partitions."""
+
+    def holders(self, partition: int) -> list[str]:
+        """The actors holding a copy of ``partition``, active first (from the registry's table)."""
+        ...
+
+    def peer(self, uuid: str) -> SnapshotPeer: ...
+
+
+@dataclass(frozen=True)
+class RebuildSettings:
+    """How patient a catch-up is, and the transfer's chunk size."""
+
+    chunk: int = CHUNK_BYTES
+    first_backoff: float = 0.2
+    max_backoff: float = 5.0
+    give_up_after: float = 120.0
+
+
+class Rebuilder:
+    """Runs catch-ups for the partitions of one ``QueryCore``: ``run`` is blocking (a thread per catch-up
+    in the actor; called directly by unit tests). ``lock`` is the core's write lock."""
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        me: str,
+        peers: PeerSource,
+        lock: threading.Lock,
+        directory: Path | None,
+        *,
+        settings: RebuildSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.spec = spec
+        self.me = me
+        self.peers = peers
+        self.lock = lock
+        self.directory = directory
+        self.settings = settings or RebuildSettings()
+        self._clock = clock
+        self._sleep = sleep
+
+    def run(self, state: PartitionState, generation: int) -> str:
+        """Catch ``state`` up; returns ``"in-sync"``, ``"aborted"`` (a new source took over, or another
+        catch-up started) or ``"gave-up"`` (no peer could give a snapshot in time)."""
+        fields = {"store": self.spec.name, "partition": state.partition}
+        deadline = self._clock() + self.settings.give_up_after
+        backoff = self.settings.first_backoff
+        why = "no other copy is serving"
+        while True:
+            try:
+                outcome = self._attempt(state, generation)
+            except (RiqrError, OSError) as err:
+                why = err.message if isinstance(err, RiqrError) else f"{type(err).__name__}: {err}"
+                log.warning("partition %d: copy from a peer failed: %s", state.partition, why, extra=fields)
+                outcome = "retry"
+            if outcome != "retry":
+                log.info("partition %d: catch-up %s", state.partition, outcome, extra=fields)
+                return outcome
+            if self._clock() + backoff > deadline:
+                reason = (
+                    f"it lost its state and no peer could give a copy ({why}); it is rebuilt when a batch "
+                    "arrives or the topology restarts"
+                )
+                with self.lock:
+                    state.give_up(generation, reason)
+                return "gave-up"
+            self._sleep(backoff)
+            backoff = min(backoff * 2, self.settings.max_backoff)
+
+    def _attempt(self, state: PartitionState, generation: int) -> str:
+        if state.generation != generation:
+            return "aborted"
+        found = self._open(state.partition)
+        if found is None:
+            return "retry"
+        peer, offer = found
+        incoming = self._incoming_dir(state.partition)
+        try:
+            try:
+                download(
+                    peer, offer, incoming, chunk=self.settings.chunk, cancelled=lambda: state.generation != generation
+                )
+            finally:
+                with contextlib.suppress(RiqrError):  # else the export expires by itself
+                    peer.close_snapshot(offer.token)
+            if state.generation != generation:
+                return "aborted"
+            write_atomically(incoming / MARKER, b"it was rebuilt from a peer's copy and is catching up")
+            if not self._install(state, generation, incoming):
+                return "aborted"
+        finally:
+            shutil.rmtree(incoming, ignore_errors=True)
+        log.info("partition %d: installed a peer's copy at batch %d (%d bytes); applying the batches since",
+                 state.partition, offer.position.batch_id, offer.size,
+                 extra={"store": self.spec.name, "partition": state.partition})  # fmt: skip
+        while True:
+            with self.lock:  # one batch per hold: the sink's apply never waits behind the whole buffer
+                step = state.catch_up_step(generation)
+            if step == "gap":
+                return "retry"
+            if step != "applied":
+                return step
+
+    def _open(self, partition: int) -> tuple[SnapshotPeer, SnapshotOffer] | None:
+        for uuid in self.peers.holders(partition):
+            if uuid == self.me:
+                continue
+            peer = self.peers.peer(uuid)
+            try:
+                return peer, peer.open_snapshot(partition)
+            except RiqrError as err:
+                log.info("partition %d: peer %s gives no snapshot: %s", partition, uuid, err.message)
+        return None
+
+    def _incoming_dir(self, partition: int) -> Path:
+        name = f".p{partition}.incoming-{uuidlib.uuid4().hex[:8]}"
+        if self.directory is None:
+            return Path(tempfile.mkdtemp(prefix="riqr-rebuild-")) / name
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self.directory / name
+
+    def _install(self, state: PartitionState, generation: int, incoming: Path) -> bool:
+        """Swap the copy in under the write lock (the catch-up may have been overtaken meanwhile)."""
+        kind = _kind_of(incoming)
+        target = None if self.directory is None else self.directory / f"p{state.partition}"
+        if target is not None and kind != self.spec.engine:
+            raise SnapshotCorrupt(f"the peer's copy is a {kind} engine, this store's copies are {self.spec.engine}")
+        with self.lock:
+            if state.generation != generation:
+                return False
+            if target is None:
+                engine = _copy_into_memory(self.spec, kind, incoming)
+            else:
+                state.engine.close()
+                try:
+                    install_directory(incoming, target)
+                finally:  # whatever is in place now (the copy, or the old directory) is what the partition has
+                    engine = state.engine = open_engine(self.spec.engine, self.spec.key, target)
+            state.install(engine, generation)
+            return True
+
+
+def _kind_of(directory: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((directory / MANIFEST).read_text())["kind"])
+    except (OSError, ValueError, KeyError) as err:
+        raise SnapshotCorrupt(f"the peer's copy has no readable {MANIFEST}: {err}") from None
+
+
+def _copy_into_memory(spec: StoreSpec, kind: str, incoming: Path) -> PartitionEngine:
+    """A copy for a partition kept in memory only: its rows read out of the copied directory."""
+    source = open_engine(kind, spec.key, incoming)
+    try:
+        engine = open_engine("memory", spec.key, None)
+        engine.apply(source.position(), list(source.scan(Scan())))
+        return engine
+    finally:
+        source.close()

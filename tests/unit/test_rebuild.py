@@ -1,0 +1,241 @@
+"""Rebuilding a copy that lost its state from a live peer, without Ray: the copy buffers batches while it
+copies, installs the peer's snapshot at p, applies the batches after p, and only then serves. The peer
+is another ``QueryCore`` in-process; the catch-up runs when the test says (``spawn`` collects it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from runtime.codec import decode_value
+from runtime.errors import PartitionCatchingUp, PartitionUnavailable
+from runtime.partition import CATCHING_UP, INCOMPLETE, MARKER, SERVING
+from runtime.query import QueryCore
+from runtime.rebuild import RebuildSettings
+from runtime.scan import Scan
+from runtime.snapshots import SnapshotOffer
+from tests.unit.fakes import kv_spec
+
+
+def batch(n: int, tag: str = "") -> dict[int, pa.Table]:
+    """Batch ``n``: sets key k<n> to n and bumps the shared key ``last`` (so order and gaps show)."""
+    return {0: pa.table({"key": [f"k{n}", "last"], "value": [f"{n}{tag}", f"{n}{tag}"]})}
+
+
+class Peer:
+    """A ``SnapshotPeer`` over a core; ``during_copy`` runs before the first chunk of each copy."""
+
+    def __init__(self, core: QueryCore) -> None:
+        self.core = core
+        self.opens = 0
+        self.during_copy: Callable[[], None] = lambda: None
+        self._reads = 0
+
+    def open_snapshot(self, partition: int) -> SnapshotOffer:
+        self.opens += 1
+        self._reads = 0
+        return self.core.open_snapshot(partition)
+
+    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
+        self._reads += 1
+        if self._reads == 1:
+            self.during_copy()
+        return self.core.read_snapshot(token, path, offset, length)
+
+    def close_snapshot(self, token: str) -> None:
+        self.core.close_snapshot(token)
+
+
+class Peers:
+    def __init__(self, peers: dict[str, Peer]) -> None:
+        self.peers = peers
+
+    def holders(self, partition: int) -> list[str]:
+        return ["me", *self.peers]
+
+    def peer(self, uuid: str) -> Peer:
+        return self.peers[uuid]
+
+
+class Setup:
+    """A serving peer at batch ``at`` and a copy (``me``) that has nothing, on one engine kind."""
+
+    def __init__(self, kind: str, root: Path, *, at: int = 56, volatile_copy: bool = False) -> None:
+        self.spec = dataclasses.replace(kv_spec("s", partitions=2, actors=2, standbys=1), engine=kind)
+        self.peer_core = QueryCore(self.spec, [0], directory=root / "peer")
+        for n in range(at + 1):
+            self.peer_core.apply("q", n, batch(n))
+        self.peer = Peer(self.peer_core)
+        self.jobs: list[Callable[[], object]] = []
+        self.now = [0.0]
+        self.sleeps: list[Callable[[], None]] = []
+        self.me = self.open_copy(None if volatile_copy else root / "me")
+
+    def open_copy(self, directory: Path | None, recovered: bool = False) -> QueryCore:
+        return QueryCore(
+            self.spec, [0], directory=directory, recovered=recovered, peers=Peers({"peer": self.peer}), me="me",
+            spawn=self.jobs.append, rebuild=RebuildSettings(chunk=512, first_backoff=1, max_backoff=1, give_up_after=5),
+        )  # fmt: skip
+
+    def both(self, n: int, tag: str = "") -> list[Any]:
+        """Deliver batch ``n`` like the sink: the copy (a standby here) first, then the peer."""
+        results = self.me.apply("q", n, batch(n, tag))
+        self.peer_core.apply("q", n, batch(n, tag))
+        return results
+
+    def run(self) -> object:
+        """Run the catch-up the copy started, with a fake clock: each backoff sleep runs a queued action."""
+        job = self.jobs.pop()
+        rebuilder = self.me._rebuilder
+        assert rebuilder is not None
+
+        def sleep(seconds: float) -> None:
+            self.now[0] += seconds
+            if self.sleeps:
+                self.sleeps.pop(0)()
+
+        rebuilder._clock, rebuilder._sleep = (lambda: self.now[0]), sleep
+        return job()
+
+    def contents(self, core: QueryCore) -> list[tuple[str, Any]]:
+        return [(k, decode_value(v)) for k, v in core.scan([0], Scan())]
+
+
+@pytest.fixture(params=["rocksdb", "memory"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.mark.parametrize("snapshot_at", [57, 56])
+def test_an_empty_copy_receiving_batch_57_catches_up_from_its_peer_and_only_then_serves(
+    kind: str, tmp_path: Path, snapshot_at: int
+) -> None:
+    s = Setup(kind, tmp_path)
+    [result] = s.me.apply("q", 57, batch(57))  # the gap: it has nothing, and is sent batch 57 (standby first)
+    assert result.state == CATCHING_UP and not result.applied  # the sink's apply returned at once
+    assert len(s.jobs) == 1
+    with pytest.raises(PartitionCatchingUp, match="catching-up"):
+        s.me.get_many([(0, "last")])
+
+    def ingest_during_the_copy() -> None:
+        assert s.me.positions()[0]["state"] == CATCHING_UP
+        if snapshot_at == 56:
+            s.peer_core.apply("q", 57, batch(57))  # the sink reaches the active after the standby
+        s.both(58)
+        s.both(59)
+
+    if snapshot_at == 57:
+        s.peer_core.apply("q", 57, batch(57))  # the snapshot has 57: the buffered 57 is a no-op
+    s.peer.during_copy = ingest_during_the_copy
+    assert s.run() == "in-sync" and s.peer.opens == 1
+    assert s.me.positions()[0] == {"source": "q", "batch_id": 59, "state": SERVING}
+    assert s.contents(s.me) == s.contents(s.peer_core) and ("last", "59") in s.contents(s.me)
+    assert not (tmp_path / "me" / "p0" / MARKER).exists()
+    assert s.me.apply("q", 60, batch(60))[0].applied  # in sync: batches apply directly again
+
+
+def test_a_buffer_that_does_not_continue_from_the_snapshot_makes_it_copy_again(kind: str, tmp_path: Path) -> None:
+    s = Setup(kind, tmp_path, at=54)  # the peer is behind the first batch the copy buffers
+    s.me.apply("q", 56, batch(56))
+
+    def peer_moves_on() -> None:  # while the copy backs off: the marker is in place, the peer catches up
+        assert (tmp_path / "me" / "p0" / MARKER).exists()
+        assert s.me.positions()[0]["batch_id"] == 54  # the first copy was installed, then the gap showed
+        s.peer_core.apply("q", 55, batch(55))
+        s.peer_core.apply("q", 56, batch(56))
+
+    s.sleeps.append(peer_moves_on)
+    assert s.run() == "in-sync" and s.peer.opens == 2
+    assert s.contents(s.me) == s.contents(s.peer_core)
+    assert s.me.positions()[0]["batch_id"] == 56
+
+
+def test_replays_during_a_catch_up_change_nothing(kind: str, tmp_path: Path) -> None:
+    s = Setup(kind, tmp_path)
+    s.me.apply("q", 57, batch(57))
+    s.peer_core.apply("q", 57, batch(57))
+
+    def spark_replays() -> None:
+        s.both(58)
+        s.me.apply("q", 57, batch(57, "-replayed"))  # Spark re-runs a batch after a crash: a no-op
+        s.me.apply("q", 58, batch(58, "-replayed"))
+        s.both(59)
+
+    s.peer.during_copy = spark_replays
+    assert s.run() == "in-sync"
+    assert s.contents(s.me) == s.contents(s.peer_core) and ("k58", "58") in s.contents(s.me)
+
+
+def test_a_new_sources_batch_0_ends_a_catch_up_before_or_during_the_copy(kind: str, tmp_path: Path) -> None:
+    s = Setup(kind, tmp_path)
+    s.me.apply("q", 57, batch(57))
+    [result] = s.me.apply("q2", 0, {0: pa.table({"key": ["fresh"], "value": ["new"]})})
+    assert result.applied and result.reset and result.state == SERVING
+    assert s.run() == "aborted" and s.peer.opens == 0
+    assert s.contents(s.me) == [("fresh", "new")]
+
+    s.me.apply("q2", 5, batch(5))  # a gap again: catching up, and this time batch 0 comes mid-copy
+    s.peer.during_copy = lambda: s.me.apply("q3", 0, {0: pa.table({"key": ["newer"], "value": ["x"]})})
+    assert s.run() == "aborted" and s.peer.opens == 1
+    assert s.contents(s.me) == [("newer", "x")]  # the peer's copy was not installed over it
+    assert s.me.positions()[0] == {"source": "q3", "batch_id": 0, "state": SERVING}
+    assert not list((tmp_path / "me").glob(".p0.*"))  # nothing left from the cancelled copy
+
+
+def test_without_a_serving_peer_it_gives_up_as_incomplete_and_the_next_batch_tries_again(
+    kind: str, tmp_path: Path
+) -> None:
+    s = Setup(kind, tmp_path)
+    s.peer_core.apply("q", 60, batch(60))  # the peer has a gap too: it cannot give a snapshot
+    s.me.apply("q", 57, batch(57))
+    assert s.run() == "gave-up" and s.peer.opens >= 2  # retried with backoff until give_up_after
+    state = s.me.positions()[0]
+    assert state["state"] == INCOMPLETE and "no peer could give a copy" in state["reason"]
+    with pytest.raises(PartitionUnavailable):
+        s.me.get_many([(0, "last")])
+    assert s.me.apply("q", 58, batch(58))[0].state == CATCHING_UP and len(s.jobs) == 1
+
+
+def test_a_restarted_actor_whose_data_was_wiped_rebuilds_without_waiting_for_a_batch(kind: str, tmp_path: Path) -> None:
+    s = Setup(kind, tmp_path)
+    s.me.close()
+    again = s.me = s.open_copy(tmp_path / "me", recovered=True)  # an empty directory: nothing to reopen
+    assert again.positions()[0]["state"] == "loading"
+    assert again.rebuild_unserved() == [0]
+    assert s.run() == "in-sync"
+    assert s.contents(again) == s.contents(s.peer_core) and again.positions()[0]["batch_id"] == 56
+
+
+def test_a_crash_before_catching_up_reopens_incomplete_never_serving_an_old_state(tmp_path: Path) -> None:
+    s = Setup("rocksdb", tmp_path)
+    s.me.apply("q", 57, batch(57))
+    s.me.close()  # dies before its catch-up ran
+    again = s.open_copy(tmp_path / "me", recovered=True)
+    assert again.positions()[0]["state"] == INCOMPLETE
+    assert again.rebuild_unserved() == [0]
+
+
+def test_a_copy_kept_in_memory_only_is_rebuilt_from_a_durable_peer(tmp_path: Path) -> None:
+    s = Setup("rocksdb", tmp_path, volatile_copy=True)
+    s.me.apply("q", 57, batch(57))
+    s.peer.during_copy = lambda: s.peer_core.apply("q", 57, batch(57))
+    assert s.run() == "in-sync"
+    assert s.contents(s.me) == s.contents(s.peer_core)
+
+
+def test_an_overflowing_buffer_is_dropped_and_the_copy_starts_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runtime.partition
+
+    monkeypatch.setattr(runtime.partition, "BUFFER_ROWS", 3)
+    s = Setup("memory", tmp_path)
+    s.me.apply("q", 57, batch(57))
+    s.peer.during_copy = lambda: [s.both(57 + n) if n else s.peer_core.apply("q", 57, batch(57)) for n in range(4)]
+    assert s.run() == "in-sync" and s.peer.opens == 2  # batches were dropped: the first copy was not enough
+    assert s.contents(s.me) == s.contents(s.peer_core) and s.me.positions()[0]["batch_id"] == 60
