@@ -32,6 +32,7 @@ __all__ = [
     "PartitionUnavailable",
     "OwnerUnavailable",
     "PartitionIncomplete",
+    "CopyBehind",
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
@@ -201,6 +202,13 @@ class PartitionIncomplete(PartitionUnavailable):
     first one): it answers 503 rather than from partial state."""
 
     code = "partition-incomplete"
+
+
+class CopyBehind(PartitionUnavailable):
+    """Every copy of a partition that answered is older than what this facade already served from it
+    (``runtime.monotonic``); an older answer would make the store go back in time, so none is given."""
+
+    code = "copy-behind"
 
 
 class OwnerUnavailable(Unavailable):

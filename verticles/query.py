@@ -20,6 +20,7 @@ import pyarrow as pa
 from runtime import logs
 from runtime.catalog import StoreSpec
 from runtime.metrics import QUERY_METRICS, Metrics
+from runtime.monotonic import Spans
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from verticles.env import VerticleEnv
@@ -64,13 +65,16 @@ class QueryVerticle:
         """A source starts from an empty checkpoint (see ``runtime.partition``)."""
         return self.core.begin(source)
 
-    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> tuple[list[bytes | None], Spans]:
+        """Values and, per partition, what they reflect (``runtime.monotonic``)."""
         return self.core.get_many(items)
 
-    def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
+    def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None = None
+    ) -> tuple[list[tuple[Any, bytes]], Spans]:
         return self.core.scan(partitions, scan, limit)
 
-    def count(self, partitions: Sequence[int]) -> int:
+    def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         return self.core.count(partitions)
 
     def positions(self) -> dict[int, dict[str, Any]]:

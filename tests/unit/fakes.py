@@ -12,6 +12,7 @@ from runtime.catalog import StoreSpec, ValueField
 from runtime.errors import OwnerUnavailable
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema
+from runtime.monotonic import Spans
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
 from runtime.partitioner import partition_of_bytes
 from runtime.query import QueryCore
@@ -55,15 +56,17 @@ class FakeOwner:
         if self.down:
             raise OwnerUnavailable("fake owner is down", retry_after=1)
 
-    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
+    async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
         await self._enter("get_many")
         return self.core.get_many(items)
 
-    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
+    async def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None
+    ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
         await self._enter("scan")
         return self.core.scan(partitions, scan, limit)
 
-    async def count(self, partitions: Sequence[int]) -> int:
+    async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         await self._enter("count")
         return self.core.count(partitions)
 

@@ -150,7 +150,7 @@ def test_a_fresh_query_actor_serves_and_a_restarted_one_says_503_and_reports_whe
     spec = kv_spec("s", partitions=4, actors=2)
     fresh = QueryVerticle("u1", spec, [0, 2], FakeEnv())
     assert fresh.begin("q") == [0, 2]
-    assert fresh.get_many([(0, "k")]) == [None]
+    assert fresh.get_many([(0, "k")]) == ([None], {0: ("q", -1, -1)})
     assert fresh.ready() == {"uuid": "u1", "node_id": "node-a", "node_ip": "10.0.0.1"}
     env = FakeEnv(restarted=True)
     restarted = QueryVerticle("u1", spec, [0, 2], env)
@@ -172,7 +172,7 @@ def test_a_restarted_query_actor_reopens_its_partitions_and_serves_at_once(tmp_p
     again = FakeEnv(restarted=True)
     again.data = tmp_path
     restarted = QueryVerticle("u1", spec, [0, 2], again)
-    assert restarted.get_many([(0, "a"), (2, "zz")]) == [b"\xa1A", None]
+    assert restarted.get_many([(0, "a"), (2, "zz")]) == ([b"\xa1A", None], {0: ("q", 0, 0), 2: ("q", 0, 0)})
     assert restarted.positions()[0] == {"source": "q", "batch_id": 0, "state": "serving"}
     assert (tmp_path / "s" / "u1" / "p0").is_dir()
 
