@@ -106,8 +106,11 @@ class FakeBus:
             infos.append(ActorInfo(uuid, spec.name, plan.node_id or "node-a", "10.0.0.1", tuple(holdings[uuid])))
         self.state.install(table, infos)
 
-    def load(self, store: str, rows: dict[Any, Any], batch_id: int = 0, source: str = "q") -> None:
-        """Feed ``rows`` (external keys: tuples for composite keys) as one batch, like the sink would."""
+    def load(
+        self, store: str, rows: dict[Any, Any], batch_id: int = 0, source: str = "q", role: str | None = None
+    ) -> None:
+        """Feed ``rows`` (external keys: tuples for composite keys) as one batch, like the sink would; to
+        the copies in one ``role`` only when given (``"standby"``: a delivery caught halfway)."""
         table = self.state.view().tables[store]
         spec = table.spec
         keys = list(rows)
@@ -126,7 +129,7 @@ class FakeBus:
             }
         )
         split = split_by_partition(arrow, spec.partitions)
-        for uuid, slices in slices_for_owners(table, split).items():
+        for uuid, slices in slices_for_owners(table, split, role).items():
             self.owners[uuid].core.apply(source, batch_id, slices)
 
     async def fetch_view(self) -> ClusterView:
