@@ -26,7 +26,7 @@ def kv_spec(
     partitions: int = 4,
     actors: int = 2,
     rest: tuple[tuple[str, str], ...] = (),
-    standbys: int = 0,
+    standbys: int | None = 0,
 ) -> StoreSpec:
     return StoreSpec(
         name,
@@ -91,7 +91,9 @@ class FakeBus:
         self.state.register_endpoint(Endpoint("node-a", "host-a", 7400))
 
     def create_store(self, spec: StoreSpec) -> None:
-        plans = plan_placement(spec, ["node-a", "node-b"])
+        nodes = ["node-a", "node-b"]
+        spec = spec.with_standbys_for(len(nodes))  # as the registry does
+        plans = plan_placement(spec, nodes)
         uuids = []
         for _ in plans:
             self._next += 1

@@ -117,7 +117,13 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     with pytest.raises(StoreConflict):
         registry.create_store(kv_spec("s", partitions=8, actors=2))
     plain = Registry("ns", FakeEnv(), new_uuid=uuids()).create_store(kv_spec("t"))
-    assert plain.table("t").partitions[0].standbys == ()  # type: ignore[union-attr]  # none unless asked
+    assert plain.table("t").partitions[0].standbys == ()  # type: ignore[union-attr]  # 0 asked: none
+    auto = Registry("ns", FakeEnv(), new_uuid=uuids()).create_store(kv_spec("t", standbys=None))
+    assert auto.table("t").spec.standbys == 1  # type: ignore[union-attr]  # two nodes alive: one standby
+    single = FakeEnv()
+    single.nodes = ["node-a"]
+    alone = Registry("ns", single, new_uuid=uuids()).create_store(kv_spec("t", standbys=None))
+    assert alone.table("t").spec.standbys == 0  # type: ignore[union-attr]
     registry.report_ingest("s", {"state": "running", "batch_id": 3})
     registry.report_ingest("s", {"batch_id": 4})
     assert registry.status() == {"ingest": {"s": {"state": "running", "batch_id": 4}}}
