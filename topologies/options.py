@@ -23,7 +23,8 @@ __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpo
 @dataclass(frozen=True)
 class TopologyOptions:
     """``namespace`` of the riqr runtime; ``partitions``, ``actors``, ``engine`` and ``standbys`` (None:
-    1 on a multi-node cluster, else 0) of each store it creates; ``trigger``, the micro-batch interval (None: the sink's default); ``source`` of its topics."""
+    1 on a multi-node cluster, else 0) of each store it creates; ``trigger``, the micro-batch interval
+    (None: the sink's default); ``source`` of its topics."""
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_PARTITIONS

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from runtime.bus import Bus, OwnerClient
@@ -46,7 +46,7 @@ Answer = tuple[bytes | None, Span]
 Batcher = Coalescer[tuple[int, Any], Answer]
 
 
-def _per_item(owner: OwnerClient) -> Any:
+def _per_item(owner: OwnerClient) -> Callable[[list[tuple[int, Any]]], Awaitable[Sequence[Answer]]]:
     """``owner.get_many`` as the coalescer wants it: one ``(value, span of its partition)`` per item."""
 
     async def send(items: list[tuple[int, Any]]) -> Sequence[Answer]:
