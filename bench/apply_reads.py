@@ -49,7 +49,7 @@ class Reader:
         while not self._stop.is_set():
             key = key_name(2 * rng.randrange(self.keys))
             started = time.perf_counter()
-            answer = ray.get(self.handle.get_many.remote([(0, key)]))
+            answer, _ = ray.get(self.handle.get_many.remote([(0, key)]))
             assert answer[0] is not None, key
             self.samples.append((started, time.perf_counter() - started))
 

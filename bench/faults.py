@@ -239,7 +239,7 @@ def scenario_restore(sizes: list[int], engines: list[str]) -> list[tuple[str, in
                 last_key = key_name(size - 1)
 
                 def probe(self: Any, key: str = last_key) -> tuple[int, Any]:  # runs in the actor
-                    return os.getpid(), self.get_many([(0, key)])[0]
+                    return os.getpid(), self.get_many([(0, key)])[0][0]
 
                 ray.kill(handle, no_restart=False)
                 started = time.monotonic()

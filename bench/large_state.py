@@ -83,9 +83,9 @@ def main() -> None:
                       f"{rows[-1][3]:>5.0f})  on disk {rows[-1][4]:>7.0f} MB"
                       f"  ({rate:,.0f} keys/s)", file=sys.stderr, flush=True)  # fmt: skip
         probes = [0, args.keys // 2, args.keys - 1]
-        answers = raycalls.get(handle.get_many.remote([(0, key_name(i)) for i in probes]), "get_many")
+        answers, _ = raycalls.get(handle.get_many.remote([(0, key_name(i)) for i in probes]), "get_many")
         assert all(a is not None for a in answers), answers
-        count = raycalls.get(handle.count.remote([0]), "count")
+        count, _ = raycalls.get(handle.count.remote([0]), "count")
         assert count == args.keys, count
     finally:
         deploy.down(namespace)

@@ -109,7 +109,7 @@ def main() -> None:
 
         def inside(self, parts):  # runs in the query actor
             t = time.perf_counter()
-            n = len(self.core.scan(parts, Scan()))
+            n = len(self.core.scan(parts, Scan())[0])
             return n, time.perf_counter() - t
 
         n_inside, secs_inside = ray.get(owner.__ray_call__.remote(inside, parts))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from runtime.monotonic import Spans
 from runtime.ownership import ClusterView
 from runtime.scan import Scan
 
@@ -19,17 +20,21 @@ __all__ = ["OwnerClient", "Bus"]
 class OwnerClient(Protocol):
     """How a facade calls one query actor."""
 
-    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
-        """One answer per ``(partition, key)``: the packed value or None. ``PartitionUnavailable`` (with
-        the ``partitions`` it concerns) if any of those partitions cannot answer."""
+    async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
+        """One answer per ``(partition, key)`` (the packed value or None) and, per partition asked about,
+        what the answer reflects (``runtime.monotonic.Span``). ``PartitionUnavailable`` (with the
+        ``partitions`` it concerns) if any of those partitions cannot answer."""
         ...
 
-    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
-        """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order."""
+    async def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None
+    ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
+        """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order, and the
+        span of each partition."""
         ...
 
-    async def count(self, partitions: Sequence[int]) -> int:
-        """How many keys ``partitions`` hold."""
+    async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
+        """How many keys ``partitions`` hold, and the span of each."""
         ...
 
     async def positions(self) -> dict[int, dict[str, Any]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_PARTITIONS, DEFAULT_STANDBYS
@@ -45,7 +45,8 @@ class StoreSpec:
     """A store's definition.
 
     ``partitions`` is fixed for the life of the store (the partitioner depends on it); ``actors`` is how
-    many query actors share the partitions; ``standbys`` how many extra copies each partition has.
+    many query actors share the partitions; ``standbys`` how many extra copies each partition has (None:
+    decided when the store is created, by ``with_standbys_for``).
     ``value_fields`` lists the value columns: one column means values are scalars, several mean maps.
     """
 
@@ -55,7 +56,7 @@ class StoreSpec:
     kind: str = "kv"
     partitions: int = DEFAULT_PARTITIONS
     actors: int = DEFAULT_ACTORS
-    standbys: int = DEFAULT_STANDBYS
+    standbys: int | None = DEFAULT_STANDBYS
     engine: str = DEFAULT_ENGINE
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -71,9 +72,9 @@ class StoreSpec:
             )
         if self.engine not in ENGINES:
             raise SchemaError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.standbys < 0:
+        if self.standbys is not None and self.standbys < 0:
             raise SchemaError(f"standbys must not be negative, got {self.standbys}")
-        if self.standbys >= self.actors:
+        if self.standbys is not None and self.standbys >= self.actors:
             raise SchemaError(
                 f"{self.standbys} standby copies of each partition need at least {self.standbys + 1} actors, "
                 f"got {self.actors}"
@@ -82,6 +83,14 @@ class StoreSpec:
             raise SchemaError(f"store {self.name!r} needs at least one value column")
         if self.kind in WINDOWED_KINDS and (not self.key.composite or self.key.columns[-1][1].kind != "timestamp"):
             raise SchemaError(f"a {self.kind} store's key must end with the window start (a timestamp column)")
+
+    def with_standbys_for(self, alive_nodes: int) -> StoreSpec:
+        """This spec with its standbys decided: an explicit number stays; None ("auto") becomes 1 when
+        more than one node is alive and the store has more than one actor (a standby lives on another
+        actor, on another node when there is one), else 0."""
+        if self.standbys is not None:
+            return self
+        return replace(self, standbys=1 if alive_nodes > 1 and self.actors > 1 else 0)
 
     @property
     def scalar_value(self) -> bool:

@@ -43,10 +43,11 @@ DEFAULT_PORT = 7400
 # A store's layout: partitions are fixed for its life (the partitioner depends on them), actors share them.
 DEFAULT_PARTITIONS = 4
 DEFAULT_ACTORS = 2
-# Standby copies of each partition. Off by default until answers carry positions: a read that fails over
-# to a standby (fed first) and then back to its active could see the store go back by one batch
-# (docs/design.md, "Replicas").
-DEFAULT_STANDBYS = 0
+# Standby copies of each partition. None is "auto", resolved where the store is created (the registry
+# knows the nodes): 1 when more than one node is alive (and the store has more than one actor), else 0, so
+# a multi-node cluster survives the loss of an actor or a node without a 503. Reads stay monotonic across
+# copies (docs/design.md, "Replicas").
+DEFAULT_STANDBYS: int | None = None
 # Where a store keeps its partitions (docs/design.md, "Storage engines", says why rocksdb by default).
 DEFAULT_ENGINE = "rocksdb"
 # The rocksdb engine's block cache, one per query actor process and shared by its partitions: it bounds

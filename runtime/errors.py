@@ -33,6 +33,7 @@ __all__ = [
     "OwnerUnavailable",
     "PartitionIncomplete",
     "PartitionCatchingUp",
+    "CopyBehind",
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
@@ -209,6 +210,13 @@ class PartitionCatchingUp(PartitionIncomplete):
     until it is in sync, never as if it were current."""
 
     code = "partition-catching-up"
+
+
+class CopyBehind(PartitionUnavailable):
+    """Every copy of a partition that answered is older than what this facade already served from it
+    (``runtime.monotonic``); an older answer would make the store go back in time, so none is given."""
+
+    code = "copy-behind"
 
 
 class OwnerUnavailable(Unavailable):

@@ -166,6 +166,8 @@ def table_from_placement(spec: StoreSpec, uuids: Sequence[str], plans: Sequence[
     node that already holds a copy of the partition while an actor on another node is left: so a node's
     loss takes at most one copy of any partition when there are enough nodes.
     """
+    if spec.standbys is None:
+        raise ValueError(f"store {spec.name}: decide its standbys (StoreSpec.with_standbys_for) before placing it")
     owners: list[PartitionOwners] = []
     holder = {p: i for i, plan in enumerate(plans) for p in plan.partitions}
     n = len(plans)

@@ -95,6 +95,9 @@ class PartitionState:
         self._received: Position | None = None
         self.generation = 0
         position = engine.position()
+        # The position an apply or reset in progress moves to, set before any of its rows can be seen and
+        # cleared after the engine's position moved: a read that overlaps it can tell (``span``).
+        self.moving_to: Position | None = None
         self.reason = ""
         if self._marker is not None and self._marker.exists():
             self.state = INCOMPLETE
@@ -117,11 +120,30 @@ class PartitionState:
     def position(self) -> Position:
         return self.engine.position()
 
+    def span(self, before: Position) -> tuple[str | None, int, int] | None:
+        """What a read that started at ``before`` (``position()`` taken before reading rows) and has just
+        finished reflects: ``(source, lo, hi)`` (``runtime.monotonic.Span``); None if the partition changed
+        source meanwhile (a reset overlapped the read, so its rows may be neither state).
+
+        The engine moves its position after the rows are visible, so ``before`` is a lower bound. A batch's
+        rows become visible only after ``moving_to`` names it, and ``moving_to`` is cleared only after the
+        position moved, so reading ``moving_to`` then the position gives an upper bound.
+        """
+        moving = self.moving_to
+        after = moving if moving is not None else self.engine.position()
+        if after.source != before.source:
+            return None
+        return (before.source, before.batch_id, after.batch_id)
+
     def begin(self, source: str) -> bool:
         """A source starts from an empty checkpoint: a partition that never held anything is complete
         (empty) at its start. Other partitions keep what they serve until the source's batch 0."""
         if self.state == LOADING and self.engine.position() == NONE:
-            self.engine.reset(Position(source, -1))
+            self.moving_to = Position(source, -1)
+            try:
+                self.engine.reset(Position(source, -1))
+            finally:
+                self.moving_to = None
             self.state, self.reason = SERVING, ""
             return True
         return False
@@ -137,15 +159,23 @@ class PartitionState:
             log.info("partition %d: batch 0 of a new source ends its catch-up", self.partition)
             self._end_catch_up()
         if batch_id == 0 and source != position.source:
-            self.engine.reset(Position(source, -1))
-            self._clear_marker()
-            self.engine.apply(Position(source, 0), rows)
+            self.moving_to = Position(source, 0)
+            try:
+                self.engine.reset(Position(source, -1))
+                self._clear_marker()
+                self.engine.apply(Position(source, 0), rows)
+            finally:
+                self.moving_to = None
             self.state, self.reason = SERVING, ""
             return ApplyResult(self.partition, True, len(rows), reset=True)
         if source == position.source and batch_id <= position.batch_id:
             return ApplyResult(self.partition, False, 0, state=self.state)
         if self.state == SERVING and source == position.source and batch_id == position.batch_id + 1:
-            self.engine.apply(Position(source, batch_id), rows)
+            self.moving_to = Position(source, batch_id)
+            try:
+                self.engine.apply(Position(source, batch_id), rows)
+            finally:
+                self.moving_to = None
             return ApplyResult(self.partition, True, len(rows))
         self._mark_incomplete(
             batch_id,

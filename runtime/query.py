@@ -20,11 +20,12 @@ import pyarrow as pa
 
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value, encode_value
-from runtime.engines import open_engine
+from runtime.engines import Position, open_engine
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
+from runtime.monotonic import Spans
 from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, SERVING, ApplyResult, PartitionState, Rows
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
 from runtime.scan import Scan, TimeFilter
@@ -253,37 +254,72 @@ class QueryCore:
 
     # -- reads -----------------------------------------------------------------------------------------
 
-    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
-        """One answer per ``(partition, key)``: the packed value, or None when absent.
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> tuple[list[bytes | None], Spans]:
+        """One answer per ``(partition, key)`` (the packed value, or None when absent), and what each
+        partition read reflects (``runtime.monotonic``: one span per partition, not per key).
 
         If any partition asked about cannot answer, the whole call raises ``PartitionUnavailable`` naming
         those partitions (``partitions``), so the caller can ask again for the keys of the others.
         """
         states = self.partitions
-        broken = sorted({p for p, _ in items if p not in states or not states[p].serving})
+        asked = {p for p, _ in items}
+        broken = sorted(p for p in asked if p not in states or not states[p].serving)
         if broken:
             first = self._unavailable(broken[0])
             raise type(first)(first.message, **{**first.details, "partitions": broken})
-        return [states[p].engine.get(key) for p, key in items]
+        before = {p: states[p].engine.position() for p in asked}
+        values = [states[p].engine.get(key) for p, key in items]
+        return values, self._spans(before)
 
-    def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
-        """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order.
+    def _spans(self, before: Mapping[int, Position]) -> Spans:
+        """The spans of reads that started at ``before``; a partition whose source changed during the
+        read (a reset overlapped it) makes the call fail as unavailable, since its rows may be neither
+        state."""
+        spans: Spans = {}
+        moved = []
+        for p, position in before.items():
+            span = self.partitions[p].span(position)
+            if span is None:
+                moved.append(p)
+            else:
+                spans[p] = span
+        if moved:
+            raise PartitionUnavailable(
+                f"partitions {moved} of store {self.spec.name} changed source during the read (a rebuild); ask again",
+                store=self.spec.name,
+                partitions=moved,
+                retry_after=1,
+            )
+        return spans
+
+    def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None = None
+    ) -> tuple[list[tuple[Any, bytes]], Spans]:
+        """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order, and the
+        span of each partition read.
 
         The partition engines are read lazily, so a page costs its own size, not the store's.
         """
-        states = [self._partition(p) for p in partitions]
+        states = {p: self._partition(p) for p in partitions}
+        before = {p: s.engine.position() for p, s in states.items()}
         if scan.is_empty():
-            return []
-        guard = self._writing if any(not s.engine.concurrent_scans for s in states) else contextlib.nullcontext()
+            return [], self._spans(before)
+        guard = (
+            self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
+        )
         with guard:
-            runs = [s.engine.scan(scan) for s in states]
+            runs = [s.engine.scan(scan) for s in states.values()]
             merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
             if scan.times is not None:
                 merged = _window_filter(merged, scan.times)
-            return list(merged if limit is None else itertools.islice(merged, limit))
+            entries = list(merged if limit is None else itertools.islice(merged, limit))
+        return entries, self._spans(before)
 
-    def count(self, partitions: Sequence[int]) -> int:
-        return sum(self._partition(p).engine.count() for p in partitions)
+    def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
+        """How many keys ``partitions`` hold, and the span of each."""
+        states = {p: self._partition(p) for p in partitions}
+        before = {p: s.engine.position() for p, s in states.items()}
+        return sum(s.engine.count() for s in states.values()), self._spans(before)
 
     def positions(self) -> dict[int, dict[str, Any]]:
         """What each partition reflects: its source, last batch id applied, and state."""

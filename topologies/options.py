@@ -22,8 +22,9 @@ __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpo
 
 @dataclass(frozen=True)
 class TopologyOptions:
-    """``namespace`` of the riqr runtime; ``partitions``, ``actors`` and ``engine`` of each store it
-    creates; ``trigger``, the micro-batch interval (None: the sink's default); ``source`` of its topics."""
+    """``namespace`` of the riqr runtime; ``partitions``, ``actors``, ``engine`` and ``standbys`` (None:
+    1 on a multi-node cluster, else 0) of each store it creates; ``trigger``, the micro-batch interval
+    (None: the sink's default); ``source`` of its topics."""
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_PARTITIONS
@@ -31,7 +32,7 @@ class TopologyOptions:
     trigger: str | None = None
     source: SourceConfig = FILES
     engine: str = DEFAULT_ENGINE
-    standbys: int = DEFAULT_STANDBYS
+    standbys: int | None = DEFAULT_STANDBYS
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""

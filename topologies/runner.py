@@ -52,7 +52,10 @@ def run_topology(
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
     parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
     parser.add_argument(
-        "--standbys", type=int, default=DEFAULT_STANDBYS, help="standby copies of each partition (on other nodes)"
+        "--standbys",
+        type=int,
+        default=DEFAULT_STANDBYS,
+        help="standby copies of each partition (on other nodes); default 1 when the cluster has more than one node",
     )
     parser.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="where each store's partitions live")
     parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")

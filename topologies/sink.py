@@ -54,7 +54,7 @@ def store_spec_for(
     *,
     partitions: int = DEFAULT_PARTITIONS,
     actors: int = DEFAULT_ACTORS,
-    standbys: int = DEFAULT_STANDBYS,
+    standbys: int | None = DEFAULT_STANDBYS,
     kind: str = "kv",
     engine: str = DEFAULT_ENGINE,
 ) -> StoreSpec:
@@ -165,7 +165,7 @@ def materialize(
     namespace: str = DEFAULT_NAMESPACE,
     partitions: int = DEFAULT_PARTITIONS,
     actors: int = DEFAULT_ACTORS,
-    standbys: int = DEFAULT_STANDBYS,
+    standbys: int | None = DEFAULT_STANDBYS,
     engine: str = DEFAULT_ENGINE,
     trigger: str = DEFAULT_TRIGGER,
     output_mode: str | None = None,
@@ -176,7 +176,8 @@ def materialize(
     ``key`` names the key column, or a list of columns for a composite key (the first one decides the
     partition). ``value`` names the value column(s); by default every other column. The store is created
     (with its query actors) if it does not exist; ``engine`` (``rocksdb`` or ``memory``) is where its
-    partitions live. Returns the ``StreamingQuery``.
+    partitions live; ``standbys`` how many standby copies each partition has (None: 1 when the cluster
+    has more than one node, else 0, decided when the store is created). Returns the ``StreamingQuery``.
 
     ``kind="window"`` takes the output of a ``window(...)`` aggregation and ``kind="session"`` of a
     ``session_window(...)`` one: the window struct (``window_column``, by default ``window`` or

@@ -15,6 +15,7 @@ from runtime import raycalls
 from runtime.config import DEFAULT_REQUEST_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable
+from runtime.monotonic import Spans
 from runtime.ownership import ClusterView
 from runtime.scan import Scan
 
@@ -47,13 +48,15 @@ class RayOwner:
             lambda: remote(*args), f"{method} on {self.uuid}", deadline=deadline, actor=self.uuid
         )
 
-    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
+    async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
         return await self._call("get_many", items)
 
-    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
+    async def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None
+    ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
         return await self._call("scan", list(partitions), scan, limit)
 
-    async def count(self, partitions: Sequence[int]) -> int:
+    async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         return await self._call("count", list(partitions))
 
     async def positions(self) -> dict[int, dict[str, Any]]:

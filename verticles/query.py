@@ -22,6 +22,7 @@ import pyarrow as pa
 from runtime import logs
 from runtime.catalog import StoreSpec
 from runtime.metrics import QUERY_METRICS, Metrics
+from runtime.monotonic import Spans
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from runtime.snapshots import SnapshotOffer, SnapshotPeer
@@ -64,7 +65,7 @@ class QueryVerticle:
         metrics = Metrics(QUERY_METRICS)
         # Only a store with standbys has peers to rebuild from; without, a lost copy waits for the
         # topology-restart rebuild path (docs/design.md, "Durability").
-        peers = _StorePeers(env, spec.name) if spec.standbys > 0 else None
+        peers = _StorePeers(env, spec.name) if (spec.standbys or 0) > 0 else None
         self.core = QueryCore(
             spec, partitions, directory=directory, recovered=recovered, metrics=metrics, peers=peers, me=uuid
         )
@@ -88,13 +89,16 @@ class QueryVerticle:
         """A source starts from an empty checkpoint (see ``runtime.partition``)."""
         return self.core.begin(source)
 
-    def get_many(self, items: Sequence[tuple[int, Any]]) -> list[bytes | None]:
+    def get_many(self, items: Sequence[tuple[int, Any]]) -> tuple[list[bytes | None], Spans]:
+        """Values and, per partition, what they reflect (``runtime.monotonic``)."""
         return self.core.get_many(items)
 
-    def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None = None) -> list[tuple[Any, bytes]]:
+    def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None = None
+    ) -> tuple[list[tuple[Any, bytes]], Spans]:
         return self.core.scan(partitions, scan, limit)
 
-    def count(self, partitions: Sequence[int]) -> int:
+    def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         return self.core.count(partitions)
 
     def positions(self) -> dict[int, dict[str, Any]]:

@@ -89,10 +89,16 @@ class Registry:
         return self.state.view()
 
     def create_store(self, spec: StoreSpec) -> ClusterView:
-        """Create ``spec``'s query actors and publish its table; idempotent for an identical spec."""
+        """Create ``spec``'s query actors and publish its table; idempotent for an identical spec.
+
+        Standbys left to "auto" (None) are decided here, where the alive nodes are known: one per
+        partition when there is more than one node (``StoreSpec.with_standbys_for``).
+        """
         if self.state.existing(spec) is not None:
             return self.state.view()
-        plans = plan_placement(spec, self._env.alive_nodes())
+        nodes = self._env.alive_nodes()
+        spec = spec.with_standbys_for(len(nodes))
+        plans = plan_placement(spec, nodes)
         uuids = [self._new_uuid() for _ in plans]
         table = table_from_placement(spec, uuids, plans)
         holdings = table.all_owners()

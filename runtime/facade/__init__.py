@@ -8,6 +8,10 @@ the per-node facade verticle for Python callers. Its parts, each in its own modu
 * ``scatter``: scans, pages, streams and counts over all owners, merged in key order;
 * ``metadata``: the seed-000 metadata answers and the catalog.
 
+Key lookups, pages and counts share one set of high-water marks (``runtime.monotonic.Marks``): what this
+facade has served from each partition, so that it never answers from a copy older than that. Reads are
+monotonic per facade (per HTTP node, per facade verticle), not across them.
+
 Each public method takes a query value (``runtime.queries``) built at the edge, binds it against the
 store's schema here, where the schema already is, and answers in one call. Nothing here imports Ray: it
 reaches the cluster through the ``Bus`` protocol (``runtime.bus``).
@@ -29,6 +33,7 @@ from runtime.facade.scatter import ScatterGather
 from runtime.facade.view import ViewCache
 from runtime.health import ClusterProbe
 from runtime.metrics import Metrics
+from runtime.monotonic import Marks
 from runtime.ownership import ClusterView, OwnershipTable
 from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key
 from runtime.scan import Scan
@@ -59,10 +64,24 @@ class Facade:
         # This process's metrics (the HTTP verticle serves them at /metrics and mirrors them into Ray).
         self.metrics = metrics if metrics is not None else Metrics()
         self.views = ViewCache(bus, refresh_interval=refresh_interval)
-        self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics)
-        self.scatter = ScatterGather(bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page)
+        self.marks = Marks()
+        self._holders: dict[str, frozenset[str]] = {}
+        self.views.listeners.append(self._forget_replaced)
+        self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics, marks=self.marks)
+        self.scatter = ScatterGather(
+            bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page, marks=self.marks
+        )
         # /ready and /metrics look at the cluster through this: at most one look per second, shared.
         self.probe = ClusterProbe(bus, lambda: self.views.current)
+
+    def _forget_replaced(self, view: ClusterView) -> None:
+        """Drop the marks of stores that are gone or whose actors changed (dropped and created again): a new
+        store's partitions start over, possibly at a source and batch below the old marks."""
+        holders = {name: frozenset(table.all_owners()) for name, table in view.tables.items()}
+        for store in self.marks.stores() | set(self._holders):
+            if holders.get(store) != self._holders.get(store):
+                self.marks.forget(store)
+        self._holders = holders
 
     @property
     def view(self) -> ClusterView:

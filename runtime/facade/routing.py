@@ -1,5 +1,5 @@
 """Key routing: resolve a key's owner from the cached view, coalesce lookups per owner, enforce the
-request deadline.
+request deadline, and never serve a copy older than what this facade already served (``runtime.monotonic``).
 
 Concurrent lookups bound for one owner share one ``get_many`` call (``runtime.coalesce``), with one call in
 flight per owner: a query actor runs its calls one at a time anyway, so more calls in flight would only
@@ -8,28 +8,52 @@ queue there while making batches smaller (measured in docs/design.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from runtime.bus import Bus
+from runtime.bus import Bus, OwnerClient
 from runtime.catalog import StoreSpec
 from runtime.coalesce import Coalescer
 from runtime.codec import to_jsonable
 from runtime.deadline import Deadline, within
-from runtime.errors import DeadlineExceeded, KeyNotFound, OwnerUnavailable, PartitionUnavailable, RiqrError
+from runtime.errors import (
+    CopyBehind,
+    DeadlineExceeded,
+    KeyNotFound,
+    OwnerUnavailable,
+    PartitionUnavailable,
+    RiqrError,
+)
 from runtime.facade.view import ViewCache
 from runtime.metrics import Metrics
+from runtime.monotonic import Marks, Span, span_text
 from runtime.ownership import ClusterView, OwnershipTable, Route
 
-__all__ = ["KeyRouter", "route_or_unavailable", "FAILOVER_AFTER"]
+__all__ = ["KeyRouter", "route_or_unavailable", "FAILOVER_AFTER", "CATCH_UP_PAUSE"]
 
 # How long a request waits for the active owner before asking a standby (when the partition has one).
 FAILOVER_AFTER = 1.0
+# When every copy that answered is older than what this facade served, how long to wait before asking
+# them again (a copy behind is one batch delivery behind: tens of milliseconds).
+CATCH_UP_PAUSE = 0.02
 
 log = logging.getLogger(__name__)
 
-Batcher = Coalescer[tuple[int, Any], bytes | None]
+Answer = tuple[bytes | None, Span]
+Batcher = Coalescer[tuple[int, Any], Answer]
+
+
+def _per_item(owner: OwnerClient) -> Callable[[list[tuple[int, Any]]], Awaitable[Sequence[Answer]]]:
+    """``owner.get_many`` as the coalescer wants it: one ``(value, span of its partition)`` per item."""
+
+    async def send(items: list[tuple[int, Any]]) -> Sequence[Answer]:
+        values, spans = await owner.get_many(items)
+        return [(value, spans[p]) for (p, _), value in zip(items, values)]
+
+    return send
 
 
 def route_or_unavailable(table: OwnershipTable, key: Any) -> Route:
@@ -47,11 +71,21 @@ def route_or_unavailable(table: OwnershipTable, key: Any) -> Route:
 class KeyRouter:
     """Answers key lookups: one coalesced batch per owner, under the request deadline."""
 
-    def __init__(self, bus: Bus, views: ViewCache, *, timeout: float, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        views: ViewCache,
+        *,
+        timeout: float,
+        metrics: Metrics | None = None,
+        marks: Marks | None = None,
+    ) -> None:
         self._bus = bus
         self._views = views
         self.timeout = timeout
         self.metrics = metrics if metrics is not None else Metrics()
+        # What this facade has served per partition (shared with scans and counts: ``Facade`` passes one).
+        self.marks = marks if marks is not None else Marks()
         self._batchers: dict[str, Batcher] = {}
         views.listeners.append(self._forget_gone)
 
@@ -64,7 +98,7 @@ class KeyRouter:
         if batcher is None:
             sizes = self.metrics.child("riqr_coalesced_batch_size", store)  # an actor holds one store
             owner = self._bus.owner(uuid)
-            batcher = self._batchers[uuid] = Coalescer(owner.get_many, max_in_flight=1, on_send=sizes.observe)
+            batcher = self._batchers[uuid] = Coalescer(_per_item(owner), max_in_flight=1, on_send=sizes.observe)
         return batcher
 
     async def get(self, spec: StoreSpec, table: OwnershipTable, key: Any) -> Any:
@@ -72,32 +106,57 @@ class KeyRouter:
 
         The active owner is asked first; if it is dead, restarting, slower than ``FAILOVER_AFTER``, or its
         copy of the partition cannot answer, each standby is asked in turn, within the same deadline.
-        A standby that answers is in sync: it received every batch the active did, and before it.
+        An answer from a copy older than what this facade already served from the partition is refused
+        (``runtime.monotonic``) and the next copy asked; when every copy that answered was older, all are
+        asked again after ``CATCH_UP_PAUSE`` until one catches up, and at the deadline the answer is
+        ``CopyBehind`` (503), never the older value.
         """
         route = route_or_unavailable(table, key)
         deadline = Deadline.after(self.timeout)
         holders = (route.owner, *route.standbys)
-        failure: RiqrError | None = None
-        for index, uuid in enumerate(holders):
-            last = index == len(holders) - 1
-            budget = deadline if last else Deadline(min(deadline.at, time.monotonic() + FAILOVER_AFTER), self.timeout)
-            try:
-                answer = await self._ask(uuid, spec.name, route.partition, key, budget)
-            except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
-                if isinstance(err, OwnerUnavailable):
-                    self._views.refresh_soon()
-                if last:
-                    raise
-                failure = err
-                log.info("failing over from %s for partition %d: %s", uuid, route.partition, err.message)
-                continue
-            if answer is None:
-                shown = to_jsonable(spec.key.external(key))
-                raise KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
-            return answer
-        raise failure or AssertionError("a route has at least one holder")  # pragma: no cover
+        while True:
+            failure: RiqrError | None = None
+            behind: CopyBehind | None = None
+            for index, uuid in enumerate(holders):
+                last = index == len(holders) - 1
+                soon = min(deadline.at, time.monotonic() + FAILOVER_AFTER)
+                budget = deadline if last else Deadline(soon, self.timeout)
+                try:
+                    answer, span = await self._ask(uuid, spec.name, route.partition, key, budget)
+                except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
+                    if isinstance(err, OwnerUnavailable):
+                        self._views.refresh_soon()
+                    if last and behind is None:
+                        raise
+                    failure = err
+                    log.info("failing over from %s for partition %d: %s", uuid, route.partition, err.message)
+                    continue
+                if not self.marks.admit(spec.name, route.partition, span, active=index == 0):
+                    behind = self._behind(spec.name, route.partition, uuid, span)
+                    continue
+                if answer is None:
+                    shown = to_jsonable(spec.key.external(key))
+                    raise KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
+                return answer
+            if behind is None:
+                raise failure or AssertionError("a route has at least one holder")  # pragma: no cover
+            if deadline.remaining() <= CATCH_UP_PAUSE:
+                raise behind
+            await asyncio.sleep(CATCH_UP_PAUSE)
 
-    async def _ask(self, uuid: str, store: str, partition: int, key: Any, deadline: Deadline) -> bytes | None:
+    def _behind(self, store: str, partition: int, uuid: str, span: Span) -> CopyBehind:
+        mark = self.marks.get(store, partition)
+        served = "nothing" if mark is None else f"{mark.source}@{mark.batch}"
+        return CopyBehind(
+            f"every copy of partition {partition} of store {store} that answered is older than what was already "
+            f"served ({served}; {uuid} is at {span_text(span)}); an older answer would go back in time",
+            store=store,
+            partition=partition,
+            partitions=[partition],
+            retry_after=1,
+        )
+
+    async def _ask(self, uuid: str, store: str, partition: int, key: Any, deadline: Deadline) -> Answer:
         # A batch fails as a whole when one of its partitions cannot answer; a key of another partition
         # that shared the batch is asked again (once).
         for attempt in (1, 2):

@@ -4,6 +4,10 @@ Owners answer one page of a ``Scan`` per call; the facade keeps one page per own
 and merges them in chunks (``runtime.merge.merge_pages_async``), so memory stays flat whatever the size
 of the result. Every page call has the request deadline; a stream as a whole has none. A scan is all or
 nothing: if any partition has no owner the answer is a 503 listing them, never a partial result.
+
+Pages and counts are monotonic per facade, like key lookups (``runtime.monotonic``): a page or count from
+a copy older than what this facade already served from one of its partitions is refused; another copy is
+asked, or the same one again shortly, and at the deadline the answer is a 503 (``CopyBehind``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from runtime.bus import Bus
 from runtime.catalog import StoreSpec
 from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE
 from runtime.deadline import Deadline, within
-from runtime.errors import DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
+from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
 from runtime.facade.view import ViewCache
 from runtime.merge import merge_pages_async, sum_counts
+from runtime.monotonic import Marks
 from runtime.ownership import OwnershipTable
 from runtime.queries import Page, check_limit
 from runtime.scan import Scan
@@ -27,6 +32,9 @@ from runtime.windows import present
 __all__ = ["ScatterGather", "owners_or_unavailable"]
 
 RawEntry = tuple[Any, bytes]
+
+# How long to wait before asking a copy that was behind again (see ``runtime.facade.routing``).
+CATCH_UP_PAUSE = 0.02
 
 
 def _other_holders(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
@@ -40,6 +48,23 @@ def _other_holders(table: OwnershipTable, partitions: list[int], tried: frozense
         if holder is not None:
             groups.setdefault(holder, []).append(p)
     return groups
+
+
+def _actives(table: OwnershipTable, uuid: str, partitions: list[int]) -> frozenset[int]:
+    """Which of ``partitions`` ``uuid`` holds the active copy of."""
+    return frozenset(p for p in partitions if table.partitions[p].active == uuid)
+
+
+def _copy_behind(table: OwnershipTable, uuid: str, refused: list[int], marks: Marks) -> CopyBehind:
+    store = table.spec.name
+    served = ", ".join(f"{p}: {m.source}@{m.batch}" for p in refused if (m := marks.get(store, p)) is not None)
+    return CopyBehind(
+        f"the copies of partitions {refused} of store {store} on {uuid} are older than what was already "
+        f"served ({served}); an older answer would go back in time",
+        store=store,
+        partitions=refused,
+        retry_after=1,
+    )
 
 
 async def _merged(
@@ -78,12 +103,15 @@ class ScatterGather:
         timeout: float,
         page_size: int = DEFAULT_PAGE_SIZE,
         max_page: int = MAX_PAGE,
+        marks: Marks | None = None,
     ) -> None:
         self._bus = bus
         self._views = views
         self.timeout = timeout
         self.page_size = page_size
         self.max_page = max_page
+        # What this facade has served per partition (shared with key lookups: ``Facade`` passes one).
+        self.marks = marks if marks is not None else Marks()
 
     async def _call(self, awaitable: Any, what: str) -> Any:
         try:
@@ -91,6 +119,37 @@ class ScatterGather:
         except OwnerUnavailable:
             self._views.refresh_soon()
             raise
+
+    async def _admitted(
+        self,
+        table: OwnershipTable,
+        uuid: str,
+        partitions: list[int],
+        tried: frozenset[str],
+        ask: Callable[[], Any],
+        what: str,
+    ) -> Any:
+        """The answer of ``ask()`` (an owner call returning ``(answer, spans)``) once its spans are admitted.
+
+        A copy behind what this facade served is ``CopyBehind`` at once when another copy of every one of
+        ``partitions`` is left to fail over to; otherwise it is asked again after a pause, until the deadline.
+        """
+        deadline = Deadline.after(self.timeout)
+        active = _actives(table, uuid, partitions)
+        while True:
+            try:
+                answer, spans = await within(deadline, ask(), what)
+            except OwnerUnavailable:
+                self._views.refresh_soon()
+                raise
+            refused = self.marks.admit_all(table.spec.name, spans, active)
+            if not refused:
+                return answer
+            others = _other_holders(table, partitions, tried | {uuid})
+            covered = sorted(p for ps in others.values() for p in ps) == sorted(partitions)
+            if covered or deadline.remaining() <= CATCH_UP_PAUSE:
+                raise _copy_behind(table, uuid, refused, self.marks)
+            await asyncio.sleep(CATCH_UP_PAUSE)
 
     async def _owner_pages(
         self,
@@ -110,9 +169,11 @@ class ScatterGather:
         owner = self._bus.owner(uuid)
         what = f"scan page from {uuid}"
         loop = asyncio.get_running_loop()
-        pending: asyncio.Future[Any] | None = loop.create_task(
-            self._call(owner.scan(partitions, scan, page_size), what)
-        )
+
+        def fetch(scan: Scan) -> Any:
+            return self._admitted(table, uuid, partitions, tried, lambda: owner.scan(partitions, scan, page_size), what)
+
+        pending: asyncio.Future[Any] | None = loop.create_task(fetch(scan))
         try:
             while pending is not None:
                 try:
@@ -128,7 +189,7 @@ class ScatterGather:
                 pending = None
                 if len(page) == page_size:
                     scan = scan.after(page[-1][0])
-                    pending = loop.create_task(self._call(owner.scan(partitions, scan, page_size), what))
+                    pending = loop.create_task(fetch(scan))
                 yield page
         finally:
             if pending is not None and not pending.done():
@@ -205,12 +266,15 @@ class ScatterGather:
 
     async def count(self, table: OwnershipTable) -> int:
         """The number of entries over all partitions (owners hold disjoint partitions, so counts add); an
-        owner that cannot answer is replaced by standby copies of its partitions."""
+        owner that cannot answer, or whose copies are behind what this facade served, is replaced by
+        standby copies of its partitions."""
         owners = owners_or_unavailable(table)
 
         async def count_on(uuid: str, partitions: list[int], tried: frozenset[str]) -> int:
             try:
-                return await self._bus.owner(uuid).count(partitions)
+                ask = lambda: self._bus.owner(uuid).count(partitions)  # noqa: E731
+                counted: int = await self._admitted(table, uuid, partitions, tried, ask, f"count on {uuid}")
+                return counted
             except (OwnerUnavailable, PartitionUnavailable):
                 tried = tried | {uuid}
                 groups = _other_holders(table, partitions, tried)

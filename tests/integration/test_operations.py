@@ -27,8 +27,9 @@ from tests.integration.helpers import http_get, wait_for
 
 pytestmark = pytest.mark.integration
 
+# No standby: a killed actor must leave its partitions with no serving copy.
 SPEC = StoreSpec("ops", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2, actors=2,
-                 engine="memory")  # fmt: skip
+                 engine="memory", standbys=0)  # fmt: skip
 GET_ROUTE = "/stores/{store}/get/{key}"
 
 

@@ -1,5 +1,7 @@
 """Standby replicas on a real two-node Ray: placed on the other node, fed every batch, and answering
-inside the same request when the active owner is dead or restarting: lookups, scans, pages, counts."""
+inside the same request when the active owner is dead or restarting: lookups, scans, pages, counts; and
+reads that never go back in time while owners are killed again and again under batches (monotonic reads,
+runtime/monotonic.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
 from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
-from runtime.partitioner import spark_partition_sql
+from runtime.partitioner import partition_of, spark_partition_sql
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import http_get, wait_for
 from topologies.delivery import BatchDelivery
@@ -215,8 +217,99 @@ def test_a_copy_whose_data_was_wiped_is_rebuilt_from_its_peer_while_batches_and_
     assert mine == raycalls.get(peer_handle.positions.remote(), "positions")
     assert {pos["batch_id"] for pos in mine.values()} == {delivered[0]}
     partitions = list(range(SPEC.partitions))
-    copy = raycalls.get(handle.scan.remote(partitions, Scan()), "scan")
-    assert copy == raycalls.get(peer_handle.scan.remote(partitions, Scan()), "scan")
+    copy, _ = raycalls.get(handle.scan.remote(partitions, Scan()), "scan")
+    assert copy == raycalls.get(peer_handle.scan.remote(partitions, Scan()), "scan")[0]
     from runtime.codec import decode_value
 
     assert {k: decode_value(v) for k, v in copy} == latest
+
+
+def _batch(batch_id: int, users: list[int], score: int) -> pa.Table:
+    """Batch ``batch_id``: ``users`` get ``score``, as the sink would deliver it (partition column included)."""
+    parts = [partition_of(SPEC.key.type, u, SPEC.partitions) for u in users]
+    return pa.table(
+        {
+            "user": pa.array(users, pa.int64()),
+            "score": pa.array([score] * len(users), pa.int64()),
+            PARTITION_COLUMN: pa.array(parts, pa.int32()),
+        }
+    )
+
+
+def test_owners_killed_again_and_again_under_reads_and_batches_never_give_an_older_answer(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    """Every batch raises some scores and adds one user, standbys first then actives, while both query
+    actors are killed in turn (Ray restarts them). Reads fail over and come back; each reader checks that
+    nothing it sees goes back: a score lower than one it saw, a user it saw turning 404, a count that drops.
+    Wrong answers are counted, not only errors."""
+    url = runtime_ns.url
+    namespace = runtime_ns.namespace
+    actors = sorted({i["actor"] for i in http_get(f"{url}/metadata/stores/replicated")[2]["result"]})
+    stop = threading.Event()
+    delivered = [0]
+    wrong: list[str] = []
+    statuses: dict[int, int] = {}
+    failures: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            batch = 1
+            while not stop.is_set():
+                raised = [u for u in USERS if u % 8 == batch % 8]
+                store.deliver("q", batch, _batch(batch, [*raised, 1000 + batch], 100_000 + batch))
+                delivered[0] = batch
+                batch += 1
+        except BaseException as err:  # the assertion below names it
+            failures.append(err)
+
+    def read(seed: int) -> None:
+        scores: dict[int, int] = {}
+        count_seen = 0
+        i = seed
+        while not stop.is_set():
+            i += 1
+            if i % 10 == 0:
+                status, _, body = http_get(f"{url}/stores/replicated/approximate-num-entries")
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == 200:
+                    if body["result"] < count_seen:
+                        wrong.append(f"count {body['result']} after {count_seen}")
+                    count_seen = max(count_seen, body["result"])
+                continue
+            user = USERS[(i * 37) % len(USERS)] if i % 3 else 1000 + max(1, delivered[0] - i % 5)
+            status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 200:
+                if body["response"] < scores.get(user, -1):
+                    wrong.append(f"user {user}: {body['response']} after {scores[user]}")
+                scores[user] = body["response"]
+            elif status == 404 and (user in scores or user < 1000):
+                wrong.append(f"user {user}: 404 after {scores.get(user, 'the first batch')}")
+            elif status not in (404, 503):
+                wrong.append(f"user {user}: {status} {body}")
+
+    threads = [threading.Thread(target=feed, daemon=True)]
+    threads += [threading.Thread(target=read, args=(seed,), daemon=True) for seed in (0, 5)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: delivered[0] > 3 and sum(statuses.values()) > 50, what="batches and reads running")
+        for kill in range(4):
+            victim = actors[kill % len(actors)]
+            ray.kill(ray.get_actor(victim, namespace=namespace), no_restart=False)
+            seen, batches = sum(statuses.values()), delivered[0]
+            wait_for(
+                lambda seen=seen, batches=batches: sum(statuses.values()) > seen + 100 and delivered[0] > batches + 2,
+                timeout=90,
+                what=f"reads and batches after kill {kill + 1}",
+            )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=90)
+    assert failures == []
+    assert wrong == [], f"{len(wrong)} wrong answers of {sum(statuses.values())}: {wrong[:10]}"
+    answered = statuses.get(200, 0) + statuses.get(404, 0)
+    assert answered >= 0.95 * sum(statuses.values()), statuses
+    assert delivered[0] >= 10, delivered

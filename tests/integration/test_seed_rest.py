@@ -67,7 +67,8 @@ def test_metadata_for_key_is_always_one_instance_present_or_not(seeded: Runtime)
         assert result["partition"] == zlib.crc32(key.encode()) % 4
         assert result["partition"] in result["partitions"]
         assert result["state-store-names"] == ["order-count"]
-        assert result["standbys"] == [] and result["standby-partitions"] == []  # standbys are opt-in
+        # One standby by default on a multi-node cluster, on the other node.
+        assert [s["node"] for s in result["standbys"]] != [result["node"]] and len(result["standbys"]) == 1
 
 
 def test_catalog_names_kinds_and_schemas(seeded: Runtime) -> None:

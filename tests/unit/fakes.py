@@ -12,6 +12,7 @@ from runtime.catalog import StoreSpec, ValueField
 from runtime.errors import OwnerUnavailable
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema
+from runtime.monotonic import Spans
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
 from runtime.partitioner import partition_of_bytes
 from runtime.query import QueryCore
@@ -25,7 +26,7 @@ def kv_spec(
     partitions: int = 4,
     actors: int = 2,
     rest: tuple[tuple[str, str], ...] = (),
-    standbys: int = 0,
+    standbys: int | None = 0,
 ) -> StoreSpec:
     return StoreSpec(
         name,
@@ -55,15 +56,17 @@ class FakeOwner:
         if self.down:
             raise OwnerUnavailable("fake owner is down", retry_after=1)
 
-    async def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
+    async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
         await self._enter("get_many")
         return self.core.get_many(items)
 
-    async def scan(self, partitions: Sequence[int], scan: Scan, limit: int | None) -> Sequence[tuple[Any, bytes]]:
+    async def scan(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None
+    ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
         await self._enter("scan")
         return self.core.scan(partitions, scan, limit)
 
-    async def count(self, partitions: Sequence[int]) -> int:
+    async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         await self._enter("count")
         return self.core.count(partitions)
 
@@ -88,7 +91,9 @@ class FakeBus:
         self.state.register_endpoint(Endpoint("node-a", "host-a", 7400))
 
     def create_store(self, spec: StoreSpec) -> None:
-        plans = plan_placement(spec, ["node-a", "node-b"])
+        nodes = ["node-a", "node-b"]
+        spec = spec.with_standbys_for(len(nodes))  # as the registry does
+        plans = plan_placement(spec, nodes)
         uuids = []
         for _ in plans:
             self._next += 1
@@ -103,8 +108,11 @@ class FakeBus:
             infos.append(ActorInfo(uuid, spec.name, plan.node_id or "node-a", "10.0.0.1", tuple(holdings[uuid])))
         self.state.install(table, infos)
 
-    def load(self, store: str, rows: dict[Any, Any], batch_id: int = 0, source: str = "q") -> None:
-        """Feed ``rows`` (external keys: tuples for composite keys) as one batch, like the sink would."""
+    def load(
+        self, store: str, rows: dict[Any, Any], batch_id: int = 0, source: str = "q", role: str | None = None
+    ) -> None:
+        """Feed ``rows`` (external keys: tuples for composite keys) as one batch, like the sink would; to
+        the copies in one ``role`` only when given (``"standby"``: a delivery caught halfway)."""
         table = self.state.view().tables[store]
         spec = table.spec
         keys = list(rows)
@@ -123,7 +131,7 @@ class FakeBus:
             }
         )
         split = split_by_partition(arrow, spec.partitions)
-        for uuid, slices in slices_for_owners(table, split).items():
+        for uuid, slices in slices_for_owners(table, split, role).items():
             self.owners[uuid].core.apply(source, batch_id, slices)
 
     async def fetch_view(self) -> ClusterView:

@@ -39,12 +39,13 @@ class _OddValues:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._core, name)
 
-    def get_many(self, items: list[tuple[int, Any]]) -> Sequence[bytes | None]:
-        found = self._core.get_many(items)
-        return [None if raw is None else encode_value(ODD_VALUES[key]) for (_, key), raw in zip(items, found)]
+    def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Any]:
+        found, spans = self._core.get_many(items)
+        return [None if raw is None else encode_value(ODD_VALUES[key]) for (_, key), raw in zip(items, found)], spans
 
-    def scan(self, partitions: Sequence[int], scan: Any, limit: int | None) -> Sequence[tuple[Any, bytes]]:
-        return [(k, encode_value(ODD_VALUES[k])) for k, _ in self._core.scan(partitions, scan, limit)]
+    def scan(self, partitions: Sequence[int], scan: Any, limit: int | None) -> tuple[Sequence[tuple[Any, bytes]], Any]:
+        entries, spans = self._core.scan(partitions, scan, limit)
+        return [(k, encode_value(ODD_VALUES[k])) for k, _ in entries], spans
 
 
 def every_kind_bus() -> FakeBus:

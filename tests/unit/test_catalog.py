@@ -17,7 +17,7 @@ def spec(**kw: object) -> StoreSpec:
 
 def test_defaults_and_json() -> None:
     s = spec()
-    assert (s.partitions, s.actors, s.standbys, s.kind) == (4, 2, 0, "kv")
+    assert (s.partitions, s.actors, s.standbys, s.kind) == (4, 2, None, "kv")  # standbys: decided at creation
     assert s.scalar_value
     assert s.to_json() == {
         "name": "order-count",
@@ -26,9 +26,18 @@ def test_defaults_and_json() -> None:
         "value": [{"column": "count", "type": "bigint"}],
         "partitions": 4,
         "actors": 2,
-        "standbys": 0,
+        "standbys": None,
         "engine": "rocksdb",
     }
+
+
+def test_standbys_left_to_auto_are_one_on_a_multi_node_cluster_and_explicit_ones_stay() -> None:
+    assert spec().with_standbys_for(2).standbys == 1
+    assert spec().with_standbys_for(1).standbys == 0
+    assert spec().with_standbys_for(0).standbys == 0  # nodes unknown: placement is left to Ray
+    assert spec(actors=1).with_standbys_for(3).standbys == 0  # a standby needs another actor
+    assert spec(standbys=0).with_standbys_for(3).standbys == 0
+    assert spec(actors=3, standbys=2).with_standbys_for(2).standbys == 2
 
 
 @pytest.mark.parametrize(

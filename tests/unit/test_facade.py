@@ -4,6 +4,7 @@ import datetime as dt
 import pytest
 
 from runtime.errors import (
+    CopyBehind,
     DeadlineExceeded,
     InvalidParameter,
     KeyNotFound,
@@ -398,3 +399,124 @@ async def test_a_catching_up_active_is_shown_so_and_its_reads_fail_over_to_the_s
     assert entry["state"] == "catching-up" and entry["buffered"] == 0 and "rebuilt from a live peer" in entry["reason"]
     mine = next(i for i in await facade.metadata() if i["actor"] == active)
     assert next(x for x in mine["positions"] if x["partition"] == p)["state"] == "catching-up"
+
+
+# -- monotonic reads across copies (runtime/monotonic.py) ---------------------------------------------------
+
+
+def _copies(bus: FakeBus, facade: Facade, key: str) -> tuple[str, str, int]:
+    """The active and standby actors of ``key``'s partition, and the partition."""
+    table = facade.view.table("r")
+    assert table is not None
+    owners = table.partitions[table.partition_of(key)]
+    assert owners.active is not None
+    return owners.active, owners.standbys[0], table.partition_of(key)
+
+
+async def test_a_standby_ahead_then_the_active_behind_never_serves_the_older_value(
+    replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import routing
+
+    monkeypatch.setattr(routing, "CATCH_UP_PAUSE", 0.005)
+    bus, facade = replicated
+    active, standby, _ = _copies(bus, facade, "k007")
+    bus.load("r", {"k007": "new"}, batch_id=1, role="standby")  # a delivery halfway: standbys go first
+    bus.owners[active].down = True
+    assert await facade.get(KeyQuery("r", "k007")) == "new"  # failed over to the standby, at batch 1
+    bus.owners[active].down = False
+    asked = bus.owners[active].calls.count("get_many")
+    assert await facade.get(KeyQuery("r", "k007")) == "new"  # the active (batch 0) answered, and was refused
+    assert bus.owners[active].calls.count("get_many") == asked + 1
+    # With the standby gone, the active alone is asked again until it catches up: never "v7" meanwhile.
+    bus.owners[standby].down = True
+    pending = asyncio.ensure_future(facade.get(KeyQuery("r", "k007")))
+    await eventually(lambda: bus.owners[active].calls.count("get_many") > asked + 3, what="the active asked again")
+    assert not pending.done()
+    bus.load("r", {"k007": "new"}, batch_id=1, role="active")
+    assert await pending == "new"
+
+
+async def test_a_copy_that_does_not_catch_up_within_the_deadline_is_a_503_not_an_older_answer(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    bus, facade = replicated
+    facade.router.timeout = 0.2
+    active, standby, partition = _copies(bus, facade, "k007")
+    bus.load("r", {"k007": "new"}, batch_id=1, role="standby")
+    bus.owners[active].down = True
+    assert await facade.get(KeyQuery("r", "k007")) == "new"
+    bus.owners[active].down, bus.owners[standby].down = False, True
+    with pytest.raises(CopyBehind) as info:
+        await facade.get(KeyQuery("r", "k007"))
+    assert info.value.status == 503 and info.value.details["partitions"] == [partition]
+    assert "q@1" in info.value.message and "q@0" in info.value.message
+
+
+async def test_a_coalesced_batch_refuses_only_the_partition_whose_copy_is_behind(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    import pyarrow as pa
+
+    bus, facade = replicated
+    table = facade.view.table("r")
+    assert table is not None
+    active, standby, behind = _copies(bus, facade, "k007")
+    keys = [f"k{i:03d}" for i in range(300)]
+    fine = next(p for p in table.by_owner()[active] if p != behind)
+    # The standby of one partition got batch 1; the other partition of the same active is untouched.
+    bus.owners[standby].core.apply("q", 1, {behind: pa.table({"key": ["k007"], "value": ["new"]})})
+    bus.owners[active].down = True
+    assert await facade.get(KeyQuery("r", "k007")) == "new"
+    bus.owners[active].down = False
+    asked = [k for k in keys if table.partition_of(k) == fine][:3] + ["k007"]
+    before = bus.owners[active].calls.count("get_many")
+    answers = await asyncio.gather(*(facade.get(KeyQuery("r", k)) for k in asked))
+    assert answers == [f"v{int(k[1:])}" for k in asked[:3]] + ["new"]
+    assert bus.owners[active].calls.count("get_many") == before + 1  # one coalesced call for all four
+
+
+async def test_counts_and_scans_do_not_go_back_after_a_standby_answered(replicated: tuple[FakeBus, Facade]) -> None:
+    bus, facade = replicated
+    active, standby, _ = _copies(bus, facade, "k007")
+    bus.load("r", {"k007": "new", "k300": "v300"}, batch_id=1, role="standby")
+    for owner in bus.owners.values():
+        owner.down = True
+    bus.owners[standby].down = False
+    assert await facade.get(KeyQuery("r", "k007")) == "new"
+    first = await facade.count("r")  # the standby copies are at batch 1, the other actor's actives at 0
+    for owner in bus.owners.values():
+        owner.down = False
+    assert await facade.count("r") == first  # the actives behind were refused for what the standby served
+    entries = dict(await facade.entries(RangeQuery("r")))
+    assert entries["k007"] == "new"  # the active's page was refused and the scan went on on the standby
+    bus.load("r", {"k007": "new", "k300": "v300"}, batch_id=1, role="active")
+    assert await facade.count("r") == 301
+
+
+async def test_a_rebuild_seen_on_a_standby_is_not_undone_by_the_active_still_at_the_old_source(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    bus, facade = replicated
+    active, standby, _ = _copies(bus, facade, "k007")
+    assert await facade.get(KeyQuery("r", "k007")) == "v7"  # the active, at source q
+    rebuilt = {f"k{i:03d}": f"r{i}" for i in range(300)}
+    bus.load("r", rebuilt, batch_id=0, source="q2", role="standby")  # a rebuild's batch 0, standbys first
+    bus.owners[active].down = True
+    assert await facade.get(KeyQuery("r", "k007")) == "r7"
+    bus.owners[active].down = False
+    assert await facade.get(KeyQuery("r", "k007")) == "r7"  # the active at q is refused: q was left
+    bus.load("r", rebuilt, batch_id=0, source="q2", role="active")
+    assert await facade.get(KeyQuery("r", "k007")) == "r7"
+
+
+async def test_a_store_dropped_and_created_again_starts_its_marks_over(replicated: tuple[FakeBus, Facade]) -> None:
+    bus, facade = replicated
+    bus.load("r", {"k007": "w"}, batch_id=1)
+    bus.load("r", {"k007": "x"}, batch_id=2)
+    assert await facade.get(KeyQuery("r", "k007")) == "x"
+    bus.state.drop("r")
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {"k007": "y"})  # the new store's batch 0, same source name: lower than the old mark
+    await facade.views.refresh()
+    assert await facade.get(KeyQuery("r", "k007")) == "y"

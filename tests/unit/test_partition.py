@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines import open_engine
+from runtime.engines import Position, open_engine
 from runtime.keys import KeySchema
 from runtime.partition import INCOMPLETE, LOADING, LOST, SERVING, PartitionState
 
@@ -102,3 +102,25 @@ def test_a_volatile_partition_of_a_restarted_actor_is_lost() -> None:
     assert part.state == LOST and "not durable" in part.reason
     assert part.apply("q", 9, rows(a="1")).state == INCOMPLETE
     assert part.apply("q2", 0, rows(a="1")).applied and part.serving
+
+
+def test_an_apply_or_reset_names_where_it_moves_while_its_rows_may_show(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1"))
+    seen: list[tuple[Position | None, tuple[str | None, int, int] | None]] = []
+    engine_apply = part.engine.apply
+    started = [part.position()]
+
+    def watched(position: Position, batch: list[tuple[str, bytes | None]]) -> None:
+        engine_apply(position, batch)
+        # A read that started before this apply and ends now, with the new rows already visible:
+        seen.append((part.moving_to, part.span(started[0])))
+
+    part.engine.apply = watched  # type: ignore[method-assign]
+    part.apply("q", 1, rows(a="2"))
+    started[0] = part.position()
+    part.apply("r", 0, rows(a="3"))  # a new source: reset, then its batch 0
+    assert [m for m, _ in seen] == [Position("q", 1), Position("r", 0)]
+    assert seen[0][1] == ("q", 0, 1)  # the read may hold batch 1's rows: its span says so
+    assert seen[1][1] is None  # a read across a reset reflects no one state
+    assert part.moving_to is None and part.span(part.position()) == ("r", 0, 0)

@@ -3,6 +3,7 @@ import pytest
 
 from runtime.catalog import StoreSpec, ValueField
 from runtime.codec import decode_value
+from runtime.engines import Position
 from runtime.errors import PartitionIncomplete, PartitionUnavailable
 from runtime.keys import KeySchema
 from runtime.query import QueryCore, rows_from_arrow
@@ -30,13 +31,37 @@ def test_apply_get_scan_count() -> None:
         0,
         {0: pa.table({"key": ["b", "d"], "value": ["B", "D"]}), 2: pa.table({"key": ["a", "c"], "value": ["A", "C"]})},
     )
-    assert [decode_value(v) if v else v for v in core.get_many([(0, "b"), (2, "a"), (2, "zz")])] == ["B", "A", None]
-    assert [k for k, _ in core.scan([0, 2], Scan())] == ["a", "b", "c", "d"]
-    assert [k for k, _ in core.scan([0, 2], Scan.closed("b", "c"))] == ["b", "c"]
-    assert [k for k, _ in core.scan([0, 2], Scan(reverse=True), limit=3)] == ["d", "c", "b"]
-    assert [k for k, _ in core.scan([0, 2], Scan().after("b"), limit=1)] == ["c"]
-    assert core.scan([0, 2], Scan.closed("c", "b")) == []
-    assert core.count([0, 2]) == 4 and core.count([0]) == 2
+    values, spans = core.get_many([(0, "b"), (2, "a"), (2, "zz")])
+    assert [decode_value(v) if v else v for v in values] == ["B", "A", None]
+    assert spans == {0: ("q", 0, 0), 2: ("q", 0, 0)}  # one span per partition, not per key
+
+    def keys(scan: Scan, limit: int | None = None) -> list[str]:
+        entries, spans = core.scan([0, 2], scan, limit)
+        assert spans == {0: ("q", 0, 0), 2: ("q", 0, 0)}
+        return [k for k, _ in entries]
+
+    assert keys(Scan()) == ["a", "b", "c", "d"]
+    assert keys(Scan.closed("b", "c")) == ["b", "c"]
+    assert keys(Scan(reverse=True), limit=3) == ["d", "c", "b"]
+    assert keys(Scan().after("b"), limit=1) == ["c"]
+    assert keys(Scan.closed("c", "b")) == []
+    assert core.count([0, 2]) == (4, {0: ("q", 0, 0), 2: ("q", 0, 0)}) and core.count([0])[0] == 2
+
+
+def test_a_read_overlapping_an_apply_spans_both_batches_and_one_overlapping_a_reset_fails() -> None:
+    core = QueryCore(kv_spec(), [0])
+    core.apply("q", 0, {0: pa.table({"key": ["a"], "value": ["A"]})})
+    state = core.partitions[0]
+    before = state.position()
+    state.moving_to = Position("q", 1)  # batch 1 is being applied: its rows may already show
+    assert state.span(before) == ("q", 0, 1)
+    state.moving_to = Position("r", 0)  # a new source's batch 0 is resetting the partition
+    assert state.span(before) is None
+    with pytest.raises(PartitionUnavailable, match="changed source"):
+        core._spans({0: before})
+    state.moving_to = None
+    assert core.get_many([(0, "a")])[1] == {0: ("q", 0, 0)}
+    assert state.moving_to is None
 
 
 def test_empty_slices_still_advance_the_position() -> None:
@@ -52,7 +77,7 @@ def test_empty_slices_still_advance_the_position() -> None:
 def test_a_lookup_touching_a_partition_not_held_here_names_it() -> None:
     core = QueryCore(kv_spec(), [0])
     assert core.begin("q") == [0]
-    assert core.get_many([(0, "x")]) == [None]
+    assert core.get_many([(0, "x")]) == ([None], {0: ("q", -1, -1)})
     with pytest.raises(PartitionUnavailable) as info:
         core.get_many([(0, "x"), (1, "y"), (3, "z")])
     assert info.value.details["partitions"] == [1, 3]
@@ -65,7 +90,7 @@ def test_a_new_partition_answers_503_until_its_first_batch() -> None:
     with pytest.raises(PartitionIncomplete, match="first batch"):
         core.get_many([(0, "k")])
     core.apply("q", 0, {0: pa.table({"key": ["k"], "value": ["v"]})})
-    assert core.get_many([(0, "k")]) != [None]
+    assert core.get_many([(0, "k")])[0] != [None]
 
 
 def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:
@@ -99,10 +124,10 @@ def test_windowed_rows_keep_the_end_and_the_time_filter_runs_on_the_owner() -> N
     )
     core = QueryCore(spec, [0, 1, 2, 3])
     core.apply("q", 0, {p: table for p in [0]} | {p: None for p in [1, 2, 3]})
-    everything = core.scan([0, 1, 2, 3], Scan())
+    everything, _ = core.scan([0, 1, 2, 3], Scan())
     assert [(k[0], unpack(v)[1]) for k, v in everything] == [("a", 1), ("a", 2)]
     micros = [spec.key.columns[1][1].coerce(x) for x in t]
-    ended_late = core.scan([0], Scan(times=TimeFilter(end_from=micros[4])))
+    ended_late, _ = core.scan([0], Scan(times=TimeFilter(end_from=micros[4])))
     assert [unpack(v) for _, v in ended_late] == [[micros[5], 2]]
-    started_early = core.scan([0], Scan(times=TimeFilter(start_to=micros[2])))
+    started_early, _ = core.scan([0], Scan(times=TimeFilter(start_to=micros[2])))
     assert [k[1] for k, _ in started_early] == [micros[0]]

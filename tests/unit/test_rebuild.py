@@ -103,7 +103,8 @@ class Setup:
         return job()
 
     def contents(self, core: QueryCore) -> list[tuple[str, Any]]:
-        return [(k, decode_value(v)) for k, v in core.scan([0], Scan())]
+        entries, _ = core.scan([0], Scan())
+        return [(k, decode_value(v)) for k, v in entries]
 
 
 @pytest.fixture(params=["rocksdb", "memory"])

@@ -125,7 +125,13 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     with pytest.raises(StoreConflict):
         registry.create_store(kv_spec("s", partitions=8, actors=2))
     plain = Registry("ns", FakeEnv(), new_uuid=uuids()).create_store(kv_spec("t"))
-    assert plain.table("t").partitions[0].standbys == ()  # type: ignore[union-attr]  # none unless asked
+    assert plain.table("t").partitions[0].standbys == ()  # type: ignore[union-attr]  # 0 asked: none
+    auto = Registry("ns", FakeEnv(), new_uuid=uuids()).create_store(kv_spec("t", standbys=None))
+    assert auto.table("t").spec.standbys == 1  # type: ignore[union-attr]  # two nodes alive: one standby
+    single = FakeEnv()
+    single.nodes = ["node-a"]
+    alone = Registry("ns", single, new_uuid=uuids()).create_store(kv_spec("t", standbys=None))
+    assert alone.table("t").spec.standbys == 0  # type: ignore[union-attr]
     registry.report_ingest("s", {"state": "running", "batch_id": 3})
     registry.report_ingest("s", {"batch_id": 4})
     assert registry.status() == {"ingest": {"s": {"state": "running", "batch_id": 4}}}
@@ -158,7 +164,7 @@ def test_a_fresh_query_actor_serves_and_a_restarted_one_says_503_and_reports_whe
     spec = kv_spec("s", partitions=4, actors=2)
     fresh = QueryVerticle("u1", spec, [0, 2], FakeEnv())
     assert fresh.begin("q") == [0, 2]
-    assert fresh.get_many([(0, "k")]) == [None]
+    assert fresh.get_many([(0, "k")]) == ([None], {0: ("q", -1, -1)})
     assert fresh.ready() == {"uuid": "u1", "node_id": "node-a", "node_ip": "10.0.0.1"}
     env = FakeEnv(restarted=True)
     restarted = QueryVerticle("u1", spec, [0, 2], env)
@@ -180,7 +186,7 @@ def test_a_restarted_query_actor_reopens_its_partitions_and_serves_at_once(tmp_p
     again = FakeEnv(restarted=True)
     again.data = tmp_path
     restarted = QueryVerticle("u1", spec, [0, 2], again)
-    assert restarted.get_many([(0, "a"), (2, "zz")]) == [b"\xa1A", None]
+    assert restarted.get_many([(0, "a"), (2, "zz")]) == ([b"\xa1A", None], {0: ("q", 0, 0), 2: ("q", 0, 0)})
     assert restarted.positions()[0] == {"source": "q", "batch_id": 0, "state": "serving"}
     assert (tmp_path / "s" / "u1" / "p0").is_dir()
 

@@ -1,0 +1,117 @@
+"""Monotonic reads across copies: what an answer reflects, and the marks a facade keeps.
+
+A partition has several copies (the active and its standbys), fed one after another: standbys first,
+then the active. At any moment one copy may be a batch ahead of another. A facade that answered from
+the copy ahead and then from the one behind would show the store going back in time (a count seen as 1,
+then a 404). So every answer from a query actor says, per partition it read, what it reflects: a
+``Span`` ``(source, lo, hi)``: the rows read are those of batch ``lo`` of ``source`` or later, and of
+batch ``hi`` or earlier (``lo < hi`` only when a batch was being applied during the read). A facade keeps
+per ``(store, partition)`` the highest batch it has served (``Marks``) and admits an answer only if its
+``lo`` is at least that mark; its ``hi`` then raises the mark. The caller asks another copy, or the same
+again shortly, for a refused answer (``runtime.facade.routing``).
+
+Sources (a Spark query id) are not ordered: a rebuild starts a new source at batch 0. The rule, which
+relies on standbys getting every batch (the first of a new source included) before the active does:
+
+* an answer from the mark's source is compared by batch;
+* an answer from another source is admitted, and the mark moves to it, unless that source is one the
+  mark has left after the active copy had shown it (``retired``): copies only move forward, and a
+  standby at another source than the one the active showed is ahead (it got the new source first), so a
+  source left that way never comes back;
+* the one case it cannot tell: a facade whose first answer for a partition came from a standby already
+  at a new source, then from the active still at the old one, goes back once (see docs/design.md).
+
+Marks are per facade: each HTTP node and each facade verticle keeps its own, so reads are monotonic per
+facade, not across nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Span", "Spans", "Mark", "Marks", "span_text"]
+
+# What one partition's part of an answer reflects: (source, lowest batch, highest batch).
+Span = tuple[str | None, int, int]
+# Per partition read by one call to a query actor.
+Spans = dict[int, Span]
+
+
+@dataclass
+class Mark:
+    """The highest position a facade has served from one partition.
+
+    ``settled``: the active copy has answered from ``source`` (so a copy at another source is ahead).
+    ``retired``: the source the mark left after it was settled; answers from it are refused.
+    """
+
+    source: str | None
+    batch: int
+    settled: bool
+    retired: str | None = None
+
+
+def span_text(span: Span) -> str:
+    """A span as a log line or header shows it: ``source@batch`` (``source@lo-hi`` if they differ)."""
+    source, lo, hi = span
+    return f"{source}@{lo}" if lo == hi else f"{source}@{lo}-{hi}"
+
+
+class Marks:
+    """Per ``(store, partition)`` high-water marks of what one facade has served.
+
+    ``admit`` decides and records in one step; the facade runs on one event loop, so nothing interleaves.
+    """
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[str, int], Mark] = {}
+
+    def get(self, store: str, partition: int) -> Mark | None:
+        return self._marks.get((store, partition))
+
+    def admit(self, store: str, partition: int, span: Span, *, active: bool) -> bool:
+        """Whether an answer reflecting ``span`` (from the active copy or a standby) may be served; if so
+        the mark moves to it."""
+        source, lo, hi = span
+        mark = self._marks.get((store, partition))
+        if mark is None:
+            self._marks[(store, partition)] = Mark(source, hi, active)
+            return True
+        if source == mark.source:
+            if lo < mark.batch:
+                return False
+            mark.batch = max(mark.batch, hi)
+            mark.settled = mark.settled or active
+            return True
+        if source == mark.retired:
+            return False
+        retired = mark.source if mark.settled else mark.retired
+        self._marks[(store, partition)] = Mark(source, hi, active, retired)
+        return True
+
+    def admit_all(self, store: str, spans: Spans, active: frozenset[int] | set[int]) -> list[int]:
+        """``admit`` every partition of one answer; returns the partitions refused (empty: admitted).
+
+        All or nothing: if any partition is refused, no mark moves, since the answer is not served.
+        """
+        saved = {p: self._copy(store, p) for p in spans}
+        refused = [p for p, span in sorted(spans.items()) if not self.admit(store, p, span, active=p in active)]
+        if refused:
+            for p, mark in saved.items():
+                if mark is None:
+                    self._marks.pop((store, p), None)
+                else:
+                    self._marks[(store, p)] = mark
+        return refused
+
+    def _copy(self, store: str, partition: int) -> Mark | None:
+        mark = self._marks.get((store, partition))
+        return None if mark is None else Mark(mark.source, mark.batch, mark.settled, mark.retired)
+
+    def forget(self, store: str) -> None:
+        """Drop a store's marks (it was dropped or recreated: its new partitions start over)."""
+        for key in [k for k in self._marks if k[0] == store]:
+            del self._marks[key]
+
+    def stores(self) -> set[str]:
+        return {store for store, _ in self._marks}

@@ -1,0 +1,63 @@
+"""High-water marks: what a facade admits after what it served (runtime/monotonic.py)."""
+
+from runtime.monotonic import Marks, span_text
+
+
+def test_an_answer_older_than_what_was_served_is_refused_and_a_newer_one_raises_the_mark() -> None:
+    marks = Marks()
+    assert marks.admit("s", 0, ("q", 5, 5), active=False)  # a standby, fed first, is at batch 5
+    assert not marks.admit("s", 0, ("q", 4, 4), active=True)  # the active is still at 4: going back
+    assert marks.admit("s", 0, ("q", 5, 5), active=True)
+    assert marks.admit("s", 0, ("q", 7, 7), active=True)
+    assert not marks.admit("s", 0, ("q", 6, 6), active=False)
+    assert marks.get("s", 0) is not None and marks.get("s", 0).batch == 7  # type: ignore[union-attr]
+    assert marks.admit("s", 1, ("q", 0, 0), active=True)  # partitions are independent
+
+
+def test_a_read_that_overlapped_an_apply_raises_the_mark_to_its_top() -> None:
+    marks = Marks()
+    assert marks.admit("s", 0, ("q", 3, 4), active=True)  # some rows may be batch 4's
+    assert not marks.admit("s", 0, ("q", 3, 3), active=False)
+    assert marks.admit("s", 0, ("q", 4, 4), active=False)
+    assert span_text(("q", 3, 4)) == "q@3-4" and span_text(("q", 4, 4)) == "q@4"
+
+
+def test_a_new_source_is_taken_and_the_one_the_active_left_never_comes_back() -> None:
+    marks = Marks()
+    assert marks.admit("s", 0, ("old", 57, 57), active=True)
+    assert marks.admit("s", 0, ("new", 0, 0), active=False)  # the rebuild's batch 0 reached the standby first
+    assert not marks.admit("s", 0, ("old", 57, 57), active=True)  # the active has not got it yet
+    assert not marks.admit("s", 0, ("old", 58, 58), active=True)  # whatever the batch: sources do not compare
+    assert marks.admit("s", 0, ("new", 0, 0), active=True)
+    assert marks.admit("s", 0, ("newer", 0, 0), active=True)  # another rebuild
+    assert not marks.admit("s", 0, ("new", 3, 3), active=False)
+
+
+def test_a_first_answer_from_a_standby_at_a_new_source_can_be_followed_once_by_the_active_at_the_old() -> None:
+    # The case the facade cannot tell (docs/design.md): it never saw the active at "old", so "new" might be
+    # the older one. It takes the active's word once and never retires a source only a standby showed,
+    # so nothing is refused for ever.
+    marks = Marks()
+    assert marks.admit("s", 0, ("new", 0, 0), active=False)
+    assert marks.admit("s", 0, ("old", 57, 57), active=True)
+    assert marks.admit("s", 0, ("new", 0, 0), active=False)
+    assert not marks.admit("s", 0, ("old", 57, 57), active=True)  # from then on, monotonic
+    assert marks.admit("s", 0, ("new", 1, 1), active=True)
+
+
+def test_admit_all_moves_no_mark_when_one_partition_is_refused() -> None:
+    marks = Marks()
+    assert marks.admit_all("s", {0: ("q", 3, 3), 1: ("q", 3, 3)}, {0, 1}) == []
+    assert marks.admit_all("s", {0: ("q", 9, 9), 1: ("q", 2, 2), 2: ("q", 1, 1)}, set()) == [1]
+    assert marks.get("s", 0).batch == 3  # type: ignore[union-attr]
+    assert marks.get("s", 2) is None
+    assert marks.admit_all("s", {0: ("q", 4, 4), 1: ("q", 3, 3)}, frozenset()) == []
+
+
+def test_forget_drops_one_store() -> None:
+    marks = Marks()
+    marks.admit("a", 0, ("q", 9, 9), active=True)
+    marks.admit("b", 0, ("q", 9, 9), active=True)
+    marks.forget("a")
+    assert marks.stores() == {"b"}
+    assert marks.admit("a", 0, ("q", 0, 0), active=True)
