@@ -8,8 +8,9 @@ to every owner over Ray, until every owner has acknowledged it.
 * An owner that is restarting or briefly unreachable is asked again with backoff, up to
   ``delivery_timeout`` (a minute by default); only then does the batch fail, which fails the Spark query
   before it commits the batch. A replay after a restart is a no-op wherever the batch had landed.
-* The registry hears how ingest goes (``report_ingest``): the batch applied and when, partitions that
-  are not complete, or why it failed. ``GET /stores`` shows it.
+* The registry hears how ingest goes, through this process's ``Feeder`` (``topologies.feeder``, which
+  also beats for the store while its query runs): the batch applied and when, partitions that are not
+  complete, or why it failed. ``GET /stores`` shows it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from runtime.ingest import slices_for_owners, split_by_partition
 from runtime.ownership import ClusterView
 from runtime.partition import INCOMPLETE
 from topologies.checkpoint import query_id
+from topologies.feeder import Feeder, feeder_for
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
 
@@ -62,6 +64,7 @@ class BatchDelivery:
         *,
         delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
         query_name: str | None = None,
+        feeder: Feeder | None = None,
     ) -> None:
         self.spec = spec
         self.namespace = namespace
@@ -71,6 +74,7 @@ class BatchDelivery:
         self._source: str | None = None
         self._view: ClusterView | None = None
         self._handles: dict[str, Any] = {}
+        self.feeder = feeder if feeder is not None else feeder_for(namespace)
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -91,13 +95,10 @@ class BatchDelivery:
         return handle
 
     def report(self, **info: Any) -> None:
-        """Tell the registry how ingest of this store goes (best effort: never fails a batch)."""
-        try:
-            info.setdefault("at", time.time())
-            info.setdefault("query", self.query_name)
-            registry(self.namespace).report_ingest.remote(self.spec.name, info)
-        except Exception:
-            log.debug("could not report ingest state of %s", self.spec.name, exc_info=True)
+        """Tell the registry how ingest of this store goes (``runtime.feeds.FeedReport``'s fields; best
+        effort: never fails or holds up a batch)."""
+        info.setdefault("query", self.query_name)
+        self.feeder.update(self.spec.name, **info)
 
     # -- delivery -------------------------------------------------------------------------------------
 
