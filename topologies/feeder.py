@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # How long the supervisor waits for the registry to take its last words before the process exits.
 FINISH_TIMEOUT = 5.0
+_RETRY_PAUSE = 0.1
 _MAX_ERROR = 500
 
 
@@ -242,10 +243,25 @@ class Feeder:
                 reports.append(replace(feed.report, state=state, error=why, at=now))
             self._feeds.clear()
             self.closed = True
-            pending = self._submit(reports) if reports else None
         self._stop.set()
-        if pending is not None:
-            self._wait(pending, timeout)
+        if reports:
+            self._deliver(reports, timeout)
+
+    def _deliver(self, reports: Sequence[FeedReport], timeout: float) -> None:
+        """Send ``reports`` until the registry takes them or ``timeout`` passes: last words are not
+        repeated by a heartbeat, and a registry that is restarting, or that this process has not yet
+        seen come back, fails a call it would take a moment later. Reports are whole states, so one
+        taken twice does no harm."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pending = self._submit(reports)
+            if pending is not None and self._wait(pending, max(deadline - time.monotonic(), 0.1)):
+                return
+            if time.monotonic() + _RETRY_PAUSE >= deadline:
+                log.warning("the registry did not take the last ingest reports of %s within %gs",
+                            [r.store for r in reports], timeout)  # fmt: skip
+                return
+            time.sleep(_RETRY_PAUSE)
 
     # -- plumbing ------------------------------------------------------------------------------------
 
@@ -261,11 +277,13 @@ class Feeder:
     def _send_now(self, reports: Sequence[FeedReport]) -> None:
         self._submit(reports)  # not waited for: the heartbeat makes up for a lost one
 
-    def _wait(self, pending: Any, timeout: float) -> None:
+    def _wait(self, pending: Any, timeout: float) -> bool:
         try:
             self._link.wait(pending, timeout)
+            return True
         except Exception:
             log.debug("the registry did not take an ingest report", exc_info=True)
+            return False
 
     def _ensure_beating(self) -> None:
         with self._lock:

@@ -23,6 +23,7 @@ class FakeLink:
         self.sent: list[list[FeedReport]] = []
         self.down = False
         self.waited = 0
+        self.lost = 0  # calls the registry fails after they were sent
 
     def submit(self, reports: Sequence[FeedReport]) -> Any:
         if self.down:
@@ -32,6 +33,9 @@ class FakeLink:
 
     def wait(self, pending: Any, timeout: float) -> None:
         self.waited += 1
+        if self.lost > 0:
+            self.lost -= 1
+            raise RuntimeError("ActorUnavailableError: the registry is restarting")
 
     def last(self) -> dict[str, FeedReport]:
         return {r.store: r for r in self.sent[-1]}
@@ -159,6 +163,15 @@ def test_finish_says_stopped_or_names_the_failed_query_then_nothing_more() -> No
     other.update("c", state="running")
     other.finish()
     assert link.last()["c"].state == "stopped"
+
+
+def test_last_words_are_sent_again_until_the_registry_takes_them() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running")
+    link.lost = 2  # a registry restarting, or one this process has not yet seen come back
+    feeder.finish(timeout=5.0)
+    assert [[r.state for r in sent] for sent in link.sent[-3:]] == [["stopped"]] * 3 and link.lost == 0
 
 
 def test_the_heartbeat_thread_beats_until_finished() -> None:
