@@ -31,6 +31,9 @@ __all__ = [
     "MAX_KEY_CHARS",
     "MAX_BODY_BYTES",
     "VIEW_REFRESH_INTERVAL",
+    "FEED_HEARTBEAT_INTERVAL",
+    "FEED_STALE_AFTER",
+    "FEED_SAVE_INTERVAL",
     "RuntimeConfig",
     "riqr_home",
     "REGISTRY_NAME",
@@ -76,6 +79,14 @@ MAX_BODY_BYTES = 1024
 DEFAULT_TRIGGER = "250 milliseconds"
 # How often a facade compares its cached view's epoch with the registry's.
 VIEW_REFRESH_INTERVAL = 1.0
+# How often a topology process tells the registry that the stores it feeds are still fed, and how long
+# the registry waits without hearing it before it calls a feed stale (/ready 503): three missed beats, so
+# one slow or lost call does not flip readiness (docs/operations.md, "Probes").
+FEED_HEARTBEAT_INTERVAL = 2.0
+FEED_STALE_AFTER = 3 * FEED_HEARTBEAT_INTERVAL
+# The registry writes its ingest records to disk at once when a feed's state changes, and otherwise
+# (batch progress) at most this often.
+FEED_SAVE_INTERVAL = 5.0
 REGISTRY_NAME = "riqr-registry"
 
 

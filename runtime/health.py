@@ -1,12 +1,13 @@
 """Readiness and the cluster's metrics, from one cheap, shared look at the cluster.
 
 ``/ready`` must answer whether every partition of every store has a copy that serves and whether every
-store's ingest runs. The cached ``ClusterView`` says who owns what, but not whether an owner is alive or
-its copy complete: only the query actor knows. So a ``ClusterProbe`` takes a ``ClusterSnapshot``: the
-cached view (no registry call), the registry's ingest status (one call) and each query actor's
-``stats()`` (one call per actor, in parallel, each with a short deadline, ``PROBE_DEADLINE``). Snapshots
-are reused for ``PROBE_MAX_AGE`` seconds and concurrent callers share one in flight, so however often
-load balancers probe and Prometheus scrapes, a node asks each actor at most about once a second.
+store's ingest runs (the registry judges a feed's liveness by its heartbeats: ``runtime.feeds``). The
+cached ``ClusterView`` says who owns what, but not whether an owner is alive or its copy complete: only
+the query actor knows. So a ``ClusterProbe`` takes a ``ClusterSnapshot``: the cached view (no registry
+call), the registry's ingest status (one call) and each query actor's ``stats()`` (one call per actor,
+in parallel, each with a short deadline, ``PROBE_DEADLINE``). Snapshots are reused for ``PROBE_MAX_AGE``
+seconds and concurrent callers share one in flight, so however often load balancers probe and Prometheus
+scrapes, a node asks each actor at most about once a second.
 
 ``readiness`` and ``cluster_families`` are pure functions of a snapshot; unit tests feed them values.
 """
@@ -23,6 +24,7 @@ from prometheus_client.core import Metric
 
 from runtime.bus import Bus
 from runtime.errors import RiqrError
+from runtime.feeds import UNREADY_STATES
 from runtime.metrics import BY_NAME, CLUSTER_METRICS, QUERY_METRICS, MetricDef
 from runtime.ownership import ClusterView
 from runtime.partition import SERVING
@@ -155,8 +157,12 @@ class Readiness:
 
 def readiness(snapshot: ClusterSnapshot) -> Readiness:
     """Ready when every partition of every store has a serving copy (active or standby) and no store's
-    ingest failed. A store whose sink never reported (or a registry that cannot be asked) does not make
-    the node unready: a restarted registry forgets ingest reports until the next batch."""
+    feed failed or went silent (``runtime.feeds.UNREADY_STATES``: ``failed``, ``stale``).
+
+    A store that nothing ever fed, or whose feed stopped on purpose, is ready: its partitions serve what
+    they hold, and a store is created a moment before its query starts, so counting "no feeder yet" as
+    unready would flap readiness on every topology start. A registry that cannot be asked now does not
+    make a node that saw the cluster before unready either: its partitions still serve."""
     view = snapshot.view
     missing: list[dict[str, Any]] = []
     if view.epoch == 0 and snapshot.registry_error is not None:
@@ -177,8 +183,9 @@ def readiness(snapshot: ClusterSnapshot) -> Readiness:
                 entry["reason"] = first["reason"]
             missing.append(entry)
         ingest = snapshot.ingest.get(spec.name) or {}
-        if ingest.get("state") == "failed":
-            missing.append({"store": spec.name, "ingest": "failed", "reason": ingest.get("error", "unknown")})
+        if ingest.get("state") in UNREADY_STATES:
+            reason = ingest.get("reason") or ingest.get("error") or "unknown"
+            missing.append({"store": spec.name, "ingest": ingest["state"], "reason": reason})
     return Readiness(not missing, tuple(missing), len(view.tables), partitions)
 
 

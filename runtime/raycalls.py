@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, RiqrError
 
-__all__ = ["translate", "call", "call_sync", "get", "is_restarting"]
+__all__ = ["translate", "call", "call_sync", "get", "is_restarting", "is_dead"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,13 @@ def is_restarting(exc: BaseException) -> bool:
     from ray.exceptions import ActorUnavailableError
 
     return isinstance(exc, ActorUnavailableError)
+
+
+def is_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray saying the actor is dead for good (killed, out of restarts), not restarting."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError)
 
 
 def translate(exc: BaseException, what: str, *, actor: str | None = None) -> RiqrError:

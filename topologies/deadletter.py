@@ -137,13 +137,17 @@ def write_dead_letters(
         if namespace is not None:
             _report(namespace, consumer, topic, _count(directory, writer))
 
-    return (
+    query = (
         letters.writeStream.queryName(name)
         .foreachBatch(deliver)
         .option("checkpointLocation", str(checkpoint))
         .trigger(**(trigger or DEAD_LETTER_TRIGGER))
         .start()
     )
+    if namespace is not None:
+        # The total so far, from earlier runs too: a restarted topology reports it before its first bad record.
+        _report(namespace, consumer, topic, _count(directory, writer))
+    return query
 
 
 def _count(directory: Path, writer: str) -> int:
@@ -156,13 +160,11 @@ def _count(directory: Path, writer: str) -> int:
 
 
 def _report(namespace: str, consumer: str, topic: str, count: int) -> None:
-    """Best effort: a registry that cannot be told now hears the total with the next batch."""
-    try:
-        from topologies.delivery import registry
+    """Through this process's feeder, which sends the total with the store's feed now and with every
+    heartbeat (best effort: a registry that cannot be told now hears it with the next one)."""
+    from topologies.feeder import feeder_for
 
-        registry(namespace).report_ingest.remote(consumer, {"dead_letters": {topic: count}})
-    except Exception:
-        log.debug("could not report dead letters of %s", consumer, exc_info=True)
+    feeder_for(namespace).dead_letters(consumer, topic, count)
 
 
 def _files(home: Path, topic: str) -> list[Path]:

@@ -13,8 +13,9 @@ to every owner over Ray, until every owner has acknowledged it.
   copies applied it. That is safe because the buffered copy serves nothing until it has applied the
   batch, and the in-sync copies hold it durably; if the catching-up copy dies, it reopens incomplete and
   copies again from them (docs/design.md, "Rebuilding a copy from a peer").
-* The registry hears how ingest goes (``report_ingest``): the batch applied and when, partitions that
-  are not complete or catching up, or why it failed. ``GET /stores`` shows it.
+* The registry hears how ingest goes, through this process's ``Feeder`` (``topologies.feeder``, which
+  also beats for the store while its query runs): the batch applied and when, partitions that are not
+  complete, or why it failed. ``GET /stores`` shows it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from runtime.ingest import slices_for_owners, split_by_partition
 from runtime.ownership import ClusterView
 from runtime.partition import CATCHING_UP, INCOMPLETE, SERVING
 from topologies.checkpoint import query_id
+from topologies.feeder import Feeder, feeder_for
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
 
@@ -67,6 +69,7 @@ class BatchDelivery:
         *,
         delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
         query_name: str | None = None,
+        feeder: Feeder | None = None,
     ) -> None:
         self.spec = spec
         self.namespace = namespace
@@ -76,6 +79,7 @@ class BatchDelivery:
         self._source: str | None = None
         self._view: ClusterView | None = None
         self._handles: dict[str, Any] = {}
+        self.feeder = feeder if feeder is not None else feeder_for(namespace)
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -96,13 +100,10 @@ class BatchDelivery:
         return handle
 
     def report(self, **info: Any) -> None:
-        """Tell the registry how ingest of this store goes (best effort: never fails a batch)."""
-        try:
-            info.setdefault("at", time.time())
-            info.setdefault("query", self.query_name)
-            registry(self.namespace).report_ingest.remote(self.spec.name, info)
-        except Exception:
-            log.debug("could not report ingest state of %s", self.spec.name, exc_info=True)
+        """Tell the registry how ingest of this store goes (``runtime.feeds.FeedReport``'s fields; best
+        effort: never fails or holds up a batch)."""
+        info.setdefault("query", self.query_name)
+        self.feeder.update(self.spec.name, **info)
 
     # -- delivery -------------------------------------------------------------------------------------
 

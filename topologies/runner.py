@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from topologies import feeder
+
 __all__ = ["run_topology"]
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,10 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
     The signal handlers only set a flag: stopping a query is a call into the JVM, and making it from a
     handler that interrupted another such call fails with py4j's "reentrant call". So the main thread
     polls the queries (each poll a short JVM call) and stops them itself.
+
+    Before stopping them it gives the registry the topology's last word on every store it feeds
+    (``topologies.feeder.finish_all``): ``stopped`` on a signal, ``failed`` naming the query and its
+    error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running.
     """
     stop = threading.Event()
 
@@ -127,6 +133,9 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
             failed = next((q for q in queries if not q.isActive), None)
             if failed is None:
                 stop.wait(poll)
+        error = None if failed is None else failed.exception()
+        why = f"{type(error).__name__}: {error}" if error is not None else "it ended without an error"
+        feeder.finish_all(None if failed is None else failed.name, why)
         for q in queries:
             if q.isActive:
                 q.stop()
@@ -136,7 +145,6 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
     if failed is None:
         log.info("topology stopped")
         return 0
-    error = failed.exception()
     log.error("query %s stopped: %s", failed.name, error if error is not None else "it ended without an error",
               extra={"query": failed.name})  # fmt: skip
     return 1

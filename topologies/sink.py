@@ -226,6 +226,7 @@ def materialize(
         .start()
     )
     delivery.report(state="rebuilding" if plan == "rebuild" else "running", plan=plan)
+    delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     if plan == "fresh":
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)

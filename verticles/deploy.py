@@ -210,11 +210,7 @@ class RayEnv:
 
     def destroy(self, uuids: Sequence[str]) -> None:
         for uuid in uuids:
-            try:
-                handle = ray.get_actor(uuid, namespace=self.namespace)
-                raycalls.get(handle.destroy.remote(), f"deleting the data of {uuid}", timeout=_CALL_TIMEOUT)
-            except Exception:  # gone already, or its node is: its data goes with the node
-                log.warning("could not delete the data of query actor %s", uuid, exc_info=True)
+            _call_unless_dead(self.namespace, uuid, "destroy", f"deleting the data of query actor {uuid}")
         self.kill(uuids)
 
 
@@ -241,6 +237,35 @@ class RaySnapshotPeer:
     def close_snapshot(self, token: str) -> None:
         raycalls.get(self._handle.close_snapshot.remote(token), "closing a snapshot export", timeout=_CALL_TIMEOUT,
                      actor=self.uuid)  # fmt: skip
+
+
+def _call_unless_dead(namespace: str, name: str, method: str, what: str, timeout: float = _CALL_TIMEOUT) -> None:
+    """Call ``method`` of the actor ``name`` and wait, for teardown (``riqr down``, dropping a store).
+
+    An actor that is gone or dead already (killed, its node lost) is the expected case there: one line at
+    info, since a dead actor's data goes with it or stays on its node's disk. Anything else is a real
+    failure: a warning, with the traceback when the error is not one riqr knows.
+    """
+    try:
+        handle = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        log.info("%s: the actor is gone already", what, extra={"actor": name})
+        return
+    try:
+        ray.get(getattr(handle, method).remote(), timeout=timeout)
+    except Exception as exc:
+        if raycalls.is_dead(exc):
+            log.info("%s: the actor is dead already", what, extra={"actor": name})
+            return
+        try:
+            err = raycalls.translate(exc, what, actor=name)
+        except Exception:
+            log.warning("%s failed", what, exc_info=True, extra={"actor": name})
+            return
+        if err.code == "internal":
+            log.warning("%s failed: %s", what, err.message, exc_info=exc, extra={"actor": name})
+        else:
+            log.warning("%s failed: %s", what, err.message, extra={"actor": name})
 
 
 @dataclass(frozen=True)
@@ -326,10 +351,7 @@ def down(namespace: str) -> list[str]:
     """Stop every riqr actor of ``namespace``: HTTP servers first, then facades, query actors, registry."""
     names = _named_in(namespace)
     for name in [n for n in names if n.startswith("riqr-http-")]:
-        try:
-            raycalls.get(ray.get_actor(name, namespace=namespace).stop.remote(), f"stopping {name}", timeout=10)
-        except Exception:
-            log.warning("HTTP verticle %s did not stop cleanly", name, exc_info=True)
+        _call_unless_dead(namespace, name, "stop", f"stopping HTTP verticle {name}", timeout=10)
     order = sorted(names, key=lambda n: (n == REGISTRY_NAME, not n.startswith("riqr-"), n))
     env = RayEnv(namespace)
     # riqr down removes the stores' state too: new actors of a later riqr up start empty and are rebuilt

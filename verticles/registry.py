@@ -5,6 +5,10 @@ A thin shell over ``runtime.registry.RegistryState``. Creating a store also crea
 it rebuilds its tables from the query actors, which each know their store and partitions, and its
 endpoints from the HTTP verticles, and starts its epoch past any value it handed out before (epochs are
 wall-clock based on a rebuild), so facades refresh.
+
+Ingest records (``runtime.feeds.FeedBook``: each store's feed, its liveness and dead-letter totals) are not
+in the query actors, so the registry keeps them in a file under its node's data directory and reads it
+back after a restart; live feeders also re-send their whole state with every heartbeat.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from runtime import logs
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
+from runtime.config import FEED_SAVE_INTERVAL, FEED_STALE_AFTER
+from runtime.feeds import FeedBook, FeedReport, load_book, save_book
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, Placement, plan_placement, table_from_placement
 from runtime.registry import RegistryState
 from verticles.env import RegistryEnv
@@ -25,6 +32,9 @@ from verticles.env import RegistryEnv
 __all__ = ["Registry"]
 
 log = logging.getLogger(__name__)
+
+# The ingest records' file, under the namespace's data directory (no store name starts with "_").
+INGEST_FILE = Path("_registry") / "ingest.json"
 
 
 def _new_uuid() -> str:
@@ -43,6 +53,7 @@ class Registry:
         clock: Callable[[], float] = time.time,
         new_uuid: Callable[[], str] = _new_uuid,
         secrets: DeploymentSecrets | None = None,
+        stale_after: float = FEED_STALE_AFTER,
     ) -> None:
         logs.configure_from_env()
         self.namespace = namespace
@@ -51,12 +62,19 @@ class Registry:
         self._secrets = secrets if secrets is not None else DeploymentSecrets.generate()
         self._env = env
         self._new_uuid = new_uuid
+        self._clock = clock
         self.state = RegistryState()
-        # How ingest of each store goes, as its sink last reported (not part of the routing view: it
+        # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
         # changes with every batch, and no request routes by it).
-        self.ingest: dict[str, dict[str, Any]] = {}
+        data = env.data_dir()
+        self._ingest_path = data / INGEST_FILE if data is not None else None
+        self.feeds = FeedBook(stale_after)
+        self._saved_at = clock()
         if env.restarted():
             self._rebuild(int(clock() * 1000))
+            self._restore_feeds(stale_after)
+        else:
+            self._save_feeds()  # a new deployment: records left by an earlier one in this namespace go
 
     def _rebuild(self, epoch: int) -> None:
         self.state = RegistryState(epoch=epoch)
@@ -77,6 +95,26 @@ class Registry:
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
         log.warning("registry restarted; rebuilt %d stores from their query actors", len(by_store))
+
+    def _restore_feeds(self, stale_after: float) -> None:
+        if self._ingest_path is None:
+            return
+        self.feeds = load_book(self._ingest_path, self._clock(), stale_after)
+        self.feeds.keep_only(self.state.view().tables)
+        log.info("restored the ingest records of %d stores", len(self.feeds.status(self._clock())))
+
+    def _save_feeds(self, *, now: bool = True) -> None:
+        """Write the ingest records: at once (``now``), or if they changed and the last write is older
+        than ``FEED_SAVE_INTERVAL`` (batch progress, heartbeats). Failing to write is logged, not raised:
+        a feeder's report must not fail because a disk is full."""
+        due = self.feeds.dirty and self._clock() - self._saved_at >= FEED_SAVE_INTERVAL
+        if self._ingest_path is None or not (now or due):
+            return
+        try:
+            save_book(self.feeds, self._ingest_path)
+            self._saved_at = self._clock()
+        except OSError:
+            log.warning("could not write the ingest records to %s", self._ingest_path, exc_info=True)
 
     def secrets(self) -> DeploymentSecrets:
         """The deployment's cursor key and token secret (in-cluster callers are trusted: docs/security.md)."""
@@ -112,17 +150,25 @@ class Registry:
     def drop_store(self, name: str) -> list[str]:
         """Forget a store, stop its actors and delete their data."""
         uuids = self.state.drop(name)
-        self.ingest.pop(name, None)
+        if self.feeds.forget(name):
+            self._save_feeds()
         self._env.destroy(uuids)
         return uuids
 
-    def report_ingest(self, store: str, info: dict[str, Any]) -> None:
-        """The sink of ``store`` says how ingest goes (running, the batch applied and when, or failed and why)."""
-        self.ingest[store] = {**self.ingest.get(store, {}), **info}
+    def report_feeds(self, reports: Sequence[FeedReport]) -> None:
+        """A topology process says how ingest of the stores it feeds goes: a batch, a failure, a stop, or
+        its heartbeat (``runtime.feeds``). Reports for stores that are not registered are ignored."""
+        now, known = self._clock(), self.state.view().tables
+        significant = False
+        for report in reports:
+            if report.store not in known:
+                continue
+            significant = self.feeds.report(report, now) or significant
+        self._save_feeds(now=significant)
 
     def status(self) -> dict[str, Any]:
-        """What is not routing: ingest state per store."""
-        return {"ingest": dict(self.ingest)}
+        """What is not routing: each store's ingest state, with the registry's verdict on its liveness."""
+        return {"ingest": self.feeds.status(self._clock())}
 
     def register_endpoint(self, node_id: str, host: str, port: int) -> int:
         return self.state.register_endpoint(Endpoint(node_id, host, port))

@@ -124,7 +124,7 @@ _COMPONENTS: dict[str, Any] = {
             "missing": {
                 "type": "array",
                 "description": "a partition with no serving copy (store, partition, state, reason), or a store "
-                "whose ingest failed (store, ingest, reason)",
+                "whose feed failed or went stale, no heartbeat (store, ingest, reason)",
                 "items": _OBJECT,
             },
         },

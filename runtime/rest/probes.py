@@ -33,7 +33,8 @@ def _facade(request: web.Request) -> Facade:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 when every partition has a serving copy and no store's ingest failed; else 503 with what is missing."""
+    """200 when every partition has a serving copy and no store's feed failed or went stale; else 503 with what is
+    missing."""
     verdict = readiness(await _facade(request).probe.snapshot())
     return reply(request, verdict.to_json(), status=200 if verdict.ready else 503)
 

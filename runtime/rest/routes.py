@@ -195,7 +195,8 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "/ready",
         probes.ready,
-        "readiness: every partition has a serving copy and no store's ingest failed; 503 lists what is missing",
+        "readiness: every partition has a serving copy and no store's feed failed or went stale; 503 lists what "
+        "is missing",
         answer="Ready",
         errors=(503,),
         public=True,

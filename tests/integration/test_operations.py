@@ -83,6 +83,7 @@ def fed(ray_cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[Runtime, Any]
         delivery.begin("source-a")
         delivery.report(state="running", plan="fresh")
         yield runtime, delivery
+        delivery.feeder.finish()  # its heartbeat thread ends with the test
     finally:
         deploy.down(runtime.namespace)
 
@@ -137,8 +138,8 @@ def test_every_documented_metric_is_exported_and_moves(fed: tuple[Runtime, Any])
     delivery(_Frame({"a": "1", "b": "2", "c": "3"}), 0)
     wait_for(lambda: http_get(f"{url}/stores/ops/get/a")[0] == 200, timeout=30, what="key a")
     assert http_get(f"{url}/stores/ops/all")[2]["result"]
-    registry = runtime.registry()
-    registry.report_ingest.remote("ops", {"state": "running", "batch_id": 4, "at": 1.7e9, "dead_letters": {"t": 2}})
+    delivery.report(state="running", batch_id=4, at=1.7e9)
+    delivery.feeder.dead_letters("ops", "t", 2)
 
     def moved() -> str | None:
         text = _text(url)
@@ -162,7 +163,7 @@ def test_every_documented_metric_is_exported_and_moves(fed: tuple[Runtime, Any])
         return text if all(checks) else None
 
     wait_for(moved, timeout=30, what="every metric to move")
-    registry.report_ingest.remote("ops", {"state": "failed", "error": "boom"})
+    delivery.report(state="failed", error="boom")
     wait_for(
         lambda: (
             _value(t := _text(url), "riqr_ready") == 0 and _value(t, "riqr_ingest_state", store="ops", state="failed")

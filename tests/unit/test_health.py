@@ -9,7 +9,9 @@ import pytest
 
 from runtime.auth import AuthConfig, mint_token
 from runtime.facade import Facade
-from runtime.health import ClusterProbe, ClusterSnapshot, readiness
+from runtime.feeds import FeedBook, FeedReport
+from runtime.health import ClusterProbe, ClusterSnapshot, cluster_families, readiness
+from runtime.metrics import Metrics, exposition
 from runtime.ownership import ClusterView
 from runtime.rest import build_app
 from runtime.rest.openapi import openapi_document
@@ -73,6 +75,26 @@ async def test_a_failed_ingest_is_missing_with_its_error_and_a_later_batch_clear
     verdict = readiness(await _snapshot(bus))
     assert verdict.missing == ({"store": "s", "ingest": "failed", "reason": "OwnerUnavailable: gone"},)
     bus.ingest["s"] = {"state": "running", "batch_id": 1}
+    assert readiness(await _snapshot(bus)).ready
+
+
+async def test_a_feed_gone_silent_is_missing_and_stopped_or_never_fed_stores_are_ready() -> None:
+    bus = _bus()
+    bus.create_store(kv_spec("idle", partitions=2, actors=1))  # nothing ever fed it
+    bus.load("idle", {"x": "1"})
+    book = FeedBook(stale_after=6.0)
+    book.report(FeedReport("s", "run-1", "running", query="riqr-ns-s", batch_id=3), now=100.0)
+    bus.ingest = book.status(105.0)
+    assert readiness(await _snapshot(bus)).ready
+    bus.ingest = book.status(107.0)  # the topology was SIGKILLed at 100: three heartbeats missed
+    verdict = readiness(await _snapshot(bus))
+    assert [(m["store"], m["ingest"]) for m in verdict.missing] == [("s", "stale")]
+    assert "no heartbeat from riqr-ns-s" in verdict.missing[0]["reason"]
+    snapshot = await _snapshot(bus)
+    text = exposition(Metrics(()), cluster_families(snapshot)).decode()
+    assert 'riqr_ingest_state{state="stale",store="s"} 1.0' in text and "riqr_ready 0.0" in text
+    book.report(FeedReport("s", "run-1", "stopped"), now=108.0)  # stopped on purpose: not a fault
+    bus.ingest = book.status(1000.0)
     assert readiness(await _snapshot(bus)).ready
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from runtime.catalog import StoreSpec
 from runtime.errors import PartitionUnavailable, StoreConflict
+from runtime.feeds import FeedReport
 from runtime.ownership import ActorInfo, Endpoint
 from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
@@ -132,9 +133,9 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     single.nodes = ["node-a"]
     alone = Registry("ns", single, new_uuid=uuids()).create_store(kv_spec("t", standbys=None))
     assert alone.table("t").spec.standbys == 0  # type: ignore[union-attr]
-    registry.report_ingest("s", {"state": "running", "batch_id": 3})
-    registry.report_ingest("s", {"batch_id": 4})
-    assert registry.status() == {"ingest": {"s": {"state": "running", "batch_id": 4}}}
+    registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=3), FeedReport("gone", "run-1", "running")])
+    status = registry.status()["ingest"]
+    assert list(status) == ["s"] and status["s"]["batch_id"] == 3  # reports for unknown stores are ignored
     assert registry.drop_store("s") == [u for u, _, _ in env.started]
     assert env.destroyed == [u for u, _, _ in env.started] and registry.status() == {"ingest": {}}
 
@@ -158,6 +159,52 @@ def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles(
     assert view.table("lost") is None
     assert dict(view.endpoints) == env.endpoints
     assert view.actors["u2"].node_id == "node-b"
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_restarted_registry_keeps_ingest_states_and_dead_letter_totals(tmp_path: Path) -> None:
+    spec, other = kv_spec("s"), kv_spec("t")
+    env, clock = FakeEnv(), Clock()
+    env.data = tmp_path
+    registry = Registry("ns", env, clock=clock, new_uuid=uuids(), stale_after=6.0)
+    registry.create_store(spec)
+    registry.create_store(other)
+    registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=7, dead_letters={"order": 2})])
+    registry.report_feeds([FeedReport("t", "run-2", "failed", error="OwnerUnavailable: gone", batch_id=3)])
+    clock.now += 1
+    registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=8, dead_letters={"order": 2})])
+
+    # Ray restarts the registry: tables come back from the query actors, ingest records from its file.
+    infos = [{"uuid": a.uuid, "spec": {"s": spec, "t": other}[a.store], "partitions": list(a.partitions),
+              "node_id": a.node_id, "node_ip": a.node_ip} for a in registry.view().actors.values()]  # fmt: skip
+    again = FakeEnv(restarted=True)
+    again.data, again.infos = tmp_path, infos
+    clock.now += 30  # longer than the bound: the registry was down meanwhile
+    restarted = Registry("ns", again, clock=clock, stale_after=6.0)
+    ingest = restarted.status()["ingest"]
+    # A restarted registry could not hear heartbeats while down: each live feed gets one bound to beat again.
+    assert ingest["s"]["state"] == "running" and ingest["s"]["dead_letters"] == {"order": 2}
+    assert ingest["s"]["batch_id"] == 7  # batch progress is saved at most every few seconds; the heartbeat brings 8
+    assert (ingest["t"]["state"], ingest["t"]["error"], ingest["t"]["batch_id"]) == (
+        "failed",
+        "OwnerUnavailable: gone",
+        3,
+    )
+    clock.now += 7
+    assert restarted.status()["ingest"]["s"]["state"] == "stale"  # its feeder died while the registry was down
+
+    # A new deployment in the same namespace (not a restart) starts without the old records.
+    fresh = FakeEnv()
+    fresh.data = tmp_path
+    assert Registry("ns", fresh, clock=clock).status() == {"ingest": {}}
+    assert Registry("ns", again, clock=clock).status() == {"ingest": {}}
 
 
 def test_a_fresh_query_actor_serves_and_a_restarted_one_says_503_and_reports_where_it_runs() -> None:

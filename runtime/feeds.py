@@ -1,0 +1,243 @@
+"""Ingest liveness: what the registry knows about the topology processes that feed each store.
+
+A topology process (a *feeder*) tells the registry how ingest of each store it feeds goes: at start, after
+every batch, when a batch or a query fails, when it stops, and every ``FEED_HEARTBEAT_INTERVAL`` seconds
+in between (``topologies.feeder``). Every report is the feed's whole current state, so the heartbeat
+alone brings a restarted registry up to date. A feeder that is SIGKILLed, or whose node is lost, says
+nothing more: the registry calls a feed it has not heard from for ``FEED_STALE_AFTER`` seconds
+``stale``, by its own clock (no clock skew between hosts), and ``/ready`` answers 503 naming it.
+
+``FeedBook`` is the registry's record, plain Python with the clock passed in, so the rules are unit-tested
+with numbers. ``save_book`` / ``load_book`` keep it on disk (one small JSON file, replaced atomically) for
+what a heartbeat cannot bring back after a registry restart: feeds that ended (stopped, failed) or died,
+and dead-letter totals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from runtime.config import FEED_STALE_AFTER
+
+__all__ = [
+    "RUNNING",
+    "REBUILDING",
+    "STOPPED",
+    "FAILED",
+    "STALE",
+    "LIVE_STATES",
+    "REPORTED_STATES",
+    "UNREADY_STATES",
+    "FeedReport",
+    "FeedBook",
+    "save_book",
+    "load_book",
+]
+
+log = logging.getLogger(__name__)
+
+RUNNING = "running"
+REBUILDING = "rebuilding"  # running, from a fresh checkpoint that re-emits the whole state
+STOPPED = "stopped"  # ended on purpose (SIGTERM, ray job stop, query.stop())
+FAILED = "failed"  # a batch or a query failed; ``error`` says why
+STALE = "stale"  # the registry's verdict: a live feed it has not heard from within the bound
+LIVE_STATES = (RUNNING, REBUILDING)
+REPORTED_STATES = (RUNNING, REBUILDING, STOPPED, FAILED)
+# The ingest states that make /ready answer 503: the store was being fed and stopped without meaning to.
+UNREADY_STATES = (FAILED, STALE)
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class FeedReport:
+    """How one feeder's ingest into ``store`` goes, whole (not a delta).
+
+    ``feeder`` names one run of one process (host, pid and a random part), so the registry can tell a
+    new run from the old one's last words. ``at`` is the feeder's wall clock when the state last changed
+    or a batch was delivered (heartbeats do not move it). ``dead_letters`` are totals per topic.
+    """
+
+    store: str
+    feeder: str
+    state: str
+    query: str | None = None
+    at: float | None = None
+    batch_id: int | None = None
+    rows: int | None = None
+    plan: str | None = None
+    incomplete: tuple[int, ...] = ()
+    catching_up: tuple[int, ...] = ()
+    error: str | None = None
+    dead_letters: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.state not in REPORTED_STATES:
+            raise ValueError(f"ingest state {self.state!r} is not one of {', '.join(REPORTED_STATES)}")
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (catalog, the registry's file); fields without a value are left out."""
+        out: dict[str, Any] = {"state": self.state, "feeder": self.feeder}
+        for name in ("query", "at", "batch_id", "rows", "plan", "error"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.incomplete:
+            out["incomplete"] = list(self.incomplete)
+        if self.catching_up:
+            out["catching_up"] = list(self.catching_up)
+        if self.dead_letters:
+            out["dead_letters"] = dict(self.dead_letters)
+        return out
+
+    @classmethod
+    def from_json(cls, store: str, data: Mapping[str, Any]) -> FeedReport:
+        return cls(
+            store=store,
+            feeder=str(data["feeder"]),
+            state=str(data["state"]),
+            query=data.get("query"),
+            at=data.get("at"),
+            batch_id=data.get("batch_id"),
+            rows=data.get("rows"),
+            plan=data.get("plan"),
+            incomplete=tuple(int(p) for p in data.get("incomplete", ())),
+            catching_up=tuple(int(p) for p in data.get("catching_up", ())),
+            error=data.get("error"),
+            dead_letters={str(t): int(n) for t, n in (data.get("dead_letters") or {}).items()},
+        )
+
+
+# What changing makes a report worth saving at once; batch progress is saved at the registry's pace.
+_SIGNIFICANT = ("feeder", "state", "query", "plan", "error", "dead_letters")
+
+
+@dataclass(frozen=True)
+class _Feed:
+    report: FeedReport
+    heard_at: float  # the registry's clock
+
+
+class FeedBook:
+    """Every store's feed as the registry last heard it, and the verdict on each (``status``)."""
+
+    def __init__(self, stale_after: float = FEED_STALE_AFTER) -> None:
+        self.stale_after = stale_after
+        self._feeds: dict[str, _Feed] = {}
+        self.dirty = False  # changed since the last save
+
+    def __contains__(self, store: object) -> bool:
+        return store in self._feeds
+
+    def report(self, report: FeedReport, now: float) -> bool:
+        """Record ``report``, heard at ``now``; returns whether it changed something worth saving at once.
+
+        The last words of a run that is no longer the store's feeder (a ``stopped`` or ``failed`` from an
+        old run, arriving after a new run started feeding) are ignored; a live report from any run takes
+        the store over. Dead-letter totals are per topic: a report that does not mention a topic keeps
+        its last total.
+        """
+        current = self._feeds.get(report.store)
+        if current is not None and current.report.feeder != report.feeder and not report.live:
+            log.info("store %s: ignoring %s from %s, which no longer feeds it", report.store, report.state,
+                     report.feeder, extra={"store": report.store})  # fmt: skip
+            return False
+        if current is not None:
+            report = replace(report, dead_letters={**current.report.dead_letters, **report.dead_letters})
+        self._feeds[report.store] = _Feed(report, now)
+        self.dirty = True
+        if current is None:
+            return True
+        return any(getattr(current.report, f) != getattr(report, f) for f in _SIGNIFICANT)
+
+    def forget(self, store: str) -> bool:
+        """Drop a store's record (the store was dropped); whether there was one."""
+        if self._feeds.pop(store, None) is None:
+            return False
+        self.dirty = True
+        return True
+
+    def keep_only(self, stores: Collection[str]) -> None:
+        """Drop the records of stores not in ``stores`` (after a rebuild: stores that are gone)."""
+        for store in [s for s in self._feeds if s not in stores]:
+            self.forget(store)
+
+    def verdict(self, store: str, now: float) -> tuple[str, str | None] | None:
+        """``(state, reason)`` of ``store``'s feed at ``now``, or None if nothing ever fed it."""
+        feed = self._feeds.get(store)
+        if feed is None:
+            return None
+        report = feed.report
+        silent = now - feed.heard_at
+        if report.live and silent > self.stale_after:
+            who = report.query or report.feeder
+            return STALE, (
+                f"no heartbeat from {who} for {silent:.0f}s (bound {self.stale_after:g}s): "
+                "its topology process died, hangs or cannot reach the registry"
+            )
+        return report.state, report.error
+
+    def status(self, now: float) -> dict[str, dict[str, Any]]:
+        """Every store's feed as JSON: the last report, ``heard_at``, and the verdict as ``state`` (a
+        live feed gone silent is ``stale``, with ``reason`` and the ``reported`` state)."""
+        out: dict[str, dict[str, Any]] = {}
+        for store, feed in self._feeds.items():
+            entry = {**feed.report.to_json(), "heard_at": feed.heard_at}
+            state, reason = self.verdict(store, now) or (feed.report.state, None)
+            if state != feed.report.state:
+                entry.update(state=state, reported=feed.report.state, reason=reason)
+            out[store] = entry
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT,
+            "feeds": {s: {"report": f.report.to_json(), "heard_at": f.heard_at} for s, f in self._feeds.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], now: float, stale_after: float = FEED_STALE_AFTER) -> FeedBook:
+        """A book restored at ``now``: every feed counts as heard at ``now``, since a registry that was
+        down could not hear heartbeats; a feeder that is alive beats within an interval, one that died
+        while the registry was down turns stale one bound later."""
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"unknown ingest record format {data.get('format')!r}")
+        book = cls(stale_after)
+        for store, feed in data.get("feeds", {}).items():
+            book._feeds[store] = _Feed(FeedReport.from_json(store, feed["report"]), now)
+        return book
+
+
+def save_book(book: FeedBook, path: Path) -> None:
+    """Write ``book`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed), so a
+    registry killed at any instant leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(book.to_json(), out, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    book.dirty = False
+
+
+def load_book(path: Path, now: float, stale_after: float = FEED_STALE_AFTER) -> FeedBook:
+    """The book saved at ``path`` (restored at ``now``); an empty one if there is none or it is unreadable
+    (logged: losing ingest records must not keep the registry from starting)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return FeedBook.from_json(data, now, stale_after)
+    except FileNotFoundError:
+        return FeedBook(stale_after)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("ingest records at %s are unreadable (%s); starting without them", path, err)
+        return FeedBook(stale_after)

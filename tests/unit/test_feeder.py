@@ -1,0 +1,236 @@
+"""The topology process's side of ingest liveness (``topologies.feeder``), with a fake registry link and
+fakes of Spark's StreamingQuery: what a heartbeat carries, how an ended query is reported once, what the
+supervisor's last words are, and that a registry that is down never breaks or blocks the feeder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from runtime.feeds import FeedReport
+from topologies import feeder as feeder_module
+from topologies.feeder import Feeder
+from topologies.runner import supervise
+
+
+class FakeLink:
+    def __init__(self) -> None:
+        self.sent: list[list[FeedReport]] = []
+        self.down = False
+        self.waited = 0
+        self.lost = 0  # calls the registry fails after they were sent
+
+    def submit(self, reports: Sequence[FeedReport]) -> Any:
+        if self.down:
+            raise ValueError("Failed to look up actor with name 'riqr-registry'")
+        self.sent.append(list(reports))
+        return len(self.sent)
+
+    def wait(self, pending: Any, timeout: float) -> None:
+        self.waited += 1
+        if self.lost > 0:
+            self.lost -= 1
+            raise RuntimeError("ActorUnavailableError: the registry is restarting")
+
+    def last(self) -> dict[str, FeedReport]:
+        return {r.store: r for r in self.sent[-1]}
+
+
+class FakeQuery:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.active = True
+        self.error: Exception | None = None
+        self.broken = False
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 (Spark's name)
+        if self.broken:
+            raise RuntimeError("py4j: the JVM is gone")
+        return self.active
+
+    def stop(self) -> None:
+        self.active = False
+
+    def exception(self) -> Exception | None:
+        return self.error
+
+
+def _feeder(link: FakeLink) -> Feeder:
+    return Feeder(link, interval=60.0, clock=lambda: 42.0)  # the thread never beats by itself in these tests
+
+
+def test_every_change_is_sent_at_once_and_every_beat_carries_the_whole_state() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.dead_letters("s", "order", 2)  # before the store's query starts (railway's order): held
+    assert link.sent == []
+    feeder.update("s", state="rebuilding", plan="rebuild", query="riqr-ns-s")
+    feeder.update("s", state="running", batch_id=0, rows=3, incomplete=[1])
+    sent = link.last()["s"]
+    assert (sent.state, sent.batch_id, sent.plan, sent.incomplete, sent.feeder) == (
+        "running",
+        0,
+        "rebuild",
+        (1,),
+        feeder.id,
+    )
+    assert sent.dead_letters == {"order": 2} and sent.at == 42.0
+    feeder.dead_letters("s", "order", 3)
+    assert link.last()["s"].dead_letters == {"order": 3}
+    waited = link.waited
+    feeder.beat()
+    assert link.last() == {"s": link.sent[-2][0]} and link.waited == waited + 1  # a beat waits; updates do not
+
+
+def test_a_query_that_ends_is_reported_once_then_never_again() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    stopped, failing = FakeQuery("riqr-ns-a"), FakeQuery("riqr-ns-b")
+    for store, query in (("a", stopped), ("b", failing)):
+        feeder.update(store, state="running", query=query.name)
+        feeder.attach(store, query)
+    stopped.stop()
+    failing.active, failing.error = False, RuntimeError("StreamingQueryException: " + "x" * 2000)
+    feeder.beat()
+    last = link.last()
+    assert last["a"].state == "stopped" and last["a"].error is None
+    assert last["b"].state == "failed" and last["b"].error is not None and len(last["b"].error) <= 500
+    assert feeder.live_stores() == []
+    sends = len(link.sent)
+    feeder.beat()
+    assert len(link.sent) == sends  # nothing live: nothing to say
+
+
+def test_a_query_that_cannot_be_asked_is_left_out_of_the_beat() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    query = FakeQuery("riqr-ns-s")
+    feeder.update("s", state="running", query=query.name)
+    feeder.update("t", state="running")
+    feeder.attach("s", query)
+    query.broken = True
+    feeder.beat()
+    assert set(link.last()) == {"t"}  # s is not vouched for: the registry turns it stale if this lasts
+    query.broken = False
+    feeder.beat()
+    assert set(link.last()) == {"s", "t"}
+
+
+def test_a_failed_batch_is_the_feeds_last_word() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running", batch_id=4)
+    feeder.update("s", state="failed", batch_id=5, error="OwnerUnavailable: gone")
+    assert (link.last()["s"].state, link.last()["s"].error) == ("failed", "OwnerUnavailable: gone")
+    assert feeder.live_stores() == []
+    feeder.update("s", state="running", batch_id=0)  # a new query in this process feeds it again
+    assert link.last()["s"].error is None and feeder.live_stores() == ["s"]
+
+
+def test_a_registry_that_is_down_breaks_nothing_and_the_next_beat_catches_up() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    link.down = True
+    feeder.update("s", state="running", batch_id=1)  # does not raise into the batch
+    feeder.dead_letters("s", "order", 1)
+    feeder.beat()
+    assert link.sent == []
+    link.down = False
+    feeder.beat()
+    assert (link.last()["s"].batch_id, link.last()["s"].dead_letters) == (1, {"order": 1})
+
+
+def test_finish_says_stopped_or_names_the_failed_query_then_nothing_more() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("a", state="running", query="riqr-ns-a")
+    feeder.update("b", state="running", query="riqr-ns-b")
+    feeder.finish("riqr-ns-b", "ActorDiedError: boom")
+    last = link.last()
+    assert (last["b"].state, last["b"].error) == ("failed", "ActorDiedError: boom")
+    assert last["a"].state == "failed" and "riqr-ns-b" in (last["a"].error or "")
+    sends = len(link.sent)
+    feeder.update("a", state="running", batch_id=9)  # a batch that completes while the queries stop
+    feeder.beat()
+    assert len(link.sent) == sends and feeder.closed
+    other = _feeder(link)
+    other.update("c", state="running")
+    other.finish()
+    assert link.last()["c"].state == "stopped"
+
+
+def test_last_words_are_sent_again_until_the_registry_takes_them() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running")
+    link.lost = 2  # a registry restarting, or one this process has not yet seen come back
+    feeder.finish(timeout=5.0)
+    assert [[r.state for r in sent] for sent in link.sent[-3:]] == [["stopped"]] * 3 and link.lost == 0
+
+
+def test_the_heartbeat_thread_beats_until_finished() -> None:
+    link = FakeLink()
+    feeder = Feeder(link, interval=0.01)
+    feeder.update("s", state="running")
+    done = threading.Event()
+
+    def beats() -> None:
+        while len(link.sent) < 4:
+            threading.Event().wait(0.005)
+        done.set()
+
+    threading.Thread(target=beats, daemon=True).start()
+    assert done.wait(5.0), "the heartbeat thread did not beat"
+    feeder.finish()
+    assert feeder._thread is not None
+    feeder._thread.join(5.0)
+    assert not feeder._thread.is_alive()
+
+
+def test_supervise_reports_stopped_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    monkeypatch.setattr(feeder_module, "_FEEDERS", {"ns": feeder})
+    query = FakeQuery("riqr-ns-s")
+    feeder.update("s", state="running", query=query.name)
+    feeder.attach("s", query)
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        assert supervise([query], poll=0.01) == 0
+    finally:
+        timer.cancel()
+    assert link.last()["s"].state == "stopped" and not query.active
+
+
+def test_supervise_reports_the_failed_query_and_fails_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    monkeypatch.setattr(feeder_module, "_FEEDERS", {"ns": feeder})
+    healthy, failing = FakeQuery("riqr-ns-a"), FakeQuery("riqr-ns-b")
+    for store, query in (("a", healthy), ("b", failing)):
+        feeder.update(store, state="running", query=query.name)
+        feeder.attach(store, query)
+    failing.active, failing.error = False, RuntimeError("delivering batch 7: gone")
+    assert supervise([healthy, failing], poll=0.01) == 1
+    last = link.last()
+    assert (last["b"].state, last["b"].error) == ("failed", "RuntimeError: delivering batch 7: gone")
+    assert last["a"].state == "failed" and "riqr-ns-b" in (last["a"].error or "") and not healthy.active
+
+
+def test_partitions_catching_up_from_a_peer_are_reported_and_survive_the_registry_file() -> None:
+    from runtime.feeds import FeedReport
+
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running", batch_id=5, rows=0, incomplete=[], catching_up=[2, 3])
+    sent = link.last()["s"]
+    assert sent.catching_up == (2, 3) and sent.incomplete == ()
+    assert sent.to_json()["catching_up"] == [2, 3]
+    assert FeedReport.from_json("s", sent.to_json()) == sent

@@ -1,0 +1,90 @@
+"""The registry's ingest records (``runtime.feeds``): when a feed is stale, whose reports count, what a
+restart keeps, and the file that keeps it (written atomically, read back tolerantly)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.feeds import FeedBook, FeedReport, load_book, save_book
+
+
+def test_a_live_feed_turns_stale_after_the_bound_and_a_heartbeat_brings_it_back() -> None:
+    book = FeedBook(stale_after=6.0)
+    assert book.report(FeedReport("s", "run-1", "running", query="riqr-ns-s", batch_id=3), now=100.0)
+    assert book.verdict("s", 106.0) == ("running", None)  # at the bound: still alive
+    state, reason = book.verdict("s", 106.5) or ("", "")
+    assert state == "stale" and reason is not None and "riqr-ns-s" in reason and "6s" in reason
+    entry = book.status(106.5)["s"]
+    assert (entry["state"], entry["reported"], entry["batch_id"], entry["heard_at"]) == ("stale", "running", 3, 100.0)
+    assert not book.report(FeedReport("s", "run-1", "running", query="riqr-ns-s", batch_id=3), now=107.0)
+    assert book.status(107.0)["s"]["state"] == "running" and "reason" not in book.status(107.0)["s"]
+
+
+def test_ended_feeds_never_go_stale_and_a_store_never_fed_has_no_verdict() -> None:
+    book = FeedBook(stale_after=6.0)
+    book.report(FeedReport("a", "run-1", "stopped"), now=0.0)
+    book.report(FeedReport("b", "run-1", "failed", error="OwnerUnavailable: gone"), now=0.0)
+    assert book.verdict("a", 1e6) == ("stopped", None)
+    assert book.verdict("b", 1e6) == ("failed", "OwnerUnavailable: gone")
+    assert book.verdict("never", 0.0) is None and "never" not in book.status(0.0)
+
+
+def test_a_new_run_takes_over_and_the_old_runs_last_words_are_ignored() -> None:
+    book = FeedBook(stale_after=6.0)
+    book.report(FeedReport("s", "old", "running", dead_letters={"order": 2, "customer": 1}), now=0.0)
+    assert book.report(FeedReport("s", "new", "rebuilding", dead_letters={"order": 3}), now=10.0)
+    # The old run's SIGTERM handler reports late: the new run feeds the store, so it does not count.
+    assert not book.report(FeedReport("s", "old", "stopped"), now=11.0)
+    entry = book.status(11.0)["s"]
+    assert (entry["feeder"], entry["state"]) == ("new", "rebuilding")
+    assert entry["dead_letters"] == {"order": 3, "customer": 1}  # totals per topic; unmentioned ones kept
+    # The run that feeds it may stop it.
+    assert book.report(FeedReport("s", "new", "stopped"), now=12.0)
+    assert book.verdict("s", 1e6) == ("stopped", None)
+
+
+def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:
+    book = FeedBook()
+    assert book.report(FeedReport("s", "r", "running", batch_id=1, at=1.0), now=0.0)  # a new feed
+    assert not book.report(FeedReport("s", "r", "running", batch_id=2, at=2.0, rows=5), now=1.0)  # progress
+    assert book.report(FeedReport("s", "r", "running", batch_id=2, dead_letters={"t": 1}), now=2.0)
+    assert book.report(FeedReport("s", "r", "failed", error="boom"), now=3.0)
+    assert book.dirty
+
+
+def test_reports_are_typed() -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        FeedReport("s", "r", "stale")  # the registry's verdict, never a feeder's report
+
+
+def test_the_book_survives_a_save_and_load_and_restored_feeds_get_one_bound(tmp_path: Path) -> None:
+    path = tmp_path / "_registry" / "ingest.json"
+    book = FeedBook(stale_after=6.0)
+    book.report(FeedReport("s", "r", "running", query="q", batch_id=4, at=50.0, incomplete=(1,),
+                           dead_letters={"order": 2}), now=50.0)  # fmt: skip
+    book.report(FeedReport("t", "r", "failed", error="boom"), now=50.0)
+    save_book(book, path)
+    assert not book.dirty and [p.name for p in path.parent.iterdir()] == ["ingest.json"]  # no temporary left
+    restored = load_book(path, now=1000.0, stale_after=6.0)
+    assert restored.status(1000.0) == {
+        "s": {"state": "running", "feeder": "r", "query": "q", "at": 50.0, "batch_id": 4, "incomplete": [1],
+              "dead_letters": {"order": 2}, "heard_at": 1000.0},
+        "t": {"state": "failed", "feeder": "r", "error": "boom", "heard_at": 1000.0},
+    }  # fmt: skip
+    assert restored.verdict("s", 1006.0) == ("running", None)
+    assert (restored.verdict("s", 1007.0) or ("", ""))[0] == "stale"
+    restored.keep_only({"t"})
+    assert "s" not in restored and "t" in restored
+
+
+def test_a_missing_or_unreadable_file_starts_an_empty_book(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert load_book(tmp_path / "none.json", now=0.0).status(0.0) == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert load_book(bad, now=0.0).status(0.0) == {}
+    bad.write_text(json.dumps({"format": 99, "feeds": {}}))
+    assert load_book(bad, now=0.0).status(0.0) == {}
+    assert "unreadable" in caplog.text

@@ -1,0 +1,323 @@
+"""The topology process's side of ingest liveness (``runtime.feeds``): one ``Feeder`` per namespace
+keeps the state of every store this process feeds and tells the registry.
+
+* **Right away, without waiting**, when something changes: a query starts, a batch is delivered, a batch
+  fails, a dead-letter total moves (``update``, ``dead_letters``). A slow or restarting registry never
+  holds up a batch.
+* **Every ``FEED_HEARTBEAT_INTERVAL`` seconds**, from a daemon thread: the whole state of every live feed,
+  in one call, waiting for the answer (so calls never pile up behind a registry that is down). Before
+  each beat the thread asks each feed's streaming query whether it still runs: one that ended is reported
+  ``stopped``, or ``failed`` with its exception, and not heard of again. A process killed with SIGKILL
+  simply stops beating, and the registry turns its feeds ``stale``.
+* **Last words** from the supervisor (``finish``): ``stopped`` on SIGTERM, ``failed`` naming the query
+  that failed; sent and waited for before the process exits, after which the feeder says nothing more.
+
+Every report carries the feed's whole state, dead-letter totals included, so a registry that restarted
+and lost what it had not yet saved is whole again after one heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from runtime.config import FEED_HEARTBEAT_INTERVAL, REGISTRY_NAME
+from runtime.feeds import FAILED, RUNNING, STOPPED, FeedReport
+
+__all__ = ["FeedLink", "RayFeedLink", "Feeder", "feeder_for", "finish_all"]
+
+log = logging.getLogger(__name__)
+
+# How long the supervisor waits for the registry to take its last words before the process exits.
+FINISH_TIMEOUT = 5.0
+_RETRY_PAUSE = 0.1
+_MAX_ERROR = 500
+
+
+class FeedLink(Protocol):
+    """How a feeder reaches the registry."""
+
+    def submit(self, reports: Sequence[FeedReport]) -> Any:
+        """Send ``reports`` without waiting; returns what ``wait`` takes (raises if it cannot send)."""
+        ...
+
+    def wait(self, pending: Any, timeout: float) -> None:
+        """Wait until the registry took ``pending``; raises if it did not within ``timeout`` seconds."""
+        ...
+
+
+class RayFeedLink:
+    """The registry of ``namespace`` over Ray; the handle is looked up again after a failure (after
+    ``riqr down`` and ``riqr up`` the registry is a new actor)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._registry: Any = None
+
+    def submit(self, reports: Sequence[FeedReport]) -> Any:
+        import ray
+
+        if self._registry is None:
+            self._registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)  # ValueError: not up
+        return self._registry.report_feeds.remote(list(reports))
+
+    def wait(self, pending: Any, timeout: float) -> None:
+        from runtime import raycalls
+
+        try:
+            raycalls.get(pending, "reporting ingest to the registry", timeout=timeout)
+        except Exception:
+            self._registry = None
+            raise
+
+
+class QueryLike(Protocol):
+    """What the feeder asks of a Spark ``StreamingQuery``."""
+
+    @property
+    def isActive(self) -> bool: ...  # noqa: N802 (Spark's name)
+
+    def exception(self) -> Any: ...
+
+
+def _clip(text: str) -> str:
+    """At most ``_MAX_ERROR`` characters: a JVM exception's text can carry a whole stack trace."""
+    return text if len(text) <= _MAX_ERROR else text[: _MAX_ERROR - 3] + "..."
+
+
+def _describe(err: Any) -> str:
+    return _clip(f"{type(err).__name__}: {err}")
+
+
+def _run_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class _Feed:
+    report: FeedReport
+    query: QueryLike | None = None
+
+
+class Feeder:
+    """The stores one process feeds in one namespace, and the heartbeat that keeps them alive at the
+    registry. ``link`` and ``clock`` are injectable so the rules are unit-tested without Ray or Spark."""
+
+    def __init__(
+        self,
+        link: FeedLink,
+        *,
+        interval: float = FEED_HEARTBEAT_INTERVAL,
+        clock: Callable[[], float] = time.time,
+        name: str = "riqr",
+    ) -> None:
+        self.id = _run_id()
+        self.interval = interval
+        self._link = link
+        self._clock = clock
+        self._name = name
+        self._feeds: dict[str, _Feed] = {}
+        self._dead_letters: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.closed = False
+
+    # -- what the sink and the dead-letter writer say -------------------------------------------------
+
+    def update(self, store: str, **changes: Any) -> None:
+        """Change ``store``'s feed (starting it if this process did not feed it yet) and tell the registry
+        now, without waiting. A ``stopped`` or ``failed`` state is the feed's last word: it is sent and
+        the feed is forgotten (no more heartbeats for it). After ``finish`` this does nothing."""
+        with self._lock:
+            if self.closed:
+                return
+            feed = self._feeds.get(store) or _Feed(FeedReport(store, self.id, RUNNING))
+            changes.setdefault("at", self._clock())
+            for name in ("incomplete", "catching_up"):
+                if name in changes:
+                    changes[name] = tuple(changes[name])
+            if changes.get("state", feed.report.state) != FAILED:
+                changes.setdefault("error", None)
+            report = replace(feed.report, **changes, dead_letters=dict(self._dead_letters.get(store, {})))
+            if report.live:
+                self._feeds[store] = replace(feed, report=report)
+            else:
+                self._feeds.pop(store, None)
+            self._send_now([report])
+        if report.live:
+            self._ensure_beating()
+
+    def attach(self, store: str, query: QueryLike) -> None:
+        """The streaming query feeding ``store``: the heartbeat reports the feed ended when it has."""
+        with self._lock:
+            feed = self._feeds.get(store)
+            if feed is not None:
+                self._feeds[store] = replace(feed, query=query)
+
+    def dead_letters(self, store: str, topic: str, total: int) -> None:
+        """``store``'s topology has dead-lettered ``total`` records of ``topic`` so far. Sent with the
+        store's feed, now if this process feeds it already, else once it does."""
+        with self._lock:
+            if self.closed:
+                return
+            self._dead_letters.setdefault(store, {})[topic] = total
+            feed = self._feeds.get(store)
+            if feed is not None:
+                report = replace(feed.report, dead_letters=dict(self._dead_letters[store]))
+                self._feeds[store] = replace(feed, report=report)
+                self._send_now([report])
+
+    def live_stores(self) -> list[str]:
+        with self._lock:
+            return sorted(self._feeds)
+
+    # -- the heartbeat -------------------------------------------------------------------------------
+
+    def beat(self, timeout: float | None = None) -> None:
+        """One heartbeat: every live feed's state, after asking its query whether it still runs.
+
+        Queries are asked outside the lock (each is a call into Spark's JVM), so a batch report never
+        waits for them. A query that cannot be asked is left out of this beat: if that lasts, the
+        registry calls its feed stale, which is the safe side.
+        """
+        with self._lock:
+            feeds = dict(self._feeds)
+        ended: dict[str, tuple[str, str | None]] = {}
+        unknown: set[str] = set()
+        for store, feed in feeds.items():
+            if feed.query is None:
+                continue
+            try:
+                if not feed.query.isActive:
+                    err = feed.query.exception()
+                    ended[store] = (STOPPED, None) if err is None else (FAILED, _describe(err))
+            except Exception:
+                log.debug("could not ask the query feeding %s whether it runs", store, exc_info=True)
+                unknown.add(store)
+        with self._lock:
+            if self.closed:
+                return
+            reports = []
+            for store, feed in list(self._feeds.items()):
+                if store in unknown:
+                    continue
+                if store in ended and feeds.get(store) == feed:
+                    state, error = ended[store]
+                    reports.append(replace(feed.report, state=state, error=error, at=self._clock()))
+                    del self._feeds[store]
+                    log.info("store %s: its query ended (%s)", store, error or state, extra={"store": store})
+                else:
+                    reports.append(feed.report)
+            pending = self._submit(reports) if reports else None
+        if pending is not None:
+            self._wait(pending, self.interval if timeout is None else timeout)
+
+    def finish(
+        self, failed_query: str | None = None, error: str | None = None, timeout: float = FINISH_TIMEOUT
+    ) -> None:
+        """The process is ending: every live feed's last word, waited for, then silence.
+
+        With no ``failed_query`` the topology is stopping on purpose: ``stopped``. Otherwise the feed of
+        that query ``failed`` with ``error``, and the others ``failed`` because it did (their process
+        exits with it). Called before the queries are stopped, so the heartbeat cannot report them
+        ``stopped`` first.
+        """
+        with self._lock:
+            if self.closed:
+                return
+            now, reports = self._clock(), []
+            for feed in self._feeds.values():
+                if failed_query is None:
+                    state, why = STOPPED, None
+                elif feed.report.query == failed_query:
+                    state, why = FAILED, _clip(error or "its query stopped")
+                else:
+                    state, why = FAILED, _clip(f"stopped because query {failed_query} of its topology failed: {error}")
+                reports.append(replace(feed.report, state=state, error=why, at=now))
+            self._feeds.clear()
+            self.closed = True
+        self._stop.set()
+        if reports:
+            self._deliver(reports, timeout)
+
+    def _deliver(self, reports: Sequence[FeedReport], timeout: float) -> None:
+        """Send ``reports`` until the registry takes them or ``timeout`` passes: last words are not
+        repeated by a heartbeat, and a registry that is restarting, or that this process has not yet
+        seen come back, fails a call it would take a moment later. Reports are whole states, so one
+        taken twice does no harm."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pending = self._submit(reports)
+            if pending is not None and self._wait(pending, max(deadline - time.monotonic(), 0.1)):
+                return
+            if time.monotonic() + _RETRY_PAUSE >= deadline:
+                log.warning("the registry did not take the last ingest reports of %s within %gs",
+                            [r.store for r in reports], timeout)  # fmt: skip
+                return
+            time.sleep(_RETRY_PAUSE)
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    def _submit(self, reports: Sequence[FeedReport]) -> Any:
+        """Hand ``reports`` to the link (under the lock, so the registry gets reports in the order their
+        states were taken); None if it could not."""
+        try:
+            return self._link.submit(reports)
+        except Exception:
+            log.debug("could not report ingest of %s", [r.store for r in reports], exc_info=True)
+            return None
+
+    def _send_now(self, reports: Sequence[FeedReport]) -> None:
+        self._submit(reports)  # not waited for: the heartbeat makes up for a lost one
+
+    def _wait(self, pending: Any, timeout: float) -> bool:
+        try:
+            self._link.wait(pending, timeout)
+            return True
+        except Exception:
+            log.debug("the registry did not take an ingest report", exc_info=True)
+            return False
+
+    def _ensure_beating(self) -> None:
+        with self._lock:
+            if self._thread is not None or self.closed:
+                return
+            self._thread = threading.Thread(target=self._run, name=f"riqr-feeder-{self._name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception:  # the heartbeat must outlive any one failure
+                log.warning("ingest heartbeat failed", exc_info=True)
+
+
+_FEEDERS: dict[str, Feeder] = {}
+_FEEDERS_LOCK = threading.Lock()
+
+
+def feeder_for(namespace: str) -> Feeder:
+    """This process's feeder for ``namespace`` (one heartbeat thread per namespace, started with the
+    first feed)."""
+    with _FEEDERS_LOCK:
+        feeder = _FEEDERS.get(namespace)
+        if feeder is None or feeder.closed:
+            feeder = _FEEDERS[namespace] = Feeder(RayFeedLink(namespace), name=namespace)
+        return feeder
+
+
+def finish_all(failed_query: str | None = None, error: str | None = None, timeout: float = FINISH_TIMEOUT) -> None:
+    """``finish`` every feeder of this process (the topology process is ending)."""
+    with _FEEDERS_LOCK:
+        feeders = list(_FEEDERS.values())
+    for feeder in feeders:
+        feeder.finish(failed_query, error, timeout)
