@@ -139,6 +139,8 @@ function describeIngest(ingest) {
   if (typeof ingest.batch_id === "number") text += ", batch " + ingest.batch_id;
   if (typeof ingest.at === "number") text += ", " + Math.max(0, Math.round(Date.now() / 1000 - ingest.at)) + " s ago";
   if (ingest.error) text += ": " + ingest.error;
+  else if (ingest.reason) text += ": " + ingest.reason;  // why a feed is stale (no heartbeat)
+  if (ingest.catching_up && ingest.catching_up.length) text += "; catching up: " + ingest.catching_up.join(", ");
   return text;
 }
 
