@@ -325,6 +325,10 @@ class QueryCore:
         """What each partition reflects: its source, last batch id applied, and state."""
         return {p: state.describe() for p, state in self.partitions.items()}
 
+    def engine_memory(self) -> dict[int, dict[str, int]]:
+        """Each partition's ``PartitionEngine.memory()`` (benchmarks and operators)."""
+        return {p: state.engine.memory() for p, state in self.partitions.items()}
+
     def stats(self) -> dict[str, Any]:
         """Positions and states plus this core's metric samples: what a node's probe asks for (``runtime.health``)."""
         samples = [(s.name, s.labels, s.value) for s in self.metrics.samples()]

@@ -11,6 +11,7 @@ the partition from a live peer (``runtime.rebuild``), and serves it once it has 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import sys
 import time
@@ -28,9 +29,29 @@ from runtime.scan import Scan
 from runtime.snapshots import SnapshotOffer, SnapshotPeer
 from verticles.env import PeerLink, VerticleEnv
 
+# A large batch turns into Python rows (tuples, keys, packed values) that are freed after the apply; glibc
+# keeps the freed memory in the process unless asked to give it back, so an actor's heap kept the high-water
+# mark of its largest batches (measured in docs/benchmarks.md, "State larger than memory").
+_TRIM_AFTER_ROWS = 50_000
+
 __all__ = ["QueryVerticle"]
 
 log = logging.getLogger(__name__)
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 class _StorePeers:
@@ -83,7 +104,10 @@ class QueryVerticle:
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
-        return self.core.apply(source, batch_id, slices)
+        results = self.core.apply(source, batch_id, slices)
+        if sum(r.rows for r in results) >= _TRIM_AFTER_ROWS:
+            _trim_heap()
+        return results
 
     def begin(self, source: str) -> list[int]:
         """A source starts from an empty checkpoint (see ``runtime.partition``)."""
@@ -113,6 +137,9 @@ class QueryVerticle:
 
     def close_snapshot(self, token: str) -> None:
         self.core.close_snapshot(token)
+
+    def engine_memory(self) -> dict[int, dict[str, int]]:
+        return self.core.engine_memory()
 
     def stats(self) -> dict[str, Any]:
         """Positions and metric samples, for the HTTP verticles' readiness and metrics (``runtime.health``)."""

@@ -125,6 +125,12 @@ class PartitionEngine(Protocol):
         copying a partition stalls its writes for the capture, not for the whole write-out."""
         ...
 
+    def memory(self) -> dict[str, int]:
+        """Bytes the engine holds outside Python objects, by what holds them (rocksdb: block cache, pinned
+        blocks, memtables, table readers); empty when it keeps nothing but its rows. For benchmarks and
+        operators, not for the hot path."""
+        ...
+
     def close(self) -> None:
         """Release files and memory. The engine is unusable afterwards."""
         ...

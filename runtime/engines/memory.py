@@ -305,6 +305,10 @@ class MemoryEngine:
         stored = (list(dict.keys(self._rows)), list(dict.values(self._rows)))
         return _PendingSnapshot(dest / f"snapshot-{0:012d}.bin", self._position, ordered, stored)
 
+    def memory(self) -> dict[str, int]:
+        """Nothing outside Python objects: the rows are the process's own heap."""
+        return {}
+
     def close(self) -> None:
         """Close the changelog and drop the rows."""
         self._closed = True

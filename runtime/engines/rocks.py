@@ -52,6 +52,12 @@ __all__ = ["RocksEngine"]
 
 _META = META_PREFIX + b"meta"
 _DB_DIR = "rocksdb"
+_MEMORY_PROPERTIES = (
+    ("block_cache", "block-cache-usage"),
+    ("block_cache_pinned", "block-cache-pinned-usage"),
+    ("memtables", "cur-size-all-mem-tables"),
+    ("table_readers", "estimate-table-readers-mem"),
+)
 _shared_cache: Cache | None = None
 
 
@@ -200,6 +206,11 @@ class RocksEngine:
     def position(self) -> Position:
         """The position the rows reflect."""
         return self._position
+
+    def memory(self) -> dict[str, int]:
+        """RocksDB's own accounting. The block cache is shared by every partition of the process."""
+        db = self.db
+        return {name: int(db.property_int_value(f"rocksdb.{prop}") or 0) for name, prop in _MEMORY_PROPERTIES}
 
     # -- writes ------------------------------------------------------------------------------------------
 

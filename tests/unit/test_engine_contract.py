@@ -318,3 +318,16 @@ def test_a_torn_apply_leaves_the_previous_position_and_rows(opener: Opener, how:
         engine = opener.reopen(engine)
         assert engine.position() == P2 and engine.count() == 2
         assert list(engine.scan(Scan())) == [("a", b"2"), ("b", b"2")]
+
+
+def test_memory_accounting_names_what_holds_bytes_outside_python(opener: Opener) -> None:
+    engine = opener()
+    engine.apply(P1, [(f"k{i:04d}", b"v" * 100) for i in range(2000)])
+    usage = engine.memory()
+    assert all(isinstance(v, int) and v >= 0 for v in usage.values())
+    if opener.kind == "rocksdb":
+        # Rows sit in the memtable until flushed; the cache and table readers are named even when empty.
+        assert set(usage) == {"block_cache", "block_cache_pinned", "memtables", "table_readers"}
+        assert usage["memtables"] >= 2000 * 100
+    else:
+        assert usage == {}

@@ -309,3 +309,21 @@ async def test_the_advertised_host_is_the_nodes_address_when_bound_to_every_inte
     assert HttpVerticle(_bus(), FakeEnv(), "127.0.0.1", 0, advertise_host="riqr.example").advertise_host == (
         "riqr.example"
     )
+
+
+def test_a_query_actor_gives_freed_memory_back_after_a_large_batch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    from verticles import query as query_verticle
+
+    trims: list[int] = []
+    monkeypatch.setattr(query_verticle, "_trim_heap", lambda: trims.append(1))
+    monkeypatch.setattr(query_verticle, "_TRIM_AFTER_ROWS", 3)
+    actor = QueryVerticle("u1", kv_spec("s", partitions=2, actors=1), [0, 1], FakeEnv())
+    actor.begin("q")
+    actor.apply("q", 0, {0: pa.table({"key": ["a", "b"], "value": ["A", "B"]}), 1: None})
+    assert trims == []  # two rows: a small batch leaves the heap alone
+    actor.apply("q", 1, {0: pa.table({"key": ["c", "d", "e"], "value": ["C", "D", "E"]}), 1: None})
+    assert trims == [1]
+    monkeypatch.undo()
+    query_verticle._trim_heap()  # on glibc it trims; elsewhere it does nothing; either way no error
