@@ -25,6 +25,7 @@ __all__ = [
     "ClusterView",
     "plan_placement",
     "Placement",
+    "replacement_node",
 ]
 
 
@@ -186,3 +187,27 @@ def table_from_placement(spec: StoreSpec, uuids: Sequence[str], plans: Sequence[
                 chosen.append(j)
         owners.append(PartitionOwners(uuids[i], tuple(uuids[j] for j in chosen)))
     return OwnershipTable(spec, tuple(owners))
+
+
+def replacement_node(
+    table: OwnershipTable, actors: Mapping[str, ActorInfo], uuid: str, alive: Sequence[str]
+) -> str | None:
+    """The live node to re-create actor ``uuid`` of ``table``'s store on when its node is gone.
+
+    The placement rule of ``table_from_placement``, for one actor: a node holding no other copy of any
+    partition ``uuid`` holds, while there is one; among those (or among all live nodes when every one
+    holds such a copy) the node with the fewest of the store's actors, then the smallest id, so the choice
+    is deterministic. Copies on dead nodes do not count: they are being moved too. None: no live node.
+    """
+    live = set(alive)
+    if not live:
+        return None
+    mine = set(table.all_owners().get(uuid, ()))
+    peers = {u for u, parts in table.all_owners().items() if u != uuid and mine & set(parts)}
+    taken = {actors[u].node_id for u in peers if u in actors and actors[u].node_id in live}
+    load = {n: 0 for n in live}
+    for u, info in actors.items():
+        if info.store == table.spec.name and u != uuid and info.node_id in load:
+            load[info.node_id] += 1
+    free = sorted(live - taken) or sorted(live)
+    return min(free, key=lambda n: (load[n], n))

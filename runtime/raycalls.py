@@ -12,6 +12,7 @@ Ray says                                    riqr raises
 ``RayTaskError`` caused by anything else    ``InternalError`` (500: a bug, logged by its actor)
 ``ActorUnavailableError``                   ``OwnerUnavailable`` (restarting; retried first)
 ``ActorDiedError`` / ``RayActorError``      ``OwnerUnavailable`` (dead; Retry-After 5)
+``ActorUnschedulableError``                 ``OwnerUnavailable`` (its pinned node is gone; Retry-After 1)
 ``GetTimeoutError``                         ``DeadlineExceeded`` (504)
 ==========================================  ==================================================
 
@@ -60,7 +61,13 @@ def translate(exc: BaseException, what: str, *, actor: str | None = None) -> Riq
     """The riqr error for an exception raised by a Ray call about ``what`` (to ``actor``, if one)."""
     if isinstance(exc, RiqrError):
         return exc
-    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+    from ray.exceptions import (
+        ActorUnavailableError,
+        ActorUnschedulableError,
+        GetTimeoutError,
+        RayActorError,
+        RayTaskError,
+    )
 
     details: dict[str, Any] = {} if actor is None else {"actor": actor}
     if isinstance(exc, RayTaskError):
@@ -73,6 +80,9 @@ def translate(exc: BaseException, what: str, *, actor: str | None = None) -> Riq
         return OwnerUnavailable(f"{what}: the actor is restarting or unreachable", retry_after=1, **details)
     if isinstance(exc, RayActorError):
         return OwnerUnavailable(f"{what}: the actor died", retry_after=5, **details)
+    if isinstance(exc, ActorUnschedulableError):
+        # A query actor pinned to a node that died: the registry re-creates it elsewhere within seconds.
+        return OwnerUnavailable(f"{what}: the actor's node is gone", retry_after=1, **details)
     if isinstance(exc, GetTimeoutError):
         return DeadlineExceeded(f"{what} did not answer in time", **details)
     raise exc

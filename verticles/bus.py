@@ -44,9 +44,15 @@ class RayOwner:
     async def _call(self, method: str, *args: Any) -> Any:
         remote = getattr(self._actor(), method).remote
         deadline = Deadline.after(self._timeout)
-        return await raycalls.call(
-            lambda: remote(*args), f"{method} on {self.uuid}", deadline=deadline, actor=self.uuid
-        )
+        try:
+            return await raycalls.call(
+                lambda: remote(*args), f"{method} on {self.uuid}", deadline=deadline, actor=self.uuid
+            )
+        except OwnerUnavailable:
+            # Look the actor up again next time: the registry may have re-created it under the same name
+            # on another node (its node died), and this handle reaches the old one only.
+            self._handle = None
+            raise
 
     async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
         return await self._call("get_many", items)

@@ -15,6 +15,8 @@ import contextlib
 import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,9 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 _CALL_TIMEOUT = 30.0
 # Exporting a snapshot checksums every file of the partition on the peer: allow for a large one.
 _EXPORT_TIMEOUT = 300.0
+# The registry looks for dead nodes this often; a check that re-creates actors may take a while.
+_NODE_CHECK_EVERY = 1.0
+_CHECK_TIMEOUT = 300.0
 # Threads of a query actor: reads go on while one thread applies a batch (docs/benchmarks.md).
 _QUERY_THREADS = 4
 
@@ -66,9 +71,9 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
     """Options of a detached verticle, pinned to ``node_id`` when one is given.
 
     Pinned (hard affinity): with a soft preference Ray put both actors of a store, or a node's HTTP
-    verticle, on one node while the other node was busy starting workers. A restarted query actor answers
-    503 until rebuilt wherever it runs, so pinning it costs nothing yet; moving partitions off a dead
-    node belongs to the registry, with standbys (see docs/design.md).
+    verticle, on one node while the other node was busy starting workers. A query actor of a node that
+    died is re-created by the registry on a live node (``RayEnv.replace_query_actor``, docs/design.md
+    "Node loss"), which chooses that node by the replicas' placement rule rather than leaving it to Ray.
     """
     strategy = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
     # The log and engine settings of whoever deploys (`RIQR_LOG_FORMAT=json riqr up`) reach every
@@ -175,6 +180,36 @@ class RayEnv:
             ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(partitions))
             for (uuid, partitions, _), w in zip(members, where)
         ]
+
+    def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        with contextlib.suppress(ValueError):  # its node is gone: stop Ray from waiting for it forever
+            ray.kill(ray.get_actor(uuid, namespace=self.namespace), no_restart=True)
+        deadline = Deadline.after(_CALL_TIMEOUT)
+        while True:
+            try:
+                handle = (
+                    _remote(QueryVerticle)
+                    .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
+                    .remote(uuid, spec, list(partitions), self, replacement=True)
+                )
+                break
+            except ValueError:  # the killed actor's name is not released yet
+                if deadline.remaining() <= 0:
+                    raise
+                time.sleep(0.1)
+        where = raycalls.get(handle.ready.remote(), f"re-creating query actor {uuid}", timeout=_CALL_TIMEOUT)
+        return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
+
+    def watch_nodes(self) -> None:
+        def watch() -> None:
+            while True:
+                time.sleep(_NODE_CHECK_EVERY)
+                try:  # through the actor's own queue, so the check never runs beside another call
+                    raycalls.get(self._registry().check_nodes.remote(), "checking nodes", timeout=_CHECK_TIMEOUT)
+                except Exception:
+                    log.warning("checking for dead nodes failed", exc_info=True)
+
+        threading.Thread(target=watch, name="riqr-node-watch", daemon=True).start()
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

@@ -4,7 +4,8 @@ with fakes. ``verticles.deploy.RayEnv`` is the Ray implementation, and the only 
 * ``NodeFacts``: where this actor runs and whether Ray restarted it;
 * ``RegistryLink``: the calls a verticle makes to the registry (reporting a move, its endpoint);
 * ``PeerLink``: how a query actor reaches the other copies of its partitions (rebuilding from a peer);
-* ``ClusterOps``: what the registry does to the cluster (nodes, creating and finding query actors).
+* ``ClusterOps``: what the registry does to the cluster (nodes, creating, finding and re-creating query
+  actors, watching for dead nodes).
 """
 
 from __future__ import annotations
@@ -79,6 +80,16 @@ class ClusterOps(Protocol):
     ) -> list[ActorInfo]:
         """Create a query actor per ``(uuid, partitions, node id or None)`` and wait until each runs;
         returns where each one runs."""
+        ...
+
+    def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        """Stop query actor ``uuid`` for good wherever it is (its node is gone) and create it again, same
+        name, on ``node_id``, as a replacement (it opens its partitions as a restarted actor would and
+        rebuilds them from peers); waits until it runs and returns where it runs."""
+        ...
+
+    def watch_nodes(self) -> None:
+        """Call the registry's ``check_nodes`` about every second from now on (in the background)."""
         ...
 
     def query_actor_infos(self) -> list[dict[str, Any]]:

@@ -69,15 +69,20 @@ class _StorePeers:
 
 class QueryVerticle:
     """Holds ``partitions`` of ``spec``; its actor name is ``uuid``. ``env`` gives the node facts and the
-    link to the registry."""
+    link to the registry; ``replacement``: the registry re-created it after its node died."""
 
-    def __init__(self, uuid: str, spec: StoreSpec, partitions: Sequence[int], env: VerticleEnv) -> None:
+    def __init__(
+        self, uuid: str, spec: StoreSpec, partitions: Sequence[int], env: VerticleEnv, *, replacement: bool = False
+    ) -> None:
         logs.configure_from_env()
         self.log = logs.bind(log, store=spec.name, actor=uuid)
         self.uuid = uuid
         self.node_id = env.node_id()
         self.node_ip = env.node_ip()
-        recovered = env.restarted()
+        # A replacement (the registry re-created this actor because its node died) is a restart on
+        # another node: whatever it finds on disk is reopened, never trusted blindly (the gap rule), and
+        # what it cannot serve is rebuilt from peers.
+        recovered = env.restarted() or replacement
         root = env.data_dir()
         directory = None if root is None else root / spec.name / uuid
         # Reads in other threads get the interpreter often while a batch is applied in Python code.

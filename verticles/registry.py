@@ -9,6 +9,10 @@ wall-clock based on a rebuild), so facades refresh.
 Ingest records (``runtime.feeds.FeedBook``: each store's feed, its liveness and dead-letter totals) are not
 in the query actors, so the registry keeps them in a file under its node's data directory and reads it
 back after a restart; live feeders also re-send their whole state with every heartbeat.
+
+About every second it checks which nodes Ray reports alive (``check_nodes``): the query actors of a node
+that died are re-created, same name, on live nodes, and rebuild their copies from peers (docs/design.md,
+"Node loss").
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import FEED_SAVE_INTERVAL, FEED_STALE_AFTER
 from runtime.feeds import FeedBook, FeedReport, load_book, save_book
-from runtime.ownership import ActorInfo, ClusterView, Endpoint, Placement, plan_placement, table_from_placement
+from runtime.ownership import (
+    ActorInfo,
+    ClusterView,
+    Endpoint,
+    Placement,
+    plan_placement,
+    replacement_node,
+    table_from_placement,
+)
 from runtime.registry import RegistryState
 from verticles.env import RegistryEnv
 
@@ -75,6 +87,7 @@ class Registry:
             self._restore_feeds(stale_after)
         else:
             self._save_feeds()  # a new deployment: records left by an earlier one in this namespace go
+        env.watch_nodes()
 
     def _rebuild(self, epoch: int) -> None:
         self.state = RegistryState(epoch=epoch)
@@ -178,3 +191,38 @@ class Registry:
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
         return self.state.actor_moved(uuid, node_id, node_ip)
+
+    def check_nodes(self) -> list[str]:
+        """Re-create the query actors of nodes Ray reports dead on live nodes; returns their uuids.
+
+        Each goes to the node ``replacement_node`` picks (no other copy of its partitions there while
+        another node is left), keeps its uuid, so tables and handles by name stay valid, and its move bumps
+        the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted. Nothing
+        happens while every node is alive, and an actor already moved is not moved again; one that could
+        not be re-created is tried again at the next check.
+        """
+        alive = sorted(self._env.alive_nodes())
+        if not alive:  # Ray could not say: never move everything on a blip
+            return []
+        for node_id in [n for n in self.state.view().endpoints if n not in alive]:
+            self.state.unregister_endpoint(node_id)
+        moved: list[str] = []
+        lost = sorted(u for u, info in self.state.view().actors.items() if info.node_id not in alive)
+        for uuid in lost:
+            view = self.state.view()  # again for each: earlier moves count in the placement
+            info = view.actors[uuid]
+            table = view.table(info.store)
+            node = None if table is None else replacement_node(table, view.actors, uuid, alive)
+            if table is None or node is None:
+                continue
+            log.warning("node %s is gone: re-creating query actor %s of %s on node %s", info.node_id, uuid,
+                        info.store, node, extra={"store": info.store, "actor": uuid})  # fmt: skip
+            try:
+                new = self._env.replace_query_actor(table.spec, uuid, info.partitions, node)
+            except Exception:
+                log.exception("could not re-create query actor %s; trying again at the next check", uuid,
+                              extra={"store": info.store, "actor": uuid})  # fmt: skip
+                continue
+            self.state.actor_moved(uuid, new.node_id, new.node_ip)
+            moved.append(uuid)
+        return moved

@@ -6,7 +6,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayTaskError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    ActorUnschedulableError,
+    GetTimeoutError,
+    RayTaskError,
+)
 
 from runtime import raycalls
 from runtime.deadline import Deadline
@@ -30,6 +36,9 @@ def test_restarting_dead_and_late_actors() -> None:
     dead = raycalls.translate(ActorDiedError(), "get", actor="a1")
     assert isinstance(dead, OwnerUnavailable) and dead.details["retry_after"] == 5
     assert isinstance(raycalls.translate(GetTimeoutError("late"), "get"), DeadlineExceeded)
+    # Pinned to a node that died: unavailable until the registry re-creates it elsewhere.
+    orphan = raycalls.translate(ActorUnschedulableError("node gone"), "apply", actor="a1")
+    assert isinstance(orphan, OwnerUnavailable) and orphan.details["retry_after"] == 1
 
 
 def test_errors_that_are_not_rays_are_not_swallowed() -> None:

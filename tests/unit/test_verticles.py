@@ -38,6 +38,9 @@ class FakeEnv:
         self.data: Path | None = None
         self.exported: list[Any] = []
         self.peers: dict[str, Any] = {}
+        self.replaced: list[tuple[str, tuple[int, ...], str]] = []
+        self.refuse: set[str] = set()
+        self.watching = 0
 
     def node_id(self) -> str:
         return "node-a"
@@ -77,6 +80,15 @@ class FakeEnv:
             self.started.append((uuid, tuple(partitions), node))
             out.append(ActorInfo(uuid, spec.name, node or "node-a", "10.0.0.9", tuple(partitions)))
         return out
+
+    def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        if node_id in self.refuse:
+            raise RuntimeError(f"cannot place on {node_id}")
+        self.replaced.append((uuid, tuple(partitions), node_id))
+        return ActorInfo(uuid, spec.name, node_id, "10.0.0.8", tuple(partitions))
+
+    def watch_nodes(self) -> None:
+        self.watching += 1
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         return list(self.infos)
@@ -138,6 +150,83 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     assert list(status) == ["s"] and status["s"]["batch_id"] == 3  # reports for unknown stores are ignored
     assert registry.drop_store("s") == [u for u, _, _ in env.started]
     assert env.destroyed == [u for u, _, _ in env.started] and registry.status() == {"ingest": {}}
+
+
+def test_the_actors_of_a_dead_node_are_re_created_on_live_nodes_under_the_same_names() -> None:
+    env = FakeEnv(nodes=("node-a", "node-b", "node-c"))
+    registry = Registry("ns", env, new_uuid=uuids())
+    assert env.watching == 1  # the registry watches for dead nodes from the start
+    registry.register_endpoint("node-c", "10.0.0.3", 7400)
+    registry.create_store(kv_spec("s", partitions=6, actors=3, standbys=1))
+    view = registry.create_store(kv_spec("t", partitions=2, actors=2))
+    before = {u: (a.node_id, a.partitions) for u, a in view.actors.items()}
+    epoch = registry.epoch()
+    assert registry.check_nodes() == [] and registry.epoch() == epoch  # every node alive: nothing happens
+    assert env.replaced == [] and env.killed == []
+
+    env.nodes = ["node-a", "node-b"]  # node-c dies
+    (lost,) = [u for u, (node, _) in before.items() if node == "node-c"]
+    assert registry.check_nodes() == [lost]
+    view = registry.view()
+    assert view.epoch > epoch  # facades learn of the move
+    assert "node-c" not in view.endpoints
+    # Same name, same partitions; every copy is still held; no actor left on the dead node.
+    assert [(u, parts) for u, parts, _ in env.replaced] == [(lost, before[lost][1])]
+    assert view.actors[lost].node_id in ("node-a", "node-b") and view.actors[lost].partitions == before[lost][1]
+    assert {u: a.partitions for u, a in view.actors.items()} == {u: p for u, (_, p) in before.items()}
+    assert all(a.node_id != "node-c" for a in view.actors.values())
+    # Idempotent: the moved actor is on a live node now.
+    epoch = registry.epoch()
+    assert registry.check_nodes() == [] and registry.epoch() == epoch and len(env.replaced) == 1
+
+
+def test_a_re_created_actor_goes_to_a_node_without_another_copy_of_its_partitions() -> None:
+    env = FakeEnv(nodes=("node-a", "node-b", "node-c", "node-d"))
+    registry = Registry("ns", env, new_uuid=uuids())
+    # Four actors, one per node; actor i holds its partitions and a standby copy of actor i-1's.
+    view = registry.create_store(kv_spec("s", partitions=4, actors=4, standbys=1))
+    table = view.table("s")
+    assert table is not None
+    on = {a.node_id: u for u, a in view.actors.items()}
+    lost = on["node-b"]
+    env.nodes = ["node-a", "node-c", "node-d"]
+    registry.check_nodes()
+    view = registry.view()
+    peers = {
+        u for u, parts in table.all_owners().items() if u != lost and set(parts) & set(view.actors[lost].partitions)
+    }
+    peer_nodes = {view.actors[u].node_id for u in peers}
+    assert len(peer_nodes) == 2 and view.actors[lost].node_id not in peer_nodes  # the one node free of its copies
+    # With only two nodes left, every node holds a copy: the least loaded one is taken.
+    env.nodes = ["node-a", "node-c"]
+    registry.check_nodes()
+    counts = [a.node_id for a in registry.view().actors.values()]
+    assert sorted(counts.count(n) for n in ("node-a", "node-c")) == [2, 2]
+
+
+def test_an_actor_that_could_not_be_re_created_is_tried_again_and_nothing_moves_without_live_nodes() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=1))
+    lost = next(u for u, a in view.actors.items() if a.node_id == "node-b")
+    env.nodes = []  # Ray cannot say which nodes are alive: nothing is moved on that
+    assert registry.check_nodes() == []
+    env.nodes = ["node-a"]
+    env.refuse = {"node-a"}
+    epoch = registry.epoch()
+    assert registry.check_nodes() == [] and registry.view().actors[lost].node_id == "node-b"
+    assert registry.epoch() == epoch  # nothing moved (and node-b had no endpoint to unlist)
+    env.refuse = set()
+    assert registry.check_nodes() == [lost] and registry.view().actors[lost].node_id == "node-a"
+
+
+def test_a_replacement_query_actor_opens_its_partitions_as_a_restarted_one_would() -> None:
+    spec = kv_spec("s", partitions=4, actors=2)
+    env = FakeEnv()
+    replacement = QueryVerticle("u1", spec, [0, 2], env, replacement=True)
+    with pytest.raises(PartitionUnavailable):
+        replacement.get_many([(0, "k")])
+    assert env.moves == [("u1", "node-a", "10.0.0.1")]
 
 
 def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles() -> None:
