@@ -31,7 +31,7 @@ def test_status_shows_stores_partitions_replicas_positions_ingest_and_endpoints(
     assert {"customer-v1-changelog", "order-count"} <= set(rows)
     for name in ("customer-v1-changelog", "order-count"):
         cells = [c.strip() for c in rows[name].split("│")[1:-1]]
-        assert cells[1:3] == ["kv", "4"]
+        assert cells[1:3] == ["kv", "4 (+1 standby)"]  # two nodes: one standby per partition by default
         assert cells[4].startswith("4 serving, batch ")
         assert cells[5] == "0 batches"
         assert cells[6].startswith("running, batch ")

@@ -142,7 +142,7 @@ def test_the_console_shows_stores_answers_queries_pages_and_locates_keys(secured
     stores = {row[0]: row for row in _cells(page, "#stores tbody tr[data-store]")}
     assert set(stores) == {"customer-v1-changelog", "order-count"}
     customers = stores["customer-v1-changelog"]
-    assert customers[1] == "kv" and customers[2] == "key string" and customers[4] == "4"
+    assert customers[1] == "kv" and customers[2] == "key string" and customers[4] == "4 (+1 standby)"  # two nodes
     nodes = {n[:12] for n in secured_seed.endpoints}
     assert customers[5].count("active") == 2 and all(n in customers[5] for n in nodes)  # one actor per node
     assert "4 serving" in customers[6] and customers[7] == "max 0 batches"

@@ -109,7 +109,14 @@ def test_down_and_up_then_a_restart_on_the_old_checkpoint_rebuilds_the_stores(
             assert wrong == []
             catalog = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}
             assert catalog["order-count"]["ingest"]["plan"] == "rebuild"
-            assert {p["state"] for p in catalog["order-count"]["positions"]} == {"serving"}
+
+            def all_serving() -> bool:
+                # Standbys get each batch first: a read can be answered (by a standby) while the actives
+                # are still applying the rebuild's first batch, so the actives' states are waited for.
+                entries = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}
+                return {p["state"] for p in entries["order-count"]["positions"]} == {"serving"}
+
+            wait_for(all_serving, timeout=30, what="every partition of order-count serving on its active")
             superseded = [p.name for p in (tmp_path / "checkpoints" / namespace).iterdir() if "superseded" in p.name]
             assert len(superseded) == 2  # both stores' old checkpoints kept aside, not deleted
         finally:

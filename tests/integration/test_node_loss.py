@@ -177,7 +177,7 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
         body = http_get(f"{url}/stores/{SPEC.name}/all?limit=1000")[2]
         assert [e["key"] for e in body["result"]] == USERS
         for u, held in table.all_owners().items():  # every copy, the re-created one included, holds the latest
-            copy = raycalls.get(ray.get_actor(u, namespace=runtime.namespace).scan.remote(held, Scan()), "scan")
+            copy, _ = raycalls.get(ray.get_actor(u, namespace=runtime.namespace).scan.remote(held, Scan()), "scan")
             assert {k: decode_value(v) for k, v in copy} == {
                 k: v for k, v in latest.items() if table.partition_of(k) in held
             }

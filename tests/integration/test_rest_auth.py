@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -34,7 +35,7 @@ def riqr_up(ray_cluster: RayCluster) -> Iterator[tuple[str, list[str], str]]:
     try:
         assert done.returncode == 0, done.stderr
         lines = done.stdout.split()
-        urls = [w for w in lines if w.startswith("http://")]
+        urls = re.findall(r"REST API at (http://\S+)", done.stdout)  # not the console's URL on the same line
         token = lines[-1]
         assert len(urls) == 2 and token.count(".") == 2, done.stdout
         assert token not in done.stderr  # on stdout for the operator, never in the log stream
