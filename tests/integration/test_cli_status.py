@@ -34,7 +34,8 @@ def test_status_shows_stores_partitions_replicas_positions_ingest_and_endpoints(
         assert cells[1:3] == ["kv", "4 (+1 standby)"]  # two nodes: one standby per partition by default
         assert cells[4].startswith("4 serving, batch ")
         assert cells[5] == "0 batches"
-        assert cells[6].startswith("running, batch ")
+        # The seeded topology was stopped after its batches: its feeder says so within a heartbeat.
+        assert cells[6].startswith(("running, batch ", "stopped, batch "))
     for node in seeded.endpoints:  # every node holds one actor of each store, two partitions each
         assert out.count(f"{node[:12]}: 2 active") == 2
     for url in seeded.endpoints.values():
