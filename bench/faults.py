@@ -1,6 +1,7 @@
 """Benchmark: query actors killed every 10 s under load, and how long a restarted actor takes to serve.
 
     .venv/bin/python -m bench.faults [--duration 60] [--every 10] [--engine rocksdb] [--sizes 100000,1000000]
+                                     [--standbys 0,1]
 
 Scenario 1 runs the real food-orders topology on a local Ray and Spark: a writer produces orders for 12
 keys every 0.3 s, a reader GETs their counts as fast as one client goes, and every ``--every`` seconds one
@@ -120,8 +121,10 @@ def worker_pid(handle: Any) -> int:
     return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
 
 
-def scenario_kills(spark: Any, duration: float, every: float, engine: str, *, kill: bool) -> dict[str, Any]:
-    """One run of scenario 1; returns its figures."""
+def scenario_kills(
+    spark: Any, duration: float, every: float, engine: str, *, kill: bool, standbys: int | None = None
+) -> dict[str, Any]:
+    """One run of scenario 1 (``standbys`` copies of each partition; None: riqr's default); its figures."""
     import ray
 
     from runtime.config import RuntimeConfig
@@ -133,7 +136,7 @@ def scenario_kills(spark: Any, duration: float, every: float, engine: str, *, ki
     home = Path(tempfile.mkdtemp(prefix="riqr-faults-"))
     deployment = deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0))
     url = deployment.endpoints[0].url
-    options = TopologyOptions(namespace=namespace, trigger="250 milliseconds", engine=engine)
+    options = TopologyOptions(namespace=namespace, trigger="250 milliseconds", engine=engine, standbys=standbys)
     queries = food_orders.start(spark, home, options)
     try:
         from riqr.demo import load_seed, wait_until
@@ -271,6 +274,9 @@ def main() -> None:
     parser.add_argument("--engine", default="rocksdb", choices=["rocksdb", "memory"])
     parser.add_argument("--sizes", default="100000,1000000", help="keys per partition for the restore timings")
     parser.add_argument("--skip-baseline", action="store_true", help="do not run the no-kill baseline")
+    parser.add_argument(
+        "--standbys", default="0", help="comma-separated standby counts: one kill run each (e.g. 0,1 to compare)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("RIQR_DATA", tempfile.mkdtemp(prefix="riqr-faults-data-"))
 
@@ -285,21 +291,24 @@ def main() -> None:
         if not args.skip_baseline:
             print("baseline: the same load, no kill", file=sys.stderr)
             runs.append(("no kill", scenario_kills(spark, args.duration, args.every, args.engine, kill=False)))
-        print(f"kills every {args.every:g}s for {args.duration:g}s ({args.engine} engine)", file=sys.stderr)
-        runs.append(("kills", scenario_kills(spark, args.duration, args.every, args.engine, kill=True)))
+        for n in [int(x) for x in args.standbys.split(",") if x]:
+            print(f"kills every {args.every:g}s for {args.duration:g}s ({args.engine} engine, {n} standby)",
+                  file=sys.stderr)  # fmt: skip
+            figures = scenario_kills(spark, args.duration, args.every, args.engine, kill=True, standbys=n)
+            runs.append((f"kills, {n} sb", figures))
         print("restore time per partition size", file=sys.stderr)
-        restores = scenario_restore([int(s) for s in args.sizes.split(",")], ["memory", "rocksdb"])
+        restores = scenario_restore([int(s) for s in args.sizes.split(",") if s], ["memory", "rocksdb"])
     finally:
         spark.stop()
         ray.shutdown()
 
     print(f"\nscenario 1: order-count under GET load, {args.engine} engine, {args.duration:g}s")
-    print(f"{'run':<10}{'requests':>10}{'correct %':>11}{'wrong':>7}{'503s':>7}{'kills':>7}{'503 s/kill':>12}"
+    print(f"{'run':<14}{'requests':>10}{'correct %':>11}{'wrong':>7}{'503s':>7}{'kills':>7}{'503 s/kill':>12}"
           f"{'longest gap s':>15}{'converged':>11}{'query alive':>13}")  # fmt: skip
     for name, r in runs:
         per_kill = r["unavailable_s"] / r["kills"] if r["kills"] else 0.0
         print(
-            f"{name:<10}{r['requests']:>10}{100 * r['correct'] / max(r['requests'], 1):>10.2f}%{r['wrong']:>7}"
+            f"{name:<14}{r['requests']:>10}{100 * r['correct'] / max(r['requests'], 1):>10.2f}%{r['wrong']:>7}"
             f"{r['503']:>7}{r['kills']:>7}{per_kill:>12.2f}{r['longest_gap_s']:>15.2f}{r['converged']!s:>11}"
             f"{r['queries_alive']!s:>13}"
         )
