@@ -24,6 +24,7 @@ from runtime.metrics import CATALOG
 from runtime.partitioner import partition_of_bytes
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import http_get, wait_for
+from tests.promtext import value as _value
 
 pytestmark = pytest.mark.integration
 
@@ -50,18 +51,6 @@ def _text(url: str) -> str:
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
         assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return str(answer.read().decode())
-
-
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def _value(text: str, name: str, **labels: str) -> float:
-    return _samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def _ready(url: str) -> tuple[int, Any]:

@@ -9,28 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.facade import Facade
 from runtime.health import ClusterSnapshot, cluster_families
 from runtime.metrics import CATALOG, QUERY_METRICS, MetricDef, Metrics, Mirror, exposition
 from runtime.query import QueryCore
 from runtime.rest import build_app
+from tests.promtext import value as _value
 from tests.unit.fakes import FakeBus, kv_spec
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def _value(text: str, name: str, **labels: str) -> float:
-    return _samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.mark.parametrize("d", CATALOG, ids=lambda d: d.name)
