@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
@@ -92,8 +92,9 @@ class JsonErrorRequestHandler(web.RequestHandler):
     __slots__ = ()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        super().connection_made(_LingeringTransport(transport))  # type: ignore[arg-type]
+        # A stream transport, whatever the loop: uvloop's (which Ray's async actors use when it is
+        # installed) does not subclass asyncio.Transport, so no isinstance check here.
+        super().connection_made(_LingeringTransport(cast(asyncio.Transport, transport)))  # type: ignore[arg-type]
 
     def _lingering(self) -> _LingeringTransport | None:
         transport = self.transport
