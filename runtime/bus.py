@@ -53,6 +53,15 @@ class Bus(Protocol):
 
     async def fetch_epoch(self) -> int: ...
 
+    async def wait_epoch(self, known: int, timeout: float) -> int:
+        """The registry's epoch as soon as it is not ``known``, or after about ``timeout`` seconds."""
+        ...
+
+    def suspect(self, uuid: str) -> None:
+        """Tell the registry query actor ``uuid`` could not be reached (fire and forget: it checks, and
+        promotes a standby if the actor is down)."""
+        ...
+
     async def fetch_status(self) -> dict[str, Any]:
         """What the registry knows beyond routing: ingest state per store."""
         ...

@@ -31,6 +31,9 @@ __all__ = [
     "MAX_KEY_CHARS",
     "MAX_BODY_BYTES",
     "VIEW_REFRESH_INTERVAL",
+    "EPOCH_WAIT",
+    "EPOCH_WAIT_MAX",
+    "SUSPECT_CHECK_GAP",
     "FEED_HEARTBEAT_INTERVAL",
     "FEED_STALE_AFTER",
     "FEED_SAVE_INTERVAL",
@@ -77,8 +80,14 @@ MAX_KEY_CHARS = 1024
 MAX_BODY_BYTES = 1024
 # The micro-batch interval of riqr's topologies.
 DEFAULT_TRIGGER = "250 milliseconds"
-# How often a facade compares its cached view's epoch with the registry's.
+# How long a facade's long poll for a new epoch waits at the registry before asking again (a change
+# answers it at once), and the most the registry lets one wait. When the long poll fails (the registry
+# restarting), the facade falls back to comparing epochs every VIEW_REFRESH_INTERVAL.
+EPOCH_WAIT = 10.0
+EPOCH_WAIT_MAX = 30.0
 VIEW_REFRESH_INTERVAL = 1.0
+# The least time between two checks of the query actors that facades ask for (``Registry.suspect``).
+SUSPECT_CHECK_GAP = 0.2
 # How often a topology process tells the registry that the stores it feeds are still fed, and how long
 # the registry waits without hearing it before it calls a feed stale (/ready 503): three missed beats, so
 # one slow or lost call does not flip readiness (docs/operations.md, "Probes").

@@ -8,7 +8,7 @@ grows on every change; a facade refreshes when it sees a newer epoch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "plan_placement",
     "Placement",
     "replacement_node",
+    "table_from_holdings",
 ]
 
 
@@ -88,6 +89,30 @@ class OwnershipTable:
                 out.setdefault(owners.active, []).append(p)
         return out
 
+    def promote(self, down: Set[str]) -> OwnershipTable:
+        """This table with every partition whose active is in ``down`` answered for by its first standby
+        that is not; the old active becomes the last standby (it still holds a copy and gets every batch).
+        Partitions with no such standby keep their active. The same table if nothing changed."""
+        owners = list(self.partitions)
+        for p, current in enumerate(owners):
+            if current.active is None or current.active not in down:
+                continue
+            up = [u for u in current.standbys if u not in down]
+            if up:
+                owners[p] = _with_active(current, up[0])
+        return self if owners == list(self.partitions) else OwnershipTable(self.spec, tuple(owners))
+
+    def with_active(self, partition: int, uuid: str) -> OwnershipTable:
+        """This table with ``uuid``, which must hold a copy of ``partition``, as its active."""
+        current = self.partitions[partition]
+        if current.active == uuid:
+            return self
+        if uuid not in current.standbys:
+            raise ValueError(f"{uuid} holds no copy of partition {partition} of {self.spec.name}")
+        owners = list(self.partitions)
+        owners[partition] = _with_active(current, uuid)
+        return OwnershipTable(self.spec, tuple(owners))
+
     def unassigned(self) -> list[int]:
         return [p for p, owners in enumerate(self.partitions) if owners.active is None]
 
@@ -98,6 +123,11 @@ class OwnershipTable:
             for uuid in ((owners.active,) if owners.active else ()) + owners.standbys:
                 out.setdefault(uuid, []).append(p)
         return out
+
+
+def _with_active(owners: PartitionOwners, uuid: str) -> PartitionOwners:
+    rest = tuple(u for u in owners.standbys if u != uuid)
+    return PartitionOwners(uuid, rest + ((owners.active,) if owners.active else ()))
 
 
 @dataclass(frozen=True)
@@ -211,3 +241,23 @@ def replacement_node(
             load[info.node_id] += 1
     free = sorted(live - taken) or sorted(live)
     return min(free, key=lambda n: (load[n], n))
+
+
+def table_from_holdings(spec: StoreSpec, holdings: Mapping[str, Sequence[int]]) -> OwnershipTable:
+    """An ownership table rebuilt from what each actor holds (a restarted registry asks the actors).
+
+    The actors know which partitions they hold a copy of, not which copy was active, so actives are
+    dealt out evenly: partition ``p``'s active is the ``p``-th of its holders (sorted by uuid) round the
+    ring, the others are its standbys in ring order. Every copy serves reads alike (the in-sync rule is
+    the copy's own, and facades refuse older copies), so this only balances the load.
+    ``KeyError`` when a partition has no holder.
+    """
+    owners = []
+    for p in range(spec.partitions):
+        holders = sorted(u for u, parts in holdings.items() if p in parts)
+        if not holders:
+            raise KeyError(p)
+        first = p % len(holders)
+        ring = holders[first:] + holders[:first]
+        owners.append(PartitionOwners(ring[0], tuple(ring[1:])))
+    return OwnershipTable(spec, tuple(owners))

@@ -89,10 +89,16 @@ def translate(exc: BaseException, what: str, *, actor: str | None = None) -> Riq
 
 
 async def call(
-    submit: Callable[[], Awaitable[T]], what: str, *, deadline: Deadline | None = None, actor: str | None = None
+    submit: Callable[[], Awaitable[T]],
+    what: str,
+    *,
+    deadline: Deadline | None = None,
+    actor: str | None = None,
+    on_restarting: Callable[[], None] | None = None,
 ) -> T:
     """Await the Ray call that ``submit()`` makes, translating failures; a restarting actor is called again
-    (``submit()`` once more) with backoff until ``deadline``, then it is ``OwnerUnavailable``."""
+    (``submit()`` once more) with backoff until ``deadline``, then it is ``OwnerUnavailable``.
+    ``on_restarting`` is called when the actor is first found restarting (a facade tells the registry)."""
     backoff = _FIRST_BACKOFF
     while True:
         try:
@@ -100,7 +106,10 @@ async def call(
         except RiqrError:
             raise
         except Exception as exc:
-            if deadline is None or not is_restarting(exc) or deadline.remaining() <= backoff:
+            restarting = is_restarting(exc)
+            if restarting and on_restarting is not None and backoff == _FIRST_BACKOFF:
+                on_restarting()
+            if deadline is None or not restarting or deadline.remaining() <= backoff:
                 raise translate(exc, what, actor=actor) from None
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, _MAX_BACKOFF)

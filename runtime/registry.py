@@ -6,6 +6,7 @@ thin shell over this class that also creates the query actors a new store needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from runtime.catalog import StoreSpec
@@ -20,6 +21,8 @@ class RegistryState:
 
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
+        # Called with the new epoch after every change (the registry wakes facades waiting for one).
+        self.listeners: list[Callable[[int], None]] = []
         self._tables: dict[str, OwnershipTable] = {}
         self._actors: dict[str, ActorInfo] = {}
         self._endpoints: dict[str, Endpoint] = {}
@@ -46,6 +49,16 @@ class RegistryState:
         for info in actors:
             self._actors[info.uuid] = info
         return self._bump()
+
+    def replace_table(self, table: OwnershipTable) -> int:
+        """A store's owners changed (a standby promoted, an active given back); same store, same actors."""
+        current = self._tables.get(table.spec.name)
+        if current is None:
+            raise StoreNotFound(f"store {table.spec.name!r} is not known", store=table.spec.name)
+        if current != table:
+            self._tables[table.spec.name] = table
+            self._bump()
+        return self.epoch
 
     def drop(self, store: str) -> list[str]:
         """Forget a store; returns the uuids of its actors (for the caller to stop)."""
@@ -79,4 +92,6 @@ class RegistryState:
 
     def _bump(self) -> int:
         self.epoch += 1
+        for listener in self.listeners:
+            listener(self.epoch)
         return self.epoch

@@ -6,13 +6,15 @@ actor that is restarting is called again within the request deadline before it i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
 from runtime import raycalls
-from runtime.config import DEFAULT_REQUEST_TIMEOUT, REGISTRY_NAME
+from runtime.config import DEFAULT_REQUEST_TIMEOUT, REGISTRY_NAME, SUSPECT_CHECK_GAP
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable
 from runtime.monotonic import Spans
@@ -21,15 +23,29 @@ from runtime.scan import Scan
 
 __all__ = ["RayBus", "RayOwner"]
 
+log = logging.getLogger(__name__)
+
 
 class RayOwner:
     """A query actor reached by its uuid name."""
 
-    def __init__(self, uuid: str, namespace: str, timeout: float) -> None:
+    def __init__(
+        self, uuid: str, namespace: str, timeout: float, on_trouble: Callable[[str], None] | None = None
+    ) -> None:
         self.uuid = uuid
         self._namespace = namespace
         self._timeout = timeout
         self._handle: Any = None
+        # Told (at most once per SUSPECT_CHECK_GAP) when the actor is found restarting or dead, so the
+        # registry can promote a standby without waiting for the request to give up on this actor.
+        self._on_trouble = on_trouble
+        self._troubled_at = -SUSPECT_CHECK_GAP
+
+    def _trouble(self) -> None:
+        now = time.monotonic()
+        if self._on_trouble is not None and now - self._troubled_at >= SUSPECT_CHECK_GAP:
+            self._troubled_at = now
+            self._on_trouble(self.uuid)
 
     def _actor(self) -> Any:
         if self._handle is None:
@@ -46,9 +62,14 @@ class RayOwner:
         deadline = Deadline.after(self._timeout)
         try:
             return await raycalls.call(
-                lambda: remote(*args), f"{method} on {self.uuid}", deadline=deadline, actor=self.uuid
+                lambda: remote(*args),
+                f"{method} on {self.uuid}",
+                deadline=deadline,
+                actor=self.uuid,
+                on_restarting=self._trouble,
             )
         except OwnerUnavailable:
+            self._trouble()
             # Look the actor up again next time: the registry may have re-created it under the same name
             # on another node (its node died), and this handle reaches the old one only.
             self._handle = None
@@ -105,8 +126,20 @@ class RayBus:
     async def fetch_status(self) -> dict[str, Any]:
         return await self._registry_call("status")
 
+    async def wait_epoch(self, known: int, timeout: float) -> int:
+        # In the registry's "watch" group (verticles.deploy), so waiting never holds up its other calls.
+        method = self._registry_actor().wait_epoch.options(concurrency_group="watch")
+        deadline = Deadline.after(timeout + self.timeout)
+        return await raycalls.call(lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline)
+
+    def suspect(self, uuid: str) -> None:
+        try:
+            self._registry_actor().suspect.remote(uuid)
+        except Exception:  # best effort: the registry's own check finds the actor within a second
+            log.debug("could not tell the registry about %s", uuid, exc_info=True)
+
     def owner(self, uuid: str) -> RayOwner:
         owner = self._owners.get(uuid)
         if owner is None:
-            owner = self._owners[uuid] = RayOwner(uuid, self.namespace, self.timeout)
+            owner = self._owners[uuid] = RayOwner(uuid, self.namespace, self.timeout, on_trouble=self.suspect)
         return owner

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray._private.state as ray_state  # the GCS actor table: ray.util.state needs the dashboard
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime import logs, raycalls
@@ -33,6 +34,7 @@ from runtime.deadline import Deadline
 from runtime.errors import OwnerUnavailable
 from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint
+from runtime.partition import SERVING
 from runtime.snapshots import SnapshotOffer
 from verticles.bus import RayBus
 from verticles.facade import FacadeVerticle
@@ -63,6 +65,11 @@ _EXPORT_TIMEOUT = 300.0
 # The registry looks for dead nodes this often; a check that re-creates actors may take a while.
 _NODE_CHECK_EVERY = 1.0
 _CHECK_TIMEOUT = 300.0
+# How long the registry waits for a query actor that is back to say what it serves (it blocks the
+# registry meanwhile, so short; a copy that does not answer in time is asked again at the next check).
+_PROBE_TIMEOUT = 0.5
+# Threads of the registry's "watch" group: facades waiting for the next epoch (``Registry.wait_epoch``).
+_EPOCH_WATCHERS = 64
 # Threads of a query actor: reads go on while one thread applies a batch (docs/benchmarks.md).
 _QUERY_THREADS = 4
 
@@ -84,9 +91,9 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
             **strategy, **runtime_env, **extra}  # fmt: skip
 
 
-def _remote(cls: type) -> Any:
+def _remote(cls: type, **options: Any) -> Any:
     """``ray.remote`` applied to a verticle class (typed loosely: Ray's actor classes defeat mypy)."""
-    return ray.remote(cls)
+    return ray.remote(**options)(cls) if options else ray.remote(cls)
 
 
 def alive_nodes() -> list[str]:
@@ -199,6 +206,19 @@ class RayEnv:
                 time.sleep(0.1)
         where = raycalls.get(handle.ready.remote(), f"re-creating query actor {uuid}", timeout=_CALL_TIMEOUT)
         return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
+
+    def unavailable_actors(self, uuids: Sequence[str]) -> set[str]:
+        # Ray's actor table, filtered to live actors by the GCS; names are uuids, unique across namespaces.
+        alive = {a["Name"] for a in ray_state.actors(actor_state_name="ALIVE").values()}
+        return {u for u in uuids if u not in alive}
+
+    def serving_partitions(self, uuid: str) -> set[int]:
+        try:
+            handle = ray.get_actor(uuid, namespace=self.namespace)
+            positions = raycalls.get(handle.positions.remote(), "positions", timeout=_PROBE_TIMEOUT)
+        except Exception:
+            return set()
+        return {p for p, pos in positions.items() if pos.get("state") == SERVING}
 
     def watch_nodes(self) -> None:
         def watch() -> None:
@@ -324,7 +344,7 @@ def ensure_registry(namespace: str) -> Any:
     """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
     registry keeps its own, since ``get_if_exists`` ignores the arguments)."""
     handle = (
-        _remote(Registry)
+        _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
         .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True))
         .remote(namespace, RayEnv(namespace), secrets=DeploymentSecrets.generate())
     )

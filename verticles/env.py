@@ -92,6 +92,16 @@ class ClusterOps(Protocol):
         """Call the registry's ``check_nodes`` about every second from now on (in the background)."""
         ...
 
+    def unavailable_actors(self, uuids: Sequence[str]) -> set[str]:
+        """Those of the named query actors that Ray does not list alive (dead, restarting, being
+        created): one look at Ray's actor table, not a call to each actor."""
+        ...
+
+    def serving_partitions(self, uuid: str) -> set[int]:
+        """The partitions query actor ``uuid`` says it serves (complete, in sync); empty if it does not
+        answer promptly."""
+        ...
+
     def query_actor_infos(self) -> list[dict[str, Any]]:
         """``info()`` of every live query actor of the namespace (a restarted registry rebuilds from them)."""
         ...

@@ -12,12 +12,16 @@ back after a restart; live feeders also re-send their whole state with every hea
 
 About every second it checks which nodes Ray reports alive (``check_nodes``): the query actors of a node
 that died are re-created, same name, on live nodes, and rebuild their copies from peers (docs/design.md,
-"Node loss").
+"Node loss"). The same check promotes a standby wherever an active copy's actor is not alive (dead,
+restarting, being re-created), and gives the partition back to its first active once that copy serves
+again; a facade that finds an owner unreachable asks for the check at once (``suspect``). Facades learn
+of every change by waiting on ``wait_epoch`` (a long poll), so a promotion reaches them in milliseconds.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
@@ -27,15 +31,16 @@ from typing import Any
 from runtime import logs
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
-from runtime.config import FEED_SAVE_INTERVAL, FEED_STALE_AFTER
+from runtime.config import EPOCH_WAIT_MAX, FEED_SAVE_INTERVAL, FEED_STALE_AFTER, SUSPECT_CHECK_GAP
 from runtime.feeds import FeedBook, FeedReport, load_book, save_book
 from runtime.ownership import (
     ActorInfo,
     ClusterView,
     Endpoint,
-    Placement,
+    OwnershipTable,
     plan_placement,
     replacement_node,
+    table_from_holdings,
     table_from_placement,
 )
 from runtime.registry import RegistryState
@@ -76,6 +81,11 @@ class Registry:
         self._new_uuid = new_uuid
         self._clock = clock
         self.state = RegistryState()
+        # Woken on every epoch bump; ``wait_epoch`` callers (facades) wait on it in their own threads.
+        self._changed = threading.Condition()
+        # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
+        self._first_active: dict[tuple[str, int], str] = {}
+        self._actors_checked_at = 0.0
         # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
         # changes with every batch, and no request routes by it).
         data = env.data_dir()
@@ -87,6 +97,7 @@ class Registry:
             self._restore_feeds(stale_after)
         else:
             self._save_feeds()  # a new deployment: records left by an earlier one in this namespace go
+        self.state.listeners.append(self._epoch_moved)
         env.watch_nodes()
 
     def _rebuild(self, epoch: int) -> None:
@@ -96,10 +107,8 @@ class Registry:
             by_store.setdefault(info["spec"].name, []).append(info)
         for name, members in by_store.items():
             spec: StoreSpec = members[0]["spec"]
-            members.sort(key=lambda i: i["partitions"])
-            plans = [Placement(i, m["node_id"], tuple(m["partitions"])) for i, m in enumerate(members)]
             try:
-                table = table_from_placement(spec, [m["uuid"] for m in members], plans)
+                table = table_from_holdings(spec, {m["uuid"]: m["partitions"] for m in members})
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
@@ -136,6 +145,21 @@ class Registry:
     def epoch(self) -> int:
         return self.state.epoch
 
+    def _epoch_moved(self, _epoch: int) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_epoch(self, known: int, timeout: float) -> int:
+        """The epoch, as soon as it is not ``known``, or after ``timeout`` seconds (at most
+        ``EPOCH_WAIT_MAX``) if it does not move: a facade's long poll for changes.
+
+        Called in the actor's "watch" concurrency group (``verticles.deploy``), so waiting callers
+        occupy their own threads and never hold up the registry's other calls; it only reads the epoch.
+        """
+        with self._changed:
+            self._changed.wait_for(lambda: self.state.epoch != known, min(max(timeout, 0.0), EPOCH_WAIT_MAX))
+            return self.state.epoch
+
     def view(self) -> ClusterView:
         return self.state.view()
 
@@ -163,6 +187,7 @@ class Registry:
     def drop_store(self, name: str) -> list[str]:
         """Forget a store, stop its actors and delete their data."""
         uuids = self.state.drop(name)
+        self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
         if self.feeds.forget(name):
             self._save_feeds()
         self._env.destroy(uuids)
@@ -191,6 +216,66 @@ class Registry:
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
         return self.state.actor_moved(uuid, node_id, node_ip)
+
+    def suspect(self, uuid: str) -> None:
+        """A facade could not reach query actor ``uuid``: check the actors now rather than at the next
+        tick (at most once per ``SUSPECT_CHECK_GAP``: a burst of failed requests costs one check)."""
+        if self._clock() - self._actors_checked_at >= SUSPECT_CHECK_GAP:
+            log.info("a facade could not reach query actor %s; checking now", uuid, extra={"actor": uuid})
+            self.check_actors()
+
+    def check_actors(self) -> dict[str, list[int]]:
+        """Promote a standby wherever an active copy's actor is not alive; give partitions back to the
+        actives promotions replaced once their copies serve again. Returns store -> partitions whose active
+        changed.
+
+        A promotion needs no knowledge of positions: every copy applies every batch before Spark commits
+        it, a copy that is catching up refuses to answer, and facades refuse a copy older than what they
+        served, so the active is only the copy asked first. Giving back restores the placement's spread of
+        reads over actors; it waits until that copy says it serves the partition.
+        """
+        self._actors_checked_at = self._clock()
+        view = self.state.view()
+        if not view.actors:
+            return {}
+        down = self._env.unavailable_actors(sorted(view.actors))
+        if len(down) == len(view.actors):  # Ray could not say, or nothing is up: moving helps nobody
+            return {}
+        changed: dict[str, list[int]] = {}
+        serving: dict[str, set[int]] = {}
+        for name, table in view.tables.items():
+            new = table.promote(down)
+            for p, (before, after) in enumerate(zip(table.partitions, new.partitions)):
+                if before.active != after.active and before.active is not None:
+                    self._first_active.setdefault((name, p), before.active)
+                    log.warning("query actor %s is down: %s now answers for partition %d of %s", before.active,
+                                after.active, p, name, extra={"store": name, "actor": before.active})  # fmt: skip
+            new = self._give_back(name, new, down, serving)
+            if new != table:
+                self.state.replace_table(new)
+                changed[name] = [p for p, (a, b) in enumerate(zip(table.partitions, new.partitions)) if a != b]
+        return changed
+
+    def _give_back(
+        self, store: str, table: OwnershipTable, down: set[str], serving: dict[str, set[int]]
+    ) -> OwnershipTable:
+        for (name, p), first in list(self._first_active.items()):
+            if name != store:
+                continue
+            owners = table.partitions[p]
+            if owners.active == first or first not in owners.standbys:
+                del self._first_active[(name, p)]  # already back, or no longer a holder
+                continue
+            if first in down:
+                continue
+            if first not in serving:
+                serving[first] = self._env.serving_partitions(first)
+            if p in serving[first]:
+                table = table.with_active(p, first)
+                del self._first_active[(name, p)]
+                log.info("query actor %s serves partition %d of %s again and answers for it", first, p, store,
+                         extra={"store": store, "actor": first})  # fmt: skip
+        return table
 
     def check_nodes(self) -> list[str]:
         """Re-create the query actors of nodes Ray reports dead on live nodes; returns their uuids.
@@ -225,4 +310,8 @@ class Registry:
                 continue
             self.state.actor_moved(uuid, new.node_id, new.node_ip)
             moved.append(uuid)
+        try:
+            self.check_actors()
+        except Exception:
+            log.warning("checking the query actors failed", exc_info=True)
         return moved

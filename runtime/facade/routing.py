@@ -105,7 +105,9 @@ class KeyRouter:
         """The packed value of the internal ``key``; ``KeyNotFound`` when absent.
 
         The active owner is asked first; if it is dead, restarting, slower than ``FAILOVER_AFTER``, or its
-        copy of the partition cannot answer, each standby is asked in turn, within the same deadline.
+        copy of the partition cannot answer, each standby is asked in turn, within the same deadline. An
+        owner that did not answer is reported to the registry (``ViewCache.suspect``), which promotes a
+        standby if the owner is down, so later lookups go to a live copy first.
         An answer from a copy older than what this facade already served from the partition is refused
         (``runtime.monotonic``) and the next copy asked; when every copy that answered was older, all are
         asked again after ``CATCH_UP_PAUSE`` until one catches up, and at the deadline the answer is
@@ -126,6 +128,8 @@ class KeyRouter:
                 except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
                     if isinstance(err, OwnerUnavailable):
                         self._views.refresh_soon()
+                    if not isinstance(err, PartitionUnavailable):  # the actor itself did not answer
+                        self._views.suspect(uuid)
                     if last and behind is None:
                         raise
                     failure = err

@@ -141,6 +141,7 @@ class ScatterGather:
                 answer, spans = await within(deadline, ask(), what)
             except OwnerUnavailable:
                 self._views.refresh_soon()
+                self._views.suspect(uuid)
                 raise
             refused = self.marks.admit_all(table.spec.name, spans, active)
             if not refused:

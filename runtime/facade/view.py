@@ -2,8 +2,11 @@
 
 Every request routes from the cached ``ClusterView``; no request asks the registry, except once when it
 names a store the cached view does not know (so a store created a moment ago is not reported missing).
-A background task compares the registry's epoch with the cached one and refetches when it moved; an
-owner that turns out to be unreachable triggers a refresh at once (``refresh_soon``).
+A background task long-polls the registry for the next epoch (``Bus.wait_epoch``) and refetches the view
+when it moved, so a promotion reaches the facade milliseconds after the registry made it; if the long
+poll fails (the registry restarting), it compares epochs every ``VIEW_REFRESH_INTERVAL`` until it works
+again. An owner that turns out to be unreachable triggers a refresh at once (``refresh_soon``) and is
+reported to the registry (``suspect``), which promotes a standby if the owner is down.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from runtime.bus import Bus
-from runtime.config import VIEW_REFRESH_INTERVAL
+from runtime.config import EPOCH_WAIT, SUSPECT_CHECK_GAP, VIEW_REFRESH_INTERVAL
 from runtime.errors import StoreNotFound
 from runtime.ownership import ClusterView, OwnershipTable
 
@@ -26,9 +30,13 @@ log = logging.getLogger(__name__)
 class ViewCache:
     """The latest ``ClusterView`` a facade knows, refreshed when the registry's epoch moves."""
 
-    def __init__(self, bus: Bus, *, refresh_interval: float = VIEW_REFRESH_INTERVAL) -> None:
+    def __init__(
+        self, bus: Bus, *, refresh_interval: float = VIEW_REFRESH_INTERVAL, epoch_wait: float = EPOCH_WAIT
+    ) -> None:
         self._bus = bus
         self._interval = refresh_interval
+        self._epoch_wait = epoch_wait
+        self._suspected: dict[str, float] = {}
         self._view = ClusterView()
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
@@ -56,14 +64,15 @@ class ViewCache:
 
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(self._interval)
             try:
-                if await self._bus.fetch_epoch() != self._view.epoch:
-                    await self.refresh()
+                epoch = await self._bus.wait_epoch(self._view.epoch, self._epoch_wait)
+                if epoch != self._view.epoch and (await self.refresh()).epoch < epoch:
+                    await asyncio.sleep(self._interval)  # the view lags the epoch it announced: do not spin
             except asyncio.CancelledError:
                 raise
             except Exception:  # the registry may be restarting; keep serving the cached view
                 log.warning("could not refresh the cluster view", exc_info=True)
+                await asyncio.sleep(self._interval)
 
     async def refresh(self) -> ClusterView:
         """Fetch the view from the registry (one fetch at a time; concurrent callers share it)."""
@@ -82,6 +91,15 @@ class ViewCache:
         """Refresh in the background (an owner looked unreachable); one such refresh at a time."""
         if self._soon is None or self._soon.done():
             self._soon = asyncio.get_running_loop().create_task(self._refresh_quietly(), name="riqr-view-refresh")
+
+    def suspect(self, uuid: str) -> None:
+        """Query actor ``uuid`` did not answer (dead, restarting, too slow): tell the registry, at most
+        once per ``SUSPECT_CHECK_GAP`` per actor, so it can promote a standby; the new view comes back
+        through the long poll."""
+        now = time.monotonic()
+        if now - self._suspected.get(uuid, -SUSPECT_CHECK_GAP) >= SUSPECT_CHECK_GAP:
+            self._suspected[uuid] = now
+            self._bus.suspect(uuid)
 
     async def _refresh_quietly(self) -> None:
         try:

@@ -86,6 +86,7 @@ class FakeBus:
         self.state = RegistryState()
         self.owners: dict[str, FakeOwner] = {}
         self.view_fetches = 0
+        self.suspected: list[str] = []
         self.ingest: dict[str, dict[str, Any]] = {}
         self._next = 0
         self.state.register_endpoint(Endpoint("node-a", "host-a", 7400))
@@ -140,6 +141,17 @@ class FakeBus:
 
     async def fetch_epoch(self) -> int:
         return self.state.epoch
+
+    async def wait_epoch(self, known: int, timeout: float) -> int:
+        """The registry's long poll: yields to the loop until the epoch moves or ``timeout`` passes."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        while self.state.epoch == known and loop.time() < until:
+            await asyncio.sleep(0.001)
+        return self.state.epoch
+
+    def suspect(self, uuid: str) -> None:
+        self.suspected.append(uuid)
 
     async def fetch_status(self) -> dict[str, Any]:
         return {"ingest": dict(self.ingest)}

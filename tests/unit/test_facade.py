@@ -342,6 +342,26 @@ async def test_a_get_fails_over_to_the_standby_when_the_active_is_down(replicate
     assert "get_many" in bus.owners[standby].calls
 
 
+async def test_a_dead_active_is_reported_to_the_registry_once_and_its_promotion_reaches_the_facade_at_once(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    bus, facade = replicated
+    active = _active_of(bus, facade, "k007")
+    bus.owners[active].down = True
+    for _ in range(3):  # a burst of failed-over lookups tells the registry once
+        assert await facade.get(KeyQuery("r", "k007")) == "v7"
+    assert bus.suspected == [active]
+    # The registry promotes the standby; the facade's long poll sees the new epoch without a timer.
+    table = bus.state.view().tables["r"]
+    bus.state.replace_table(table.promote({active}))
+    await eventually(lambda: facade.view.epoch == bus.state.epoch, timeout=0.5, what="the pushed view")
+    standby = _active_of(bus, facade, "k007")
+    assert standby != active
+    calls = len(bus.owners[active].calls)
+    assert await facade.get(KeyQuery("r", "k007")) == "v7"
+    assert len(bus.owners[active].calls) == calls  # the promoted copy is asked first: no failover
+
+
 async def test_a_slow_active_is_passed_over_within_the_deadline(
     replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
 ) -> None:

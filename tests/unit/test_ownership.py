@@ -1,3 +1,5 @@
+import pytest
+
 from runtime.ownership import (
     ClusterView,
     OwnershipTable,
@@ -5,6 +7,7 @@ from runtime.ownership import (
     Route,
     Unassigned,
     plan_placement,
+    table_from_holdings,
     table_from_placement,
 )
 from runtime.partitioner import partition_of
@@ -74,3 +77,44 @@ def test_more_copies_than_nodes_share_nodes_but_never_actors() -> None:
     for owners in table.partitions:
         copies = (owners.active, *owners.standbys)
         assert len(set(copies)) == 3
+
+
+def test_promotion_moves_each_partition_of_a_down_active_to_its_first_live_standby() -> None:
+    spec = kv_spec(partitions=3, actors=3, standbys=2)
+    table = OwnershipTable(
+        spec,
+        (PartitionOwners("a", ("b", "c")), PartitionOwners("b", ("c", "a")), PartitionOwners("c", ("a", "b"))),
+    )
+    promoted = table.promote({"a", "b"})
+    # a's partition goes to c (b is down too); b's to c; the old active stays a holder, last in line.
+    assert promoted.partitions == (
+        PartitionOwners("c", ("b", "a")),
+        PartitionOwners("c", ("a", "b")),
+        PartitionOwners("c", ("a", "b")),
+    )
+    assert table.promote(set()) is table and table.promote({"x"}) is table
+    alone = OwnershipTable(kv_spec(partitions=1, actors=1), (PartitionOwners("a"),))
+    assert alone.promote({"a"}) is alone  # no standby: the active stays, and reads get 503s
+    assert sorted(promoted.all_owners()) == ["a", "b", "c"]  # nobody stops holding a copy
+
+
+def test_giving_a_partition_back_to_a_holder_keeps_every_copy() -> None:
+    spec = kv_spec(partitions=2, actors=2, standbys=1)
+    table = OwnershipTable(spec, (PartitionOwners("b", ("a",)), PartitionOwners("b", ("a",))))
+    assert table.with_active(0, "a").partitions == (PartitionOwners("a", ("b",)), PartitionOwners("b", ("a",)))
+    assert table.with_active(0, "b") is table
+    with pytest.raises(ValueError, match="holds no copy"):
+        table.with_active(0, "z")
+
+
+def test_a_table_rebuilt_from_holdings_spreads_the_actives_over_the_holders() -> None:
+    spec = kv_spec(partitions=4, actors=2, standbys=1)
+    table = table_from_holdings(spec, {"u2": [0, 1, 2, 3], "u1": [0, 1, 2, 3]})
+    assert [(o.active, o.standbys) for o in table.partitions] == [
+        ("u1", ("u2",)),
+        ("u2", ("u1",)),
+        ("u1", ("u2",)),
+        ("u2", ("u1",)),
+    ]
+    with pytest.raises(KeyError):
+        table_from_holdings(spec, {"u1": [0, 1]})

@@ -62,8 +62,10 @@ class Flaky:
 
 async def test_a_restarting_actor_is_called_again_within_the_deadline() -> None:
     flaky = Flaky(failures=3)
-    assert await raycalls.call(flaky, "get", deadline=Deadline.after(5)) == "answer"
-    assert flaky.calls == 4
+    told: list[str] = []
+    answer = await raycalls.call(flaky, "get", deadline=Deadline.after(5), on_restarting=lambda: told.append("x"))
+    assert answer == "answer" and flaky.calls == 4
+    assert told == ["x"]  # said once, when first found restarting, not at every retry
 
 
 async def test_past_the_deadline_a_restarting_actor_is_a_503() -> None:

@@ -5,6 +5,7 @@ the HTTP verticle serving, registering, and serving again on its old port after 
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ class FakeEnv:
         self.replaced: list[tuple[str, tuple[int, ...], str]] = []
         self.refuse: set[str] = set()
         self.watching = 0
+        self.down: set[str] = set()
+        self.serving: dict[str, set[int]] = {}
 
     def node_id(self) -> str:
         return "node-a"
@@ -89,6 +92,12 @@ class FakeEnv:
 
     def watch_nodes(self) -> None:
         self.watching += 1
+
+    def unavailable_actors(self, uuids: Sequence[str]) -> set[str]:
+        return {u for u in uuids if u in self.down}
+
+    def serving_partitions(self, uuid: str) -> set[int]:
+        return set(self.serving.get(uuid, ()))
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         return list(self.infos)
@@ -218,6 +227,73 @@ def test_an_actor_that_could_not_be_re_created_is_tried_again_and_nothing_moves_
     assert registry.epoch() == epoch  # nothing moved (and node-b had no endpoint to unlist)
     env.refuse = set()
     assert registry.check_nodes() == [lost] and registry.view().actors[lost].node_id == "node-a"
+
+
+def test_a_down_active_is_replaced_by_its_standby_and_gets_its_partitions_back_once_it_serves() -> None:
+    env = FakeEnv()
+    clock = Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1))
+    table = view.table("s")
+    assert table is not None
+    first = {p: o.active for p, o in enumerate(table.partitions)}
+    victim = first[0]
+    other = next(u for u in view.actors if u != victim)
+    epoch = registry.epoch()
+    assert registry.check_actors() == {} and registry.epoch() == epoch  # every actor alive: nothing moves
+
+    env.down = {victim}  # Ray lists it restarting
+    assert registry.check_actors() == {"s": [0, 2]}
+    after = registry.view().table("s")
+    assert after is not None and registry.epoch() > epoch  # facades learn of it
+    assert [o.active for o in after.partitions] == [other] * 4
+    assert after.partitions[0].standbys == (victim,)  # still a holder: it gets every batch
+
+    env.down = set()  # back, but its copies do not serve yet (restoring, catching up): it waits
+    assert registry.check_actors() == {}
+    env.serving = {victim: {0}}
+    assert registry.check_actors() == {"s": [0]}
+    env.serving = {victim: {0, 2}}
+    assert registry.check_actors() == {"s": [2]}
+    back = registry.view().table("s")
+    assert back is not None and {p: o.active for p, o in enumerate(back.partitions)} == first
+    assert registry.check_actors() == {}  # nothing left to give back
+
+    env.down = set(view.actors)  # Ray lists no actor alive: a blip, never a reason to move everything
+    epoch = registry.epoch()
+    assert registry.check_actors() == {} and registry.epoch() == epoch
+
+
+def test_a_facade_suspecting_an_actor_makes_the_registry_check_at_once_but_not_in_a_burst() -> None:
+    env = FakeEnv()
+    clock = Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=1))
+    victim = next(iter(view.actors))
+    env.down = {victim}
+    registry.suspect(victim)
+    table = registry.view().table("s")
+    assert table is not None and victim not in [o.active for o in table.partitions]
+    env.down = set()
+    env.serving = {victim: {0, 1}}
+    registry.suspect(victim)  # within SUSPECT_CHECK_GAP of the last check: no check
+    assert victim not in [o.active for o in registry.view().table("s").partitions]  # type: ignore[union-attr]
+    clock.now += 1
+    registry.suspect(victim)
+    assert victim in [o.active for o in registry.view().table("s").partitions]  # type: ignore[union-attr]
+
+
+def test_waiting_for_the_next_epoch_returns_as_soon_as_it_moves() -> None:
+    registry = Registry("ns", FakeEnv(), new_uuid=uuids())
+    known = registry.epoch()
+    assert registry.wait_epoch(known, 0.01) == known  # nothing moved: the current one, after the wait
+    assert registry.wait_epoch(known - 1, 10) == known  # already moved: at once
+    answers: list[int] = []
+    waiter = threading.Thread(target=lambda: answers.append(registry.wait_epoch(known, 30)))
+    waiter.start()
+    registry.create_store(kv_spec("s"))  # a change wakes the waiter (Ray runs it in another thread)
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and answers == [registry.epoch()] and answers[0] > known
 
 
 def test_a_replacement_query_actor_opens_its_partitions_as_a_restarted_one_would() -> None:
