@@ -2,9 +2,11 @@
 
 The inputs are the answers of ``GET /stores`` and ``GET /metadata`` (the Python client's ``stores()`` and
 ``metadata()`` give the same) and the registry's endpoints, so the table shows what the console shows.
-A partition's lag is how many batches it is behind the last batch its store's sink reported delivering;
-the sink delivers every batch id to every partition (an empty slice when it has no rows), so the two
-count the same batches.
+A copy's lag is how many batches it is behind the last batch its store's sink reported delivering, and
+for how many seconds it has lacked an acknowledged batch (``runtime.lag``, computed by the facade; the
+catalog carries it per copy in ``replicas``). The sink delivers every batch id to every partition (an
+empty slice when it has no rows), so the two count the same batches. The lag column shows the most any
+copy of the store (standbys included) is behind.
 """
 
 from __future__ import annotations
@@ -72,9 +74,21 @@ def _positions(positions: Sequence[Mapping[str, Any]]) -> str:
     return text or "-"
 
 
+def _copies(positions: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [c for p in positions for c in (p.get("replicas") or [p])]
+
+
 def _lag(positions: Sequence[Mapping[str, Any]], ingest: Mapping[str, Any] | None) -> str:
-    lags = [x for x in (lag(p, ingest) for p in positions) if x is not None]
-    return f"{max(lags)} batches" if lags else "-"
+    copies = _copies(positions)
+    lags = [c["lag_batches"] if isinstance(c.get("lag_batches"), int) else lag(c, ingest) for c in copies]
+    known = [x for x in lags if x is not None]
+    if not known:
+        return "-"
+    text = f"{max(known)} batches"
+    seconds = [float(c["lag_seconds"]) for c in copies if isinstance(c.get("lag_seconds"), (int, float))]
+    if max(known) > 0 and seconds and max(seconds) > 0:
+        text += f", {max(seconds):.1f} s"
+    return text
 
 
 def _ingest(ingest: Mapping[str, Any] | None, now: float) -> str:

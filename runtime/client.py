@@ -21,7 +21,7 @@ from typing import Any
 from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, facade_name
 from runtime.deadline import Deadline
-from runtime.errors import NotConnected
+from runtime.errors import NotConnected, StoreNotFound
 from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
@@ -49,11 +49,13 @@ class Client:
         return Store(self, name)
 
     def stores(self) -> list[dict[str, Any]]:
-        """The catalog: each store's name, kind, key and value schema, partitions."""
+        """The catalog: each store's name, kind, key and value schema, partitions, ingest, and per
+        partition the active copy's position and lag plus ``replicas`` (every copy's; ``Store.replicas``)."""
         return self.call("catalog")
 
     def metadata(self) -> list[dict[str, Any]]:
-        """Every query actor as a seed-000 metadata instance."""
+        """Every query actor as a seed-000 metadata instance; each partition it holds with its ``role``,
+        position, ``replica_state`` and ``lag_batches`` / ``lag_seconds``."""
         return self.call("metadata")
 
 
@@ -123,8 +125,19 @@ class Store:
         return self._client.call("count", self.name)
 
     def owner(self, key: Any) -> dict[str, Any]:
-        """The metadata instance that owns ``key`` (present or not)."""
+        """The metadata instance that owns ``key`` (present or not), with ``replicas``: every copy of the
+        key's partition with its position, replica state and lag."""
         return self._client.call("metadata_for_key", KeyQuery(self.name, key))
+
+    def replicas(self) -> dict[int, list[dict[str, Any]]]:
+        """Partition -> its copies, the active first: each one's ``role``, ``actor``, ``node``, position
+        (``source``, ``batch_id``), ``state``, ``replica_state`` (active, in-sync, catching-up, incomplete,
+        unavailable) and ``lag_batches`` / ``lag_seconds`` behind the newest acknowledged batch (None when
+        unknown; see docs/operations.md). From the catalog; ``StoreNotFound`` for an unknown store."""
+        for store in self._client.stores():
+            if store["name"] == self.name:
+                return {int(p["partition"]): list(p.get("replicas", ())) for p in store.get("positions", ())}
+        raise StoreNotFound(f"no store named {self.name!r}", store=self.name)
 
     # -- window and session stores ----------------------------------------------------------------------
 

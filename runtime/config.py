@@ -37,6 +37,7 @@ __all__ = [
     "FEED_HEARTBEAT_INTERVAL",
     "FEED_STALE_AFTER",
     "FEED_SAVE_INTERVAL",
+    "ACK_LOG_LENGTH",
     "RuntimeConfig",
     "riqr_home",
     "REGISTRY_NAME",
@@ -96,6 +97,9 @@ FEED_STALE_AFTER = 3 * FEED_HEARTBEAT_INTERVAL
 # The registry writes its ingest records to disk at once when a feed's state changes, and otherwise
 # (batch progress) at most this often.
 FEED_SAVE_INTERVAL = 5.0
+# How many of a store's newest acknowledged batches the registry keeps the time of, for lag in seconds
+# (runtime.feeds.AckLog): a copy further behind is shown behind by at least the oldest kept time.
+ACK_LOG_LENGTH = 64
 REGISTRY_NAME = "riqr-registry"
 
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from runtime.config import FEED_STALE_AFTER
+from runtime.config import ACK_LOG_LENGTH, FEED_STALE_AFTER
 
 __all__ = [
     "RUNNING",
@@ -36,6 +37,7 @@ __all__ = [
     "UNREADY_STATES",
     "FeedReport",
     "FeedBook",
+    "AckLog",
     "save_book",
     "load_book",
 ]
@@ -69,6 +71,7 @@ class FeedReport:
     query: str | None = None
     at: float | None = None
     batch_id: int | None = None
+    source: str | None = None
     rows: int | None = None
     plan: str | None = None
     incomplete: tuple[int, ...] = ()
@@ -87,7 +90,7 @@ class FeedReport:
     def to_json(self) -> dict[str, Any]:
         """The JSON form (catalog, the registry's file); fields without a value are left out."""
         out: dict[str, Any] = {"state": self.state, "feeder": self.feeder}
-        for name in ("query", "at", "batch_id", "rows", "plan", "error"):
+        for name in ("query", "at", "batch_id", "source", "rows", "plan", "error"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -108,6 +111,7 @@ class FeedReport:
             query=data.get("query"),
             at=data.get("at"),
             batch_id=data.get("batch_id"),
+            source=data.get("source"),
             rows=data.get("rows"),
             plan=data.get("plan"),
             incomplete=tuple(int(p) for p in data.get("incomplete", ())),
@@ -119,6 +123,38 @@ class FeedReport:
 
 # What changing makes a report worth saving at once; batch progress is saved at the registry's pace.
 _SIGNIFICANT = ("feeder", "state", "query", "plan", "error", "dead_letters")
+
+
+class AckLog:
+    """When the registry heard of each of a store's newest acknowledged batches, by its own clock.
+
+    The sink reports a batch right after every holder acknowledged it (``topologies.delivery``), so the
+    time the registry hears of batch ``b`` is its acknowledgement time plus one report's latency. Only
+    the last ``length`` batches of the current source are kept: ``lag_seconds`` (``runtime.lag``) needs
+    the time of the first batch a lagging copy lacks, and a copy further behind than that is reported
+    behind by at least the oldest kept time. Not saved with the book: after a registry restart the times
+    start again with the next batch.
+    """
+
+    def __init__(self, length: int = ACK_LOG_LENGTH) -> None:
+        self._length = length
+        self.source: str | None = None
+        self._acks: deque[tuple[int, float]] = deque(maxlen=length)
+
+    def record(self, source: str | None, batch_id: int, now: float) -> None:
+        """Batch ``batch_id`` of ``source`` was acknowledged (heard at ``now``); repeats are ignored, and a
+        new source, or a batch id going back (a replay after a restart), starts the log over."""
+        if source != self.source or (self._acks and batch_id < self._acks[-1][0]):
+            self.source = source
+            self._acks.clear()
+        if self._acks and self._acks[-1][0] == batch_id:
+            return
+        self._acks.append((batch_id, now))
+
+    def ages(self, now: float) -> list[list[float]]:
+        """``[batch_id, seconds since it was acknowledged]`` of every kept batch, oldest first (the form the
+        registry's status carries: ages, not times, so no other host's clock is involved)."""
+        return [[b, max(0.0, now - at)] for b, at in self._acks]
 
 
 @dataclass(frozen=True)
@@ -133,6 +169,7 @@ class FeedBook:
     def __init__(self, stale_after: float = FEED_STALE_AFTER) -> None:
         self.stale_after = stale_after
         self._feeds: dict[str, _Feed] = {}
+        self._acks: dict[str, AckLog] = {}
         self.dirty = False  # changed since the last save
 
     def __contains__(self, store: object) -> bool:
@@ -153,6 +190,8 @@ class FeedBook:
             return False
         if current is not None:
             report = replace(report, dead_letters={**current.report.dead_letters, **report.dead_letters})
+        if report.batch_id is not None and report.live:
+            self._acks.setdefault(report.store, AckLog()).record(report.source, report.batch_id, now)
         self._feeds[report.store] = _Feed(report, now)
         self.dirty = True
         if current is None:
@@ -161,6 +200,7 @@ class FeedBook:
 
     def forget(self, store: str) -> bool:
         """Drop a store's record (the store was dropped); whether there was one."""
+        self._acks.pop(store, None)
         if self._feeds.pop(store, None) is None:
             return False
         self.dirty = True
@@ -188,10 +228,14 @@ class FeedBook:
 
     def status(self, now: float) -> dict[str, dict[str, Any]]:
         """Every store's feed as JSON: the last report, ``heard_at``, and the verdict as ``state`` (a
-        live feed gone silent is ``stale``, with ``reason`` and the ``reported`` state)."""
+        live feed gone silent is ``stale``, with ``reason`` and the ``reported`` state), plus ``acked``:
+        ``[batch_id, age in seconds]`` of its newest acknowledged batches (``AckLog``), when known."""
         out: dict[str, dict[str, Any]] = {}
         for store, feed in self._feeds.items():
             entry = {**feed.report.to_json(), "heard_at": feed.heard_at}
+            acks = self._acks.get(store)
+            if acks is not None and acks.source == feed.report.source:
+                entry["acked"] = acks.ages(now)
             state, reason = self.verdict(store, now) or (feed.report.state, None)
             if state != feed.report.state:
                 entry.update(state=state, reported=feed.report.state, reason=reason)

@@ -187,7 +187,12 @@ class BatchDelivery:
                 extra={"store": self.spec.name, "batch": batch_id},
             )
         self.report(
-            state="running", batch_id=batch_id, rows=table.num_rows, incomplete=incomplete, catching_up=catching_up
+            state="running",
+            batch_id=batch_id,
+            source=source,
+            rows=table.num_rows,
+            incomplete=incomplete,
+            catching_up=catching_up,
         )
         return int(table.num_rows)
 

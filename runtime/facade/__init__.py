@@ -27,6 +27,7 @@ from runtime.codec import decode_value
 from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
 from runtime.cursor import CursorCodec
 from runtime.deadline import Deadline, within
+from runtime.errors import RiqrError
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, route_or_unavailable
 from runtime.facade.scatter import ScatterGather
@@ -159,24 +160,41 @@ class Facade:
         return await metadata.gather_positions(self._bus, uuids, self.timeout)
 
     async def catalog(self) -> list[dict[str, Any]]:
-        """Every store: kind, schemas, layout, engine, ingest state, and each partition's position."""
+        """Every store: kind, schemas, layout, engine, ingest state, and each partition's copies: position,
+        state and lag (``runtime.lag``)."""
         view = await self.views.loaded()
+        # The status before the positions: a copy then never looks behind a batch acknowledged after it
+        # was asked.
         status = await within(Deadline.after(self.timeout), self._bus.fetch_status(), "registry status")
         return metadata.catalog(view, await self._positions(view), status)
 
+    async def _ingest(self) -> metadata.Ingest:
+        """The registry's ingest status, for lag; empty (lag unknown) when the registry does not answer
+        in time, since the metadata answers need only the cached view."""
+        try:
+            status = await within(Deadline.after(self.timeout), self._bus.fetch_status(), "registry status")
+        except RiqrError:
+            return {}
+        return dict(status.get("ingest", {}))
+
     async def metadata(self) -> list[dict[str, Any]]:
-        """Every query actor as a seed-000 instance, with its partitions' positions."""
+        """Every query actor as a seed-000 instance, with its partitions' positions and lag."""
         view = await self.views.loaded()
-        return metadata.instances(view, await self._positions(view))
+        ingest = await self._ingest()
+        return metadata.instances(view, await self._positions(view), ingest=ingest)
 
     async def metadata_for_store(self, store: str) -> list[dict[str, Any]]:
         await self.views.table(store)
         view = self.views.current
-        return metadata.instances(view, await self._positions(view, store), store)
+        ingest = await self._ingest()
+        return metadata.instances(view, await self._positions(view, store), store, ingest)
 
     async def metadata_for_key(self, query: KeyQuery) -> dict[str, Any]:
         """The instance that owns the key's partition, whether or not the key is present."""
         table = await self.views.table(query.store)
         route = route_or_unavailable(table, bind_partition_key(table.spec, query.key))
-        positions = await metadata.gather_positions(self._bus, (route.owner, *route.standbys), self.timeout)
-        return metadata.owner_of(self.views.current, table, route, positions)
+        ingest = await self._ingest()
+        owners = table.partitions[route.partition]
+        copies = {route.owner, *route.standbys, *owners.standbys} | ({owners.active} if owners.active else set())
+        positions = await metadata.gather_positions(self._bus, copies, self.timeout)
+        return metadata.owner_of(self.views.current, table, route, positions, ingest)

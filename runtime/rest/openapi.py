@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from runtime.config import MAX_BODY_BYTES, MAX_HEADER_FIELD_BYTES, MAX_HEADERS, MAX_QUERY_PARAMS, MAX_URL_CHARS
+from runtime.lag import REPLICA_STATES
 
 # Routes are ``runtime.rest.routes.Route`` values; typed loosely here because that module imports this
 # one (for the handlers below), and the layering test forbids import cycles.
@@ -99,12 +100,71 @@ _COMPONENTS: dict[str, Any] = {
     },
     "Value": {"type": "object", "required": ["response"], "properties": {"response": _ANY}},
     "Count": {"type": "object", "required": ["result"], "properties": {"result": {"type": "integer"}}},
+    "Position": {
+        "type": "object",
+        "description": "one copy of a partition: what its query actor reports, and how far it is behind the "
+        "newest batch the store's sink acknowledged (docs/operations.md, 'Lag')",
+        "properties": {
+            "partition": {"type": "integer"},
+            "source": {"type": ["string", "null"], "description": "the streaming query's id its batches come from"},
+            "batch_id": {"type": "integer", "description": "the last batch applied (-1: none yet)"},
+            "state": {
+                "type": "string",
+                "description": "the copy's own state: serving, loading, incomplete, lost, "
+                "catching-up, unavailable, unknown, unassigned",
+            },  # fmt: skip
+            "reason": {"type": "string"},
+            "buffered": {"type": "integer", "description": "batches buffered while catching up"},
+            "role": {"enum": ["active", "standby"]},
+            "replica_state": {"enum": list(REPLICA_STATES)},
+            "lag_batches": {
+                "type": ["integer", "null"],
+                "description": "acknowledged batches the copy does not show; null when unknown",
+            },  # fmt: skip
+            "lag_seconds": {
+                "type": ["number", "null"],
+                "description": "0 when lag_batches is 0, else seconds "
+                "since the first batch the copy lacks was acknowledged; null when unknown",
+            },  # fmt: skip
+        },
+        "additionalProperties": True,
+    },
+    "Replica": {
+        "description": "a copy of a partition, with its actor and node",
+        "allOf": [
+            {"$ref": "#/components/schemas/Position"},
+            {
+                "type": "object",
+                "properties": {"actor": {"type": ["string", "null"]}, "node": {"type": ["string", "null"]}},
+            },
+        ],
+    },
     "Instance": {
         "type": "object",
         "properties": {
             "host": {"type": "string"},
             "port": {"type": "integer"},
             "state-store-names": {"type": "array", "items": {"type": "string"}},
+            "actor": {"type": "string"},
+            "node": {"type": "string"},
+            "partitions": {"type": "array", "items": {"type": "integer"}},
+            "standby-partitions": {"type": "array", "items": {"type": "integer"}},
+            "positions": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/Position"},
+                "description": "every partition the actor holds, active and standby",
+            },
+            "partition": {"type": "integer", "description": "the key's partition (key lookups only)"},
+            "standbys": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "instances holding a standby copy of the key's partition (key lookups only)",
+            },
+            "replicas": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/Replica"},
+                "description": "every copy of the key's partition, the active first (key lookups only)",
+            },
         },  # fmt: skip
         "additionalProperties": True,
     },
@@ -112,7 +172,37 @@ _COMPONENTS: dict[str, Any] = {
         "type": "object",
         "properties": {"result": {"type": "array", "items": {"$ref": "#/components/schemas/Instance"}}},
     },  # fmt: skip
-    "Catalog": {"type": "object", "properties": {"result": {"type": "array", "items": _OBJECT}}},
+    "Store": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "kind": {"type": "string"},
+            "partitions": {"type": "integer"},
+            "standbys": {"type": ["integer", "null"]},
+            "ingest": {"type": ["object", "null"], "additionalProperties": True},
+            "positions": {
+                "type": "array",
+                "description": "per partition: the active copy's position, state and lag, and every copy's",
+                "items": {
+                    "allOf": [
+                        {"$ref": "#/components/schemas/Position"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "actor": {"type": ["string", "null"]},
+                                "replicas": {"type": "array", "items": {"$ref": "#/components/schemas/Replica"}},
+                            },
+                        },
+                    ]
+                },
+            },  # fmt: skip
+        },
+        "additionalProperties": True,
+    },
+    "Catalog": {
+        "type": "object",
+        "properties": {"result": {"type": "array", "items": {"$ref": "#/components/schemas/Store"}}},
+    },
     "Health": {"type": "object", "properties": {"status": {"type": "string"}}},
     "Ready": {
         "type": "object",

@@ -70,6 +70,91 @@ def test_each_partition_has_a_standby_on_the_other_node(runtime_ns: Runtime, sto
     assert catalog["replicated"]["standbys"] == 1
 
 
+def _copies_of_7(url: str) -> list[dict[str, Any]]:
+    """Every copy of key 7's partition as ``/metadata/stores/replicated/key/7`` shows them."""
+    replicas: list[dict[str, Any]] = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["replicas"]
+    return replicas
+
+
+def test_metadata_and_the_catalog_show_each_copys_position_lag_and_state(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    """Lag is visible per copy: a standby that lacks the newest acknowledged batch shows it in batches and
+    in seconds (growing while it lacks it), and shows 0 once it has it; every form of /metadata and the
+    catalog agree."""
+    from runtime.ingest import slices_for_owners, split_by_partition
+
+    url, ns = runtime_ns.url, runtime_ns.namespace
+    # Batch 0 (the fixture's) is acknowledged once the sink's report reaches the registry (asynchronously).
+    wait_for(
+        lambda: (
+            [(c["role"], c["replica_state"], c["lag_batches"], c["lag_seconds"]) for c in _copies_of_7(url)]
+            == [("active", "active", 0, 0.0), ("standby", "in-sync", 0, 0.0)]
+        ),
+        what="both copies of key 7's partition in sync, at the acknowledged batch 0",
+    )
+    copies = _copies_of_7(url)
+    assert [(c["source"], c["batch_id"], c["state"]) for c in copies] == [("q", 0, "serving")] * 2
+    assert copies[0]["node"] != copies[1]["node"]
+    # Batch 1 reaches the active copies only (as if a standby had missed it), and the sink reports it.
+    view = raycalls.get(runtime_ns.registry().view.remote(), "view")
+    table = view.tables[SPEC.name]
+    split = split_by_partition(_batch(1, [7, 8, 9], 1), SPEC.partitions)
+    for uuid, slices in slices_for_owners(table, split, "active").items():
+        raycalls.get(ray.get_actor(uuid, namespace=ns).apply.remote("q", 1, slices), "apply")
+    store.report(state="running", batch_id=1, source="q", rows=3)
+
+    def standby_behind() -> bool:
+        active, standby = _copies_of_7(url)
+        return active["lag_batches"] == 0 and standby["lag_batches"] == 1
+
+    wait_for(standby_behind, what="the standby shown one batch behind")
+    active, standby = _copies_of_7(url)
+    assert (active["batch_id"], standby["batch_id"]) == (1, 0)
+    assert standby["replica_state"] == "in-sync"  # it serves: complete at batch 0, by the gap rule
+    first = standby["lag_seconds"]
+    assert isinstance(first, float) and 0.0 <= first < 120.0
+    # Lag in seconds is the time since batch 1 was acknowledged: it grows while the standby lacks it.
+    wait_for(lambda: _copies_of_7(url)[1]["lag_seconds"] > first, what="the standby's lag in seconds growing")
+    # /metadata, /metadata/stores/{store} and the catalog say the same of every copy.
+    for path in ("/metadata", "/metadata/stores/replicated"):
+        seen = {
+            (i["actor"], p["partition"]): (p["role"], p["lag_batches"], p["replica_state"])
+            for i in http_get(f"{url}{path}")[2]["result"]
+            if i["state-store-names"] == ["replicated"]
+            for p in i["positions"]
+        }
+        assert len(seen) == 2 * SPEC.partitions
+        for p, owners in enumerate(table.partitions):  # every partition sees every batch id, rows or not
+            assert seen[(owners.active, p)] == ("active", 0, "active")
+            assert seen[(owners.standbys[0], p)] == ("standby", 1, "in-sync")
+    catalog = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}["replicated"]
+    assert "acked" not in catalog["ingest"]
+    for entry in catalog["positions"]:
+        p = entry["partition"]
+        assert (entry["actor"], entry["lag_batches"], entry["replica_state"]) == (
+            table.partitions[p].active,
+            0,
+            "active",
+        )
+        assert [(c["actor"], c["role"], c["lag_batches"]) for c in entry["replicas"]] == [
+            (table.partitions[p].active, "active", 0),
+            (table.partitions[p].standbys[0], "standby", 1),
+        ]
+    # The standbys get batch 1: in sync, no lag, everywhere.
+    for uuid, slices in slices_for_owners(table, split, "standby").items():
+        raycalls.get(ray.get_actor(uuid, namespace=ns).apply.remote("q", 1, slices), "apply")
+    wait_for(
+        lambda: (
+            [(c["batch_id"], c["replica_state"], c["lag_batches"], c["lag_seconds"]) for c in _copies_of_7(url)]
+            == [(1, "active", 0, 0.0), (1, "in-sync", 0, 0.0)]
+        ),
+        what="the standby in sync again",
+    )
+    catalog = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}["replicated"]
+    assert {(c["lag_batches"], c["lag_seconds"]) for e in catalog["positions"] for c in e["replicas"]} == {(0, 0.0)}
+
+
 def test_a_dead_active_is_answered_for_by_its_standby_in_the_same_request(
     runtime_ns: Runtime, store: BatchDelivery
 ) -> None:

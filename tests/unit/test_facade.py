@@ -146,8 +146,19 @@ async def test_metadata_shapes(facade: Facade) -> None:
         "positions",
     }
     assert first["standby-partitions"] == []
+    # No feed reported yet (bus.ingest is empty): the lag is unknown, not 0.
     assert first["positions"] == [
-        {"partition": p, "source": "q", "batch_id": 0, "state": "serving"} for p in first["partitions"]
+        {
+            "partition": p,
+            "source": "q",
+            "batch_id": 0,
+            "state": "serving",
+            "role": "active",
+            "replica_state": "active",
+            "lag_batches": None,
+            "lag_seconds": None,
+        }
+        for p in first["partitions"]
     ]
     assert first["state-store-names"] == ["customers"]
     by_node = {i["node"]: (i["host"], i["port"]) for i in instances}
@@ -171,6 +182,54 @@ async def test_catalog(facade: Facade, bus: FakeBus) -> None:
     assert entry["engine"] == "rocksdb" and entry["ingest"] == {"state": "running", "batch_id": 0, "at": 1.5}
     assert [(e["partition"], e["state"], e["batch_id"]) for e in entry["positions"]] == [
         (p, "serving", 0) for p in range(4)
+    ]
+    # Every copy at the newest batch the sink reported: no lag; one copy (no standbys) per partition.
+    assert [(e["replica_state"], e["lag_batches"], e["lag_seconds"]) for e in entry["positions"]] == [
+        ("active", 0, 0.0)
+    ] * 4
+    assert [len(e["replicas"]) for e in entry["positions"]] == [1] * 4
+
+
+async def test_lag_per_replica_in_the_catalog_and_metadata(bus: FakeBus) -> None:
+    """A standby that missed the newest batch shows its lag in batches and in seconds, and its state;
+    the active copy, at the newest batch, shows 0; /metadata's three forms show the same."""
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {"a": 1, "b": 2}, batch_id=0)
+    table = bus.state.view().tables["r"]
+    # Batch 1 reaches the actives only (a delivery caught halfway, seen from the other side): the
+    # standbys stay at batch 0.
+    bus.load("r", {"a": 3}, batch_id=1, role="active")
+    bus.ingest["r"] = {"state": "running", "batch_id": 1, "source": "q", "acked": [[0, 9.0], [1, 4.0]]}
+    core = Facade(bus)
+    entry = next(s for s in await core.catalog() if s["name"] == "r")
+    assert "acked" not in entry["ingest"]  # only for lag; not part of the catalog
+    for e in entry["positions"]:
+        active, standby = e["replicas"]
+        assert (active["role"], active["replica_state"], active["batch_id"]) == ("active", "active", 1)
+        assert (active["lag_batches"], active["lag_seconds"]) == (0, 0.0)
+        assert (standby["role"], standby["replica_state"], standby["batch_id"]) == ("standby", "in-sync", 0)
+        # It lacks batch 1, acknowledged 4 s ago.
+        assert (standby["lag_batches"], standby["lag_seconds"]) == (1, 4.0)
+        assert standby["actor"] == table.partitions[e["partition"]].standbys[0]
+        assert (e["lag_batches"], e["replica_state"], e["actor"]) == (0, "active", active["actor"])
+    instances = await core.metadata_for_store("r")
+    lags = {(i["actor"], p["partition"]): (p["role"], p["lag_batches"]) for i in instances for p in i["positions"]}
+    for e in entry["positions"]:
+        active, standby = e["replicas"]
+        assert lags[(active["actor"], e["partition"])] == ("active", 0)
+        assert lags[(standby["actor"], e["partition"])] == ("standby", 1)
+    assert [i for i in await core.metadata() if i["state-store-names"] == ["r"]] == instances
+    owner = await core.metadata_for_key(KeyQuery("r", "a"))
+    assert [(c["role"], c["lag_batches"], c["lag_seconds"]) for c in owner["replicas"]] == [
+        ("active", 0, 0.0),
+        ("standby", 1, 4.0),
+    ]
+    # The standby receives batch 1: in sync, no lag.
+    bus.load("r", {"a": 3}, batch_id=1, role="standby")
+    owner = await core.metadata_for_key(KeyQuery("r", "a"))
+    assert [(c["replica_state"], c["lag_batches"], c["lag_seconds"]) for c in owner["replicas"]] == [
+        ("active", 0, 0.0),
+        ("in-sync", 0, 0.0),
     ]
 
 

@@ -67,6 +67,22 @@ def test_a_row_per_store_says_what_serves_how_far_behind_and_how_ingest_goes() -
     assert clicks[5] == "-" and clicks[6] == "no sink reported" and clicks[7] == "0"
 
 
+def test_the_lag_column_shows_the_copy_furthest_behind_standbys_included() -> None:
+    catalog = _catalog()[:1]
+    for p in catalog[0]["positions"]:
+        p.update(lag_batches=0, lag_seconds=0.0, batch_id=7)
+        p["replicas"] = [
+            {"role": "active", "batch_id": 7, "lag_batches": 0, "lag_seconds": 0.0},
+            {"role": "standby", "batch_id": 7 - (p["partition"] == 2) * 3, "lag_batches": (p["partition"] == 2) * 3,
+             "lag_seconds": (p["partition"] == 2) * 4.25},
+        ]  # fmt: skip
+    [row] = store_rows(catalog, _instances(), NOW)
+    assert row[5] == "3 batches, 4.2 s"
+    for p in catalog[0]["positions"]:
+        p["replicas"][1].update(lag_batches=0, lag_seconds=0.0)
+    assert store_rows(catalog, _instances(), NOW)[0][5] == "0 batches"
+
+
 def test_a_failed_ingest_shows_its_error() -> None:
     catalog = _catalog()
     catalog[0]["ingest"] = {"state": "failed", "batch_id": 8, "error": "OwnerUnavailable: gone"}

@@ -91,10 +91,25 @@ function query(params) {
 
 // -- the catalog ---------------------------------------------------------------------------------------
 
-// Batches a partition is behind the last batch its store's sink delivered (same source only).
+// Batches a copy is behind the newest batch its store's sink acknowledged: the facade's figure when the
+// catalog has it (lag_batches), else counted from the ingest record.
 function lag(position, ingest) {
+  if (typeof position.lag_batches === "number") return position.lag_batches;
   if (!ingest || typeof ingest.batch_id !== "number" || typeof position.batch_id !== "number") return null;
   return Math.max(0, ingest.batch_id - position.batch_id);
+}
+
+// A copy's lag as shown: batches, and seconds when it is behind ("2 (3.1 s)").
+function describeCopyLag(position, ingest) {
+  const l = lag(position, ingest);
+  if (l === null) return "–";
+  const s = position.lag_seconds;
+  return l > 0 && typeof s === "number" ? l + " (" + s.toFixed(1) + " s)" : String(l);
+}
+
+// Every copy of every partition of a store (the active and its standbys).
+function copiesOf(store) {
+  return (store.positions || []).flatMap((p) => (p.replicas && p.replicas.length ? p.replicas : [p]));
 }
 
 function replicasByNode(storeName) {
@@ -129,8 +144,12 @@ function describePositions(store) {
 }
 
 function describeLag(store) {
-  const lags = (store.positions || []).map((p) => lag(p, store.ingest)).filter((l) => l !== null);
-  return lags.length ? "max " + Math.max(...lags) + " batches" : "–";
+  const copies = copiesOf(store);
+  const lags = copies.map((p) => lag(p, store.ingest)).filter((l) => l !== null);
+  if (!lags.length) return "–";
+  const seconds = copies.map((p) => p.lag_seconds).filter((s) => typeof s === "number");
+  const most = Math.max(...lags);
+  return "max " + most + " batches" + (most > 0 && seconds.length && Math.max(...seconds) > 0 ? ", " + Math.max(...seconds).toFixed(1) + " s" : "");
 }
 
 function describeIngest(ingest) {
@@ -186,13 +205,18 @@ function renderDetail() {
   const body = $("partitions").tBodies[0];
   clear(body);
   for (const p of store.positions || []) {
-    const inst = actors.get(p.actor) || {};
-    const l = lag(p, store.ingest);
-    const rest = inst.host ? "http://" + inst.host + ":" + inst.port : "";
-    const tr = row([p.partition, p.state + (p.reason ? " (" + p.reason + ")" : ""), p.batch_id, l === null ? "–" : l,
-      p.source, el("span", short(p.actor), {title: p.actor || ""}), el("span", short(inst.node), {title: inst.node || ""}), rest]);
-    tr.setAttribute("data-partition", String(p.partition));
-    body.append(tr);
+    // The active copy's row, then one per standby copy (its state, position and lag).
+    const standbys = (p.replicas || []).filter((r) => r.role === "standby");
+    for (const c of [p, ...standbys]) {
+      const inst = actors.get(c.actor) || {};
+      const rest = inst.host ? "http://" + inst.host + ":" + inst.port : "";
+      const label = c === p ? String(p.partition) : p.partition + " standby";
+      const shown = c === p ? c.state : c.state + ", " + c.replica_state;
+      const tr = row([label, shown + (c.reason ? " (" + c.reason + ")" : ""), c.batch_id, describeCopyLag(c, store.ingest),
+        c.source, el("span", short(c.actor), {title: c.actor || ""}), el("span", short(inst.node || c.node), {title: inst.node || c.node || ""}), rest]);
+      tr.setAttribute(c === p ? "data-partition" : "data-standby-of", String(p.partition));
+      body.append(tr);
+    }
   }
 }
 
