@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 
 import pyarrow as pa
@@ -83,7 +84,9 @@ def main() -> None:
     from verticles import deploy
 
     namespace = f"riqr-bench-{uuid.uuid4().hex[:8]}"
-    ray.init(namespace=namespace, log_to_driver=False, include_dashboard=False)
+    # address="local": a Ray of its own, never a cluster another process left behind on this machine.
+    logs = bool(os.environ.get("RIQR_BENCH_LOGS"))
+    ray.init(address="local", namespace=namespace, log_to_driver=logs, include_dashboard=False)
     try:
         deployment = deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0))
         node = deployment.endpoints[0].node_id
@@ -103,8 +106,10 @@ def main() -> None:
             delivery.deliver("bench", batch_id, table)
             print(f"  loaded {start + len(keys):,}/{args.entries:,}", file=sys.stderr, flush=True)
 
-        # Baseline: one query actor scanning its own partitions in-process (no merge, hop or HTTP).
-        owner_uuid, parts = next(iter(view.tables["big"].by_owner().items()))
+        # Baseline: one query actor scanning its own partitions in-process (no merge, hop or HTTP), as
+        # tuples (``QueryCore.scan``); beside it, the same actor producing its packed NDJSON pages.
+        owners = view.tables["big"].by_owner()
+        owner_uuid, parts = next(iter(owners.items()))
         owner = ray.get_actor(owner_uuid, namespace=namespace)
 
         def inside(self, parts):  # runs in the query actor
@@ -112,45 +117,96 @@ def main() -> None:
             n = len(self.core.scan(parts, Scan())[0])
             return n, time.perf_counter() - t
 
-        n_inside, secs_inside = ray.get(owner.__ray_call__.remote(inside, parts))
+        def inside_packed(self, parts, page_bytes):  # runs in the query actor: every packed page in turn
+            from runtime.engines.keycodec import KeyCodec
+
+            codec, scan, n = KeyCodec(self.core.spec.key), Scan(), 0
+            t = time.perf_counter()
+            while True:
+                page, _ = self.core.scan_packed(parts, scan, None, page_bytes, "ndjson")
+                n += len(page)
+                if not page.more:
+                    return n, time.perf_counter() - t
+                scan = scan.after(codec.decode(page.keys[-1]))
+
+        from runtime.config import PAGE_BYTES
+
+        n_inside, secs_inside = min(
+            (ray.get(owner.__ray_call__.remote(inside, parts)) for _ in range(2)), key=lambda r: r[1]
+        )
         baseline = n_inside / secs_inside
+        n_packed, secs_packed = min(
+            (ray.get(owner.__ray_call__.remote(inside_packed, parts, PAGE_BYTES)) for _ in range(2)),
+            key=lambda r: r[1],
+        )
 
         http_pid, facade_pid = actor_pid(http_name(node), namespace), actor_pid(facade_name(node), namespace)
+        query_pids = [actor_pid(u, namespace) for u in owners]
+        server = {"HTTP verticle": http_pid, "facade verticle": facade_pid}
+        server.update({f"query actor {i + 1}": pid for i, pid in enumerate(query_pids)})
+        rss_before = {name: rss_mb(pid) for name, pid in server.items()}
 
-        watch_http, watch_facade = PeakRss(http_pid), PeakRss(facade_pid)
+        # NDJSON over HTTP, read by curl (a C client, so the client does not compete for the cores as a
+        # Python reader would); the lines are checked afterwards, outside the timing.
+        out = f"/tmp/riqr-stream-{namespace}.ndjson"
+        watches = {name: PeakRss(pid) for name, pid in server.items()}
         started = time.perf_counter()
-        request = urllib.request.Request(
-            f"{deployment.endpoints[0].url}/stores/big/all", headers={"Accept": "application/x-ndjson"}
-        )
-        count, last = 0, None
-        with urllib.request.urlopen(request, timeout=600) as resp:
-            for line in resp:
-                key = json.loads(line)["key"]
-                assert last is None or key > last
-                last, count = key, count + 1
+        subprocess.run(
+            ["curl", "-sS", "--fail", "-o", out, "-H", "Accept: application/x-ndjson",
+             f"{deployment.endpoints[0].url}/stores/big/all"],
+            check=True,
+        )  # fmt: skip
         rest_secs = time.perf_counter() - started
-        http_growth = watch_http.stop()
-        watch_facade.stop()
+        growth_rest = {name: w.stop() for name, w in watches.items()}
+        count, last = 0, None
+        with open(out, "rb") as f:
+            for line in f:
+                entry = json.loads(line)
+                key = entry["key"]
+                assert last is None or key > last, (last, key)
+                assert entry["value"] == int(key[1:]), entry
+                last, count = key, count + 1
+        os.unlink(out)
         assert count == args.entries, count
 
-        watch_facade = PeakRss(facade_pid)
+        store = runtime.connect(namespace).store("big")
+        watches = {name: PeakRss(pid) for name, pid in server.items()}
         started = time.perf_counter()
-        py_count = sum(1 for _ in runtime.connect(namespace).store("big").iterate(page_size=5000))
+        py_count, last = 0, None
+        for key, value in store.iterate():
+            if last is not None and key <= last:
+                raise AssertionError((last, key, value))
+            last, py_count = key, py_count + 1
         py_secs = time.perf_counter() - started
-        facade_growth = watch_facade.stop()
+        growth_py = {name: w.stop() for name, w in watches.items()}
         assert py_count == args.entries, py_count
 
-        rest_rate, py_rate = count / rest_secs, py_count / py_secs
+        # The tuple pages that iterate() used before (cursor pages of 5,000 through the facade), same run.
+        started = time.perf_counter()
+        old_count, page = 0, store.page(5000)
+        while True:
+            old_count += len(page.entries)
+            if page.next is None:
+                break
+            page = store.page(5000, page.next)
+        old_secs = time.perf_counter() - started
+        assert old_count == args.entries, old_count
+        rss_after = {name: rss_mb(pid) for name, pid in server.items()}
+
+        rest_rate, py_rate, old_rate = count / rest_secs, py_count / py_secs, old_count / old_secs
+        packed_rate = n_packed / secs_packed
         print(f"\nstreaming all over {args.entries:,} entries (4 partitions, 2 query actors)")
         print(f"  baseline, one query actor scanning its {n_inside:,} entries in-process: {baseline:,.0f} entries/s")
-        print(
-            f"  REST NDJSON:      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)"
-            f"  HTTP verticle RSS growth {http_growth:.0f} MB"
-        )
-        print(
-            f"  Python iterate(): {py_rate:>10,.0f} entries/s ({py_rate / baseline:.2f} of baseline)"
-            f"  facade verticle RSS growth {facade_growth:.0f} MB"
-        )
+        print(f"  the same actor producing packed NDJSON pages in-process: {packed_rate:>10,.0f} entries/s"
+              f" ({packed_rate / baseline:.2f} of baseline)")  # fmt: skip
+        print(f"  REST NDJSON (curl):      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)")
+        print(f"  Python iterate():        {py_rate:>10,.0f} entries/s ({py_rate / baseline:.2f} of baseline)")
+        print(f"  Python page(5000) loop:  {old_rate:>10,.0f} entries/s ({old_rate / baseline:.2f} of baseline)"
+              "  (tuple pages, as iterate() was)")  # fmt: skip
+        print("  server memory, RSS MB: before -> after all streams; peak growth during NDJSON / iterate()")
+        for name in server:
+            print(f"    {name:16s} {rss_before[name]:7.0f} -> {rss_after[name]:7.0f};"
+                  f"  +{growth_rest[name]:.0f} / +{growth_py[name]:.0f}")  # fmt: skip
     finally:
         deploy.down(namespace)
         ray.shutdown()

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from runtime.monotonic import Spans
 from runtime.ownership import ClusterView
+from runtime.pages import PackedPage
 from runtime.scan import Scan
 
 __all__ = ["OwnerClient", "Bus"]
@@ -31,6 +32,13 @@ class OwnerClient(Protocol):
     ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
         """Up to ``limit`` entries of ``scan`` over ``partitions``, merged in the scan's order, and the
         span of each partition."""
+        ...
+
+    async def scan_packed(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
+    ) -> tuple[PackedPage, Spans]:
+        """A page of a key-value scan as a ``runtime.pages.PackedPage`` in ``fmt``, bounded by ``limit``
+        entries and about ``max_bytes``, and the span of each partition."""
         ...
 
     async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:

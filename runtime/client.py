@@ -15,13 +15,14 @@ is. Errors are riqr's own (``runtime.errors``), whatever Ray said: ``KeyNotFound
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from runtime import raycalls
-from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, facade_name
+from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, PAGE_BYTES, facade_name
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, StoreNotFound
+from runtime.pages import Chunk
 from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
@@ -40,6 +41,17 @@ class Client:
         """Call the facade verticle and wait, with Ray's failures as riqr's errors."""
         remote = getattr(self.facade, method).remote
         return raycalls.call_sync(lambda: remote(*args), method, deadline=Deadline.after(self.timeout))
+
+    def submit(self, method: str, *args: Any) -> Callable[[], Any]:
+        """Call the facade verticle now and return a function that waits for the answer (as ``call``), so
+        the caller can work meanwhile. Calls again if the verticle was restarting."""
+        remote = getattr(self.facade, method).remote
+        first = [remote(*args)]
+
+        def again() -> Any:
+            return first.pop() if first else remote(*args)
+
+        return lambda: raycalls.call_sync(again, method, deadline=Deadline.after(self.timeout))
 
     async def call_async(self, method: str, *args: Any) -> Any:
         remote = getattr(self.facade, method).remote
@@ -110,16 +122,22 @@ class Store:
         hi: Any = None,
         prefix: str | None = None,
         reverse: bool = False,
-        page_size: int = DEFAULT_PAGE_SIZE,
+        page_size: int | None = None,
     ) -> Iterator[tuple[Any, Any]]:
-        """Every entry of a range or prefix scan, fetched a page at a time (memory stays at one page)."""
+        """Every entry of a range or prefix scan, fetched a page at a time (memory stays at one page).
+
+        Pages are sized by bytes (about ``PAGE_BYTES`` per owner; ``page_size`` caps their entries too),
+        travel as one msgpack blob each, and the next page is asked for while one is used.
+        """
         query = RangeQuery(self.name, lo, hi, prefix, reverse)
-        page = self._client.call("page", query, PageRequest(page_size))
+        pending = self._client.submit("chunk", query, None, PAGE_BYTES, page_size)
         while True:
-            yield from page.entries
-            if page.next is None:
+            chunk: Chunk = pending()
+            if chunk.next is not None:
+                pending = self._client.submit("chunk", query, chunk.next, PAGE_BYTES, page_size)
+            yield from chunk.items()
+            if chunk.next is None:
                 return
-            page = self._client.call("page", query, PageRequest(page_size, page.next))
 
     def approximate_num_entries(self) -> int:
         return self._client.call("count", self.name)

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["encode_value", "decode_value", "to_json", "to_jsonable"]
+__all__ = ["encode_value", "decode_value", "to_json", "to_jsonable", "json_default", "encode_json"]
 
 
 def _default(obj: Any) -> Any:
@@ -40,7 +40,8 @@ def decode_value(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """What JSON has no type for: bytes as base64 text, datetimes ISO-8601, decimals as text."""
     if isinstance(obj, bytes):
         return base64.b64encode(obj).decode("ascii")
     if isinstance(obj, (_dt.datetime, _dt.date, _dt.time)):
@@ -53,8 +54,8 @@ def _json_default(obj: Any) -> Any:
 # One encoder for every answer: json.dumps with options builds a new encoder per call, which dominated
 # the cost of streaming entries. Tuples become arrays, non-string map keys strings, as usual for JSON.
 # NaN and infinities raise (``allow_nan=False``) instead of producing text no JSON parser accepts; the REST
-# renderer then spells them as strings (runtime.rest.render.encode_json).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default, allow_nan=False)
+# renderer then spells them as strings (``encode_json`` below).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=json_default, allow_nan=False)
 
 
 def to_json(value: Any) -> str:
@@ -70,5 +71,31 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     if isinstance(value, (bytes, _dt.datetime, _dt.date)):
-        return _json_default(value)
+        return json_default(value)
     return value
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with what JSON cannot hold made text: only used once plain encoding has failed."""
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
+    if value is None or isinstance(value, (bool, int, bytes, _dt.date, _dt.time)):
+        return value
+    return str(value)
+
+
+def encode_json(body: Any) -> bytes:
+    """``body`` as UTF-8 JSON; values plain JSON cannot hold (NaN, infinities, lone surrogates) are made
+    text rather than failing. What the REST API answers with, and the lines of its NDJSON streams."""
+    try:
+        return to_json(body).encode("utf-8")
+    except (ValueError, TypeError, UnicodeEncodeError):
+        return to_json(_json_safe(body)).encode("utf-8")

@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE",
+    "PAGE_BYTES",
     "DEFAULT_TRIGGER",
     "MAX_URL_CHARS",
     "MAX_HEADER_FIELD_BYTES",
@@ -68,6 +69,10 @@ DEFAULT_REQUEST_TIMEOUT = 10.0
 DEFAULT_PAGE_SIZE = 1000
 # The largest page a client may ask for; larger results are for NDJSON streams or cursors.
 MAX_PAGE = 10_000
+# About how many bytes (stored keys and values) an owner puts in one page of a stream or of
+# ``Store.iterate`` (runtime.pages): large enough that a page's Ray hop costs little per entry, small
+# enough that a facade holds a few of them per owner with memory flat.
+PAGE_BYTES = 1 << 20
 # Limits on what a REST request may carry (docs/api.md, "Limits"). The request line (method, URL, version)
 # and each header field are capped by aiohttp's parser; they differ by two bytes on purpose, so that a
 # parser rejection can say which one was exceeded (414 or 431) from the limit it reports.

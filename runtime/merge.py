@@ -17,7 +17,9 @@ import heapq
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["merge_sorted", "merge_pages_async", "sum_counts"]
+from runtime.pages import Run, cut, merge_runs, split_run
+
+__all__ = ["merge_sorted", "merge_pages_async", "merge_runs_async", "sum_counts"]
 
 _MISSING = object()
 
@@ -74,6 +76,45 @@ async def merge_pages_async(
                 runs.append(buf[:cut])
                 buffers[i] = buf[cut:]
         yield list(merge_sorted(runs, reverse=reverse))
+
+
+async def merge_runs_async(sources: Sequence[AsyncIterator[Run]], *, reverse: bool = False) -> AsyncIterator[Run]:
+    """``merge_pages_async`` for packed runs (``runtime.pages``): sort keys plus columns of entries.
+
+    Everything up to the frontier (the smallest last sort key among the buffered runs) merges in one
+    ``merge_runs``, a sort done in C; only the runs of owners' pages are buffered, so memory stays at one
+    page per source. A merged chunk says ``more`` unless every source is known to be exhausted.
+    """
+    buffers: list[Run | None] = [Run([], (), True) for _ in sources]
+    done = [False] * len(sources)
+
+    async def refill(i: int) -> None:
+        run = await anext(sources[i], None)
+        buffers[i] = run
+        done[i] = run is None
+
+    while True:
+        empty = [i for i, buf in enumerate(buffers) if not done[i] and (buf is None or not buf.keys)]
+        while empty:
+            outcomes = await asyncio.gather(*(refill(i) for i in empty), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            empty = [i for i, buf in enumerate(buffers) if not done[i] and (buf is None or not buf.keys)]
+        live = [(i, buf) for i, buf in enumerate(buffers) if buf is not None and buf.keys]
+        if not live:
+            return
+        lasts = [buf.keys[-1] for _, buf in live]
+        frontier = max(lasts) if reverse else min(lasts)
+        heads = []
+        for i, buf in live:
+            head, buffers[i] = split_run(buf, cut(buf.keys, frontier, reverse))
+            heads.append(head)
+        merged = merge_runs(heads, reverse=reverse)
+        merged.more = any(
+            not done[i] and buf is not None and (bool(buf.keys) or buf.more) for i, buf in enumerate(buffers)
+        )
+        yield merged
 
 
 def sum_counts(counts: Iterable[int]) -> int:

@@ -21,11 +21,13 @@ import pyarrow as pa
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value, encode_value
 from runtime.engines import Position, open_engine
+from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Spans
+from runtime.pages import PackedPage, Run, cut, encode_page, merge_runs, split_run
 from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, SERVING, ApplyResult, PartitionState, Rows
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
 from runtime.scan import Scan, TimeFilter
@@ -125,6 +127,7 @@ class QueryCore:
         rebuild: RebuildSettings | None = None,
     ) -> None:
         self.spec = spec
+        self._codec = KeyCodec(spec.key)
         self.directory = directory
         # What it applied, for Ray's metrics (the verticle mirrors them) and every HTTP node's /metrics.
         self.metrics = metrics if metrics is not None else Metrics(QUERY_METRICS)
@@ -314,6 +317,41 @@ class QueryCore:
                 merged = _window_filter(merged, scan.times)
             entries = list(merged if limit is None else itertools.islice(merged, limit))
         return entries, self._spans(before)
+
+    def scan_packed(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
+    ) -> tuple[PackedPage, Spans]:
+        """A page of a key-value ``scan`` over ``partitions`` as a ``runtime.pages.PackedPage`` in ``fmt``,
+        and the span of each partition read.
+
+        Each partition reads up to ``limit`` entries and its share of ``max_bytes`` as stored (no key is
+        decoded to merge); the partitions' runs merge by their sort keys up to the frontier (the least last
+        key among those that stopped at a bound), so the page is exact in key order, and says ``more``
+        when a bound cut it.
+        """
+        if self.spec.windowed:
+            raise ValueError("packed pages are for key-value stores; window and session stores page as tuples")
+        states = {p: self._partition(p) for p in partitions}
+        before = {p: s.engine.position() for p, s in states.items()}
+        if scan.is_empty() or not states:
+            return encode_page(self.spec.key, self._codec, [], [], fmt, False), self._spans(before)
+        guard = (
+            self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
+        )
+        share = max(1, max_bytes // len(states))
+        with guard:
+            reads = [s.engine.read_encoded(scan, limit, share) for s in states.values()]
+        runs = [Run(keys, (values,), more) for keys, values, more in reads]
+        bounded = [r.keys[-1] for r in runs if r.more and r.keys]
+        merged = merge_runs(runs, reverse=scan.reverse)
+        more = bool(bounded)
+        if bounded:
+            frontier = max(bounded) if scan.reverse else min(bounded)
+            merged, _ = split_run(merged, cut(merged.keys, frontier, scan.reverse))
+        if limit is not None and len(merged) > limit:
+            merged, more = split_run(merged, limit)[0], True
+        page = encode_page(self.spec.key, self._codec, merged.keys, merged.columns[0], fmt, more)
+        return page, self._spans(before)
 
     def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         """How many keys ``partitions`` hold, and the span of each."""

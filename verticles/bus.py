@@ -19,6 +19,7 @@ from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable
 from runtime.monotonic import Spans
 from runtime.ownership import ClusterView
+from runtime.pages import PackedPage
 from runtime.scan import Scan
 
 __all__ = ["RayBus", "RayOwner"]
@@ -82,6 +83,11 @@ class RayOwner:
         self, partitions: Sequence[int], scan: Scan, limit: int | None
     ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
         return await self._call("scan", list(partitions), scan, limit)
+
+    async def scan_packed(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
+    ) -> tuple[PackedPage, Spans]:
+        return await self._call("scan_packed", list(partitions), scan, limit, max_bytes, fmt)
 
     async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         return await self._call("count", list(partitions))

@@ -24,6 +24,7 @@ from runtime import logs
 from runtime.catalog import StoreSpec
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Spans
+from runtime.pages import PackedPage
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from runtime.snapshots import SnapshotOffer, SnapshotPeer
@@ -126,6 +127,11 @@ class QueryVerticle:
         self, partitions: Sequence[int], scan: Scan, limit: int | None = None
     ) -> tuple[list[tuple[Any, bytes]], Spans]:
         return self.core.scan(partitions, scan, limit)
+
+    def scan_packed(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
+    ) -> tuple[PackedPage, Spans]:
+        return self.core.scan_packed(partitions, scan, limit, max_bytes, fmt)
 
     def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         return self.core.count(partitions)

@@ -98,6 +98,13 @@ class PartitionEngine(Protocol):
         """The entries within the scan's bounds, lazily, in its direction. ``scan.times`` is not applied."""
         ...
 
+    def read_encoded(self, scan: Scan, limit: int | None, max_bytes: int) -> tuple[list[bytes], list[bytes], bool]:
+        """A page of the scan as two lists, in its direction: the keys' ``KeyCodec`` bytes and the values.
+        It stops after ``limit`` entries or once keys and values reach ``max_bytes`` (always at least one
+        entry), and says whether it stopped at such a bound (``True``: more may follow). ``scan.times`` is
+        not applied. Read at once, so no iterator outlives the call."""
+        ...
+
     def count(self) -> int:
         """The exact number of keys."""
         ...

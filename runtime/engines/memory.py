@@ -41,6 +41,7 @@ from runtime.engines.base import (
     prepare_directory,
     write_atomically,
 )
+from runtime.engines.keycodec import KeyCodec
 from runtime.keys import KeySchema
 from runtime.scan import Scan
 
@@ -136,6 +137,22 @@ class MemoryEngine:
         rows = self._rows
         for key in keys:
             yield key, rows[key]
+
+    def read_encoded(self, scan: Scan, limit: int | None, max_bytes: int) -> tuple[list[bytes], list[bytes], bool]:
+        """A page of the scan with ``KeyCodec`` keys (``PartitionEngine.read_encoded``); keys are encoded here."""
+        encode = KeyCodec(self.schema).encode
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        size = 0
+        cap = -1 if limit is None else limit
+        for key, value in self.scan(scan):
+            encoded = encode(key)
+            keys.append(encoded)
+            values.append(value)
+            size += len(encoded) + len(value)
+            if len(keys) == cap or size >= max_bytes:
+                return keys, values, True
+        return keys, values, False
 
     def count(self) -> int:
         """The exact number of keys."""

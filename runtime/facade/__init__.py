@@ -23,10 +23,11 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from runtime.bus import Bus
-from runtime.codec import decode_value
-from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
+from runtime.codec import decode_value, encode_json
+from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, PAGE_BYTES, VIEW_REFRESH_INTERVAL
 from runtime.cursor import CursorCodec
 from runtime.deadline import Deadline, within
+from runtime.engines.keycodec import KeyCodec
 from runtime.errors import RiqrError
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, route_or_unavailable
@@ -36,9 +37,16 @@ from runtime.health import ClusterProbe
 from runtime.metrics import Metrics
 from runtime.monotonic import Marks
 from runtime.ownership import ClusterView, OwnershipTable
-from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key
+from runtime.pages import MSGPACK, NDJSON, Chunk, pack_chunk
+from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key, check_limit
 from runtime.scan import Scan
-from runtime.windows import require_kind
+from runtime.windows import Windowed, require_kind
+
+
+def _ndjson_line(entry: Any) -> bytes:
+    body = entry.to_json() if isinstance(entry, Windowed) else {"key": entry[0], "value": entry[1]}
+    return encode_json(body) + b"\n"
+
 
 __all__ = ["Facade"]
 
@@ -144,6 +152,48 @@ class Facade:
                 yield chunk
         finally:
             await chunks.aclose()
+
+    async def stream_ndjson(self, query: ScanQuery, cursor: str | None = None) -> AsyncGenerator[bytes, None]:
+        """Every entry of a scan as NDJSON lines, in chunks of bytes with memory flat. A key-value store's
+        owners send their pages as NDJSON already (``runtime.pages``), so values are never decoded here;
+        window and session entries are rendered here."""
+        table, scan = await self._bind(query, cursor)
+        scanned = self.metrics.child("riqr_scan_entries_total", query.store)
+        if table.spec.windowed:
+            entries = self.scatter.stream(table, scan)
+            try:
+                async for chunk in entries:
+                    scanned.inc(len(chunk))
+                    yield b"".join([_ndjson_line(e) for e in chunk])
+            finally:
+                await entries.aclose()
+            return
+        runs = self.scatter.packed_chunks(table, scan, NDJSON)
+        try:
+            async for run in runs:
+                scanned.inc(len(run))
+                yield b"".join(run.columns[0])
+        finally:
+            await runs.aclose()
+
+    async def chunk(
+        self, query: ScanQuery, cursor: str | None = None, max_bytes: int = PAGE_BYTES, limit: int | None = None
+    ) -> Chunk:
+        """A page of a scan sized by bytes for ``Store.iterate``: one page from every owner merged, as one
+        msgpack blob, and the cursor of the rest. Window and session stores answer ``page``'s entries."""
+        table, scan = await self._bind(query, cursor)
+        if table.spec.windowed:
+            page = await self.page(query, PageRequest(limit or DEFAULT_PAGE_SIZE, cursor))
+            return Chunk(None, page.entries, False, page.next)
+        if limit is not None:
+            check_limit(limit, self.scatter.max_page)
+        run = await self.scatter.packed_page(table, scan, MSGPACK, max_bytes, limit)
+        self._scanned(query.store, len(run))
+        after = None
+        if run.more and run.keys:
+            last = KeyCodec(table.spec.key).decode(run.keys[-1])
+            after = self.cursors.encode(table.spec.name, query.shape, scan, last)
+        return Chunk(pack_chunk(run), None, table.spec.key.composite, after)
 
     def _scanned(self, store: str, entries: int) -> None:
         if entries:

@@ -18,13 +18,15 @@ from typing import Any
 
 from runtime.bus import Bus
 from runtime.catalog import StoreSpec
-from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE
+from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE, PAGE_BYTES
 from runtime.deadline import Deadline, within
+from runtime.engines.keycodec import KeyCodec
 from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
 from runtime.facade.view import ViewCache
-from runtime.merge import merge_pages_async, sum_counts
+from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
 from runtime.monotonic import Marks
 from runtime.ownership import OwnershipTable
+from runtime.pages import MSGPACK, PackedPage, Run, cut, merge_runs, run_of, split_run
 from runtime.queries import Page, check_limit
 from runtime.scan import Scan
 from runtime.windows import present
@@ -73,6 +75,16 @@ async def _merged(
     """``merge_pages_async`` of page sources, closing every source however the merge ends."""
     try:
         async for chunk in merge_pages_async(sources, reverse=reverse):
+            yield chunk
+    finally:
+        for source in sources:
+            await source.aclose()
+
+
+async def _merged_runs(sources: list[AsyncGenerator[Run, None]], *, reverse: bool) -> AsyncGenerator[Run, None]:
+    """``merge_runs_async`` of run sources, closing every source however the merge ends."""
+    try:
+        async for chunk in merge_runs_async(sources, reverse=reverse):
             yield chunk
     finally:
         for source in sources:
@@ -211,6 +223,113 @@ class ScatterGather:
         sources = [self._owner_pages(table, u, ps, scan, page_size, tried) for u, ps in groups.items()]
         async for chunk in _merged(sources, reverse=scan.reverse):
             yield chunk
+
+    # -- packed pages (runtime.pages): key-value scans streamed or iterated as blobs -------------------
+
+    async def _owner_runs(
+        self,
+        table: OwnershipTable,
+        uuid: str,
+        partitions: list[int],
+        scan: Scan,
+        fmt: str,
+        max_bytes: int,
+        limit: int | None = None,
+        tried: frozenset[str] = frozenset(),
+        prefetch: bool = True,
+    ) -> AsyncGenerator[Run, None]:
+        """``_owner_pages`` with packed pages: one owner's part of a scan as runs, the next page fetched
+        while one is used (``prefetch``), failing over to standby copies strictly after the last key
+        already yielded, as ``_owner_pages`` does."""
+        owner = self._bus.owner(uuid)
+        what = f"scan page from {uuid}"
+        loop = asyncio.get_running_loop()
+        codec = KeyCodec(table.spec.key)
+
+        def fetch(scan: Scan) -> Any:
+            ask = lambda: owner.scan_packed(partitions, scan, limit, max_bytes, fmt)  # noqa: E731
+            return self._admitted(table, uuid, partitions, tried, ask, what)
+
+        pending: asyncio.Future[Any] | None = loop.create_task(fetch(scan))
+        try:
+            while pending is not None:
+                try:
+                    page: PackedPage = await pending
+                except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded):
+                    pending = None
+                    tried = tried | {uuid}
+                    if not _other_holders(table, partitions, tried):
+                        raise
+                    groups = _other_holders(table, partitions, tried)
+                    missing = sorted(set(partitions) - {p for ps in groups.values() for p in ps})
+                    if missing:
+                        raise PartitionUnavailable(
+                            f"partitions {missing} of store {table.spec.name} have no copy left to answer",
+                            store=table.spec.name,
+                            partitions=missing,
+                        ) from None
+                    sources = [
+                        self._owner_runs(table, u, ps, scan, fmt, max_bytes, limit, tried, prefetch)
+                        for u, ps in groups.items()
+                    ]
+                    async for rest in _merged_runs(sources, reverse=scan.reverse):
+                        yield rest
+                    return
+                pending = None
+                if page.more and page.keys:
+                    scan = scan.after(codec.decode(page.keys[-1]))
+                    if prefetch:
+                        pending = loop.create_task(fetch(scan))
+                yield run_of(page)
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+
+    async def packed_chunks(
+        self, table: OwnershipTable, scan: Scan, fmt: str, max_bytes: int = PAGE_BYTES
+    ) -> AsyncGenerator[Run, None]:
+        """A key-value scan over all partitions as merged runs in ``fmt`` (NDJSON lines, or keys and
+        values), pages of about ``max_bytes`` per owner, one prefetched: memory stays flat."""
+        if scan.is_empty():
+            return
+        owners = owners_or_unavailable(table).items()
+        sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes) for u, p in owners]
+        async for chunk in _merged_runs(sources, reverse=scan.reverse):
+            yield chunk
+
+    async def packed_page(
+        self, table: OwnershipTable, scan: Scan, fmt: str, max_bytes: int = PAGE_BYTES, limit: int | None = None
+    ) -> Run:
+        """One round of a key-value scan: a page from every owner (no prefetch), merged up to the frontier
+        (the least last key among pages that stopped at a bound), and at most ``limit`` entries. ``more``
+        says whether the scan goes on after the run's last key (``Store.iterate`` asks again from there)."""
+        if scan.is_empty():
+            return Run([], ([],) * (2 if fmt == MSGPACK else 1))
+        owners = owners_or_unavailable(table).items()
+        sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes, limit, prefetch=False) for u, p in owners]
+        try:
+            outcomes = await asyncio.gather(*(anext(s, None) for s in sources), return_exceptions=True)
+        finally:
+            for source in sources:
+                await source.aclose()
+        runs: list[Run] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if outcome is not None:
+                runs.append(outcome)
+        if not runs:
+            return Run([], ([],) * (2 if fmt == MSGPACK else 1))
+        bounded = [r.keys[-1] for r in runs if r.more and r.keys]
+        merged = merge_runs(runs, reverse=scan.reverse)
+        if bounded:
+            frontier = max(bounded) if scan.reverse else min(bounded)
+            merged = split_run(merged, cut(merged.keys, frontier, scan.reverse))[0]
+            merged.more = True
+        if limit is not None and len(merged) > limit:
+            merged = split_run(merged, limit)[0]
+            merged.more = True
+        return merged
 
     async def raw_chunks(
         self, table: OwnershipTable, scan: Scan, page_size: int | None = None

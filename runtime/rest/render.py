@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from runtime.codec import to_json
+from runtime.codec import encode_json
 from runtime.errors import RiqrError
 from runtime.windows import Windowed
 
@@ -31,6 +31,7 @@ __all__ = [
     "error_middleware",
     "stream_ndjson",
     "entries_json",
+    "encode_json",
     "wants_ndjson",
     "MSGPACK",
     "NDJSON",
@@ -66,31 +67,6 @@ def _msgpack_default(obj: Any) -> Any:
     if isinstance(obj, decimal.Decimal):
         return str(obj)
     raise TypeError(f"cannot encode a value of type {type(obj).__name__}")
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with what JSON cannot hold made text: only used once plain encoding has failed."""
-    if isinstance(value, float) and value != value:
-        return "NaN"
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
-    if value is None or isinstance(value, (bool, int, bytes, _dt.date, _dt.time)):
-        return value
-    return str(value)
-
-
-def encode_json(body: Any) -> bytes:
-    """``body`` as UTF-8 JSON; values plain JSON cannot hold are made text rather than failing."""
-    try:
-        return to_json(body).encode("utf-8")
-    except (ValueError, TypeError, UnicodeEncodeError):
-        return to_json(_json_safe(body)).encode("utf-8")
 
 
 def _encode(request: web.BaseRequest, body: Any) -> tuple[bytes, str]:
@@ -152,9 +128,10 @@ def entries_json(entries: list[Any]) -> list[dict[str, Any]]:
 
 
 async def stream_ndjson(
-    request: web.Request, chunks: AsyncGenerator[list[Any], None], limit: int | None
+    request: web.Request, chunks: AsyncGenerator[bytes, None], limit: int | None
 ) -> web.StreamResponse:
-    """Write one JSON entry per line as the facade merges chunks of the owners' pages.
+    """Write the NDJSON lines of a scan as the facade merges them (``Facade.stream_ndjson``: chunks of
+    whole lines, already encoded), at most ``limit`` lines.
 
     The first chunk is awaited before the response starts, so errors found up front (unknown store,
     unavailable partition) still get their status. An error after that ends the stream with an
@@ -168,9 +145,12 @@ async def stream_ndjson(
         try:
             while chunk:
                 if left is not None:
-                    chunk = chunk[:left]
-                    left -= len(chunk)
-                await response.write(b"".join(encode_json(_entry_json(e)) + b"\n" for e in chunk))
+                    lines = chunk.count(b"\n")
+                    if lines > left:
+                        chunk = b"".join(chunk.splitlines(keepends=True)[:left])
+                        lines = left
+                    left -= lines
+                await response.write(chunk)
                 chunk = None if left == 0 else await anext(chunks, None)
         except RiqrError as err:
             await response.write(encode_json(err.to_json()) + b"\n")

@@ -14,6 +14,7 @@ from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owner
 from runtime.keys import KeySchema
 from runtime.monotonic import Spans
 from runtime.ownership import ActorInfo, ClusterView, Endpoint, plan_placement, table_from_placement
+from runtime.pages import PackedPage
 from runtime.partitioner import partition_of_bytes
 from runtime.query import QueryCore
 from runtime.registry import RegistryState
@@ -65,6 +66,12 @@ class FakeOwner:
     ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
         await self._enter("scan")
         return self.core.scan(partitions, scan, limit)
+
+    async def scan_packed(
+        self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
+    ) -> tuple[PackedPage, Spans]:
+        await self._enter("scan")
+        return self.core.scan_packed(partitions, scan, limit, max_bytes, fmt)
 
     async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         await self._enter("count")
