@@ -64,6 +64,8 @@ class RayFeedLink:
     def submit(self, reports: Sequence[FeedReport]) -> Any:
         import ray
 
+        if not ray.is_initialized():  # the process left Ray (shut down): a heartbeat must not join it again
+            raise ConnectionError("this process is not connected to Ray")
         if self._registry is None:
             self._registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)  # ValueError: not up
         return self._registry.report_feeds.remote(list(reports))

@@ -142,6 +142,12 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
             at_move = delivered[0]
             wait_for(lambda: _serving(handle, at_move), timeout=40, interval=0.1, what="the re-created copies serving")
             restored_in = time.monotonic() - removed_at
+
+            def given_back() -> bool:  # promoted away from while it was gone, its partitions come back
+                now = raycalls.get(registry.view.remote(), "view").tables[SPEC.name]
+                return [o.active for o in now.partitions] == [o.active for o in table.partitions]
+
+            wait_for(given_back, timeout=30, what="the re-created actor answering for its partitions again")
             seen = len(reads)
             wait_for(lambda: len(reads) > seen + 100, what="reads after the replica count is restored")
         finally:

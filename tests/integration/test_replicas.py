@@ -182,6 +182,10 @@ def test_a_dead_active_is_answered_for_by_its_standby_in_the_same_request(
         ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=True)
         seen = answered[0]
         wait_for(lambda: answered[0] > seen + 200, what="answers after the kill")
+        # The registry promoted the standby: lookups no longer ask the dead actor first.
+        standby = owner["standbys"][0]["actor"]
+        wait_for(lambda: _actives(runtime_ns) == [standby] * SPEC.partitions, what="the standby promoted")
+        assert http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"] == standby
     finally:
         stop.set()
         reader.join(timeout=60)
@@ -189,6 +193,42 @@ def test_a_dead_active_is_answered_for_by_its_standby_in_the_same_request(
     body = http_get(f"{url}/stores/replicated/all")[2]
     assert [e["key"] for e in body["result"]] == list(USERS)
     assert http_get(f"{url}/stores/replicated/approximate-num-entries")[2] == {"result": len(USERS)}
+
+
+def _actives(runtime: Runtime) -> list[str | None]:
+    view = raycalls.get(runtime.registry().view.remote(), "view")
+    return [owners.active for owners in view.tables[SPEC.name].partitions]
+
+
+def test_a_restarting_active_is_promoted_away_from_and_given_its_partitions_back_once_it_serves(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    url = runtime_ns.url
+    before = _actives(runtime_ns)
+    victim = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"]
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:  # reads of the victim's keys while it restarts (they also tell the registry)
+        i = 0
+        while not stop.is_set():
+            user = USERS[i % len(USERS)]
+            status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
+            if status != 200 or body != {"response": user * 10}:
+                wrong.append(f"{user}: {status} {body}")
+            i += 7
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    try:
+        ray.kill(ray.get_actor(victim, namespace=runtime_ns.namespace), no_restart=False)  # Ray restarts it
+        wait_for(lambda: victim not in _actives(runtime_ns), interval=0.02, what="its partitions' standby promoted")
+        wait_for(lambda: _actives(runtime_ns) == before, timeout=120, what="its partitions given back")
+    finally:
+        stop.set()
+        reader.join(timeout=60)
+    assert wrong == []
+    assert http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"] == victim
 
 
 def test_a_stream_whose_owner_dies_midway_completes_with_every_key_once(
