@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runtime import raycalls
@@ -98,10 +98,14 @@ def store_spec_for(
 
 def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     """How the query feeding a store starts from ``checkpoint``: ``"fresh"`` (the checkpoint never planned
-    a batch), ``"resume"`` (every partition of the store is at the checkpoint's source, at or past its last
-    committed batch, and serving; or nothing was committed yet, so batch 0 comes again and brings every
-    partition up), or ``"rebuild"`` (some partition cannot be brought up to date by the batches to come:
-    new actors after ``riqr down``/``riqr up``, a wiped disk, a gap)."""
+    a batch), ``"resume"`` (every partition of the store has a copy at the checkpoint's source, at or past
+    its last committed batch, and serving; or nothing was committed yet, so batch 0 comes again and brings
+    every partition up), or ``"rebuild"`` (some partition has no such copy, so the batches to come cannot
+    bring it up to date: new actors after ``riqr down``/``riqr up``, a wiped disk, a gap).
+
+    A copy that is not at the checkpoint (catching up from a peer, incomplete, lost, at an older source)
+    does not force a rebuild while another copy of its partition is: the next batch finds its gap and it
+    copies that peer (docs/design.md, "Rebuilding a copy from a peer")."""
     committed = last_committed(checkpoint)
     if committed is None:
         # Batch 0 planned but not committed (the query stopped in between) is delivered again: the
@@ -115,15 +119,10 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     answers = raycalls.get(
         [delivery.handle(u).positions.remote() for u in uuids], f"positions of {delivery.spec.name}", timeout=30
     )
-    behind = sorted(
-        p
-        for positions in answers
-        for p, pos in positions.items()
-        if pos["source"] != source or pos["batch_id"] < committed or pos["state"] != "serving"
-    )
+    behind = partitions_without_a_current_copy(dict(zip(uuids, answers)), source, committed)
     if behind:
         log.warning(
-            "store %s: partitions %s are not at batch %d of the checkpoint's source %s: rebuilding them "
+            "store %s: partitions %s have no copy at batch %d of the checkpoint's source %s: rebuilding them "
             "from a fresh checkpoint",
             delivery.spec.name,
             behind,
@@ -133,6 +132,21 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
         )
         return "rebuild"
     return "resume"
+
+
+def partitions_without_a_current_copy(
+    positions: Mapping[str, Mapping[int, Mapping[str, Any]]], source: str | None, committed: int
+) -> list[int]:
+    """The partitions none of whose copies serves at ``source``, at or past batch ``committed``, given each
+    holder's ``positions()`` by actor."""
+    held: set[int] = set()
+    current: set[int] = set()
+    for answer in positions.values():
+        for p, pos in answer.items():
+            held.add(p)
+            if pos["source"] == source and pos["batch_id"] >= committed and pos["state"] == "serving":
+                current.add(p)
+    return sorted(held - current)
 
 
 def _flatten_window(df: Any, window_column: str) -> Any:

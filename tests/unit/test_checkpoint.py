@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from topologies.checkpoint import last_committed, last_planned, query_id, supersede
-from topologies.sink import plan_start
+from topologies.sink import partitions_without_a_current_copy, plan_start
 
 
 def make(tmp_path: Path, *, offsets: list[int], commits: list[int]) -> str:
@@ -52,3 +52,21 @@ def test_a_superseded_checkpoint_is_kept_aside(tmp_path: Path) -> None:
     cp = make(tmp_path, offsets=[0], commits=[0])
     moved = supersede(cp)
     assert not Path(cp).exists() and moved.name.startswith("cp.superseded-") and (moved / "metadata").exists()
+
+
+def _pos(source: str, batch: int, state: str = "serving") -> dict[str, object]:
+    return {"source": source, "batch_id": batch, "state": state}
+
+
+def test_a_partition_needs_a_rebuild_only_when_none_of_its_copies_is_current() -> None:
+    positions = {
+        # partition 0: the active catches up from its peer, the standby is current: resume (it copies)
+        # partition 1: both copies current; partition 2: only copies at another source or behind
+        "a": {0: _pos("q", 3, "catching-up"), 1: _pos("q", 7), 2: _pos("old", 9)},
+        "b": {0: _pos("q", 7), 1: _pos("q", 8), 2: _pos("q", 6)},
+    }
+    assert partitions_without_a_current_copy(positions, "q", 7) == [2]
+    positions["a"][2] = _pos("q", 7, "incomplete")
+    assert partitions_without_a_current_copy(positions, "q", 7) == [2]  # incomplete proves nothing
+    positions["b"][2] = _pos("q", 7)
+    assert partitions_without_a_current_copy(positions, "q", 7) == []
