@@ -1,20 +1,28 @@
-"""Benchmark: query actors killed every 10 s under load, and how long a restarted actor takes to serve.
+"""Benchmark: query actors killed under load, restarted actors' restore time, and a node lost under load.
 
-    .venv/bin/python -m bench.faults [--duration 60] [--every 10] [--engine rocksdb] [--sizes 100000,1000000]
-                                     [--standbys 0,1]
+    .venv/bin/python -m bench.faults [--scenario kills,nodes] [--duration 60] [--every 10] [--engine rocksdb]
+                                     [--sizes 100000,1000000] [--standbys 0,1] [--readers 4]
+                                     [--before 10] [--after 30]
 
-Scenario 1 runs the real food-orders topology on a local Ray and Spark: a writer produces orders for 12
-keys every 0.3 s, a reader GETs their counts as fast as one client goes, and every ``--every`` seconds one
-of ``order-count``'s two query actors is killed, alternately with ``ray.kill`` (Ray restarts it) and with
-SIGKILL of its worker process. Every answer is checked against what was produced: a count that exceeds the
-orders produced for its key, goes backwards, or a 404 for a key with orders is a wrong answer; a 503 is
-honest but counted. Afterwards every count must equal what was produced, and the feeding query must still
-be running.
+Scenario 1 (``kills``) runs the real food-orders topology on a local Ray and Spark: a writer produces orders
+for 12 keys every 0.3 s, ``--readers`` readers GET their counts as fast as each goes, and every ``--every``
+seconds one of ``order-count``'s two query actors is killed, alternately with ``ray.kill`` (Ray restarts it)
+and with SIGKILL of its worker process. Every answer is checked against what was produced: a count that
+exceeds the orders produced for its key, goes backwards for the same reader, or a 404 for a key with orders
+is a wrong answer; a 503 is honest but not an answer. Per kill it times until the registry promoted a
+standby for the victim's partitions (with standbys) and until the victim runs again with every copy it
+holds serving (restore). Afterwards every count must equal what was produced, and the feeding query must
+still be running. The baseline is the same load with no kill, in the same run.
 
-Scenario 2 loads one partition with N keys (per ``--sizes``) on each engine, kills its actor, and times
-until the restarted actor answers a read again: the restore time per partition size.
+Scenario 2 (with ``kills``; ``--sizes ""`` skips it) loads one partition with N keys on each engine, kills
+its actor, and times until the restarted actor answers a read again: the restore time per partition size.
 
-The baseline of scenario 1 is the same load with no kill, in the same run.
+Scenario 3 (``nodes``) removes a node under load, once per ``--standbys`` count, each in a process of its
+own on a three-node ``ray.cluster_utils.Cluster`` (``scenario_node_loss``).
+
+"Answered %" is correct answers over requests; the "longest gap" is the longest time one reader went without
+a correct answer (slow answers count, not only 503s); "key dark" is the longest a key went from a request
+not answered correctly to its next correct answer.
 """
 
 from __future__ import annotations
