@@ -1,20 +1,28 @@
-"""Benchmark: query actors killed every 10 s under load, and how long a restarted actor takes to serve.
+"""Benchmark: query actors killed under load, restarted actors' restore time, and a node lost under load.
 
-    .venv/bin/python -m bench.faults [--duration 60] [--every 10] [--engine rocksdb] [--sizes 100000,1000000]
-                                     [--standbys 0,1]
+    .venv/bin/python -m bench.faults [--scenario kills,nodes] [--duration 60] [--every 10] [--engine rocksdb]
+                                     [--sizes 100000,1000000] [--standbys 0,1] [--readers 4]
+                                     [--before 10] [--after 30]
 
-Scenario 1 runs the real food-orders topology on a local Ray and Spark: a writer produces orders for 12
-keys every 0.3 s, a reader GETs their counts as fast as one client goes, and every ``--every`` seconds one
-of ``order-count``'s two query actors is killed, alternately with ``ray.kill`` (Ray restarts it) and with
-SIGKILL of its worker process. Every answer is checked against what was produced: a count that exceeds the
-orders produced for its key, goes backwards, or a 404 for a key with orders is a wrong answer; a 503 is
-honest but counted. Afterwards every count must equal what was produced, and the feeding query must still
-be running.
+Scenario 1 (``kills``) runs the real food-orders topology on a local Ray and Spark: a writer produces orders
+for 12 keys every 0.3 s, ``--readers`` readers GET their counts as fast as each goes, and every ``--every``
+seconds one of ``order-count``'s two query actors is killed, alternately with ``ray.kill`` (Ray restarts it)
+and with SIGKILL of its worker process. Every answer is checked against what was produced: a count that
+exceeds the orders produced for its key, goes backwards for the same reader, or a 404 for a key with orders
+is a wrong answer; a 503 is honest but not an answer. Per kill it times until the registry promoted a
+standby for the victim's partitions (with standbys) and until the victim runs again with every copy it
+holds serving (restore). Afterwards every count must equal what was produced, and the feeding query must
+still be running. The baseline is the same load with no kill, in the same run.
 
-Scenario 2 loads one partition with N keys (per ``--sizes``) on each engine, kills its actor, and times
-until the restarted actor answers a read again: the restore time per partition size.
+Scenario 2 (with ``kills``; ``--sizes ""`` skips it) loads one partition with N keys on each engine, kills
+its actor, and times until the restarted actor answers a read again: the restore time per partition size.
 
-The baseline of scenario 1 is the same load with no kill, in the same run.
+Scenario 3 (``nodes``) removes a node under load, once per ``--standbys`` count, each in a process of its
+own on a three-node ``ray.cluster_utils.Cluster`` (``scenario_node_loss``).
+
+"Answered %" is correct answers over requests; the "longest gap" is the longest time one reader went without
+a correct answer (slow answers count, not only 503s); "key dark" is the longest a key went from a request
+not answered correctly to its next correct answer.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ import argparse
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,47 +51,111 @@ SEED_ORDER_COUNTS = {"": 1, "1": 1, "2": 1}
 KEYS = [str(i) for i in range(1, 13)]
 
 
+@dataclass(frozen=True)
+class Read:
+    """One GET as its client saw it: which reader sent it, for which key, when (monotonic seconds), the status,
+    and whether the answer was correct (a 503 or 504 is honest but not correct)."""
+
+    reader: int
+    key: str
+    started: float
+    ended: float
+    status: int
+    correct: bool
+
+
+def longest_gap(correct_ends: Iterable[float], opened: float, closed: float) -> float:
+    """The longest stretch of ``[opened, closed]`` in which no correct answer arrived, for one client whose
+    correct answers arrived at ``correct_ends``. A slow request counts as much as a run of 503s: the client
+    waited either way."""
+    last, longest = opened, 0.0
+    for at in sorted(correct_ends):
+        longest = max(longest, at - last)
+        last = max(last, at)
+    return max(longest, closed - last)
+
+
+def longest_dark_key(reads: Iterable[Read], closed: float) -> float:
+    """The longest time a key stayed unanswered: from the start of a request for it that was not answered
+    correctly to the end of the next one that was (or to ``closed`` if none was)."""
+    dark_since: dict[str, float] = {}
+    longest = 0.0
+    for r in sorted(reads, key=lambda r: r.ended):
+        if r.correct:
+            since = dark_since.pop(r.key, None)
+            if since is not None:
+                longest = max(longest, r.ended - since)
+        else:
+            dark_since.setdefault(r.key, r.started)
+    return max([longest, *(closed - since for since in dark_since.values())])
+
+
+def first_correct_after(reads: Iterable[Read], at: float, keys: Collection[str]) -> float | None:
+    """Seconds from ``at`` to the first correct answer for one of ``keys`` to a request sent after ``at``."""
+    ends = [r.ended for r in reads if r.started >= at and r.key in keys and r.correct]
+    return min(ends) - at if ends else None
+
+
+def summarize(reads: Sequence[Read], opened: float, closed: float) -> dict[str, Any]:
+    """What the readers saw in ``[opened, closed]``: requests, answered % (correct answers / requests), 503s
+    and 504s, the longest gap of any one reader, the slowest request, and the longest a key stayed dark."""
+    by_reader: dict[int, list[float]] = {}
+    for r in reads:
+        by_reader.setdefault(r.reader, [])
+        if r.correct:
+            by_reader[r.reader].append(r.ended)
+    statuses = Counter(r.status for r in reads)
+    correct = sum(1 for r in reads if r.correct)
+    return {
+        "requests": len(reads),
+        "correct": correct,
+        "answered_pct": 100.0 * correct / len(reads) if reads else 0.0,
+        "503": statuses[503],
+        "504": statuses[504],
+        "longest_gap_s": max((longest_gap(ends, opened, closed) for ends in by_reader.values()), default=0.0),
+        "slowest_s": max((r.ended - r.started for r in reads), default=0.0),
+        "longest_dark_key_s": longest_dark_key(reads, closed) if reads else 0.0,
+    }
+
+
 @dataclass
 class Ledger:
-    """What was produced (per key, cumulative) and what readers saw, with the wrong answers spelled out."""
+    """What was produced (per key, cumulative) and what readers saw, with the wrong answers spelled out.
+
+    Each reader sends one request at a time, and riqr's reads are monotonic per facade, so a count going
+    backwards is judged per reader: two readers' answers may arrive in another order than they were served.
+    """
 
     produced: Counter[str] = field(default_factory=lambda: Counter(SEED_ORDER_COUNTS))
     lock: threading.Lock = field(default_factory=threading.Lock)
-    answers: Counter[int] = field(default_factory=Counter)
-    correct: int = 0
+    reads: list[Read] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
-    last_seen: dict[str, int] = field(default_factory=dict)
-    unavailable_since: dict[str, float] = field(default_factory=dict)
-    unavailable_seconds: float = 0.0
-    longest_gap: float = 0.0
+    last_seen: dict[tuple[int, str], int] = field(default_factory=dict)
 
-    def record(self, key: str, status: int, body: Any) -> None:
-        now = time.monotonic()
+    def record(self, key: str, status: int, body: Any, *, started: float, ended: float, reader: int = 0) -> bool:
+        """Judge one answer; True if it was correct."""
         with self.lock:
             produced = self.produced[key]
-        self.answers[status] += 1
+        seen = self.last_seen.get((reader, key))
+        correct = False
         if status == 200:
             count = body["response"]
-            if count > produced or count < self.last_seen.get(key, 0):
-                self.wrong.append(f"key {key}: {count} after {self.last_seen.get(key)}, produced {produced}")
+            if count > produced or count < (seen or 0):
+                self.wrong.append(f"key {key}: {count} after {seen}, produced {produced}")
             else:
-                self.correct += 1
-            self.last_seen[key] = count
-            since = self.unavailable_since.pop(key, None)
-            if since is not None:
-                self.unavailable_seconds += now - since
-                self.longest_gap = max(self.longest_gap, now - since)
+                correct = True
+            self.last_seen[(reader, key)] = count
         elif status == 404:
             # A key whose first order is still on its way is fresh news, not lost data: a 404 is wrong only
             # for a key that was answered before (or is in the seed, loaded before the readers started).
-            if key in self.last_seen or key in SEED_ORDER_COUNTS:
-                self.wrong.append(f"key {key}: 404 although it was {self.last_seen.get(key, 'seeded')}")
+            if seen is not None or key in SEED_ORDER_COUNTS:
+                self.wrong.append(f"key {key}: 404 although it was {seen if seen is not None else 'seeded'}")
             else:
-                self.correct += 1
-        elif status == 503:
-            self.unavailable_since.setdefault(key, now)
-        else:
+                correct = True
+        elif status not in (503, 504):
             self.wrong.append(f"key {key}: status {status} {body}")
+        self.reads.append(Read(reader, key, started, ended, status, correct))
+        return correct
 
 
 def write_orders(home: Path, ledger: Ledger, stop: threading.Event, interval: float = 0.3) -> None:
@@ -97,21 +171,29 @@ def write_orders(home: Path, ledger: Ledger, stop: threading.Event, interval: fl
         stop.wait(interval)
 
 
-def read_counts(url: str, ledger: Ledger, stop: threading.Event) -> None:
-    """GET the order counts of random keys until ``stop``, recording every answer in ``ledger``."""
+def http_get(url: str, timeout: float = 30.0) -> tuple[int, Any]:
+    """Status and decoded JSON body of a GET (errors included: a 503 is an answer here)."""
     import json
     import urllib.error
     import urllib.request
 
-    rng = random.Random(11)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+    except OSError as err:  # the client's own timeout or a refused connection: no answer
+        return 599, repr(err)
+
+
+def read_counts(url: str, ledger: Ledger, stop: threading.Event, reader: int = 0) -> None:
+    """GET the order counts of random keys until ``stop``, recording every answer in ``ledger``."""
+    rng = random.Random(11 + reader)
     while not stop.is_set():
         key = rng.choice(KEYS)
-        try:
-            with urllib.request.urlopen(f"{url}/stores/order-count/get/{key}", timeout=30) as resp:
-                status, body = resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            status, body = err.code, json.loads(err.read() or b"null")
-        ledger.record(key, status, body)
+        started = time.monotonic()
+        status, body = http_get(f"{url}/stores/order-count/get/{key}")
+        ledger.record(key, status, body, started=started, ended=time.monotonic(), reader=reader)
 
 
 def worker_pid(handle: Any) -> int:
@@ -121,13 +203,50 @@ def worker_pid(handle: Any) -> int:
     return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
 
 
+def _pid_and_positions(self: Any) -> tuple[int, dict[int, dict[str, Any]]]:  # runs in the query actor
+    import os
+
+    return os.getpid(), self.positions()
+
+
+def watch_kill(
+    registry: Any, store: str, handle: Any, victim: str, old_pid: int, killed_at: float, *, promote: bool,
+    limit: float = 60.0,
+) -> dict[str, float | None]:  # fmt: skip
+    """After a kill at ``killed_at``: seconds until the registry's view has no partition of ``store`` whose
+    active is ``victim`` (when ``promote``: a standby was promoted), and until the victim runs again (another
+    pid) with every copy it holds serving (its replicas restored). None for what did not happen in ``limit``."""
+    import ray
+
+    promoted: float | None = None
+    restored: float | None = None
+    while time.monotonic() - killed_at < limit and (restored is None or (promote and promoted is None)):
+        if promote and promoted is None:
+            try:
+                table = ray.get(registry.view.remote(), timeout=5).tables[store]
+                if all(owners.active != victim for owners in table.partitions):
+                    promoted = time.monotonic() - killed_at
+            except Exception:
+                pass
+        if restored is None:
+            try:
+                pid, positions = ray.get(handle.__ray_call__.remote(_pid_and_positions), timeout=2)
+                if pid != old_pid and positions and all(p["state"] == "serving" for p in positions.values()):
+                    restored = time.monotonic() - killed_at
+            except Exception:
+                pass
+        time.sleep(0.02)
+    return {"promoted_s": promoted, "restored_s": restored}
+
+
 def scenario_kills(
-    spark: Any, duration: float, every: float, engine: str, *, kill: bool, standbys: int | None = None
-) -> dict[str, Any]:
+    spark: Any, duration: float, every: float, engine: str, *, kill: bool, standbys: int | None = None,
+    readers: int = 1,
+) -> dict[str, Any]:  # fmt: skip
     """One run of scenario 1 (``standbys`` copies of each partition; None: riqr's default); its figures."""
     import ray
 
-    from runtime.config import RuntimeConfig
+    from runtime.config import REGISTRY_NAME, RuntimeConfig
     from topologies import food_orders
     from topologies.options import TopologyOptions
     from verticles import deploy
@@ -147,29 +266,46 @@ def scenario_kills(
         orders = connect(namespace).store(food_orders.ORDER_COUNT_STORE)
         wait_until(lambda: orders.approximate_num_entries() == 3, 120, "the seed orders")
         owners = [i["actor"] for i in connect(namespace).metadata() if i["state-store-names"] == ["order-count"]]
+        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+        start_view: Any = ray.get(registry.view.remote())
+        has_standbys = any(o.standbys for o in start_view.tables["order-count"].partitions)
         ledger, stop = Ledger(), threading.Event()
-        threads = [
-            threading.Thread(target=write_orders, args=(home, ledger, stop), daemon=True),
-            threading.Thread(target=read_counts, args=(url, ledger, stop), daemon=True),
+        threads = [threading.Thread(target=write_orders, args=(home, ledger, stop), daemon=True)] + [
+            threading.Thread(target=read_counts, args=(url, ledger, stop, i), daemon=True) for i in range(readers)
         ]
+        opened = time.monotonic()
         for t in threads:
             t.start()
-        kills = 0
-        started = time.monotonic()
-        next_kill = started + every
-        while time.monotonic() - started < duration:
+        kills: list[dict[str, float | None]] = []
+        watchers: list[threading.Thread] = []
+        next_kill = opened + every
+        while time.monotonic() - opened < duration:
             time.sleep(0.1)
             if kill and time.monotonic() >= next_kill:
-                victim = ray.get_actor(owners[kills % len(owners)], namespace=namespace)
-                if kills % 2 == 0:
+                name = owners[len(kills) % len(owners)]
+                victim = ray.get_actor(name, namespace=namespace)
+                old_pid = worker_pid(victim)
+                if len(kills) % 2 == 0:
                     ray.kill(victim, no_restart=False)
                 else:
-                    os.kill(worker_pid(victim), signal.SIGKILL)
-                kills += 1
-                print(f"  kill {kills} at {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+                    os.kill(old_pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+                figures: dict[str, float | None] = {}
+                kills.append(figures)
+
+                def watch(
+                    figures: dict[str, float | None] = figures,
+                    args: tuple[Any, ...] = (victim, name, old_pid, killed_at),
+                ) -> None:
+                    figures.update(watch_kill(registry, "order-count", *args, promote=has_standbys))
+
+                watchers.append(threading.Thread(target=watch, daemon=True))
+                watchers[-1].start()
+                print(f"  kill {len(kills)} at {killed_at - opened:.0f}s", file=sys.stderr, flush=True)
                 next_kill += every
         stop.set()
-        for t in threads:
+        closed = time.monotonic()
+        for t in threads + watchers:
             t.join(timeout=60)
         converged = True
         try:
@@ -178,16 +314,13 @@ def scenario_kills(
             )
         except TimeoutError:
             converged = False
-        total = sum(ledger.answers.values())
         return {
-            "requests": total,
-            "correct": ledger.correct,
+            **summarize(ledger.reads, opened, closed),
             "wrong": len(ledger.wrong),
             "wrong_examples": ledger.wrong[:5],
-            "503": ledger.answers[503],
-            "kills": kills,
-            "unavailable_s": ledger.unavailable_seconds,
-            "longest_gap_s": ledger.longest_gap,
+            "kills": len(kills),
+            "restored_s": [k.get("restored_s") for k in kills],
+            "promoted_s": [k.get("promoted_s") for k in kills] if has_standbys else [],
             "converged": converged,
             "queries_alive": all(q.isActive for q in queries),
         }
@@ -195,6 +328,16 @@ def scenario_kills(
         for q in queries:
             q.stop()
         deploy.down(namespace)
+
+
+def median_max(values: Sequence[float | None]) -> str:
+    """``median / max`` of the values, with how many never happened; ``-`` for none."""
+    done = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    text = f"{statistics.median(done):.2f} / {max(done):.2f}" if done else "never"
+    missing = len(values) - len(done)
+    return text + (f" ({missing} never)" if missing and done else "")
 
 
 def scenario_restore(sizes: list[int], engines: list[str]) -> list[tuple[str, int, float, float]]:
@@ -214,7 +357,7 @@ def scenario_restore(sizes: list[int], engines: list[str]) -> list[tuple[str, in
     namespace = f"riqr-restore-{uuid.uuid4().hex[:8]}"
     deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0))
     registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
-    out = []
+    out: list[tuple[str, int, float, float]] = []
     try:
         for engine in engines:
             for size in sizes:
@@ -267,19 +410,332 @@ def scenario_restore(sizes: list[int], engines: list[str]) -> list[tuple[str, in
     return out
 
 
+NODE_USERS = list(range(300))
+
+
+def _node_of(self: Any) -> str:  # runs in an actor
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def scenario_node_loss(standbys: int, before: float, after: float, readers: int) -> dict[str, Any]:
+    """Scenario 3, in a process of its own: a three-node ``Cluster`` (each node with its own data directory),
+    a store of 6 partitions on 3 actors (one per node, ``standbys`` copies), a writer delivering a batch of 20
+    users every 50 ms, ``readers`` readers GETting from the head node's REST API; after ``before`` seconds the
+    node holding one actor (not the head, not the registry's) is removed, and the run goes on ``after`` more
+    seconds. Every answer must be a value the writer wrote for that user, never older than one the same reader
+    saw; at the end every serving copy must hold exactly the latest values."""
+    import pyarrow as pa
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from runtime import raycalls
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.codec import decode_value
+    from runtime.config import REGISTRY_NAME, RuntimeConfig
+    from runtime.ingest import PARTITION_COLUMN
+    from runtime.keys import KeySchema
+    from runtime.scan import Scan
+    from topologies.delivery import BatchDelivery
+    from verticles import deploy
+
+    data = Path(tempfile.mkdtemp(prefix="riqr-nodes-data-"))
+    os.environ["RIQR_DATA"] = str(data / "head")  # each node's raylet, and so its actors, inherit its own
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    workers = []
+    for i in (1, 2):
+        os.environ["RIQR_DATA"] = str(data / f"node{i}")
+        workers.append(cluster.add_node(num_cpus=1))
+    cluster.wait_for_nodes()
+    namespace = f"riqr-nodes-{uuid.uuid4().hex[:8]}"
+    ray.init(address=cluster.address, namespace=namespace, log_to_driver=False, configure_logging=False)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        deployment = deploy.up(
+            RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
+        )
+        head = str(ray.get_runtime_context().get_node_id())
+        url = next(ep.url for ep in deployment.endpoints if ep.node_id == head)
+        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+        registry_node = str(ray.get(registry.__ray_call__.remote(_node_of)))
+        spec = StoreSpec(
+            "survivor", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=6, actors=3,
+            standbys=standbys,
+        )  # fmt: skip
+        view = raycalls.get(registry.create_store.remote(spec), "create_store")
+        table = view.tables[spec.name]
+        mine = {u: info for u, info in view.actors.items() if info.store == spec.name}
+        node = next(w for w in workers if w.node_id != registry_node)
+        gone = node.node_id
+        (lost,) = [u for u, info in mine.items() if info.node_id == gone]
+        lost_keys = {str(u) for u in NODE_USERS if table.partitions[table.partition_of(u)].active == lost}
+
+        delivery = BatchDelivery(spec, namespace, checkpoint="unused")
+        history: dict[int, set[int]] = {u: {u * 10} for u in NODE_USERS}
+        latest = {u: u * 10 for u in NODE_USERS}
+
+        def batch(values: dict[int, int]) -> pa.Table:
+            users = list(values)
+            return pa.table(
+                {
+                    "user": pa.array(users, pa.int64()),
+                    "score": pa.array([values[u] for u in users], pa.int64()),
+                    PARTITION_COLUMN: pa.array([table.partition_of(u) for u in users], pa.int32()),
+                }
+            )
+
+        delivery.deliver("q", 0, batch(latest))
+        deadline = time.monotonic() + 120
+        while http_get(f"{url}/stores/{spec.name}/approximate-num-entries")[1] != {"result": len(NODE_USERS)}:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the store loaded and visible")
+            time.sleep(0.1)
+
+        reads: list[Read] = []
+        wrong: list[str] = []
+        ingest: dict[str, Any] = {"delivered": 0, "errors": [], "slowest_s": 0.0, "at_removal": 0}
+
+        def write() -> None:
+            rng = random.Random(7)
+            batch_id = 1
+            values: dict[int, int] = {}
+            while not stop.is_set():
+                if not values:  # a batch that failed is delivered again as it was, as Spark retries one
+                    values = {u: u * 10 + batch_id * 100_000 for u in rng.sample(NODE_USERS, 20)}
+                    for u, v in values.items():  # known before it is delivered: no read can see an unknown value
+                        history[u].add(v)
+                started = time.monotonic()
+                try:
+                    delivery.deliver("q", batch_id, batch(values))
+                except Exception as err:
+                    ingest["errors"].append(f"batch {batch_id}: {err!r}")
+                    stop.wait(1.0)
+                    continue
+                latest.update(values)
+                values = {}
+                ingest["slowest_s"] = max(ingest["slowest_s"], time.monotonic() - started)
+                ingest["delivered"] = batch_id
+                batch_id += 1
+                stop.wait(0.05)
+
+        def read(reader: int) -> None:
+            rng = random.Random(11 + reader)
+            seen: dict[int, int] = {}
+            while not stop.is_set():
+                u = rng.choice(NODE_USERS)
+                started = time.monotonic()
+                status, body = http_get(f"{url}/stores/{spec.name}/get/{u}")
+                ended = time.monotonic()
+                correct = False
+                if status == 200:
+                    value = body["response"]
+                    if value not in history[u] or value < seen.get(u, 0):
+                        wrong.append(f"user {u}: {value} after {seen.get(u)}")
+                    else:
+                        correct = True
+                        seen[u] = value
+                elif status not in (503, 504):
+                    wrong.append(f"user {u}: status {status} {body}")
+                reads.append(Read(reader, str(u), started, ended, status, correct))
+
+        threads += [threading.Thread(target=write, daemon=True)] + [
+            threading.Thread(target=read, args=(i,), daemon=True) for i in range(readers)
+        ]
+        opened = time.monotonic()
+        for t in threads:
+            t.start()
+        stop.wait(before)
+        print(f"  removing node {gone[:8]} (query actor {lost[:8]}, {len(lost_keys)} of {len(NODE_USERS)} users)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        ingest["at_removal"] = ingest["delivered"]
+        removed_at = time.monotonic()
+        cluster.remove_node(node)
+        remove_took = time.monotonic() - removed_at
+
+        marks: dict[str, float | None] = {"promoted_s": None, "moved_s": None, "restored_s": None}
+        while time.monotonic() - removed_at < after:
+            now = time.monotonic() - removed_at
+            try:
+                current = ray.get(registry.view.remote(), timeout=5)
+                if marks["promoted_s"] is None and all(o.active != lost for o in current.tables[spec.name].partitions):
+                    marks["promoted_s"] = now
+                if marks["moved_s"] is None and current.actors[lost].node_id != gone:
+                    marks["moved_s"] = now
+            except Exception:
+                pass
+            if marks["moved_s"] is not None and marks["restored_s"] is None:
+                try:  # by name: the re-created actor is another Ray actor under the same name
+                    handle = ray.get_actor(lost, namespace=namespace)
+                    positions = ray.get(handle.positions.remote(), timeout=2)
+                    if positions and all(p["state"] == "serving" for p in positions.values()):
+                        marks["restored_s"] = time.monotonic() - removed_at
+                except Exception:
+                    pass
+            time.sleep(0.05)
+        stop.set()
+        closed = time.monotonic()
+        for t in threads:
+            t.join(timeout=90)
+
+        # Lost records: every copy that says it serves must hold exactly the latest value of each of its keys.
+        final = ray.get(registry.view.remote(), timeout=30)
+        lost_records, unchecked = 0, []
+        for u, held in final.tables[spec.name].all_owners().items():
+            try:
+                actor = ray.get_actor(u, namespace=namespace)
+                positions = ray.get(actor.positions.remote(), timeout=30)
+            except Exception as err:
+                unchecked.append(f"{u[:8]}: {type(err).__name__}")
+                continue
+            for p in held:
+                if positions[p]["state"] != "serving":
+                    unchecked.append(f"{u[:8]} p{p}: {positions[p]['state']}")
+                    continue
+                entries, _ = ray.get(actor.scan.remote([p], Scan()), timeout=60)
+                copy = {k: decode_value(v) for k, v in entries}
+                expected = {k: v for k, v in latest.items() if table.partition_of(k) == p}
+                lost_records += sum(1 for k, v in expected.items() if copy.get(k) != v)
+                lost_records += sum(1 for k in copy if k not in expected)
+        after_reads = [r for r in reads if r.started >= removed_at]
+        return {
+            "standbys": standbys,
+            **summarize(reads, opened, closed),
+            "after": summarize(after_reads, removed_at, closed),
+            "wrong": len(wrong),
+            "wrong_examples": wrong[:5],
+            "lost_keys": len(lost_keys),
+            "first_lost_ok_s": first_correct_after(reads, removed_at, lost_keys),
+            "remove_took_s": remove_took,
+            **marks,
+            "window_s": after,
+            "batches": ingest["delivered"],
+            "batches_after_removal": ingest["delivered"] - ingest["at_removal"],
+            "ingest_errors": len(ingest["errors"]),
+            "ingest_error_examples": ingest["errors"][:3],
+            "slowest_batch_s": ingest["slowest_s"],
+            "lost_records": lost_records,
+            "copies_not_serving": unchecked,
+        }
+    finally:
+        stop.set()  # a thread calling Ray after ray.shutdown would start a Ray of its own
+        for t in threads:
+            t.join(timeout=90)
+        try:
+            deploy.down(namespace)
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+
+
+def _fmt(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}"
+
+
+def run_node_loss(standbys: list[int], before: float, after: float, readers: int) -> list[dict[str, Any]]:
+    """Scenario 3 once per standby count, each in a process of its own (a ``Cluster`` cannot share a
+    process with another Ray), and the figures each printed."""
+    import json
+    import subprocess
+
+    out = []
+    for n in standbys:
+        print(f"node loss, {n} standby: {before:g}s of load, then a node removed, {after:g}s more",
+              file=sys.stderr, flush=True)  # fmt: skip
+        argv = [sys.executable, "-m", "bench.faults", "--scenario", "node-run", "--standbys", str(n),
+                "--before", str(before), "--after", str(after), "--readers", str(readers)]  # fmt: skip
+        done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=before + after + 600, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"the node-loss run with {n} standby failed (exit {done.returncode})")
+        out.append(json.loads(lines[-1][len("RESULT ") :]))
+    return out
+
+
+def print_kills(runs: list[tuple[str, dict[str, Any]]], engine: str, duration: float, readers: int) -> None:
+    print(f"\nscenario 1: order-count under GET load ({readers} readers), {engine} engine, {duration:g}s")
+    print(f"{'run':<14}{'requests':>9}{'req/s':>7}{'answered %':>11}{'wrong':>6}{'503s':>6}{'kills':>6}"
+          f"{'longest gap s':>14}{'slowest s':>10}{'key dark s':>11}{'promoted s (med/max)':>22}"
+          f"{'restore s (med/max)':>21}{'converged':>10}{'alive':>6}")  # fmt: skip
+    for name, r in runs:
+        print(
+            f"{name:<14}{r['requests']:>9}{r['requests'] / duration:>7.0f}{r['answered_pct']:>10.3f}%{r['wrong']:>6}"
+            f"{r['503']:>6}{r['kills']:>6}{r['longest_gap_s']:>14.2f}{r['slowest_s']:>10.2f}"
+            f"{r['longest_dark_key_s']:>11.2f}{median_max(r['promoted_s']):>22}{median_max(r['restored_s']):>21}"
+            f"{r['converged']!s:>10}{r['queries_alive']!s:>6}"
+        )
+        for example in r["wrong_examples"]:
+            print(f"    wrong: {example}")
+
+
+def print_node_loss(runs: list[dict[str, Any]], before: float, after: float, readers: int) -> None:
+    print(f"\nscenario 3: a node removed under load ({readers} readers, a batch every 50 ms), 3 nodes, 6 partitions "
+          f"on 3 actors; {before:g}s before the removal, {after:g}s after")  # fmt: skip
+    print(f"{'standbys':<9}{'requests':>9}{'answered %':>11}{'after %':>9}{'wrong':>6}{'503s':>6}{'504s':>6}"
+          f"{'longest gap s':>14}{'slowest s':>10}{'key dark s':>11}{'first lost ok s':>16}{'promoted s':>11}"
+          f"{'re-created s':>13}{'restored s':>11}{'batches after':>14}{'lost records':>13}")  # fmt: skip
+    for r in runs:
+        print(
+            f"{r['standbys']:<9}{r['requests']:>9}{r['answered_pct']:>10.3f}%{r['after']['answered_pct']:>8.2f}%"
+            f"{r['wrong']:>6}{r['503']:>6}{r['504']:>6}{r['longest_gap_s']:>14.2f}{r['slowest_s']:>10.2f}"
+            f"{r['longest_dark_key_s']:>11.2f}{_fmt(r['first_lost_ok_s']):>16}{_fmt(r['promoted_s']):>11}"
+            f"{_fmt(r['moved_s']):>13}{_fmt(r['restored_s']):>11}{r['batches_after_removal']:>14}"
+            f"{r['lost_records']:>13}"
+        )
+        notes = [f"wrong: {w}" for w in r["wrong_examples"]] + [f"ingest: {e}" for e in r["ingest_error_examples"]]
+        if r["copies_not_serving"]:
+            notes.append(f"copies not serving at the end (not checked): {', '.join(r['copies_not_serving'])}")
+        notes.append(f"{r['lost_keys']} of {len(NODE_USERS)} users on the lost actor; slowest batch "
+                     f"{r['slowest_batch_s']:.2f}s, {r['ingest_errors']} ingest error(s); remove_node took "
+                     f"{r['remove_took_s']:.2f}s")  # fmt: skip
+        for note in notes:
+            print(f"    {note}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="kills,nodes", help="kills (scenarios 1 and 2), nodes (scenario 3)")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--every", type=float, default=10.0)
     parser.add_argument("--engine", default="rocksdb", choices=["rocksdb", "memory"])
     parser.add_argument("--sizes", default="100000,1000000", help="keys per partition for the restore timings")
     parser.add_argument("--skip-baseline", action="store_true", help="do not run the no-kill baseline")
     parser.add_argument(
-        "--standbys", default="0", help="comma-separated standby counts: one kill run each (e.g. 0,1 to compare)"
+        "--standbys", default="0,1", help="comma-separated standby counts: one run each (e.g. 0,1 to compare)"
     )
+    parser.add_argument("--readers", type=int, default=4, help="concurrent GET loops")
+    parser.add_argument("--before", type=float, default=10.0, help="node loss: seconds of load before the removal")
+    parser.add_argument("--after", type=float, default=30.0, help="node loss: seconds of load after the removal")
     args = parser.parse_args()
-    os.environ.setdefault("RIQR_DATA", tempfile.mkdtemp(prefix="riqr-faults-data-"))
+    scenarios = set(args.scenario.split(","))
+    standbys = [int(x) for x in args.standbys.split(",") if x]
+    if "node-run" in scenarios:  # one node-loss run, in this process (run_node_loss starts it)
+        import json
 
+        print("RESULT " + json.dumps(scenario_node_loss(standbys[0], args.before, args.after, args.readers)))
+        return
+    runs: list[tuple[str, dict[str, Any]]] = []
+    restores: list[tuple[str, int, float, float]] = []
+    if "kills" in scenarios:
+        runs, restores = run_kills(args, standbys)
+        print_kills(runs, args.engine, args.duration, args.readers)
+        if restores:
+            print("\nscenario 2: after ray.kill (restart) of a one-partition actor: until it serves again, and the")
+            print("part of it spent reopening the partition (the rest is Ray restarting the actor's process)")
+            print(f"{'engine':<10}{'keys':>12}{'serving again s':>17}{'reopen s':>10}")
+            for engine, size, secs, opened in restores:
+                print(f"{engine:<10}{size:>12,}{secs:>17.2f}{opened:>10.3f}")
+    if "nodes" in scenarios:
+        nodes = run_node_loss(standbys, args.before, args.after, args.readers)
+        print_node_loss(nodes, args.before, args.after, args.readers)
+
+
+def run_kills(
+    args: argparse.Namespace, standbys: list[int]
+) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, int, float, float]]]:
+    """Scenarios 1 and 2 on a local Ray and Spark."""
+    os.environ.setdefault("RIQR_DATA", tempfile.mkdtemp(prefix="riqr-faults-data-"))
     import ray
 
     from topologies.spark import spark_session
@@ -290,35 +746,24 @@ def main() -> None:
         runs = []
         if not args.skip_baseline:
             print("baseline: the same load, no kill", file=sys.stderr)
-            runs.append(("no kill", scenario_kills(spark, args.duration, args.every, args.engine, kill=False)))
-        for n in [int(x) for x in args.standbys.split(",") if x]:
+            figures = scenario_kills(spark, args.duration, args.every, args.engine, kill=False, readers=args.readers)
+            runs.append(("no kill", figures))
+        for n in standbys:
             print(f"kills every {args.every:g}s for {args.duration:g}s ({args.engine} engine, {n} standby)",
                   file=sys.stderr)  # fmt: skip
-            figures = scenario_kills(spark, args.duration, args.every, args.engine, kill=True, standbys=n)
+            figures = scenario_kills(
+                spark, args.duration, args.every, args.engine, kill=True, standbys=n, readers=args.readers
+            )
             runs.append((f"kills, {n} sb", figures))
-        print("restore time per partition size", file=sys.stderr)
-        restores = scenario_restore([int(s) for s in args.sizes.split(",") if s], ["memory", "rocksdb"])
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        restores = []
+        if sizes:
+            print("restore time per partition size", file=sys.stderr)
+            restores = scenario_restore(sizes, ["memory", "rocksdb"])
     finally:
         spark.stop()
         ray.shutdown()
-
-    print(f"\nscenario 1: order-count under GET load, {args.engine} engine, {args.duration:g}s")
-    print(f"{'run':<14}{'requests':>10}{'correct %':>11}{'wrong':>7}{'503s':>7}{'kills':>7}{'503 s/kill':>12}"
-          f"{'longest gap s':>15}{'converged':>11}{'query alive':>13}")  # fmt: skip
-    for name, r in runs:
-        per_kill = r["unavailable_s"] / r["kills"] if r["kills"] else 0.0
-        print(
-            f"{name:<14}{r['requests']:>10}{100 * r['correct'] / max(r['requests'], 1):>10.2f}%{r['wrong']:>7}"
-            f"{r['503']:>7}{r['kills']:>7}{per_kill:>12.2f}{r['longest_gap_s']:>15.2f}{r['converged']!s:>11}"
-            f"{r['queries_alive']!s:>13}"
-        )
-        for example in r["wrong_examples"]:
-            print(f"    wrong: {example}")
-    print("\nscenario 2: after ray.kill (restart) of a one-partition actor: until it serves again, and the")
-    print("part of it spent reopening the partition (the rest is Ray restarting the actor's process)")
-    print(f"{'engine':<10}{'keys':>12}{'serving again s':>17}{'reopen s':>10}")
-    for engine, size, secs, opened in restores:
-        print(f"{engine:<10}{size:>12,}{secs:>17.2f}{opened:>10.3f}")
+    return runs, restores
 
 
 if __name__ == "__main__":
