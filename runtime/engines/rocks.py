@@ -217,11 +217,12 @@ class RocksEngine:
     def apply(self, position: Position, rows: Sequence[tuple[Any, bytes | None]]) -> None:
         """Rows, position and count in one write batch; the last write of a key wins."""
         final = dict(rows)
-        encode = self._codec.encode
         # Everything that can fail on a bad row fails here, before the batch is written.
-        keys = [encode(k) for k in final]
+        keys = self._codec.encode_many(final)
         values = list(final.values())
-        existing = self._multi_get(keys)
+        # The count is kept exact, so each key's old presence is read; an empty partition (a fresh store,
+        # or the reset before a new source's batch 0, which re-emits the whole state) has none to read.
+        existing = self._multi_get(keys) if self._count else [None] * len(keys)
         batch = WriteBatch(raw_mode=True)
         count = self._count
         for key, value, old in zip(keys, values, existing):
