@@ -222,7 +222,15 @@ class RocksEngine:
         values = list(final.values())
         # The count is kept exact, so each key's old presence is read; an empty partition (a fresh store,
         # or the reset before a new source's batch 0, which re-emits the whole state) has none to read.
-        existing = self._multi_get(keys) if self._count else [None] * len(keys)
+        if self._count:
+            # In key order, the multi-get walks each block once: about 30% less time for a batch in
+            # Spark's (hash) order, sort included (bench/apply_batch.py).
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            keys = [keys[i] for i in order]
+            values = [values[i] for i in order]
+            existing = self._multi_get(keys)
+        else:
+            existing = [None] * len(keys)
         batch = WriteBatch(raw_mode=True)
         count = self._count
         for key, value, old in zip(keys, values, existing):
