@@ -309,10 +309,14 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
                 with Writer(home, load):
                     time.sleep(1.0 if load else 0.2)
                     label = f"{mode}-{'load' if load else 'idle'}"
-                    if mode == "riqr":
-                        lags = probe_riqr(home, url, label, args.probes)
-                    else:
-                        lags = probe_noop(spark, home, label, args.probes, listener)
+                    try:
+                        if mode == "riqr":
+                            lags = probe_riqr(home, url, label, args.probes)
+                        else:
+                            lags = probe_noop(spark, home, label, args.probes, listener)
+                    except (Exception, SystemExit):
+                        traceback.print_exc()
+                        continue
                 out[label] = lags
                 if mode == "riqr":
                     say(f"{label} sink stages (all batches so far): {timings_line(DELIVERIES[-1:])}")
@@ -380,6 +384,9 @@ def main() -> None:
             print(f"freshness over {args.probes} probes (order-count; written -> GET answers / -> noop batch done)")
             print(f"{'load':<10}{'riqr p50':>10}{'p99':>8}{'noop p50':>10}{'p99':>8}{'ratio p50':>11}")
             for load in ("idle", "load"):
+                if f"riqr-{load}" not in fresh or f"noop-{load}" not in fresh:
+                    print(f"{load}: missing ({', '.join(fresh)} measured)")
+                    continue
                 r, n = fresh[f"riqr-{load}"], fresh[f"noop-{load}"]
                 rate = "idle" if load == "idle" else f"{args.rate}/s"
                 print(
