@@ -196,16 +196,25 @@ def probe_riqr(home: Path, url: str, label: str, probes: int) -> list[float]:
     return lags
 
 
-def probe_noop(spark: Any, home: Path, label: str, probes: int, listener: Any) -> list[float]:
+def log_offset(progress: Any) -> int:
+    """The file source's log entry a micro-batch read up to (its ``endOffset``); the batch id if unknown."""
+    import json
+
+    try:
+        return int(json.loads(progress.sources[0].endOffset)["logOffset"])
+    except Exception:
+        return int(progress.batchId)
+
+
+def probe_noop(home: Path, label: str, probes: int, listener: Any, sources_log: Path) -> list[float]:
     lags = []
     for i in range(probes):
         key = f"{label}-{i}-{uuid.uuid4().hex[:6]}"
+        seen = listener.batches_after(0.0)
         written = time.monotonic()
-        seen = listener.batches_after(written)
-        write_records(home, "order", [Record(key, "soup")])
-        # The batch holding the probe is the first one that started after the file landed; its end is
-        # when Spark's progress event arrives.
-        lags.append(listener.wait_batch_ending_after(written, seen) - written)
+        path = write_records(home, "order", [Record(key, "soup")])
+        assert path is not None
+        lags.append(listener.wait_batch_holding(path.name, seen, sources_log) - written)
         time.sleep(0.13 + 0.05 * (i % 5))
     return lags
 
@@ -236,7 +245,7 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
 
         def __init__(self) -> None:
             self.cond = threading.Condition()
-            self.ends: list[tuple[float, str]] = []
+            self.ends: list[tuple[float, int]] = []
             self.watch: str | None = None
             self.profile = f"riqr-{namespace}-order-count"
 
@@ -249,7 +258,7 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
                 durations[p.name].append(dict(p.durationMs))
             if p.name == self.watch and p.numInputRows > 0:
                 with self.cond:
-                    self.ends.append((time.monotonic(), p.timestamp))
+                    self.ends.append((time.monotonic(), log_offset(p)))
                     self.cond.notify_all()
 
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
@@ -262,12 +271,9 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
             with self.cond:
                 return len(self.ends)
 
-        def wait_batch_ending_after(self, written: float, seen: int) -> float:
-            # The first batch to end after ``seen`` whose trigger started after the file landed (a batch in
-            # flight when it landed did not list it): Spark's progress timestamp is the trigger's start.
-            from datetime import datetime
-
-            wall_written = time.time() - (time.monotonic() - written)
+        def wait_batch_holding(self, name: str, seen: int, sources_log: Path) -> float:
+            # The first batch after ``seen`` whose file-source log entry lists the probe's file; its end
+            # is when Spark's progress event arrived.
             deadline = time.monotonic() + 60
             with self.cond:
                 i = seen
@@ -275,10 +281,10 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
                     while len(self.ends) <= i:
                         if not self.cond.wait(max(0.0, deadline - time.monotonic())):
                             raise SystemExit("noop probe not processed after 60 s")
-                    end, stamp = self.ends[i]
-                    began = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-                    if began >= wall_written:
-                        return end
+                    end, batch_id = self.ends[i]
+                    for entry in (sources_log / str(batch_id), sources_log / f"{batch_id}.compact"):
+                        if entry.exists() and name in entry.read_text(errors="replace"):
+                            return end
                     i += 1
 
     listener = Batches()
@@ -313,7 +319,8 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
                         if mode == "riqr":
                             lags = probe_riqr(home, url, label, args.probes)
                         else:
-                            lags = probe_noop(spark, home, label, args.probes, listener)
+                            sources_log = work / "cp-fresh-noop" / "sources" / "0"
+                            lags = probe_noop(home, label, args.probes, listener, sources_log)
                     except (Exception, SystemExit):
                         traceback.print_exc()
                         continue
