@@ -86,15 +86,14 @@ def _customers(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, l
 
 def order_counts_frame(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, Any | None]:
     """``(counts, rejects)``: the streaming DataFrame ``order-count`` is fed from, and the order topic's
-    dead letters.
+    dead letters (``bench/ingest.py`` runs the same frame into Spark's noop sink as its baseline).
 
-    The customer snapshot is cached: a stream-static join runs the static side's plan again in every
-    micro-batch (here a JSON scan and an aggregation with its own shuffle), though its files were fixed
-    when it was planned. Cached, each micro-batch reads the same rows from memory instead.
+    The customer snapshot is not cached: a stream-static join runs the static side's plan again in every
+    micro-batch, but caching it measured no faster per micro-batch (docs/design.md, "Ingest").
     """
     from topologies.sources import read_topic_batch
 
-    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source)).cache()
+    snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source))
     orders, rejects = options.read(spark, home, "order")
     return order_counts(orders, snapshot), rejects
 
