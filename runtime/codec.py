@@ -12,11 +12,20 @@ import base64
 import datetime as _dt
 import decimal
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
 
-__all__ = ["encode_value", "decode_value", "to_json", "to_jsonable", "json_default", "encode_json"]
+__all__ = [
+    "encode_value",
+    "encode_values",
+    "decode_value",
+    "to_json",
+    "to_jsonable",
+    "json_default",
+    "encode_json",
+]
 
 
 def _default(obj: Any) -> Any:
@@ -33,6 +42,13 @@ def encode_value(value: Any) -> bytes:
     """Pack a value as msgpack."""
     packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True)
     return packed
+
+
+def encode_values(values: Iterable[Any]) -> list[bytes]:
+    """``encode_value`` of each value, with one packer for all (a micro-batch's values: building a packer
+    per value cost about six times the packing itself)."""
+    packer = msgpack.Packer(default=_default, use_bin_type=True, autoreset=True)
+    return list(map(packer.pack, values))
 
 
 def decode_value(data: bytes) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from runtime.catalog import StoreSpec
-from runtime.codec import decode_value, encode_value
+from runtime.codec import decode_value, encode_values
 from runtime.engines import Position, open_engine
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
@@ -78,16 +78,20 @@ def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes |
     keys = internal_keys(spec, table)
     names = [f.name for f in spec.value_fields]
     values = _values(names, [table.column(name).to_pylist() for name in names])
-    ends = _internal_column(table.column(WINDOW_END_COLUMN), "timestamp") if spec.windowed else None
+    if spec.windowed:
+        ends = _internal_column(table.column(WINDOW_END_COLUMN), "timestamp")
+        values = [None if v is None else [end, v] for end, v in zip(ends, values)]
+    # One packer for the batch; nulls (deletes) are packed too and dropped below, cheaper than a filter.
+    packed = encode_values(values)
+    if None not in keys and None not in values:  # the usual batch: no deletes, no null keys
+        return list(zip(keys, packed))
     rows: list[tuple[Any, bytes | None]] = []
     dropped = 0
-    for i, (key, value) in enumerate(zip(keys, values)):
+    for key, value, raw in zip(keys, values, packed):
         if key is None:
             dropped += 1
-        elif value is None:
-            rows.append((key, None))
         else:
-            rows.append((key, encode_value(value if ends is None else [ends[i], value])))
+            rows.append((key, None if value is None else raw))
     if dropped:
         log.warning("store %s: dropped %d rows with a null key", spec.name, dropped, extra={"store": spec.name})
     return rows

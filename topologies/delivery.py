@@ -80,6 +80,10 @@ class BatchDelivery:
         self._view: ClusterView | None = None
         self._handles: dict[str, Any] = {}
         self.feeder = feeder if feeder is not None else feeder_for(namespace)
+        # Seconds spent per stage of delivery, summed over batches (logged per batch at debug level;
+        # bench/ingest.py reads them): batch (Spark's plan run and toArrow), split, view, standby, active,
+        # report.
+        self.timings: dict[str, float] = {}
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -110,15 +114,23 @@ class BatchDelivery:
     def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, pa.Table]) -> list[Any]:
         """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
+        clock = time.perf_counter()
         ownership = self.current_view().table(self.spec.name)
         if ownership is None:
             raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
+        clock = self._lap("view", clock)
         results: list[Any] = []
         for role in ("standby", "active"):
             pending = slices_for_owners(ownership, dict(split), role)
             if pending:
                 results.extend(self._apply_to(source, batch_id, pending, deadline))
+                clock = self._lap(role, clock)
         return results
+
+    def _lap(self, stage: str, since: float) -> float:
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + (now - since)
+        return now
 
     def _apply_to(
         self, source: str, batch_id: int, pending: dict[str, dict[int, pa.Table | None]], deadline: Deadline
@@ -162,7 +174,11 @@ class BatchDelivery:
 
     def deliver(self, source: str, batch_id: int, table: pa.Table) -> int:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``; returns rows sent."""
-        results = self._apply_everywhere(source, batch_id, split_by_partition(table, self.spec.partitions))
+        clock = time.perf_counter()
+        split = split_by_partition(table, self.spec.partitions)
+        self._lap("split", clock)
+        results = self._apply_everywhere(source, batch_id, split)
+        clock = time.perf_counter()
         incomplete = sorted({r.partition for r in results if r.state == INCOMPLETE})
         if incomplete:
             log.warning(
@@ -194,6 +210,7 @@ class BatchDelivery:
             incomplete=incomplete,
             catching_up=catching_up,
         )
+        self._lap("report", clock)
         return int(table.num_rows)
 
     def begin(self, source: str) -> list[int]:
@@ -214,7 +231,10 @@ class BatchDelivery:
                 self._source = query_id(self.checkpoint)
             if self._source is None:
                 raise NotConnected(f"the checkpoint {self.checkpoint} has no query id", store=self.spec.name)
-            rows = self.deliver(self._source, batch_id, batch_df.toArrow())
+            clock = time.perf_counter()
+            table = batch_df.toArrow()
+            self._lap("batch", clock)  # Spark running the micro-batch's plan and collecting it as Arrow
+            rows = self.deliver(self._source, batch_id, table)
         except Exception as err:
             self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
             raise

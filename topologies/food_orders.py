@@ -35,6 +35,7 @@ __all__ = [
     "ORDER_COUNT_STORE",
     "latest_by_key",
     "order_counts",
+    "order_counts_frame",
     "start",
     "start_customers",
     "start_order_counts",
@@ -83,13 +84,24 @@ def _customers(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, l
     return query, options.dead_letters(home, "customer", CUSTOMER_STORE, rejects)
 
 
-def _order_counts(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, list[Any]]:
-    from topologies.sink import materialize
+def order_counts_frame(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, Any | None]:
+    """``(counts, rejects)``: the streaming DataFrame ``order-count`` is fed from, and the order topic's
+    dead letters (``bench/ingest.py`` runs the same frame into Spark's noop sink as its baseline).
+
+    The customer snapshot is not cached: a stream-static join runs the static side's plan again in every
+    micro-batch, but caching it measured no faster per micro-batch (docs/design.md, "Ingest").
+    """
     from topologies.sources import read_topic_batch
 
     snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source))
     orders, rejects = options.read(spark, home, "order")
-    counts = order_counts(orders, snapshot)
+    return order_counts(orders, snapshot), rejects
+
+
+def _order_counts(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, list[Any]]:
+    from topologies.sink import materialize
+
+    counts, rejects = order_counts_frame(spark, home, options)
     sink = options.sink(home, ORDER_COUNT_STORE)
     query = materialize(counts, store=ORDER_COUNT_STORE, key="key", value="count", **sink)
     return query, options.dead_letters(home, "order", ORDER_COUNT_STORE, rejects)

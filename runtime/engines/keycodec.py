@@ -21,7 +21,7 @@ persistent engine keeps its own metadata under that byte (``META_PREFIX``) where
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from runtime.keys import TOP, KeySchema
@@ -119,6 +119,16 @@ class KeyCodec:
             parts.append(_COMPONENT)
             parts.append(self._encoders[i](component))
         return b"".join(parts)
+
+    def encode_many(self, keys: Iterable[Any]) -> list[bytes]:
+        """``encode`` of each key (a batch's keys: a single-column key skips the per-key dispatch)."""
+        if self._composite:
+            return [self.encode(k) for k in keys]
+        encoder = self._encoders[0]
+        out = []
+        for key in keys:
+            out.append(_TOP if key is TOP else _COMPONENT + encoder(key))
+        return out
 
     def decode(self, data: bytes) -> Any:
         """The internal key (or bound) that ``encode`` turned into ``data``."""

@@ -264,11 +264,20 @@ class RocksEngine:
     def apply(self, position: Position, rows: Sequence[tuple[Any, bytes | None]]) -> None:
         """Rows, position and count in one write batch; the last write of a key wins."""
         final = dict(rows)
-        encode = self._codec.encode
         # Everything that can fail on a bad row fails here, before the batch is written.
-        keys = [encode(k) for k in final]
+        keys = self._codec.encode_many(final)
         values = list(final.values())
-        existing = self._multi_get(keys)
+        # The count is kept exact, so each key's old presence is read; an empty partition (a fresh store,
+        # or the reset before a new source's batch 0, which re-emits the whole state) has none to read.
+        if self._count:
+            # In key order, the multi-get walks each block once: about 30% less time for a batch in
+            # Spark's (hash) order, sort included (bench/apply_batch.py).
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            keys = [keys[i] for i in order]
+            values = [values[i] for i in order]
+            existing = self._multi_get(keys)
+        else:
+            existing = [None] * len(keys)
         batch = WriteBatch(raw_mode=True)
         count = self._count
         for key, value, old in zip(keys, values, existing):

@@ -36,3 +36,12 @@ def test_to_json_is_compact_and_handles_what_msgpack_values_hold() -> None:
     )
     with pytest.raises(TypeError):
         to_json(object())
+
+
+def test_encode_values_packs_each_as_encode_value_does() -> None:
+    from runtime.codec import encode_values
+
+    values = ["a", 1, None, {"x": 1.5, "y": [dt.date(2024, 1, 2)]}, decimal.Decimal("1.10"), b"\x00"]
+    assert encode_values(values) == [encode_value(v) for v in values]
+    with pytest.raises(TypeError):
+        encode_values([object()])

@@ -331,3 +331,15 @@ def test_memory_accounting_names_what_holds_bytes_outside_python(opener: Opener)
         assert usage["memtables"] >= 2000 * 100
     else:
         assert usage == {}
+
+
+def test_the_count_stays_exact_from_an_empty_partition_on(opener: Opener) -> None:
+    # The first apply to an empty partition reads no old presence (rocksdb); the count must not care.
+    engine = opener()
+    engine.apply(P1, [("a", b"1"), ("b", b"2"), ("a", b"3"), ("c", None)])
+    assert engine.count() == 2
+    engine.apply(P2, [("a", b"4"), ("d", b"5"), ("b", None)])
+    assert engine.count() == 2 and engine.get("a") == b"4" and engine.get("b") is None
+    engine.reset(Position("q2", -1))
+    engine.apply(Position("q2", 0), [("a", b"1"), ("a", None), ("e", b"6")])
+    assert engine.count() == 1 and engine.get("a") is None

@@ -108,3 +108,16 @@ def test_int64_extremes_and_sign() -> None:
 def test_keys_that_do_not_fit_the_schema_are_refused(schema: KeySchema, key: Any) -> None:
     with pytest.raises((TypeError, ValueError)):
         KeyCodec(schema).encode(key)
+
+
+@pytest.mark.parametrize("schema", [STRING_KEY, LONG_KEY, TIMESTAMP_KEY, WINDOWED, MIXED], ids=lambda s: s.type_label)
+@given(data=st.data())
+def test_encode_many_is_encode_of_each(schema: KeySchema, data: st.DataObject) -> None:
+    codec = KeyCodec(schema)
+    batch = data.draw(st.lists(keys_of(schema), max_size=8))
+    assert codec.encode_many(batch) == [codec.encode(k) for k in batch]
+
+
+def test_encode_many_rejects_a_key_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError):
+        KeyCodec(STRING_KEY).encode_many(["a", 1])

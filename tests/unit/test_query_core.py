@@ -24,6 +24,12 @@ def test_rows_from_arrow_multi_column_values_are_maps() -> None:
     assert rows[1] == (2, None)  # every value column null: a delete
 
 
+def test_rows_from_arrow_without_nulls_takes_the_short_path_to_the_same_rows() -> None:
+    spec = kv_spec()
+    rows = rows_from_arrow(spec, pa.table({"key": ["b", "a", "b"], "value": ["x", "y", "z"]}))
+    assert [(k, decode_value(v)) for k, v in rows] == [("b", "x"), ("a", "y"), ("b", "z")]
+
+
 def test_apply_get_scan_count() -> None:
     core = QueryCore(kv_spec(), [0, 2])
     core.apply(

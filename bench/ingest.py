@@ -1,0 +1,424 @@
+"""Benchmark: the sink's cost over Spark's ``noop`` sink, and freshness, in one run.
+
+    .venv/bin/python -m bench.ingest [--records 1000000] [--rounds 2] [--probes 12] [--rate 10000]
+
+Everything runs on a local Ray (riqr deployed in a namespace of its own, REST on loopback, no auth) and a
+local Spark, with the food-orders topology's queries on landing files (``riqr produce``'s format).
+
+1. **Throughput.** ``--records`` records with distinct keys land as files of 100,000; the customer
+   topology's query (``latest_by_key``) reads them in one go. Timed from ``start()`` to
+   ``processAllAvailable()`` returning, once with Spark's ``noop`` sink and once with ``materialize`` (a
+   store created beforehand, so actor start-up is not counted), alternately for ``--rounds`` rounds.
+   Printed: medians and the ratio riqr / noop (the sink's overhead is that ratio minus 1).
+2. **Freshness.** The order-count query (orders left-joined with customers, counted by key) at the
+   default trigger. A probe order for a new key is written and its count is polled over REST every 5 ms
+   until it shows: record written -> a GET answers with it. The baseline is the same query into the
+   ``noop`` sink: record written -> the micro-batch holding it completed (Spark's progress event). Idle
+   and under ``--rate`` records/s (files of ``rate/10`` records every 100 ms, other keys).
+
+Per micro-batch, the sink's own log lines (``batch N delivered``) and ``--profile`` break down where the
+time of a delivery goes (toArrow, split, rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from runtime.landing import Record, write_records
+
+
+def say(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def land(home: Path, topic: str, count: int, prefix: str, chunk: int = 100_000) -> None:
+    for start in range(0, count, chunk):
+        records = [Record(f"{prefix}{i}", f"v{i}") for i in range(start, min(count, start + chunk))]
+        write_records(home, topic, records)
+
+
+# -- 1. throughput --------------------------------------------------------------------------------------
+
+
+def run_noop(spark: Any, df: Any, checkpoint: str, trigger: str) -> float:
+    started = time.monotonic()
+    query = (
+        df.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=trigger)
+        .start()
+    )
+    query.processAllAvailable()
+    took = time.monotonic() - started
+    query.stop()
+    return took
+
+
+DELIVERIES: list[Any] = []
+
+
+def capture_deliveries() -> None:
+    """Keep every ``BatchDelivery`` the sink creates, to read its per-stage timings."""
+    from topologies import sink
+
+    class Captured(sink.BatchDelivery):  # type: ignore[misc,name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            DELIVERIES.append(self)
+
+    sink.BatchDelivery = Captured  # type: ignore[misc]
+
+
+def timings_line(deliveries: list[Any]) -> str:
+    total: dict[str, float] = {}
+    for d in deliveries:
+        for k, v in getattr(d, "timings", {}).items():
+            total[k] = total.get(k, 0.0) + v
+    return ", ".join(f"{k} {v:.2f}s" for k, v in total.items())
+
+
+def run_riqr(df: Any, store: str, checkpoint: str, namespace: str, standbys: int, trigger: str) -> float:
+    import ray
+
+    from runtime.config import REGISTRY_NAME
+    from topologies.sink import materialize, store_spec_for
+
+    spec = store_spec_for(df.schema, store, "key", "value", standbys=standbys)
+    ray.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec))
+    started = time.monotonic()
+    query = materialize(
+        df, store=store, key="key", value="value", checkpoint=checkpoint, namespace=namespace,
+        standbys=standbys, trigger=trigger,
+    )  # fmt: skip
+    query.processAllAvailable()
+    took = time.monotonic() - started
+    query.stop()
+    return took
+
+
+def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace) -> dict[str, float]:
+    import ray
+
+    from runtime.config import REGISTRY_NAME
+    from topologies.food_orders import latest_by_key
+    from topologies.sources import read_topic
+
+    home = work / "bulk"
+    land(home, "customer", args.records, "k")
+    say(f"landed {args.records:,} records")
+    times: dict[str, list[float]] = {"noop": [], "riqr": []}
+    registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    if args.warmup:  # the JVM's and Python's first run of each path is slower: not counted
+        warm = work / "warm"
+        land(warm, "customer", args.warmup, "w")
+        run_noop(spark, latest_by_key(read_topic(spark, warm, "customer")), str(work / "cp-warm-noop"), args.trigger)
+        df = latest_by_key(read_topic(spark, warm, "customer"))
+        run_riqr(df, "warm", str(work / "cp-warm-riqr"), namespace, args.standbys, args.trigger)
+        ray.get(registry.drop_store.remote("warm"))
+        DELIVERIES.clear()
+        say(f"warmed up on {args.warmup:,} records")
+    for r in range(args.rounds):
+        df = latest_by_key(read_topic(spark, home, "customer"))
+        times["noop"].append(run_noop(spark, df, str(work / f"cp-noop-{r}"), args.trigger))
+        say(f"round {r + 1}: noop {times['noop'][-1]:.2f}s")
+        store = f"bulk-{r}"
+        df = latest_by_key(read_topic(spark, home, "customer"))
+        times["riqr"].append(run_riqr(df, store, str(work / f"cp-riqr-{r}"), namespace, args.standbys, args.trigger))
+        say(f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s; sink stages: {timings_line(DELIVERIES[-1:])}")
+        ray.get(registry.drop_store.remote(store))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# -- 2. freshness -------------------------------------------------------------------------------------
+
+
+def http_status(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, b""
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+class Writer:
+    """Background load: ``rate`` records/s as a file every 100 ms, keys that probes never use."""
+
+    def __init__(self, home: Path, rate: int) -> None:
+        self.home, self.rate = home, rate
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n, step = 0, max(1, self.rate // 10)
+        next_at = time.monotonic()
+        while not self.stop.is_set():
+            write_records(self.home, "order", [Record(f"load{(n + i) % 5000}", "soup") for i in range(step)])
+            n += step
+            next_at += 0.1
+            self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def __enter__(self) -> Writer:
+        if self.rate:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.rate:
+            self.thread.join()
+
+
+def probe_riqr(home: Path, url: str, label: str, probes: int) -> list[float]:
+    lags = []
+    for i in range(probes):
+        key = f"{label}-{i}-{uuid.uuid4().hex[:6]}"
+        written = time.monotonic()
+        write_records(home, "order", [Record(key, "soup")])
+        while http_status(f"{url}/stores/order-count/get/{key}")[0] != 200:
+            if time.monotonic() - written > 60:
+                raise SystemExit(f"probe {key} not visible after 60 s")
+            time.sleep(0.005)
+        lags.append(time.monotonic() - written)
+        time.sleep(0.13 + 0.05 * (i % 5))  # spread the probes over the trigger's phase
+    return lags
+
+
+def log_offset(progress: Any) -> int:
+    """The file source's log entry a micro-batch read up to (its ``endOffset``); the batch id if unknown."""
+    import json
+
+    try:
+        return int(json.loads(progress.sources[0].endOffset)["logOffset"])
+    except Exception:
+        return int(progress.batchId)
+
+
+def probe_noop(home: Path, label: str, probes: int, listener: Any, sources_log: Path) -> list[float]:
+    lags = []
+    for i in range(probes):
+        key = f"{label}-{i}-{uuid.uuid4().hex[:6]}"
+        seen = listener.batches_after(0.0)
+        written = time.monotonic()
+        path = write_records(home, "order", [Record(key, "soup")])
+        assert path is not None
+        lags.append(listener.wait_batch_holding(path.name, seen, sources_log) - written)
+        time.sleep(0.13 + 0.05 * (i % 5))
+    return lags
+
+
+def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from topologies.food_orders import start_order_counts
+    from topologies.options import TopologyOptions
+
+    try:
+        from topologies.food_orders import order_counts_frame
+    except ImportError:  # the code before the snapshot was cached: the same frame, built as it was
+
+        def order_counts_frame(spark: Any, home: Path, options: Any) -> tuple[Any, Any]:
+            from topologies.food_orders import latest_by_key, order_counts
+            from topologies.sources import read_topic_batch
+
+            snapshot = latest_by_key(read_topic_batch(spark, home, "customer", options.source))
+            orders, rejects = options.read(spark, home, "order")
+            return order_counts(orders, snapshot), rejects
+
+    out: dict[str, list[float]] = {}
+    durations: dict[str, list[dict[str, int]]] = {"bench-noop-fresh": [], f"riqr-{namespace}-order-count": []}
+
+    class Batches(StreamingQueryListener):  # type: ignore[misc]
+        """When each micro-batch with input of the watched query ended (by this process's clock)."""
+
+        def __init__(self) -> None:
+            self.cond = threading.Condition()
+            self.ends: list[tuple[float, int]] = []
+            self.watch: str | None = None
+            self.profile = f"riqr-{namespace}-order-count"
+
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            p = event.progress
+            if p.numInputRows > 0 and p.name in (self.watch, self.profile):
+                durations[p.name].append(dict(p.durationMs))
+            if p.name == self.watch and p.numInputRows > 0:
+                with self.cond:
+                    self.ends.append((time.monotonic(), log_offset(p)))
+                    self.cond.notify_all()
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def batches_after(self, t: float) -> int:
+            with self.cond:
+                return len(self.ends)
+
+        def wait_batch_holding(self, name: str, seen: int, sources_log: Path) -> float:
+            # The first batch after ``seen`` whose file-source log entry lists the probe's file; its end
+            # is when Spark's progress event arrived.
+            deadline = time.monotonic() + 60
+            with self.cond:
+                i = seen
+                while True:
+                    while len(self.ends) <= i:
+                        if not self.cond.wait(max(0.0, deadline - time.monotonic())):
+                            raise SystemExit("noop probe not processed after 60 s")
+                    end, batch_id = self.ends[i]
+                    for entry in (sources_log / str(batch_id), sources_log / f"{batch_id}.compact"):
+                        if entry.exists() and name in entry.read_text(errors="replace"):
+                            return end
+                    i += 1
+
+    listener = Batches()
+    spark.streams.addListener(listener)
+    try:
+        for mode in ("noop", "riqr"):
+            home = work / f"fresh-{mode}"
+            write_records(home, "customer", [Record("1", "john")])
+            write_records(home, "order", [Record("warm", "soup")])
+            if mode == "riqr":
+                options = TopologyOptions(namespace=namespace, standbys=args.standbys, trigger=args.trigger)
+                query = start_order_counts(spark, home, options)
+            else:
+                options = TopologyOptions(namespace=namespace, standbys=args.standbys, trigger=args.trigger)
+                counts, rejects = order_counts_frame(spark, home, options)
+                options.dead_letters(home, "order", "noop-order-count", rejects)  # as the topology runs it
+                listener.watch = "bench-noop-fresh"
+                query = (
+                    counts.writeStream.format("noop")
+                    .outputMode("update")
+                    .queryName("bench-noop-fresh")
+                    .option("checkpointLocation", str(work / "cp-fresh-noop"))
+                    .trigger(processingTime=args.trigger)
+                    .start()
+                )
+            query.processAllAvailable()
+            for load in (0, args.rate):
+                with Writer(home, load):
+                    time.sleep(1.0 if load else 0.2)
+                    label = f"{mode}-{'load' if load else 'idle'}"
+                    try:
+                        if mode == "riqr":
+                            lags = probe_riqr(home, url, label, args.probes)
+                        else:
+                            sources_log = work / "cp-fresh-noop" / "sources" / "0"
+                            lags = probe_noop(home, label, args.probes, listener, sources_log)
+                    except (Exception, SystemExit):
+                        traceback.print_exc()
+                        continue
+                out[label] = lags
+                if mode == "riqr":
+                    say(f"{label} sink stages (all batches so far): {timings_line(DELIVERIES[-1:])}")
+                say(f"{label}: p50 {statistics.median(lags) * 1000:.0f} ms, p99 {pct(lags, 0.99) * 1000:.0f} ms")
+            for q in spark.streams.active:
+                q.stop()
+    finally:
+        spark.streams.removeListener(listener)
+    for name, batches in durations.items():
+        if batches:
+            stages = sorted({k for b in batches for k in b})
+            medians = ", ".join(f"{k} {statistics.median(b.get(k, 0) for b in batches):.0f}" for k in stages)
+            say(f"{name}: {len(batches)} batches with input, median ms: {medians}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--probes", type=int, default=12)
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--standbys", type=int, default=1, help="standbys per partition (1: the two rounds)")
+    parser.add_argument("--trigger", default="250 milliseconds")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--warmup", type=int, default=100_000, help="records of an uncounted first round")
+    parser.add_argument("--skip", default="", help="comma-separated: throughput, freshness")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if os.environ.get("RIQR_BENCH_SINK_LOG"):
+        logging.getLogger("topologies.delivery").setLevel(logging.INFO)
+    import ray
+
+    from runtime.config import RuntimeConfig
+    from topologies.spark import spark_session
+    from verticles import deploy
+
+    work = Path(tempfile.mkdtemp(prefix="riqr-bench-ingest-"))
+    os.environ.setdefault("RIQR_DATA", str(work / "data"))
+    namespace = f"riqr-bench-{uuid.uuid4().hex[:8]}"
+    ray.init(namespace=namespace, log_to_driver=False, include_dashboard=False)
+    try:
+        deployment = deploy.up(
+            RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
+        )
+        # Spark's default 1 GiB driver ran out of heap at 1,000,000 keys: the collected batch plus the
+        # state of the earlier rounds' queries.
+        spark = spark_session(conf={"spark.driver.memory": args.driver_memory})
+        capture_deliveries()
+        tp = fresh = None
+        try:
+            tp = None if "throughput" in skip else throughput(spark, work, namespace, args)
+        except Exception:
+            traceback.print_exc()
+        try:
+            if "freshness" not in skip:
+                fresh = freshness(spark, work, namespace, deployment.endpoints[0].url, args)
+        except Exception:
+            traceback.print_exc()
+        print(f"\ningest: standbys {args.standbys}, trigger {args.trigger}")
+        if tp is not None:
+            print(
+                f"{args.records:,} records, latest_by_key, medians of {args.rounds}: noop {tp['noop']:.2f} s, "
+                f"riqr {tp['riqr']:.2f} s, ratio riqr/noop {tp['riqr'] / tp['noop']:.3f}"
+            )
+        if fresh is not None:
+            print(f"freshness over {args.probes} probes (order-count; written -> GET answers / -> noop batch done)")
+            print(f"{'load':<10}{'riqr p50':>10}{'p99':>8}{'noop p50':>10}{'p99':>8}{'ratio p50':>11}")
+            for load in ("idle", "load"):
+                if f"riqr-{load}" not in fresh or f"noop-{load}" not in fresh:
+                    print(f"{load}: missing ({', '.join(fresh)} measured)")
+                    continue
+                r, n = fresh[f"riqr-{load}"], fresh[f"noop-{load}"]
+                rate = "idle" if load == "idle" else f"{args.rate}/s"
+                print(
+                    f"{rate:<10}{statistics.median(r) * 1000:>10.0f}{pct(r, 0.99) * 1000:>8.0f}"
+                    f"{statistics.median(n) * 1000:>10.0f}{pct(n, 0.99) * 1000:>8.0f}"
+                    f"{statistics.median(r) / statistics.median(n):>11.2f}"
+                )
+    finally:
+        deploy.down(namespace)
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
