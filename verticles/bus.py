@@ -75,6 +75,17 @@ class RayOwner:
             self._handle = None
             raise
 
+    def get_many_blocking(self, items: list[tuple[int, Any]], timeout: float) -> tuple[Sequence[bytes | None], Spans]:
+        """``get_many`` from a plain thread (the Python client's fast path): one call, no retry, at most
+        ``timeout`` seconds; the caller's async facade takes over when it fails."""
+        what = f"get_many on {self.uuid}"
+        try:
+            return raycalls.get(self._actor().get_many.remote(items), what, timeout=timeout, actor=self.uuid)
+        except OwnerUnavailable:
+            self._trouble()
+            self._handle = None
+            raise
+
     async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
         return await self._call("get_many", items)
 
@@ -115,7 +126,11 @@ class RayBus:
 
     async def _registry_call(self, method: str) -> Any:
         remote = getattr(self._registry_actor(), method).remote
-        return await raycalls.call(remote, f"registry {method}", deadline=Deadline.after(self.timeout))
+        try:
+            return await raycalls.call(remote, f"registry {method}", deadline=Deadline.after(self.timeout))
+        except OwnerUnavailable:
+            self._registry = None  # look it up again: `riqr up` may have created it anew (a long-lived client)
+            raise
 
     async def fetch_view(self) -> ClusterView:
         return await self._registry_call("view")
@@ -130,7 +145,11 @@ class RayBus:
         # In the registry's "watch" group (verticles.deploy), so waiting never holds up its other calls.
         method = self._registry_actor().wait_epoch.options(concurrency_group="watch")
         deadline = Deadline.after(timeout + self.timeout)
-        return await raycalls.call(lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline)
+        try:
+            return await raycalls.call(lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline)
+        except OwnerUnavailable:
+            self._registry = None
+            raise
 
     def suspect(self, uuid: str) -> None:
         try:
