@@ -123,7 +123,7 @@ def main() -> None:
     from verticles import deploy
 
     namespace = f"riqr-bench-{uuid.uuid4().hex[:8]}"
-    ray.init(namespace=namespace, log_to_driver=False, include_dashboard=False)
+    ray.init(address="local", namespace=namespace, log_to_driver=False, include_dashboard=False)
     try:
         t0 = time.monotonic()
         deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"))
