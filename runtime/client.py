@@ -7,24 +7,31 @@
     orders.range("1", "5")                          # [("1", 1), ("2", 1)]
     await orders.get_async("1")                     # the same, from async code
 
-Calls go to the facade verticle on the caller's node (any node's if that one is missing), which routes
-and scatter-gathers over Ray. Each call builds a query value (``runtime.queries``) and hands it over as
-is. Errors are riqr's own (``runtime.errors``), whatever Ray said: ``KeyNotFound``, ``StoreNotFound``,
-``MalformedKey``, ``PartitionUnavailable``, ``DeadlineExceeded``...
+Key lookups (``get``, ``get_async``) go straight to the query actor owning the key, in one Ray hop: the
+client runs the facade's core in its own process (``runtime.facade.inprocess``, one per process and
+namespace) with the cached, epoch-checked view, per-owner coalescing, failover to standbys and its own
+monotonic marks. Scans, pages, counts and metadata go to the facade verticle on the caller's node (any
+node's if that one is missing), which scatter-gathers over Ray. Each call builds a query value
+(``runtime.queries``). Errors are riqr's own (``runtime.errors``), whatever Ray said: ``KeyNotFound``,
+``StoreNotFound``, ``MalformedKey``, ``PartitionUnavailable``, ``DeadlineExceeded``...
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime import raycalls
-from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, PAGE_BYTES, facade_name
+from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, PAGE_BYTES, facade_name
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, StoreNotFound
 from runtime.pages import Chunk
 from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
+
+if TYPE_CHECKING:
+    from runtime.facade.inprocess import InProcessFacade
 
 __all__ = ["connect", "Client", "Store", "Page"]
 
@@ -36,6 +43,25 @@ class Client:
         self.facade = facade
         self.namespace = namespace
         self.timeout = timeout
+        self._keys: InProcessFacade | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The in-process facade (a loop thread) stays behind; the copy finds its process's own.
+        return (Client, (self.facade, self.namespace, self.timeout))
+
+    @property
+    def keys(self) -> InProcessFacade:
+        """This process's facade core for key lookups in ``namespace`` (started on first use)."""
+        if self._keys is None:
+            self._keys = in_process_facade(self.namespace)
+        return self._keys
+
+    def get(self, query: KeyQuery) -> Any:
+        """A key lookup, straight to its owner (failing over to standbys), within ``timeout``."""
+        return self.keys.get(query, self.timeout)
+
+    async def get_async(self, query: KeyQuery) -> Any:
+        return await self.keys.get_async(query, self.timeout)
 
     def call(self, method: str, *args: Any) -> Any:
         """Call the facade verticle and wait, with Ray's failures as riqr's errors."""
@@ -82,7 +108,7 @@ class Store:
 
     def get(self, key: Any) -> Any:
         """The value of ``key``; raises ``KeyNotFound`` when absent."""
-        return self._client.call("get", KeyQuery(self.name, key))
+        return self._client.get(KeyQuery(self.name, key))
 
     def all(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         """Every ``(key, value)`` in key order (or reversed). For big stores prefer ``iterate``."""
@@ -194,7 +220,7 @@ class Store:
     # -- async forms ---------------------------------------------------------------------------------------
 
     async def get_async(self, key: Any) -> Any:
-        return await self._client.call_async("get", KeyQuery(self.name, key))
+        return await self._client.get_async(KeyQuery(self.name, key))
 
     async def all_async(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         return await self._client.call_async("entries", RangeQuery(self.name, reverse=reverse))
@@ -266,6 +292,32 @@ class Store:
     async def find_sessions_async(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
         query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start)
         return await self._client.call_async("entries", query)
+
+
+_facades: dict[str, tuple[str, InProcessFacade]] = {}
+_facades_lock = threading.Lock()
+
+
+def in_process_facade(namespace: str) -> InProcessFacade:
+    """The facade core serving key lookups of ``namespace`` in this process: one per namespace, shared by
+    every ``Client`` of it (one view, one registry long poll, one set of marks); a new one after the
+    process joined another Ray cluster or job (``ray.shutdown``, ``ray.init``)."""
+    import ray
+
+    from runtime.facade.inprocess import InProcessFacade
+    from verticles.bus import RayBus
+
+    job = ray.get_runtime_context().get_job_id()
+    with _facades_lock:
+        known = _facades.get(namespace)
+        if known is not None and known[0] == job:
+            return known[1]
+        if known is not None:
+            known[1].close()
+        bus = RayBus(namespace, DEFAULT_REQUEST_TIMEOUT)
+        facade = InProcessFacade(bus, bus.owner, timeout=DEFAULT_REQUEST_TIMEOUT, name=f"riqr-client-{namespace}")
+        _facades[namespace] = (job, facade)
+        return facade
 
 
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:

@@ -76,27 +76,49 @@ class RayOwner:
             self._handle = None
             raise
 
+    def get_many_blocking(self, items: list[tuple[int, Any]], timeout: float) -> tuple[Sequence[bytes | None], Spans]:
+        """``get_many`` from a plain thread (the Python client's fast path): one call, no retry, at most
+        ``timeout`` seconds; the caller's async facade takes over when it fails."""
+        what = f"get_many on {self.uuid}"
+        try:
+            answer: tuple[Sequence[bytes | None], Spans] = raycalls.get(
+                self._actor().get_many.remote(items), what, timeout=timeout, actor=self.uuid
+            )
+            return answer
+        except OwnerUnavailable:
+            self._trouble()
+            self._handle = None
+            raise
+
     async def get_many(self, items: list[tuple[int, Any]]) -> tuple[Sequence[bytes | None], Spans]:
-        return await self._call("get_many", items)
+        answer: tuple[Sequence[bytes | None], Spans] = await self._call("get_many", items)
+        return answer
 
     async def scan(
         self, partitions: Sequence[int], scan: Scan, limit: int | None
     ) -> tuple[Sequence[tuple[Any, bytes]], Spans]:
-        return await self._call("scan", list(partitions), scan, limit)
+        answer: tuple[Sequence[tuple[Any, bytes]], Spans] = await self._call("scan", list(partitions), scan, limit)
+        return answer
 
     async def scan_packed(
         self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
     ) -> tuple[PackedPage, Spans]:
-        return await self._call("scan_packed", list(partitions), scan, limit, max_bytes, fmt)
+        answer: tuple[PackedPage, Spans] = await self._call(
+            "scan_packed", list(partitions), scan, limit, max_bytes, fmt
+        )
+        return answer
 
     async def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
-        return await self._call("count", list(partitions))
+        answer: tuple[int, Spans] = await self._call("count", list(partitions))
+        return answer
 
     async def positions(self) -> dict[int, dict[str, Any]]:
-        return await self._call("positions")
+        answer: dict[int, dict[str, Any]] = await self._call("positions")
+        return answer
 
     async def stats(self) -> dict[str, Any]:
-        return await self._call("stats")
+        answer: dict[str, Any] = await self._call("stats")
+        return answer
 
 
 class RayBus:
@@ -121,22 +143,33 @@ class RayBus:
 
     async def _registry_call(self, method: str) -> Any:
         remote = getattr(self._registry_actor(), method).remote
-        return await raycalls.call(remote, f"registry {method}", deadline=Deadline.after(self.timeout))
+        try:
+            return await raycalls.call(remote, f"registry {method}", deadline=Deadline.after(self.timeout))
+        except OwnerUnavailable:
+            self._registry = None  # look it up again: `riqr up` may have created it anew (a long-lived client)
+            raise
 
     async def fetch_view(self) -> ClusterView:
-        return await self._registry_call("view")
+        answer: ClusterView = await self._registry_call("view")
+        return answer
 
     async def fetch_epoch(self) -> int:
-        return await self._registry_call("epoch")
+        answer: int = await self._registry_call("epoch")
+        return answer
 
     async def fetch_status(self) -> dict[str, Any]:
-        return await self._registry_call("status")
+        answer: dict[str, Any] = await self._registry_call("status")
+        return answer
 
     async def wait_epoch(self, known: int, timeout: float) -> int:
         # In the registry's "watch" group (verticles.deploy), so waiting never holds up its other calls.
         method = self._registry_actor().wait_epoch.options(concurrency_group="watch")
         deadline = Deadline.after(timeout + self.timeout)
-        return await raycalls.call(lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline)
+        try:
+            return await raycalls.call(lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline)
+        except OwnerUnavailable:
+            self._registry = None
+            raise
 
     def suspect(self, uuid: str) -> None:
         try:

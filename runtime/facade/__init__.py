@@ -64,6 +64,7 @@ class Facade:
         max_page: int = MAX_PAGE,
         cursor_key: bytes | None = None,
         metrics: Metrics | None = None,
+        marks: Marks | None = None,
     ) -> None:
         # Every facade of a deployment gets the same ``cursor_key`` (verticles.deploy), so a cursor one
         # node issued pages on at any other, and on the Python client's facade verticle too.
@@ -73,7 +74,8 @@ class Facade:
         # This process's metrics (the HTTP verticle serves them at /metrics and mirrors them into Ray).
         self.metrics = metrics if metrics is not None else Metrics()
         self.views = ViewCache(bus, refresh_interval=refresh_interval)
-        self.marks = Marks()
+        # The in-process facade of the Python client shares its marks with its callers' threads.
+        self.marks = marks if marks is not None else Marks()
         self._holders: dict[str, frozenset[str]] = {}
         self.views.listeners.append(self._forget_replaced)
         self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics, marks=self.marks)

@@ -1,0 +1,336 @@
+"""The facade core run inside the caller's process: the Python driver API's key lookups in one Ray hop.
+
+The driver API used to send every query to the facade verticle of its node, which asked the owner: two
+Ray hops. For key lookups the client now runs the same ``Facade`` in its own process, with the same
+``Bus`` (``verticles.bus.RayBus``), and calls the query actors itself:
+
+* **One loop thread per process and namespace** (``LoopThread``) runs the ``Facade``: the cached view
+  with the registry long poll (``ViewCache``), per-owner coalescing, failover to standbys within the
+  deadline, suspect reports and the monotonic marks. ``get_async`` callers and the slow path of
+  ``get`` hand their lookup to it (``asyncio.run_coroutine_threadsafe``), so they work from any thread
+  and any event loop, as the client's callers (plain threads, Spark driver code, ``asyncio.run``) need.
+* **A blocking fast path** for sync ``get``: the calling thread resolves the owner from the same cached
+  view, binds the key, and makes the call to the active owner itself (``ray.get`` in that thread),
+  coalesced with the other threads' lookups for that owner (``ThreadCoalescer``). Handing a sync call
+  to a loop thread and back costs two thread wake-ups, about as much as the Ray call itself on a small
+  machine (docs/benchmarks.md), so only what needs the loop goes there: whenever the fast path cannot
+  answer (no view yet, an unknown store, no owner, the owner failed or was slower than
+  ``FAILOVER_AFTER``, its copy is older than what this process served), the lookup goes to the loop's
+  ``Facade``, which fails over, waits for a copy to catch up, and reports the owner, under the
+  request deadline. Everything the fast path answers is admitted by the same marks (``LockedMarks``,
+  which the threads and the loop share), so reads stay monotonic per process.
+
+Nothing here imports Ray: the owners' blocking call comes in as ``BlockingOwner``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from runtime.bus import Bus
+from runtime.codec import decode_value, to_jsonable
+from runtime.config import DEFAULT_REQUEST_TIMEOUT
+from runtime.deadline import Deadline, within
+from runtime.errors import DeadlineExceeded, KeyNotFound, RiqrError
+from runtime.facade import Facade
+from runtime.facade.routing import FAILOVER_AFTER
+from runtime.monotonic import Mark, Marks, Span, Spans
+from runtime.ownership import Route
+from runtime.queries import KeyQuery, bind_key
+from runtime.windows import require_kind
+
+__all__ = ["InProcessFacade", "BlockingOwner", "ThreadCoalescer", "LockedMarks", "LoopThread"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+Answer = tuple[bytes | None, Span]
+
+
+class BlockingOwner(Protocol):
+    """A query actor called from a plain thread."""
+
+    def get_many_blocking(self, items: list[tuple[int, Any]], timeout: float) -> tuple[Sequence[bytes | None], Spans]:
+        """``OwnerClient.get_many``, blocking for at most ``timeout`` seconds; riqr's errors on failure
+        (``DeadlineExceeded`` when it did not answer in time), no retry."""
+        ...
+
+
+class LockedMarks(Marks):
+    """``Marks`` shared by threads: the fast path's callers and the loop thread decide under one lock,
+    so a mark never moves back when two answers are admitted at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.RLock()
+
+    def get(self, store: str, partition: int) -> Mark | None:
+        with self._lock:
+            return super().get(store, partition)
+
+    def admit(self, store: str, partition: int, span: Span, *, active: bool) -> bool:
+        with self._lock:
+            return super().admit(store, partition, span, active=active)
+
+    def admit_all(self, store: str, spans: Spans, active: frozenset[int] | set[int]) -> list[int]:
+        with self._lock:
+            return super().admit_all(store, spans, active)
+
+    def forget(self, store: str) -> None:
+        with self._lock:
+            super().forget(store)
+
+    def stores(self) -> set[str]:
+        with self._lock:
+            return super().stores()
+
+
+class _Slot(Generic[T, R]):
+    __slots__ = ("item", "done", "result", "error", "batch")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.done = threading.Event()
+        self.result: R | None = None
+        self.error: BaseException | None = None
+        self.batch: list[_Slot[T, R]] | None = None  # set when this slot's thread is to send a batch
+
+    def outcome(self) -> R:
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]
+
+
+class ThreadCoalescer(Generic[T, R]):
+    """``runtime.coalesce.Coalescer`` for blocking callers: concurrent ``submit`` calls from plain threads
+    bound for one owner share one ``send`` call, with one call in flight.
+
+    The first caller finding no call in flight sends its item at once (an idle owner adds no latency).
+    Callers arriving while a call is in flight queue; when it returns, the first of them is woken to send
+    everything queued as the next batch, in its own thread, so no thread of riqr's own sits in between.
+    A failed call fails exactly the items it carried.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[list[T]], Sequence[R]],
+        *,
+        max_batch: int = 1024,
+        on_send: Callable[[int], None] | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self._send = send
+        self._max_batch = max_batch
+        self._on_send = on_send
+        self._lock = threading.Lock()
+        self._pending: list[_Slot[T, R]] = []
+        self._busy = False
+        self.calls = 0  # how many send() calls were made (tests read it)
+
+    def submit(self, item: T) -> R:
+        slot: _Slot[T, R] = _Slot(item)
+        with self._lock:
+            if self._busy:
+                self._pending.append(slot)
+            else:
+                self._busy = True
+                slot.batch = [slot]
+        if slot.batch is None:
+            slot.done.wait()
+        if slot.batch is not None:  # this thread sends: it found the owner idle, or was woken to
+            self._run(slot.batch)
+        return slot.outcome()
+
+    def _run(self, batch: list[_Slot[T, R]]) -> None:
+        self.calls += 1
+        if self._on_send is not None:
+            self._on_send(len(batch))
+        try:
+            results = self._send([slot.item for slot in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"send returned {len(results)} results for {len(batch)} items")
+        except BaseException as exc:  # every waiter must hear about the failure
+            for slot in batch:
+                slot.error = exc
+        else:
+            for slot, result in zip(batch, results):
+                slot.result = result
+        with self._lock:
+            following = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            if following:
+                following[0].batch = following
+            else:
+                self._busy = False
+        for slot in batch[1:]:  # batch[0] is this thread's own
+            slot.done.set()
+        if following:
+            following[0].done.set()
+
+
+class LoopThread:
+    """An asyncio event loop on a daemon thread of its own; coroutines are run on it from any thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for it in this (other) thread."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+        except BaseException:
+            future.cancel()  # interrupted (KeyboardInterrupt): do not leave the lookup running
+            raise
+
+    async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and await it from another event loop (cancelling it with the caller)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon_threadsafe(callback)
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+
+class InProcessFacade:
+    """Key lookups from the caller's process straight to the query actors (see the module's notes)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        blocking: Callable[[str], BlockingOwner],
+        *,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        name: str = "riqr-client",
+    ) -> None:
+        self.marks = LockedMarks()
+        self.core = Facade(bus, timeout=timeout, marks=self.marks)
+        self._blocking = blocking
+        self._thread = LoopThread(name)
+        self._started = False
+        self._batchers: dict[str, ThreadCoalescer[tuple[int, Any], Answer]] = {}
+        self._batchers_lock = threading.Lock()
+        self.core.views.listeners.append(self._forget_gone)
+
+    @property
+    def timeout(self) -> float:
+        return self.core.timeout
+
+    def close(self) -> None:
+        """Stop the view's long poll and the loop thread."""
+        if self._started:
+            with contextlib.suppress(Exception):  # stopping: nothing left to tell anyone
+                self._thread.run(self.core.stop(), timeout=5)
+        self._thread.close()
+
+    # -- the loop's side ------------------------------------------------------------------------------
+
+    async def _core(self) -> Facade:
+        if not self._started:
+            await self.core.start()  # concurrent first callers share the view's one fetch
+            self._started = True
+        return self.core
+
+    async def _get(self, query: KeyQuery, budget: float) -> Any:
+        core = await self._core()
+        if budget >= core.timeout:  # the facade's own deadline is the shorter one
+            return await core.get(query)
+        return await within(Deadline.after(budget), core.get(query), f"get on {query.store}")
+
+    async def get_async(self, query: KeyQuery, budget: float) -> Any:
+        """The value of a key, for a caller on any event loop (coalesced on the loop thread)."""
+        return await self._thread.run_async(self._get(query, budget))
+
+    async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await self._thread.run_async(coro)
+
+    # -- the calling thread's side --------------------------------------------------------------------
+
+    def get(self, query: KeyQuery, budget: float) -> Any:
+        """The value of a key, blocking: the fast path in this thread, else the loop's ``Facade``."""
+        deadline = Deadline.after(budget)
+        if budget <= 0:
+            raise deadline.exceeded(f"get on {query.store}")
+        answer = self._fast_get(query)
+        if answer is not _SLOW:
+            return answer
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise deadline.exceeded(f"get on {query.store}")
+        try:
+            return self._thread.run(self._get(query, remaining), remaining + 1.0)
+        except concurrent.futures.TimeoutError:  # only if the loop thread itself is stuck
+            raise DeadlineExceeded(f"get on {query.store} did not complete within {budget:g}s") from None
+
+    def _fast_get(self, query: KeyQuery) -> Any:
+        table = self.core.views.current.table(query.store)
+        if table is None or not self._started:
+            return _SLOW
+        spec = table.spec
+        require_kind(spec, "kv")
+        key = bind_key(spec, query.key)
+        route = table.resolve(key)
+        if not isinstance(route, Route):
+            return _SLOW
+        try:
+            value, span = self._batcher(route.owner).submit((route.partition, key))
+        except RiqrError:
+            # The loop's facade asks again, fails over, refreshes the view and reports the owner.
+            return _SLOW
+        if not self.marks.admit(spec.name, route.partition, span, active=True):
+            return _SLOW  # older than what was served: the loop's facade asks the other copies
+        if value is None:
+            shown = to_jsonable(spec.key.external(key))
+            raise KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
+        return decode_value(value)
+
+    def _batcher(self, uuid: str) -> ThreadCoalescer[tuple[int, Any], Answer]:
+        batcher = self._batchers.get(uuid)
+        if batcher is None:
+            with self._batchers_lock:
+                batcher = self._batchers.get(uuid)
+                if batcher is None:
+                    batcher = self._batchers[uuid] = ThreadCoalescer(_blocking_per_item(self._blocking(uuid)))
+        return batcher
+
+    def _forget_gone(self, view: Any) -> None:
+        with self._batchers_lock:
+            for uuid in set(self._batchers) - set(view.actors):
+                del self._batchers[uuid]
+
+
+class _Slow:
+    """The fast path's "ask the loop's facade" (a lookup's value may be None, so not None)."""
+
+
+_SLOW: Any = _Slow()
+
+
+def _blocking_per_item(owner: BlockingOwner) -> Callable[[list[tuple[int, Any]]], Sequence[Answer]]:
+    """``get_many_blocking`` as the coalescer wants it: one ``(value, span of its partition)`` per item,
+    within ``FAILOVER_AFTER`` (the loop's facade takes over from a slower owner)."""
+
+    def send(items: list[tuple[int, Any]]) -> Sequence[Answer]:
+        values, spans = owner.get_many_blocking(items, FAILOVER_AFTER)
+        return [(value, spans[p]) for (p, _), value in zip(items, values)]
+
+    return send

@@ -1,0 +1,126 @@
+"""The Python driver API's key lookups go straight to the owners (runtime.facade.inprocess) and fail over
+like the facade's: on a real two-node Ray, killing a partition's active owner under sync, threaded and
+async lookups costs no error and no wrong answer, and the registry's promotion reaches the client's own
+cached view through its long poll."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+import ray
+
+import runtime
+from runtime import raycalls
+from runtime.catalog import StoreSpec, ValueField
+from runtime.ingest import PARTITION_COLUMN
+from runtime.keys import KeySchema
+from runtime.partitioner import partition_of
+from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
+from tests.integration.helpers import wait_for
+from topologies.delivery import BatchDelivery
+
+pytestmark = pytest.mark.integration
+
+SPEC = StoreSpec(
+    "direct", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2, standbys=1
+)
+USERS = range(0, 400)
+
+
+@pytest.fixture(scope="module")
+def runtime_ns(ray_cluster: RayCluster) -> Iterator[Runtime]:
+    from verticles import deploy
+
+    rt = deploy_runtime("riqr-driver-failover")
+    raycalls.get(rt.registry().create_store.remote(SPEC), "create_store")
+    users = list(USERS)
+    batch = pa.table(
+        {
+            "user": pa.array(users, pa.int64()),
+            "score": pa.array([u * 10 for u in users], pa.int64()),
+            PARTITION_COLUMN: pa.array([partition_of(SPEC.key.type, u, 4) for u in users], pa.int32()),
+        }
+    )
+    BatchDelivery(SPEC, rt.namespace, checkpoint="unused").deliver("q", 0, batch)
+    yield rt
+    deploy.down(rt.namespace)
+
+
+def _route(rt: Runtime, user: int) -> tuple[int, str, str]:
+    table = raycalls.get(rt.registry().view.remote(), "view").tables[SPEC.name]
+    partition = table.partition_of(user)
+    owners = table.partitions[partition]
+    assert owners.active is not None and len(owners.standbys) == 1
+    return partition, owners.active, owners.standbys[0]
+
+
+def test_a_get_fails_over_when_the_active_owner_is_killed(runtime_ns: Runtime) -> None:
+    client = runtime.connect(runtime_ns.namespace)
+    store = client.store(SPEC.name)
+    wait_for(lambda: store.get(7) == 70, what="the store answering through the driver API")
+    partition, active, standby = _route(runtime_ns, 7)
+    # The client answers from its own process: its view knows the owners, and a lookup reached the owner.
+    table = client.keys.core.view.table(SPEC.name)
+    assert table is not None and table.partitions[partition].active == active
+
+    wrong: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def check(user: int, value: object) -> None:
+        if value != user * 10:
+            wrong.append(f"{user}: {value!r}")
+        answered[0] += 1
+
+    def sync_reader(start: int) -> None:
+        i = start
+        while not stop.is_set():
+            user = USERS[i % len(USERS)]
+            try:
+                check(user, store.get(user))
+            except Exception as exc:  # any error is a wrong answer here
+                wrong.append(f"{user}: {exc!r}")
+            i += 7
+
+    def async_reader() -> None:
+        async def run() -> None:
+            i = 3
+            while not stop.is_set():
+                users = [USERS[(i + j) % len(USERS)] for j in range(8)]
+                values = await asyncio.gather(*(store.get_async(u) for u in users), return_exceptions=True)
+                for user, value in zip(users, values):
+                    check(user, value)
+                i += 11
+
+        asyncio.run(run())
+
+    readers = [threading.Thread(target=sync_reader, args=(s,), daemon=True) for s in range(3)]
+    readers.append(threading.Thread(target=async_reader, daemon=True))
+    for reader in readers:
+        reader.start()
+    try:
+        wait_for(lambda: answered[0] > 100, what="lookups before the kill")
+        ray.kill(ray.get_actor(active, namespace=runtime_ns.namespace), no_restart=True)
+        # A lookup of the dead owner's partition right after the kill is answered (by the standby).
+        assert store.get(7) == 70
+        seen = answered[0]
+        wait_for(lambda: answered[0] > seen + 300, what="lookups after the kill")
+        # The registry promoted the standby, and the client's own view heard of it (long poll).
+        wait_for(
+            lambda: client.keys.core.view.table(SPEC.name).partitions[partition].active == standby,  # type: ignore[union-attr]
+            what="the promotion reaching the client's view",
+        )
+        seen = answered[0]
+        wait_for(lambda: answered[0] > seen + 100, what="lookups after the promotion")
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join(timeout=60)
+    assert wrong == []
+    assert [store.get(u) for u in (0, 7, 399)] == [0, 70, 3990]
+    with pytest.raises(runtime.KeyNotFound):
+        store.get(100_000)

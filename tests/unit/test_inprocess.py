@@ -1,0 +1,214 @@
+"""The driver API's in-process facade (runtime.facade.inprocess): the thread coalescer, the shared marks,
+and key lookups from plain threads and other event loops over the fake bus."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from runtime.errors import KeyNotFound, OwnerUnavailable, StoreNotFound
+from runtime.facade.inprocess import InProcessFacade, LockedMarks, ThreadCoalescer
+from runtime.monotonic import Spans
+from runtime.queries import KeyQuery
+from tests.integration.helpers import wait_for
+from tests.unit.fakes import FakeBus, kv_spec
+
+
+def test_a_lone_lookup_leaves_at_once_in_its_own_thread() -> None:
+    threads: list[str] = []
+
+    def send(items: list[int]) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return [i * 2 for i in items]
+
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
+    assert batcher.submit(21) == 42
+    assert batcher.calls == 1 and threads == [threading.current_thread().name]
+
+
+def test_lookups_arriving_while_a_call_is_in_flight_leave_together_in_the_next() -> None:
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def send(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        if len(batches) == 1:
+            release.wait(10)
+        return [i * 2 for i in items]
+
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
+    results: dict[int, int] = {}
+
+    def lookup(i: int) -> None:
+        results[i] = batcher.submit(i)
+
+    first = threading.Thread(target=lookup, args=(0,))
+    first.start()
+    wait_for(lambda: batches, timeout=10, what="the first call in flight", interval=0.001)
+    others = [threading.Thread(target=lookup, args=(i,)) for i in range(1, 9)]
+    for t in others:
+        t.start()
+    wait_for(lambda: len(batcher._pending) == 8, timeout=10, what="eight lookups queued", interval=0.001)  # noqa: SLF001
+    release.set()
+    for t in [first, *others]:
+        t.join(10)
+    assert results == {i: i * 2 for i in range(9)}
+    assert batches[0] == [0] and sorted(batches[1]) == list(range(1, 9)) and batcher.calls == 2
+
+
+def test_a_failed_call_fails_exactly_its_items() -> None:
+    def send(items: list[int]) -> list[int]:
+        if -1 in items:
+            raise OwnerUnavailable("down", retry_after=1)
+        return items
+
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
+    with pytest.raises(OwnerUnavailable):
+        batcher.submit(-1)
+    assert batcher.submit(5) == 5  # the coalescer is not left busy
+
+
+def test_many_threads_get_their_own_answers() -> None:
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(lambda items: [i + 1 for i in items], max_batch=3)
+    results: dict[int, list[int]] = {}
+
+    def run(t: int) -> None:
+        results[t] = [batcher.submit(t * 1000 + i) for i in range(200)]
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == {t: [t * 1000 + i + 1 for i in range(200)] for t in range(8)}
+
+
+def test_locked_marks_admit_as_marks_do_and_never_move_back_under_threads() -> None:
+    marks = LockedMarks()
+    assert marks.admit("s", 0, ("q", 3, 3), active=True)
+    assert not marks.admit("s", 0, ("q", 2, 2), active=True)
+
+    def climb(offset: int) -> None:
+        for b in range(offset, 2000, 4):
+            marks.admit("s", 1, ("q", b, b), active=True)
+
+    threads = [threading.Thread(target=climb, args=(o,)) for o in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    mark = marks.get("s", 1)
+    assert mark is not None and mark.batch == 1999
+    marks.forget("s")
+    assert marks.stores() == set()
+
+
+# -- the in-process facade over the fake bus ------------------------------------------------------------
+
+
+class BlockingFake:
+    """A fake owner's blocking form, as ``verticles.bus.RayOwner.get_many_blocking`` is."""
+
+    def __init__(self, bus: FakeBus, uuid: str) -> None:
+        self.bus = bus
+        self.uuid = uuid
+        self.calls = 0
+
+    def get_many_blocking(self, items: list[tuple[int, Any]], timeout: float) -> tuple[Sequence[bytes | None], Spans]:
+        self.calls += 1
+        owner = self.bus.owners[self.uuid]
+        if owner.down:
+            raise OwnerUnavailable("fake owner is down", retry_after=1)
+        return owner.core.get_many(items)
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]]]:
+    bus = FakeBus()
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {f"k{i:03d}": f"v{i}" for i in range(100)})
+    blocking: dict[str, BlockingFake] = {}
+
+    def owner(uuid: str) -> BlockingFake:
+        return blocking.setdefault(uuid, BlockingFake(bus, uuid))
+
+    facade = InProcessFacade(bus, owner, timeout=2.0)
+    yield bus, facade, blocking
+    facade.close()
+
+
+def _copies(facade: InProcessFacade, key: str) -> tuple[str, str, int]:
+    table = facade.core.view.table("r")
+    assert table is not None
+    owners = table.partitions[table.partition_of(key)]
+    assert owners.active is not None
+    return owners.active, owners.standbys[0], table.partition_of(key)
+
+
+def test_sync_lookups_go_to_the_owner_from_the_calling_thread(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
+) -> None:
+    bus, facade, blocking = replicated
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"  # the first starts the view on the loop
+    active, _, _ = _copies(facade, "k007")
+    asked = bus.owners[active].calls.count("get_many")
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    assert blocking[active].calls == 1 and bus.owners[active].calls.count("get_many") == asked  # not the loop's
+    with pytest.raises(KeyNotFound):
+        facade.get(KeyQuery("r", "nope"), 5.0)
+    with pytest.raises(StoreNotFound):
+        facade.get(KeyQuery("missing", "k1"), 5.0)
+
+
+def test_async_lookups_from_any_event_loop(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
+) -> None:
+    _, facade, _ = replicated
+
+    async def lookups() -> list[Any]:
+        return await asyncio.gather(*(facade.get_async(KeyQuery("r", f"k{i:03d}"), 5.0) for i in range(20)))
+
+    for _ in range(2):  # two loops, one after the other, as asyncio.run callers do
+        assert asyncio.run(lookups()) == [f"v{i}" for i in range(20)]
+    with pytest.raises(KeyNotFound):
+        asyncio.run(facade.get_async(KeyQuery("r", "nope"), 5.0))
+
+
+def test_a_down_active_fails_over_to_the_standby_and_is_reported(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
+) -> None:
+    bus, facade, blocking = replicated
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    active, standby, _ = _copies(facade, "k007")
+    bus.owners[active].down = True
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    assert "get_many" in bus.owners[standby].calls and bus.suspected == [active]
+
+
+def test_the_fast_path_never_serves_a_copy_older_than_what_was_served(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
+) -> None:
+    bus, facade, blocking = replicated
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    active, standby, _ = _copies(facade, "k007")
+    bus.load("r", {"k007": "new"}, batch_id=1, role="standby")  # a delivery halfway: standbys go first
+    bus.owners[active].down = True
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "new"  # failed over, at batch 1
+    bus.owners[active].down = False
+    fast = blocking[active].calls
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "new"  # the active (batch 0) answered fast: refused
+    assert blocking[active].calls == fast + 1
+
+
+def test_no_time_left_is_a_deadline_exceeded(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
+) -> None:
+    from runtime.errors import DeadlineExceeded
+
+    _, facade, _ = replicated
+    with pytest.raises(DeadlineExceeded):
+        facade.get(KeyQuery("r", "k007"), 0.0)
