@@ -116,9 +116,11 @@ class KeyRouter:
         route = route_or_unavailable(table, key)
         deadline = Deadline.after(self.timeout)
         holders = (route.owner, *route.standbys)
+        # A copy found behind stays the verdict at the deadline even if, in the last round, that copy did
+        # not answer in time: the client learns that the copies it could reach were behind.
+        behind: CopyBehind | None = None
         while True:
             failure: RiqrError | None = None
-            behind: CopyBehind | None = None
             for index, uuid in enumerate(holders):
                 last = index == len(holders) - 1
                 soon = min(deadline.at, time.monotonic() + FAILOVER_AFTER)

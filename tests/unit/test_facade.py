@@ -520,7 +520,7 @@ async def test_a_copy_that_does_not_catch_up_within_the_deadline_is_a_503_not_an
     replicated: tuple[FakeBus, Facade],
 ) -> None:
     bus, facade = replicated
-    facade.router.timeout = 0.2
+    facade.router.timeout = 0.5
     active, standby, partition = _copies(bus, facade, "k007")
     bus.load("r", {"k007": "new"}, batch_id=1, role="standby")
     bus.owners[active].down = True
