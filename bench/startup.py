@@ -41,7 +41,7 @@ FLOOR = """
 import json, time
 t0 = time.monotonic()
 import ray
-ray.init(log_to_driver=False)
+ray.init(address="local", log_to_driver=False)  # its own cluster, as riqr demo
 t1 = time.monotonic()
 from pyspark.sql import SparkSession
 spark = SparkSession.builder.master("local[*]").getOrCreate()
@@ -62,6 +62,7 @@ class Round:
     steps: list[tuple[str, float, float]] = field(default_factory=list)  # what, seconds, ended at
     demo_says_ready: float = 0.0
     ready: float = 0.0
+    log: list[str] = field(default_factory=list)  # the demo's stderr, for when it fails
 
 
 def _children() -> dict[int, list[int]]:
@@ -172,6 +173,7 @@ def run_demo(env: dict[str, str], port: int, timeout: float) -> Round:
         assert proc.stderr is not None
         for line in proc.stderr:
             now = time.monotonic() - started
+            result.log.append(line.rstrip("\n"))
             if (m := STEP_LINE.match(line.rstrip("\n"))) is not None:
                 result.steps.append((m["what"], float(m["seconds"]), now))
             if "] ready in " in line and not said_ready.is_set():
@@ -189,10 +191,14 @@ def run_demo(env: dict[str, str], port: int, timeout: float) -> Round:
         reader.start()
     try:
         while True:
+            failed = None
             if proc.poll() is not None:
-                raise SystemExit(f"riqr demo exited with {proc.returncode}")
-            if time.monotonic() - started > timeout:
-                raise SystemExit(f"riqr demo not ready after {timeout:g} s")
+                failed = f"riqr demo exited with {proc.returncode}"
+            elif time.monotonic() - started > timeout:
+                failed = f"riqr demo not ready after {timeout:g} s (/ready: {get(f'{base}/ready')})"
+            if failed is not None:
+                print("\n".join(result.log[-30:]), file=sys.stderr)
+                raise SystemExit(failed)
             if token and get(f"{base}/ready")[0] == 200 and seed_answers(base, token[0]):
                 result.ready = time.monotonic() - started
                 return result

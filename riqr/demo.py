@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,15 @@ def load_seed(home: Path) -> None:
     write_records(home, "order", parse_console_lines(SEED_ORDERS.splitlines()))
 
 
+def _started_session(started: Future[Any], timeout: float = 120.0) -> Any:
+    """The SparkSession the background step started, once it has (None if it failed): stopped on the way
+    out even when Ctrl-C came while its JVM was starting."""
+    try:
+        return started.result(timeout=timeout)
+    except Exception:
+        return None
+
+
 def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     home = riqr_home(args.home)
@@ -77,24 +87,37 @@ def run_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(sub)
     _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
 
+    from riqr.progress import Steps
+    from topologies.spark import spark_session
+
+    steps = Steps("[riqr demo]")
+    # Spark's JVM takes about as long to start as Ray does, and neither needs the other until the topology
+    # starts: it starts first, in a thread, beside the imports, Ray and the verticles (docs/benchmarks.md).
+    spark_started = steps.background(
+        "starting Spark (its JVM, beside Ray)", lambda: spark_session(app_name="riqr-demo")
+    )
+
     import ray
 
     from riqr.access import rest_auth, token_for
-    from riqr.progress import Steps
     from runtime.client import connect
     from topologies import food_orders
     from topologies.options import TopologyOptions
-    from topologies.spark import spark_session
     from verticles import deploy
 
-    steps = Steps("[riqr demo]")
     queries: list[Any] = []
-    spark = None
     try:
         with steps:
             with steps.step("starting a local Ray cluster with its dashboard"):
+                # address="local": a cluster of its own, always. Without it ray.init() joins whatever cluster
+                # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine, anyone's), and the
+                # demo's Ctrl-C would then take riqr down there.
                 ctx = ray.init(
-                    namespace=namespace, include_dashboard=True, log_to_driver=False, configure_logging=False
+                    address="local",
+                    namespace=namespace,
+                    include_dashboard=True,
+                    log_to_driver=False,
+                    configure_logging=False,
                 )
             # Auth on, as for riqr up: the deployment's own secret (or the operator's, from RIQR_JWT_*).
             try:
@@ -111,10 +134,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 return 2
             base = f"http://localhost:{deployment.endpoints[0].port}"
             steps.say(f"REST API and web console at {base}/ ; Ray dashboard at http://{ctx.dashboard_url}")
-            with steps.step("starting Spark and the food-orders topology"):
-                spark = spark_session(app_name="riqr-demo")
-                queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
+            # The seed's records land before the topology starts, so its very first micro-batch brings them.
             load_seed(home)
+            with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
+                spark = spark_started.result()
+                queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
             with steps.step("waiting for the first batches to bring the seed-000 records into the stores"):
                 client = connect(namespace)
                 customers = client.store(food_orders.CUSTOMER_STORE)
@@ -123,7 +147,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     lambda: customers.approximate_num_entries() == 7 and orders.approximate_num_entries() == 3,
                     timeout=args.ready_timeout,
                     what="the seed data showing up in the stores",
+                    interval=0.05,
                 )
+        _say(f"[riqr demo] steps: {steps.summary()}")
         _say(f"[riqr demo] ready in {time.monotonic() - started:.1f}s. Try:\n")
         if token is not None:
             _say("  REST authentication is on; a token for every store, valid 24 h:\n")
@@ -146,6 +172,7 @@ def run_demo(args: argparse.Namespace) -> int:
         for q in queries:
             with contextlib.suppress(Exception):
                 q.stop()
+        spark = _started_session(spark_started)
         if spark is not None:
             spark.stop()
         if ray.is_initialized():
