@@ -215,6 +215,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7480)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a demo may take to be ready")
     args = parser.parse_args()
+    # A SIGTERM (timeout(1), a CI runner) unwinds like Ctrl-C, so the demo and its processes are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     rounds = []
