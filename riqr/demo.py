@@ -13,7 +13,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +68,6 @@ def load_seed(home: Path) -> None:
     write_records(home, "order", parse_console_lines(SEED_ORDERS.splitlines()))
 
 
-def _started_session(started: Future[Any], timeout: float = 120.0) -> Any:
-    """The SparkSession the background step started, once it has (None if it failed): stopped on the way
-    out even when Ctrl-C came while its JVM was starting."""
-    try:
-        return started.result(timeout=timeout)
-    except Exception:
-        return None
-
-
 def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     home = riqr_home(args.home)
@@ -87,24 +77,20 @@ def run_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(sub)
     _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
 
-    from riqr.progress import Steps
-    from topologies.spark import spark_session
-
-    steps = Steps("[riqr demo]")
-    # Spark's JVM takes about as long to start as Ray does, and neither needs the other until the topology
-    # starts: it starts first, in a thread, beside the imports, Ray and the verticles (docs/benchmarks.md).
-    spark_started = steps.background(
-        "starting Spark (its JVM, beside Ray)", lambda: spark_session(app_name="riqr-demo")
-    )
-
     import ray
 
     from riqr.access import rest_auth, token_for
+    from riqr.progress import Steps
     from runtime.client import connect
     from topologies import food_orders
     from topologies.options import TopologyOptions
+    from topologies.spark import spark_session
     from verticles import deploy
 
+    # Steps one after the other: starting Spark's JVM in a thread beside Ray was measured slower on two
+    # cores (both compete for the CPU; docs/benchmarks.md, "Demo start-up").
+    steps = Steps("[riqr demo]")
+    spark = None
     queries: list[Any] = []
     try:
         with steps:
@@ -136,8 +122,9 @@ def run_demo(args: argparse.Namespace) -> int:
             steps.say(f"REST API and web console at {base}/ ; Ray dashboard at http://{ctx.dashboard_url}")
             # The seed's records land before the topology starts, so its very first micro-batch brings them.
             load_seed(home)
+            with steps.step("starting Spark"):
+                spark = spark_session(app_name="riqr-demo")
             with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
-                spark = spark_started.result()
                 queries, start_dead_letters = food_orders.start_stores(
                     spark, home, TopologyOptions(namespace=namespace)
                 )
@@ -177,7 +164,6 @@ def run_demo(args: argparse.Namespace) -> int:
         for q in queries:
             with contextlib.suppress(Exception):
                 q.stop()
-        spark = _started_session(spark_started)
         if spark is not None:
             spark.stop()
         if ray.is_initialized():

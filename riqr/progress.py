@@ -4,9 +4,8 @@ On a terminal each step is a live line with a spinner and its elapsed time (``ri
 check mark and its duration when the step is done. Anywhere else (CI, a log file, a pipe) it is two plain
 lines per step, so logs keep a record of what took how long and nothing redraws in them.
 
-Steps may overlap: ``background`` runs one in a thread (``riqr demo`` starts Spark's JVM while Ray and the
-verticles come up), and every step, in any thread, is recorded in ``timings`` with when it started and
-ended relative to the start of the command, which ``summary`` turns into one line.
+Every step, from any thread, is recorded in ``timings`` with when it started and ended relative to the
+start of the command, which ``summary`` turns into one line (``riqr demo`` prints it when ready).
 """
 
 from __future__ import annotations
@@ -16,17 +15,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TextIO, TypeVar
+from typing import TextIO
 
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn
 from rich.text import Text
 
 __all__ = ["Steps", "StepTiming"]
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -132,24 +128,6 @@ class Steps:
         self._record(what, started, ok=True)
         self._progress.update(task, completed=1)
         self._progress.stop_task(task)
-
-    def background(self, what: str, fn: Callable[[], T]) -> Future[T]:
-        """Run ``fn`` as a step in a daemon thread, beside the steps that follow; its result or exception
-        comes out of the returned future."""
-        future: Future[T] = Future()
-        future.set_running_or_notify_cancel()
-
-        def run() -> None:
-            try:
-                with self.step(what):
-                    result = fn()
-            except BaseException as err:  # handed to whoever waits on the future
-                future.set_exception(err)
-            else:
-                future.set_result(result)
-
-        threading.Thread(target=run, name=f"riqr-step-{what[:24]}", daemon=True).start()
-        return future
 
     def summary(self) -> str:
         """Each step's duration and when it ended, in the order they ended: ``what 3.1s (at 3.4s); ...``."""

@@ -228,27 +228,3 @@ def test_progress_records_each_step_with_when_it_started_and_ended() -> None:
     assert (spark.started, spark.ended, spark.ok) == (3.5, 4.75, False)
     assert steps.summary() == "starting Ray 3.0s (at 3.5s); starting Spark 1.2s (at 4.8s) failed"
     assert "starting Ray: done in 3.0s" in out.getvalue()
-
-
-def test_a_background_step_runs_beside_the_others_and_hands_back_its_result() -> None:
-    import threading
-
-    out, release = io.StringIO(), threading.Event()
-
-    def slow() -> str:
-        release.wait(5)
-        return "session"
-
-    with Steps("[riqr demo]", out) as steps:
-        future = steps.background("starting Spark", slow)
-        with steps.step("starting Ray"):
-            pass  # runs while Spark is still starting
-        release.set()
-        assert future.result(timeout=5) == "session"
-        failing = steps.background("starting Kafka", lambda: 1 // 0)
-        with pytest.raises(ZeroDivisionError):
-            failing.result(timeout=5)
-    ended = [t.what for t in sorted(steps.timings, key=lambda t: t.ended)]
-    assert ended[:2] == ["starting Ray", "starting Spark"]
-    assert [t.ok for t in steps.timings if t.what == "starting Kafka"] == [False]
-    assert "[riqr demo] starting Spark: done in " in out.getvalue()
