@@ -87,14 +87,23 @@ def run_demo(args: argparse.Namespace) -> int:
     from topologies.spark import spark_session
     from verticles import deploy
 
+    # Steps one after the other: starting Spark's JVM in a thread beside Ray was measured slower on two
+    # cores (both compete for the CPU; docs/benchmarks.md, "Demo start-up").
     steps = Steps("[riqr demo]")
-    queries: list[Any] = []
     spark = None
+    queries: list[Any] = []
     try:
         with steps:
             with steps.step("starting a local Ray cluster with its dashboard"):
+                # address="local": a cluster of its own, always. Without it ray.init() joins whatever cluster
+                # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine, anyone's), and the
+                # demo's Ctrl-C would then take riqr down there.
                 ctx = ray.init(
-                    namespace=namespace, include_dashboard=True, log_to_driver=False, configure_logging=False
+                    address="local",
+                    namespace=namespace,
+                    include_dashboard=True,
+                    log_to_driver=False,
+                    configure_logging=False,
                 )
             # Auth on, as for riqr up: the deployment's own secret (or the operator's, from RIQR_JWT_*).
             try:
@@ -111,10 +120,14 @@ def run_demo(args: argparse.Namespace) -> int:
                 return 2
             base = f"http://localhost:{deployment.endpoints[0].port}"
             steps.say(f"REST API and web console at {base}/ ; Ray dashboard at http://{ctx.dashboard_url}")
-            with steps.step("starting Spark and the food-orders topology"):
-                spark = spark_session(app_name="riqr-demo")
-                queries = food_orders.start(spark, home, TopologyOptions(namespace=namespace))
+            # The seed's records land before the topology starts, so its very first micro-batch brings them.
             load_seed(home)
+            with steps.step("starting Spark"):
+                spark = spark_session(app_name="riqr-demo")
+            with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
+                queries, start_dead_letters = food_orders.start_stores(
+                    spark, home, TopologyOptions(namespace=namespace)
+                )
             with steps.step("waiting for the first batches to bring the seed-000 records into the stores"):
                 client = connect(namespace)
                 customers = client.store(food_orders.CUSTOMER_STORE)
@@ -123,7 +136,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     lambda: customers.approximate_num_entries() == 7 and orders.approximate_num_entries() == 3,
                     timeout=args.ready_timeout,
                     what="the seed data showing up in the stores",
+                    interval=0.05,
                 )
+        _say(f"[riqr demo] steps: {steps.summary()}")
         _say(f"[riqr demo] ready in {time.monotonic() - started:.1f}s. Try:\n")
         if token is not None:
             _say("  REST authentication is on; a token for every store, valid 24 h:\n")
@@ -136,6 +151,9 @@ def run_demo(args: argparse.Namespace) -> int:
             + ("" if args.home is None else f" --home {home}")
             + "\n\n[riqr demo] serving until Ctrl-C"
         )
+        # Not needed before a malformed record comes; started now, their first batches did not compete with
+        # the stores' for the CPU. Records produced meanwhile are not missed: they read from their checkpoints.
+        queries += start_dead_letters()
         from topologies.runner import supervise
 
         return supervise(queries)

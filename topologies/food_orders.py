@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "order_counts",
     "order_counts_frame",
     "start",
+    "start_stores",
     "start_customers",
     "start_order_counts",
     "main",
@@ -74,14 +75,14 @@ def order_counts(orders: Any, customers: Any) -> Any:
     return enriched.groupBy("key").agg(F.count(F.lit(1)).alias("count"))
 
 
-def _customers(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, list[Any]]:
+def _customers(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, Callable[[], list[Any]]]:
     from topologies.sink import materialize
 
     records, rejects = options.read(spark, home, "customer")
     customers = latest_by_key(records)
     sink = options.sink(home, CUSTOMER_STORE)
     query = materialize(customers, store=CUSTOMER_STORE, key="key", value="value", **sink)
-    return query, options.dead_letters(home, "customer", CUSTOMER_STORE, rejects)
+    return query, lambda: options.dead_letters(home, "customer", CUSTOMER_STORE, rejects)
 
 
 def order_counts_frame(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, Any | None]:
@@ -98,13 +99,13 @@ def order_counts_frame(spark: Any, home: Path, options: TopologyOptions) -> tupl
     return order_counts(orders, snapshot), rejects
 
 
-def _order_counts(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, list[Any]]:
+def _order_counts(spark: Any, home: Path, options: TopologyOptions) -> tuple[Any, Callable[[], list[Any]]]:
     from topologies.sink import materialize
 
     counts, rejects = order_counts_frame(spark, home, options)
     sink = options.sink(home, ORDER_COUNT_STORE)
     query = materialize(counts, store=ORDER_COUNT_STORE, key="key", value="count", **sink)
-    return query, options.dead_letters(home, "order", ORDER_COUNT_STORE, rejects)
+    return query, lambda: options.dead_letters(home, "order", ORDER_COUNT_STORE, rejects)
 
 
 def start_customers(spark: Any, home: Path, options: TopologyOptions) -> Any:
@@ -112,19 +113,36 @@ def start_customers(spark: Any, home: Path, options: TopologyOptions) -> Any:
 
     Its dead-letter query runs alongside until the Spark session stops; starting this again reuses it.
     """
-    return _customers(spark, home, options)[0]
+    query, dead_letters = _customers(spark, home, options)
+    dead_letters()
+    return query
 
 
 def start_order_counts(spark: Any, home: Path, options: TopologyOptions) -> Any:
     """The query feeding ``order-count`` (its dead-letter query as for ``start_customers``)."""
-    return _order_counts(spark, home, options)[0]
+    query, dead_letters = _order_counts(spark, home, options)
+    dead_letters()
+    return query
+
+
+def start_stores(
+    spark: Any, home: Path, options: TopologyOptions = DEFAULTS
+) -> tuple[list[Any], Callable[[], list[Any]]]:
+    """Start the two queries feeding the stores (customer store first); returns them, and a function that
+    starts their dead-letter queries and returns those.
+
+    ``riqr demo`` starts the dead-letter queries once the stores hold the seed: their first batches
+    would compete with the stores' for the CPU, and they only matter once a malformed record comes.
+    """
+    customers, customer_rejects = _customers(spark, home, options)
+    counts, order_rejects = _order_counts(spark, home, options)
+    return [customers, counts], lambda: [*customer_rejects(), *order_rejects()]
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
     """Start the two streaming queries; returns them (customer store first), then their dead-letter queries."""
-    customers, customer_rejects = _customers(spark, home, options)
-    counts, order_rejects = _order_counts(spark, home, options)
-    return [customers, counts, *customer_rejects, *order_rejects]
+    queries, dead_letters = start_stores(spark, home, options)
+    return [*queries, *dead_letters()]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

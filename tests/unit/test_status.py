@@ -202,4 +202,29 @@ def test_progress_on_a_terminal_is_live_and_leaves_each_step_with_its_time() -> 
     out = io.StringIO()
     with Steps("[riqr up]", out, live=True) as steps, steps.step("deploying the verticles"):
         pass
-    assert "deploying the verticles" in out.getvalue() and "0:00:0" in out.getvalue()
+    assert "deploying the verticles" in out.getvalue() and "0.0s" in out.getvalue()
+    assert [t.what for t in steps.timings] == ["deploying the verticles"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_records_each_step_with_when_it_started_and_ended() -> None:
+    clock, out = _Clock(), io.StringIO()
+    with Steps("[riqr demo]", out, clock=clock) as steps:
+        clock.now += 0.5
+        with steps.step("starting Ray"):
+            clock.now += 3.0
+        with pytest.raises(RuntimeError), steps.step("starting Spark"):
+            clock.now += 1.25
+            raise RuntimeError("no Java")
+    [ray, spark] = steps.timings
+    assert (ray.what, ray.started, ray.ended, ray.seconds, ray.ok) == ("starting Ray", 0.5, 3.5, 3.0, True)
+    assert (spark.started, spark.ended, spark.ok) == (3.5, 4.75, False)
+    assert steps.summary() == "starting Ray 3.0s (at 3.5s); starting Spark 1.2s (at 4.8s) failed"
+    assert "starting Ray: done in 3.0s" in out.getvalue()
