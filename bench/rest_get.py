@@ -193,7 +193,19 @@ def start_profiles(directory: Path, duration: float) -> list[subprocess.Popen[by
             print(f"  --profile: no {title} process found", file=sys.stderr)
             continue
         out = directory / f"{name}.txt"
-        command = [spy, "record", "-p", str(pids[-1]), "-d", str(int(duration)), "-r", "200", "-f", "raw"]
+        command = [
+            spy,
+            "record",
+            "-p",
+            str(pids[-1]),
+            "-d",
+            str(int(duration)),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "--nonblocking",
+        ]
         command += ["-o", str(out)]
         procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         print(f"  --profile: recording {title} (pid {pids[-1]}) into {out}", file=sys.stderr)
