@@ -40,7 +40,14 @@ import pyarrow as pa
 from bench.loadgen import key_name
 
 WRK_SCRIPT = Path(__file__).with_name("wrk_get.lua")
-STAT_KEYS = ("rps", "p50_ms", "p99_ms", "errors")
+STAT_KEYS = ("rps", "p50_ms", "p99_ms", "errors", "cpu_us")
+# The processes serving each target, by the title Ray gives an actor's worker: their CPU time over a run,
+# per request, is less sensitive to the other load on a shared machine than the request rate.
+PROCESSES = {
+    "riqr": ("ray::HttpVerticle", "ray::QueryVerticle"),
+    "minimal": ("ray::MinimalHop", "ray::DictHolder"),
+    "ceiling": ("ray::BareHttp",),
+}
 
 
 class BareHttp:
@@ -169,6 +176,19 @@ def warm(url: str, keys: int, token: str | None, use_wrk: bool) -> None:
     (drive_wrk if use_wrk else drive_python)(url, keys, 8, 1.0, token)
 
 
+def cpu_seconds(titles: tuple[str, ...]) -> float:
+    """User plus system CPU seconds used so far by the processes with these titles."""
+    total = 0
+    for title in titles:
+        for pid in _pids(title):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in STAT_KEYS}
 
@@ -244,7 +264,8 @@ def main() -> None:
     auth = None if args.no_auth else AuthConfig(enabled=True, secret=secret)
     token = None if args.no_auth else mint_token(secret, stores=("bench",))
     namespace = f"riqr-bench-{uuid.uuid4().hex[:8]}"
-    ray.init(namespace=namespace, log_to_driver=False, include_dashboard=False)
+    # address="local": a cluster of its own, even if a stale /tmp/ray/ray_current_cluster names another
+    ray.init(address="local", namespace=namespace, log_to_driver=False, include_dashboard=False)
     try:
         t0 = time.monotonic()
         deployment = deploy.up(
@@ -273,7 +294,9 @@ def main() -> None:
                     spies = []
                     if args.profile is not None and r == 0 and c == concurrencies[0] and name == "riqr":
                         spies = start_profiles(args.profile, args.duration)
+                    cpu_before = cpu_seconds(PROCESSES[name])
                     result = drive(url, args.keys, c, args.duration, token)  # baselines ignore it
+                    result["cpu_us"] = (cpu_seconds(PROCESSES[name]) - cpu_before) / max(1, result["requests"]) * 1e6
                     for spy in spies:
                         spy.wait()
                     results.setdefault((name, c), []).append(result)
@@ -284,11 +307,14 @@ def main() -> None:
             f"\nGET by key over HTTP: {args.keys:,} keys, {args.standbys} standby per partition, {auth_text}, "
             f"{args.duration:g}s x {args.rounds} rounds (medians), load generator: {loadgen.split(' (')[0]}"
         )
-        print(f"{'target':<10}{'conns':>6}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+        print(f"{'target':<10}{'conns':>6}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'CPU us/req':>12}")
         for c in concurrencies:
             summary = {name: summarize(results[(name, c)]) for name in targets}
             for name, s in summary.items():
-                line = f"{name:<10}{c:>6}{s['rps']:>10.0f}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['errors']:>8.0f}"
+                line = (
+                    f"{name:<10}{c:>6}{s['rps']:>10.0f}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['errors']:>8.0f}"
+                    f"{s['cpu_us']:>12.0f}"
+                )
                 print(line)
             riqr = summary.get("riqr")
             if riqr is None:
@@ -298,7 +324,8 @@ def main() -> None:
                     b = summary[base]
                     print(
                         f"  c{c} riqr/{base}: throughput {riqr['rps'] / b['rps']:.2f}, "
-                        f"p50 {riqr['p50_ms'] / b['p50_ms']:.2f}x, p99 {riqr['p99_ms'] / b['p99_ms']:.2f}x"
+                        f"p50 {riqr['p50_ms'] / b['p50_ms']:.2f}x, p99 {riqr['p99_ms'] / b['p99_ms']:.2f}x, "
+                        f"CPU per request {riqr['cpu_us'] / b['cpu_us']:.2f}x"
                     )
     finally:
         deploy.down(namespace)

@@ -12,17 +12,31 @@ import pytest
 from aiohttp import web
 
 from runtime.config import MAX_HEADERS, MAX_URL_CHARS
-from runtime.rest.server import start_runner
+from runtime.rest.server import ServerLoop, start_runner
 from tests.unit.rest_fixtures import every_kind_app
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
+async def _serve() -> web.AppRunner:
     runner = await start_runner(every_kind_app())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
+    return runner
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+async def port(request: pytest.FixtureRequest) -> AsyncIterator[int]:
+    """The server on the test's loop, or on the HTTP verticle's own uvloop thread (``ServerLoop``)."""
+    if request.param == "asyncio":
+        runner = await _serve()
+        yield int(runner.addresses[0][1])
+        await runner.cleanup()
+        return
+    server_loop = ServerLoop()
+    assert server_loop.kind == "uvloop"
+    runner = await server_loop.run(_serve())
     yield int(runner.addresses[0][1])
-    await runner.cleanup()
+    await server_loop.run(runner.cleanup())
+    server_loop.close()
 
 
 async def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
