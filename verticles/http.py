@@ -4,10 +4,6 @@ It carries its own ``Facade`` (the co-located facade): a REST request is routed 
 only the call to the owning query actor crosses Ray. The app itself comes from ``runtime.rest.build_app``;
 this actor owns start and stop, and registers its endpoint with the registry so metadata can point
 clients at it. If Ray restarts it, it serves again by itself on the port its node had.
-
-The server, its facade and every request run on an event loop of their own (``runtime.rest.server.
-ServerLoop``: uvloop, in its own thread), not on the loop Ray gives the actor: the actor's methods carry
-their work over to it.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from runtime.config import DEFAULT_REQUEST_TIMEOUT
 from runtime.facade import Facade
 from runtime.ownership import Endpoint
 from runtime.rest import build_app
-from runtime.rest.server import ServerLoop, start_runner
+from runtime.rest.server import start_runner
 from verticles.env import VerticleEnv
 
 __all__ = ["HttpVerticle"]
@@ -62,7 +58,6 @@ class HttpVerticle:
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
         self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key)
-        self._server_loop: ServerLoop | None = None
         env.export_metrics(self.core.metrics)  # what /metrics shows of this process, into Ray's metrics too
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
@@ -91,16 +86,8 @@ class HttpVerticle:
     def _where(self) -> dict[str, object]:
         return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port}
 
-    def _loop(self) -> ServerLoop:
-        if self._server_loop is None or self._server_loop.loop.is_closed():
-            self._server_loop = ServerLoop()
-        return self._server_loop
-
     async def start(self) -> dict[str, object]:
         """Start serving (idempotent) and register the endpoint; returns where it listens."""
-        return await self._loop().run(self._start())
-
-    async def _start(self) -> dict[str, object]:
         if self._runner is None:
             await self.core.start()
             runner = await start_runner(build_app(self.core, auth=self.auth))
@@ -114,8 +101,8 @@ class HttpVerticle:
             addresses = runner.addresses
             self.bound_port = int(addresses[0][1]) if addresses else self.port
             await self._env.register_endpoint(Endpoint(self.node_id, self.advertise_host, self.bound_port))
-            log.info("riqr REST API on http://%s:%s (auth %s, %s loop)", self.advertise_host, self.bound_port,
-                     "on" if self.auth.enabled else "off", self._loop().kind)  # fmt: skip
+            log.info("riqr REST API on http://%s:%s (auth %s)", self.advertise_host, self.bound_port,
+                     "on" if self.auth.enabled else "off")  # fmt: skip
             if not self.auth.enabled and self.host not in ("127.0.0.1", "::1", "localhost"):
                 log.warning("the REST API on %s:%s has no authentication: anyone who reaches it reads every store",
                             self.host, self.bound_port)  # fmt: skip
@@ -128,13 +115,8 @@ class HttpVerticle:
     async def stop(self) -> None:
         if self.restarting is not None and not self.restarting.done():
             self.restarting.cancel()
-        if self._server_loop is not None and not self._server_loop.loop.is_closed():
-            await self._server_loop.run(self._stop_serving())
-            self._server_loop.close()
-        await self._env.unregister_endpoint(self.node_id)
-
-    async def _stop_serving(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         await self.core.stop()
+        await self._env.unregister_endpoint(self.node_id)

@@ -15,12 +15,9 @@ loudly if an aiohttp upgrade breaks this.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
-import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
@@ -29,11 +26,9 @@ from aiohttp.web_request import BaseRequest
 from runtime.config import MAX_URL_CHARS
 from runtime.rest.render import SERVER_NAME, encode_json
 
-__all__ = ["JsonErrorRequestHandler", "serve_json_parser_errors", "start_runner", "parser_error", "ServerLoop"]
+__all__ = ["JsonErrorRequestHandler", "serve_json_parser_errors", "start_runner", "parser_error"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 def parser_error(status: int, exc: BaseException | None) -> tuple[int, dict[str, Any]]:
@@ -102,8 +97,9 @@ class JsonErrorRequestHandler(web.RequestHandler):
     __slots__ = ()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # asyncio's transports, or uvloop's (which are not subclasses of asyncio.Transport).
-        super().connection_made(_LingeringTransport(transport))  # type: ignore[arg-type]
+        # A stream transport, whatever the loop: uvloop's (which Ray's async actors use when it is
+        # installed) does not subclass asyncio.Transport, so no isinstance check here.
+        super().connection_made(_LingeringTransport(cast(asyncio.Transport, transport)))  # type: ignore[arg-type]
 
     def _lingering(self) -> _LingeringTransport | None:
         transport = self.transport
@@ -179,52 +175,3 @@ async def start_runner(app: web.Application) -> web.AppRunner:
     assert server is not None  # set by setup()
     serve_json_parser_errors(server)
     return runner
-
-
-def _new_loop(prefer_uvloop: bool) -> tuple[asyncio.AbstractEventLoop, str]:
-    if prefer_uvloop:
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency; a platform without it still serves
-            log.info("uvloop is not installed: the REST server runs on asyncio's own loop")
-        else:
-            return uvloop.new_event_loop(), "uvloop"
-    return asyncio.new_event_loop(), "asyncio"
-
-
-class ServerLoop:
-    """An event loop of the REST server's own, in a daemon thread: uvloop when installed.
-
-    The HTTP verticle is an async Ray actor, whose event loop Ray creates (asyncio's). Serving HTTP and
-    everything a request does (routing, coalescing, awaiting the Ray calls to owners) on a uvloop loop
-    instead costs less CPU per request (docs/design.md, "Where a GET's time goes"). Ray calls can be
-    made and awaited from any thread and loop. ``run`` carries a coroutine over from the actor's loop and
-    awaits its result there.
-    """
-
-    def __init__(self, *, prefer_uvloop: bool = True, name: str = "riqr-http-loop") -> None:
-        self.loop, self.kind = _new_loop(prefer_uvloop)
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            self.loop.close()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coro`` on the server's loop; its future, for any thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` run on the server's loop, from another loop (the actor's)."""
-        return await asyncio.wrap_future(self.submit(coro))
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the loop and its thread (after what runs on it has been stopped)."""
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
