@@ -4,7 +4,9 @@ Run as its own process so the client does not share an interpreter with the serv
 
     python -m bench.loadgen --url http://127.0.0.1:7400/stores/s/get/ --keys 100000 --concurrency 32 --duration 10
 
-Prints one JSON line: requests, errors, req/s, p50 and p99 latency in milliseconds.
+``--token`` sends ``Authorization: Bearer <token>``. Prints one JSON line: requests, errors, req/s, p50 and
+p99 latency in milliseconds. ``bench.rest_get`` uses it only when wrk is not installed: a Python client
+competes with the server for the CPU, so its figures are lower than wrk's.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ async def _worker(
         out.append(time.perf_counter() - started)
 
 
-async def run(url: str, keys: int, concurrency: int, duration: float, warmup: float) -> dict[str, float]:
+async def run(
+    url: str, keys: int, concurrency: int, duration: float, warmup: float, token: str | None = None
+) -> dict[str, float]:
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         if warmup > 0:
             await asyncio.gather(
                 *(_worker(session, url, keys, time.perf_counter() + warmup, [], [], -i) for i in range(concurrency))
@@ -67,8 +72,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--token", default=None, help="a bearer token to send")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.url, args.keys, args.concurrency, args.duration, args.warmup))))
+    result = asyncio.run(run(args.url, args.keys, args.concurrency, args.duration, args.warmup, args.token))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ __all__ = [
     "PUBLIC_PATHS",
     "authenticate",
     "authorize",
+    "TokenCache",
+    "Verified",
     "visible",
     "auth_middleware",
     "mint_token",
@@ -249,7 +251,20 @@ def authenticate(config: AuthConfig, authorization: str | None) -> Principal:
     """
     if not config.enabled:
         return ANONYMOUS
-    token = _bearer_token(authorization)
+    return _verify(config, _bearer_token(authorization)).principal
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A token that verified: its caller, and the time window (epoch seconds, leeway included) in which
+    verifying it again would succeed. Outside the window it must be verified again (and will fail)."""
+
+    principal: Principal
+    valid_from: float
+    valid_until: float
+
+
+def _verify(config: AuthConfig, token: str) -> Verified:
     options: dict[str, Any] = {"require": ["exp"], "verify_aud": config.audience is not None}
     try:
         claims = jwt.decode(
@@ -270,11 +285,55 @@ def authenticate(config: AuthConfig, authorization: str | None) -> Principal:
         log.info("rejected a bearer token: %s", type(exc).__name__)
         raise Unauthorized("invalid token") from None
     subject = claims.get("sub")
-    return Principal(
+    principal = Principal(
         subject=subject if isinstance(subject, str) else "",
         stores=_names(claims, config.stores_claim),
         roles=_names(claims, config.roles_claim),
     )
+    # pyjwt checked these are numbers (exp is required); nbf and iat must not be in the future.
+    starts = [float(claims[c]) for c in ("nbf", "iat") if isinstance(claims.get(c), (int, float))]
+    leeway = config.leeway_seconds
+    return Verified(principal, max(starts, default=float("-inf")) - leeway, float(claims["exp"]) + leeway)
+
+
+class TokenCache:
+    """Tokens that verified, so a client sending the same token again is not verified again on every
+    request (an HS256 check and the JSON of the claims cost about a quarter of a key lookup's CPU in the
+    HTTP verticle; docs/design.md, "Where a GET's time goes").
+
+    Safe because verification is a pure function of the token, the configuration (fixed for the
+    middleware's life) and the clock: a cached token is served only inside the window in which verifying
+    it would succeed (``Verified``), and outside it is verified again, which raises. Failures are not
+    cached. At most ``size`` tokens are kept; the oldest is dropped first. The cache holds tokens in the
+    process's memory, as each request does anyway; it never logs them.
+    """
+
+    def __init__(self, config: AuthConfig, *, size: int = 4096, clock: Any = time.time) -> None:
+        if size < 1:
+            raise ValueError("the token cache needs room for at least one token")
+        self._config = config
+        self._size = size
+        self._clock = clock
+        self._tokens: dict[str, Verified] = {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """As ``authenticate(config, authorization)``, from the cache when the token verified before."""
+        if not self._config.enabled:
+            return ANONYMOUS
+        token = _bearer_token(authorization)
+        hit = self._tokens.get(token)
+        if hit is not None:
+            if hit.valid_from <= self._clock() < hit.valid_until:
+                return hit.principal
+            del self._tokens[token]
+        verified = _verify(self._config, token)
+        if len(self._tokens) >= self._size:
+            del self._tokens[next(iter(self._tokens))]
+        self._tokens[token] = verified
+        return verified.principal
 
 
 def visible(config: AuthConfig, principal: Principal, store: str) -> bool:
@@ -305,13 +364,14 @@ def auth_middleware(config: AuthConfig, *, public_paths: Iterable[str] = PUBLIC_
     paths get no principal. Unrouted paths still need a token, so they reveal nothing to strangers.
     """
     public = frozenset(public_paths)
+    tokens = TokenCache(config)
 
     @web.middleware
     async def authenticate_request(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in public:
             return await handler(request)
         try:
-            principal = authenticate(config, request.headers.get(hdrs.AUTHORIZATION))
+            principal = tokens.authenticate(request.headers.get(hdrs.AUTHORIZATION))
             store = request.match_info.get("store")
             if store is not None:
                 authorize(config, principal, store)

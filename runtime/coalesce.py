@@ -5,11 +5,22 @@ A ``Coalescer`` fronts one owner. ``submit(item)`` queues the item; queued items
 outstanding, new items wait and form the next batch, so under load batches grow by themselves and an idle
 owner sees a lone request leave at once (no timer, no added latency). A failed call fails exactly the
 items it carried.
+
+``submit(item, deadline)`` also bounds the wait: at ``deadline`` (a ``time.monotonic()`` instant) the
+waiter gets ``TimeoutError``, whether its item is still queued or its call is out. The coalescer keeps
+one timer for all its waiters, armed for the earliest deadline (waiters sit in a heap; those answered
+leave it as their batch returns), instead of one ``asyncio.timeout`` per request: the timer is re-armed
+about once per deadline period, not per request (docs/design.md, "Where a GET's time goes"). An item
+whose waiter timed out before its batch left is not sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -29,6 +40,7 @@ class Coalescer(Generic[T, R]):
         max_in_flight: int = 2,
         max_batch: int = 1024,
         on_send: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_in_flight < 1 or max_batch < 1:
             raise ValueError("max_in_flight and max_batch must be at least 1")
@@ -42,22 +54,64 @@ class Coalescer(Generic[T, R]):
         # The calls in flight, referenced so none is garbage-collected before it answers its waiters.
         self._tasks: set[asyncio.Task[None]] = set()
         self.calls = 0  # how many send() calls were made (tests read it)
+        # Waiters with a deadline, earliest first, and the one timer that expires them.
+        self._clock = clock
+        self._deadlines: list[tuple[float, int, asyncio.Future[R]]] = []
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
-    async def submit(self, item: T) -> R:
+    async def submit(self, item: T, deadline: float | None = None) -> R:
+        """The result for ``item``; ``TimeoutError`` if it is not there by ``deadline`` (monotonic seconds)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, fut))
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, next(self._order), fut))
+            if deadline < self._timer_at:
+                self._arm(loop, deadline)
         if not self._scheduled and self._in_flight < self._max_in_flight:
             # Let every request that arrives in this loop iteration join the batch.
             self._scheduled = True
             loop.call_soon(self._dispatch)
         return await fut
 
+    @property
+    def timed_waiters(self) -> int:
+        """Waiters with a deadline still held for the timer (answered ones leave as their batch returns)."""
+        return len(self._deadlines)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = loop.call_later(max(0.0, at - self._clock()), self._expire)
+
+    def _expire(self) -> None:
+        """The timer: fail every waiter whose deadline has come, then arm for the next one."""
+        self._timer, self._timer_at = None, math.inf
+        now = self._clock()
+        heap = self._deadlines
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            fut = heapq.heappop(heap)[2]
+            if not fut.done():
+                fut.set_exception(TimeoutError())
+        if heap:
+            self._arm(asyncio.get_running_loop(), heap[0][0])
+
+    def _prune(self) -> None:
+        """Drop answered waiters from the front of the deadline heap (they leave as their batches return)."""
+        heap = self._deadlines
+        while heap and heap[0][2].done():
+            heapq.heappop(heap)
+
     def _dispatch(self) -> None:
         self._scheduled = False
         while self._pending and self._in_flight < self._max_in_flight:
-            batch = self._pending[: self._max_batch]
+            batch = [entry for entry in self._pending[: self._max_batch] if not entry[1].done()]
             del self._pending[: self._max_batch]
+            if not batch:
+                continue  # every waiter of these timed out (or went away) while queued
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._tasks.add(task)
@@ -85,5 +139,6 @@ class Coalescer(Generic[T, R]):
                     fut.set_result(result)
         finally:
             self._in_flight -= 1
+            self._prune()
             if self._pending:
                 self._dispatch()

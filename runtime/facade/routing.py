@@ -18,7 +18,7 @@ from runtime.bus import Bus, OwnerClient
 from runtime.catalog import StoreSpec
 from runtime.coalesce import Coalescer
 from runtime.codec import to_jsonable
-from runtime.deadline import Deadline, within
+from runtime.deadline import Deadline
 from runtime.errors import (
     CopyBehind,
     DeadlineExceeded,
@@ -165,9 +165,12 @@ class KeyRouter:
     async def _ask(self, uuid: str, store: str, partition: int, key: Any, deadline: Deadline) -> Answer:
         # A batch fails as a whole when one of its partitions cannot answer; a key of another partition
         # that shared the batch is asked again (once).
+        # The coalescer bounds the wait itself (one timer for all its waiters, not one per request).
         for attempt in (1, 2):
             try:
-                return await within(deadline, self._batcher(uuid, store).submit((partition, key)), f"get on {store}")
+                return await self._batcher(uuid, store).submit((partition, key), deadline.at)
+            except TimeoutError:
+                raise deadline.exceeded(f"get on {store}") from None
             except PartitionUnavailable as err:
                 if attempt == 1 and partition not in err.details.get("partitions", [partition]):
                     continue

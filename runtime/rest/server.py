@@ -63,13 +63,18 @@ LINGER_MAX_BYTES = 4 * 1024 * 1024
 class _LingeringTransport:
     """The connection's transport, whose ``close`` can wait for the client (see ``LINGER_SECONDS``)."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: Any) -> None:
         self._transport = transport
         self.lingering = False
         self.discarded = 0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+        # Only reached for what this class does not define: the transport's own methods (write,
+        # is_closing, ...), which stay bound to it, so each is looked up once per connection, not per call.
+        value = getattr(self._transport, name)
+        if callable(value):
+            setattr(self, name, value)
+        return value
 
     def close(self) -> None:
         if not self.lingering or self._transport.is_closing():

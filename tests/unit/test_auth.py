@@ -16,7 +16,8 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from runtime.auth import PRINCIPAL, AuthConfig, auth_middleware, generate_secret, mint_token
+from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, TokenCache, auth_middleware, generate_secret, mint_token
+from runtime.errors import Unauthorized
 
 SECRET = generate_secret()
 CHALLENGE = 'Bearer realm="riqr"'
@@ -237,3 +238,94 @@ async def test_secrets_and_tokens_never_reach_repr_or_logs(client: Any, caplog: 
     for token in tokens:
         assert token not in caplog.text and token.split(".")[2] not in caplog.text
     assert SECRET not in caplog.text
+
+
+# -- the cache of verified tokens -----------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _hs_with_issuer(**overrides: Any) -> str:
+    return _hs256(iss="https://issuer.example", **overrides)
+
+
+def test_a_cached_token_answers_without_verifying_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = TokenCache(HS)
+    token = _hs_with_issuer()
+    first = cache.authenticate(f"Bearer {token}")
+    calls = []
+    monkeypatch.setattr(jwt, "decode", lambda *a, **k: calls.append(1))  # would fail if it ran
+    assert cache.authenticate(f"Bearer {token}") == first
+    assert first.subject == "alice" and calls == []
+
+
+def _counting_decode(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = jwt.decode
+
+    def decode(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", decode)
+    return calls
+
+
+def test_a_cached_token_is_verified_again_once_past_its_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    now = int(clock.now)
+    cache = TokenCache(HS, clock=clock)
+    token = _hs_with_issuer(iat=now, exp=now + 60)
+    calls = _counting_decode(monkeypatch)
+    cache.authenticate(f"Bearer {token}")
+    clock.now = now + 60 + HS.leeway_seconds - 1  # within the leeway: pyjwt would still accept it
+    assert cache.authenticate(f"Bearer {token}").subject == "alice"
+    assert len(calls) == 1
+    clock.now = now + 60 + HS.leeway_seconds  # past the window: pyjwt (on the real clock here) decides again
+    cache.authenticate(f"Bearer {token}")
+    assert len(calls) == 2
+
+
+def test_an_expired_token_is_refused_and_not_cached() -> None:
+    cache = TokenCache(HS)
+    now = int(time.time())
+    with pytest.raises(Unauthorized, match="token expired"):
+        cache.authenticate(f"Bearer {_hs_with_issuer(iat=now - 600, exp=now - 300)}")
+    assert len(cache) == 0
+
+
+def test_a_token_not_yet_valid_is_not_served_early_from_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    now = int(clock.now)
+    token = _hs_with_issuer(nbf=now + 10)
+    cache = TokenCache(HS, clock=clock)
+    calls = _counting_decode(monkeypatch)
+    cache.authenticate(f"Bearer {token}")  # valid now: nbf is within the 30 s leeway
+    clock.now = now - 30  # before nbf - leeway: the cached verdict does not hold there
+    cache.authenticate(f"Bearer {token}")
+    assert len(calls) == 2
+
+
+def test_refused_tokens_are_not_cached_and_the_cache_is_bounded() -> None:
+    cache = TokenCache(HS, size=2)
+    for _ in range(2):
+        with pytest.raises(Unauthorized):
+            cache.authenticate("Bearer not-a-token")
+    assert len(cache) == 0
+    tokens = [_hs_with_issuer(sub=f"user{i}") for i in range(3)]
+    for token in tokens:
+        cache.authenticate(f"Bearer {token}")
+    assert len(cache) == 2
+    assert cache.authenticate(f"Bearer {tokens[0]}").subject == "user0"  # dropped, verified again
+    with pytest.raises(Unauthorized, match="missing bearer token"):
+        cache.authenticate(None)
+
+
+def test_the_cache_with_auth_off_is_anonymous() -> None:
+    assert TokenCache(AuthConfig()).authenticate(None) == ANONYMOUS

@@ -1,4 +1,5 @@
 import asyncio
+import time
 
 import pytest
 
@@ -91,3 +92,67 @@ async def test_a_wrong_number_of_results_is_an_error_not_a_misdelivery() -> None
 def test_rejects_bad_limits() -> None:
     with pytest.raises(ValueError):
         Coalescer(Recorder().send, max_in_flight=0)
+
+
+# -- deadlines: one timer for all waiters ---------------------------------------------------------------
+
+
+async def test_a_waiter_times_out_at_its_deadline_while_its_call_hangs() -> None:
+    rec = Recorder()
+    rec.release = asyncio.Event()  # the call never answers until released
+    c = Coalescer(rec.send, max_in_flight=1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await c.submit(1, deadline=time.monotonic() + 0.05)
+    assert loop.time() - started >= 0.04
+    untimed = asyncio.ensure_future(c.submit(2))  # no deadline: waits for the answer, however long
+    rec.release.set()
+    assert await untimed == 20
+
+
+async def test_waiters_time_out_in_deadline_order_not_submission_order() -> None:
+    rec = Recorder()
+    rec.release = asyncio.Event()
+    c = Coalescer(rec.send, max_in_flight=1)
+    now = time.monotonic()
+    late = asyncio.ensure_future(c.submit(1, deadline=now + 5))
+    soon = asyncio.ensure_future(c.submit(2, deadline=now + 0.03))
+    with pytest.raises(TimeoutError):
+        await soon
+    assert not late.done()
+    rec.release.set()
+    assert await late == 10
+
+
+async def test_a_queued_item_whose_waiter_timed_out_is_not_sent() -> None:
+    rec = Recorder()
+    rec.release = asyncio.Event()
+    c = Coalescer(rec.send, max_in_flight=1)
+    first = asyncio.ensure_future(c.submit(0))
+    await rec.started.wait()
+    expired = asyncio.ensure_future(c.submit(1, deadline=time.monotonic() + 0.02))
+    kept = asyncio.ensure_future(c.submit(2, deadline=time.monotonic() + 5))
+    with pytest.raises(TimeoutError):
+        await expired
+    rec.release.set()
+    assert await first == 0 and await kept == 20
+    assert rec.batches == [[0], [2]]
+
+
+async def test_answered_waiters_leave_the_deadline_heap() -> None:
+    rec = Recorder()
+    c = Coalescer(rec.send, max_in_flight=1)
+    deadline = time.monotonic() + 10
+    for _ in range(3):
+        assert await asyncio.gather(*(c.submit(i, deadline) for i in range(100))) == [i * 10 for i in range(100)]
+    assert c.timed_waiters == 0
+
+
+async def test_a_deadline_already_past_times_out_at_once() -> None:
+    rec = Recorder()
+    rec.release = asyncio.Event()
+    c = Coalescer(rec.send, max_in_flight=1)
+    with pytest.raises(TimeoutError):
+        await c.submit(1, deadline=time.monotonic() - 1)
+    rec.release.set()

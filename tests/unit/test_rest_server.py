@@ -5,7 +5,9 @@ loudly if an aiohttp upgrade breaks ``runtime.rest.server``'s one private hook."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,13 +18,46 @@ from runtime.rest.server import start_runner
 from tests.unit.rest_fixtures import every_kind_app
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
+async def _serve() -> web.AppRunner:
     runner = await start_runner(every_kind_app())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    yield int(runner.addresses[0][1])
-    await runner.cleanup()
+    return runner
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+async def port(request: pytest.FixtureRequest) -> AsyncIterator[int]:
+    """The server on asyncio's loop, or on uvloop's (what Ray's async actors run when uvloop is installed)."""
+    if request.param == "asyncio":
+        runner = await _serve()
+        yield int(runner.addresses[0][1])
+        await runner.cleanup()
+        return
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    ready: concurrent.futures.Future[tuple[web.AppRunner, int]] = concurrent.futures.Future()
+
+    def serve() -> None:
+        async def main() -> None:
+            runner = await _serve()
+            stop = asyncio.Event()
+            ready.set_result((runner, int(runner.addresses[0][1])))
+            stopping.append((asyncio.get_running_loop(), stop))
+            await stop.wait()
+            await runner.cleanup()
+
+        loop.run_until_complete(main())
+        loop.close()
+
+    stopping: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    _, port = await asyncio.wrap_future(ready)
+    yield port
+    server_loop, stop = stopping[0]
+    server_loop.call_soon_threadsafe(stop.set)
+    await asyncio.to_thread(thread.join, 10)
 
 
 async def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
