@@ -127,7 +127,7 @@ def main() -> None:
     try:
         t0 = time.monotonic()
         deploy.up(RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"))
-        store_name = load_store(namespace, args.keys)
+        store_name = load_store(namespace, args.keys, standbys=1)  # failover on, as measured for REST
         baseline = ray.remote(DictActor).options(num_cpus=0).remote(args.keys)
         ray.get(baseline.get.remote(key_name(0)))
         client = runtime.connect(namespace)
