@@ -132,6 +132,18 @@ class Ledger:
     wrong: list[str] = field(default_factory=list)
     last_seen: dict[tuple[int, str], int] = field(default_factory=dict)
 
+    @property
+    def answers(self) -> Counter[int]:
+        """How many answers of each HTTP status the readers got so far."""
+        return Counter(r.status for r in list(self.reads))
+
+    @property
+    def longest_gap(self) -> float:
+        """The longest a key went without a correct answer so far (``longest_dark_key`` up to the last
+        answer)."""
+        reads = list(self.reads)
+        return longest_dark_key(reads, max(r.ended for r in reads)) if reads else 0.0
+
     def record(self, key: str, status: int, body: Any, *, started: float, ended: float, reader: int = 0) -> bool:
         """Judge one answer; True if it was correct."""
         with self.lock:

@@ -78,6 +78,8 @@ def test_the_ledger_judges_counts_against_what_was_produced_and_what_the_same_re
     assert len(ledger.wrong) == 4
     assert [r.correct for r in ledger.reads] == [True, False, False, True, False, True, False, False]
     assert summarize(ledger.reads, 0.0, 0.5)["503"] == 1
+    assert ledger.answers == {200: 4, 404: 3, 503: 1}
+    assert ledger.longest_gap == pytest.approx(0.2)  # key "7": unanswered from 0.1 to its next correct answer at 0.3
 
 
 def test_median_and_max_say_what_never_happened() -> None:
