@@ -151,10 +151,18 @@ def test_the_console_shows_stores_answers_queries_pages_and_locates_keys(secured
 
     # A store's partitions: where each one is, and what it reflects.
     page.click("button[data-store='order-count']")
-    expect(page.locator("#partitions tbody tr")).to_have_count(4)
-    for partition in _cells(page, "#partitions tbody tr"):
+    expect(page.locator("#partitions tbody tr[data-partition]")).to_have_count(4)
+    actives = {}
+    for partition in _cells(page, "#partitions tbody tr[data-partition]"):
         assert partition[1] == "serving" and partition[3] == "0"
         assert partition[6] in nodes and partition[7] in secured_seed.endpoints.values()
+        actives[partition[0]] = partition[6]
+    # Each partition's standby copy has a row of its own: in sync, no lag, on the other node.
+    expect(page.locator("#partitions tbody tr[data-standby-of]")).to_have_count(4)
+    for copy in _cells(page, "#partitions tbody tr[data-standby-of]"):
+        number = copy[0].removesuffix(" standby")
+        assert copy[1] == "serving, in-sync" and copy[3] == "0"
+        assert copy[6] in nodes and copy[6] != actives[number]
 
     # A key query, answered with the right value.
     page.select_option("#q-store", "customer-v1-changelog")
