@@ -228,7 +228,11 @@ def test_a_restarting_active_is_promoted_away_from_and_given_its_partitions_back
         stop.set()
         reader.join(timeout=60)
     assert wrong == []
-    assert http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"] == victim
+    # The facades follow the registry's view (pushed through their long poll, a moment later).
+    wait_for(
+        lambda: http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"] == victim,
+        what="the REST API routing key 7 to its first active again",
+    )
 
 
 def test_a_stream_whose_owner_dies_midway_completes_with_every_key_once(

@@ -4,6 +4,7 @@ project imports another that (directly or not) imports it back."""
 from __future__ import annotations
 
 import ast
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +24,24 @@ def project_modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
 
 
+def _parse(path: Path) -> ast.Module:
+    """``ast.parse`` with the garbage collector held off: on CPython 3.11 a finalizer that runs during the
+    AST conversion (py4j's, once the integration tests' Spark objects are collected in the same process)
+    can make it fail with "AST constructor recursion depth mismatch"."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(path.read_text(), str(path))
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Project modules that ``name`` imports anywhere in its file (function-level imports count too)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
