@@ -320,6 +320,16 @@ def in_process_facade(namespace: str) -> InProcessFacade:
         return facade
 
 
+def close_in_process_facades() -> None:
+    """Stop every in-process facade of this process (their loop threads and registry long polls); call
+    before ``ray.shutdown`` in a process that goes on without Ray. The next lookup starts a new one."""
+    with _facades_lock:
+        facades = [facade for _, facade in _facades.values()]
+        _facades.clear()
+    for facade in facades:
+        facade.close()
+
+
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:
     """Connect to riqr in ``namespace``, joining the Ray cluster at ``address`` if not connected yet."""
     import ray

@@ -27,6 +27,13 @@ __all__ = ["RayBus", "RayOwner"]
 log = logging.getLogger(__name__)
 
 
+def _connected() -> None:
+    """``NotConnected`` once this process left Ray (``ray.shutdown``): a background task of the bus (the
+    view's long poll, a retry) must not join a cluster again through Ray's automatic ``ray.init``."""
+    if not ray.is_initialized():
+        raise NotConnected("this process is not connected to Ray (ray.shutdown was called)")
+
+
 class RayOwner:
     """A query actor reached by its uuid name."""
 
@@ -49,6 +56,7 @@ class RayOwner:
             self._on_trouble(self.uuid)
 
     def _actor(self) -> Any:
+        _connected()
         if self._handle is None:
             try:
                 self._handle = ray.get_actor(self.uuid, namespace=self._namespace)
@@ -131,6 +139,7 @@ class RayBus:
         self._owners: dict[str, RayOwner] = {}
 
     def _registry_actor(self) -> Any:
+        _connected()
         if self._registry is None:
             try:
                 self._registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)

@@ -54,6 +54,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     assert len(nodes) == 2
     yield RayCluster(cluster, cluster.address, "http://" + ctx.dashboard_url, nodes)
+    from runtime.client import close_in_process_facades
+
+    close_in_process_facades()  # their background threads call Ray; stop them before leaving it
     ray.shutdown()
     cluster.shutdown()
 
