@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import ray
 
-from runtime.client import close_in_process_facades
 from runtime.errors import NotConnected
 from verticles.bus import RayBus, RayOwner
 
@@ -29,4 +28,3 @@ async def test_a_bus_without_ray_says_not_connected_and_starts_nothing(monkeypat
     with pytest.raises(NotConnected):
         await RayOwner("00000000-0000-4000-8000-000000000001", "riqr-offline", 1.0).positions()
     bus.suspect("00000000-0000-4000-8000-000000000001")  # fire and forget: quietly nothing
-    close_in_process_facades()  # none started here: nothing to stop
