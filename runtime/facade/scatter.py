@@ -104,6 +104,20 @@ def owners_or_unavailable(table: OwnershipTable) -> dict[str, list[int]]:
     return table.by_owner()
 
 
+def _failover_groups(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
+    """The next untried holders of ``partitions`` (``_other_holders``), or ``PartitionUnavailable`` naming
+    the partitions none is left for."""
+    groups = _other_holders(table, partitions, tried)
+    missing = sorted(set(partitions) - {p for ps in groups.values() for p in ps})
+    if missing:
+        raise PartitionUnavailable(
+            f"partitions {missing} of store {table.spec.name} have no copy left to answer",
+            store=table.spec.name,
+            partitions=missing,
+        )
+    return groups
+
+
 class ScatterGather:
     """Scans, pages, streams and counts over all owners of a store."""
 
@@ -212,14 +226,7 @@ class ScatterGather:
         self, table: OwnershipTable, partitions: list[int], scan: Scan, page_size: int, tried: frozenset[str]
     ) -> AsyncGenerator[list[RawEntry], None]:
         """The rest of a scan of ``partitions`` on their next untried holders (merged, if they differ)."""
-        groups = _other_holders(table, partitions, tried)
-        missing = sorted(set(partitions) - {p for ps in groups.values() for p in ps})
-        if missing:
-            raise PartitionUnavailable(
-                f"partitions {missing} of store {table.spec.name} have no copy left to answer",
-                store=table.spec.name,
-                partitions=missing,
-            )
+        groups = _failover_groups(table, partitions, tried)
         sources = [self._owner_pages(table, u, ps, scan, page_size, tried) for u, ps in groups.items()]
         async for chunk in _merged(sources, reverse=scan.reverse):
             yield chunk
@@ -260,14 +267,7 @@ class ScatterGather:
                     tried = tried | {uuid}
                     if not _other_holders(table, partitions, tried):
                         raise
-                    groups = _other_holders(table, partitions, tried)
-                    missing = sorted(set(partitions) - {p for ps in groups.values() for p in ps})
-                    if missing:
-                        raise PartitionUnavailable(
-                            f"partitions {missing} of store {table.spec.name} have no copy left to answer",
-                            store=table.spec.name,
-                            partitions=missing,
-                        ) from None
+                    groups = _failover_groups(table, partitions, tried)
                     sources = [
                         self._owner_runs(table, u, ps, scan, fmt, max_bytes, limit, tried, prefetch)
                         for u, ps in groups.items()
