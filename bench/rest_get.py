@@ -11,6 +11,10 @@ token), then drives random-key GETs at fixed concurrencies for a fixed time. In 
   holding a dict, through one coalesced call per batch (``runtime.coalesce``, one call in flight): the
   least any design that keeps state in other actors pays.
 
+Two riqr targets: ``riqr``, the store read through its query actors (one Ray hop), and ``replica``, the
+same keys in a store declared with ``read_replicas``, answered from the HTTP verticle's own copy (no hop;
+``runtime.readreplica``), same auth, same standbys, fed by the same sink.
+
 The load generator is wrk (Debian's package; ``apt-get install wrk``) when it is on PATH, with
 ``bench/wrk_get.lua`` picking keys and sending the token; else the Python client of ``bench/loadgen.py``,
 which competes with the servers for the CPU (the output says which one ran). Rounds alternate the
@@ -45,6 +49,7 @@ STAT_KEYS = ("rps", "p50_ms", "p99_ms", "errors", "cpu_us")
 # per request, is less sensitive to the other load on a shared machine than the request rate.
 PROCESSES = {
     "riqr": ("ray::HttpVerticle", "ray::QueryVerticle"),
+    "replica": ("ray::HttpVerticle", "ray::QueryVerticle"),
     "minimal": ("ray::MinimalHop", "ray::DictHolder"),
     "ceiling": ("ray::BareHttp",),
 }
@@ -112,7 +117,10 @@ class MinimalHop:
         return site._server.sockets[0].getsockname()[1]  # noqa: SLF001
 
 
-def load_store(namespace: str, keys: int, standbys: int) -> str:
+def load_store(namespace: str, keys: int, standbys: int, name: str = "bench", read_replicas: bool = False) -> str:
+    """Create store ``name`` and load ``keys`` keys through the sink's delivery path; with
+    ``read_replicas``, wait until the HTTP verticle's replica answers (a batch must reach it after it was
+    published, so empty batches follow until it does)."""
     import ray
 
     from runtime import raycalls
@@ -124,7 +132,13 @@ def load_store(namespace: str, keys: int, standbys: int) -> str:
     from topologies.sink import BatchDelivery
 
     spec = StoreSpec(
-        "bench", KeySchema("key", "string"), (ValueField("value", "bigint"),), partitions=4, actors=2, standbys=standbys
+        name,
+        KeySchema("key", "string"),
+        (ValueField("value", "bigint"),),
+        partitions=4,
+        actors=2,
+        standbys=standbys,
+        read_replicas=read_replicas,
     )
     raycalls.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec), "create_store")
     delivery = BatchDelivery(spec, namespace, checkpoint="unused")
@@ -139,7 +153,23 @@ def load_store(namespace: str, keys: int, standbys: int) -> str:
             }
         )
         delivery.deliver("bench", batch_id, table)
-        print(f"  loaded {start + len(names):,}/{keys:,} keys", file=sys.stderr, flush=True)
+        print(f"  {name}: loaded {start + len(names):,}/{keys:,} keys", file=sys.stderr, flush=True)
+    if read_replicas:
+        from runtime.config import http_name
+        from runtime.ingest import PARTITION_COLUMN as PART
+
+        http = ray.get_actor(http_name(ray.get_runtime_context().get_node_id()), namespace=namespace)
+        empty = pa.table({"key": pa.array([], pa.string()), "value": pa.array([], pa.int64()),
+                          PART: pa.array([], pa.int32())})  # fmt: skip
+        deadline = time.monotonic() + 120
+        batch_id = keys // chunk + 1
+        while not any(r["store"] == name and r["answers"] for r in ray.get(http.read_replicas.remote())):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the read replica of {name} did not catch up in 120 s")
+            delivery.deliver("bench", batch_id, empty)
+            batch_id += 1
+            time.sleep(0.2)
+        print(f"  {name}: the HTTP verticle's read replica answers", file=sys.stderr, flush=True)
     return spec.name
 
 
@@ -241,7 +271,7 @@ def main() -> None:
     parser.add_argument("--standbys", type=int, default=1, help="standby copies of each partition (failover)")
     parser.add_argument("--no-auth", action="store_true", help="measure riqr without bearer tokens")
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto")
-    parser.add_argument("--targets", default="riqr,minimal,ceiling")
+    parser.add_argument("--targets", default="riqr,replica,minimal,ceiling")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy records into this directory")
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
@@ -262,7 +292,7 @@ def main() -> None:
 
     secret = generate_secret()
     auth = None if args.no_auth else AuthConfig(enabled=True, secret=secret)
-    token = None if args.no_auth else mint_token(secret, stores=("bench",))
+    token = None if args.no_auth else mint_token(secret, stores=("bench", "bench-rr"))
     namespace = f"riqr-bench-{uuid.uuid4().hex[:8]}"
     # address="local": a cluster of its own, even if a stale /tmp/ray/ray_current_cluster names another
     ray.init(address="local", namespace=namespace, log_to_driver=False, include_dashboard=False)
@@ -274,10 +304,14 @@ def main() -> None:
             )
         )
         store = load_store(namespace, args.keys, args.standbys)
+        if "replica" in chosen:
+            load_store(namespace, args.keys, args.standbys, "bench-rr", read_replicas=True)
         print(f"  riqr up and {args.keys:,} keys loaded in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         targets: dict[str, str] = {}
         if "riqr" in chosen:
             targets["riqr"] = f"{deployment.endpoints[0].url}/stores/{store}/get/"
+        if "replica" in chosen:
+            targets["replica"] = f"{deployment.endpoints[0].url}/stores/bench-rr/get/"
         if "minimal" in chosen:
             holder = ray.remote(DictHolder).options(num_cpus=0).remote(args.keys)
             hop = ray.remote(MinimalHop).options(num_cpus=0).remote(holder)
@@ -316,17 +350,16 @@ def main() -> None:
                     f"{s['cpu_us']:>12.0f}"
                 )
                 print(line)
-            riqr = summary.get("riqr")
-            if riqr is None:
-                continue
-            for base in ("ceiling", "minimal"):
-                if base in summary:
-                    b = summary[base]
-                    print(
-                        f"  c{c} riqr/{base}: throughput {riqr['rps'] / b['rps']:.2f}, "
-                        f"p50 {riqr['p50_ms'] / b['p50_ms']:.2f}x, p99 {riqr['p99_ms'] / b['p99_ms']:.2f}x, "
-                        f"CPU per request {riqr['cpu_us'] / b['cpu_us']:.2f}x"
-                    )
+            for mine in ("riqr", "replica"):
+                ours = summary.get(mine)
+                for base in ("ceiling", "minimal"):
+                    if ours is not None and base in summary:
+                        b = summary[base]
+                        print(
+                            f"  c{c} {mine}/{base}: throughput {ours['rps'] / b['rps']:.2f}, "
+                            f"p50 {ours['p50_ms'] / b['p50_ms']:.2f}x, p99 {ours['p99_ms'] / b['p99_ms']:.2f}x, "
+                            f"CPU per request {ours['cpu_us'] / b['cpu_us']:.2f}x"
+                        )
     finally:
         deploy.down(namespace)
         ray.shutdown()

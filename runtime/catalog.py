@@ -46,7 +46,9 @@ class StoreSpec:
 
     ``partitions`` is fixed for the life of the store (the partitioner depends on it); ``actors`` is how
     many query actors share the partitions; ``standbys`` how many extra copies each partition has (None:
-    decided when the store is created, by ``with_standbys_for``).
+    decided when the store is created, by ``with_standbys_for``). ``read_replicas``: every HTTP verticle
+    keeps a read replica of the whole store in its process and answers key lookups from it without a Ray
+    hop (``runtime.readreplica``; opt-in: each node then holds the store in memory).
     ``value_fields`` lists the value columns: one column means values are scalars, several mean maps.
     """
 
@@ -59,6 +61,7 @@ class StoreSpec:
     standbys: int | None = DEFAULT_STANDBYS
     engine: str = DEFAULT_ENGINE
     extra: tuple[tuple[str, Any], ...] = field(default=())
+    read_replicas: bool = False
 
     def __post_init__(self) -> None:
         validate_store_name(self.name)
@@ -117,6 +120,7 @@ class StoreSpec:
             "actors": self.actors,
             "standbys": self.standbys,
             "engine": self.engine,
+            "read_replicas": self.read_replicas,
         }
 
     def same_layout(self, other: StoreSpec) -> bool:

@@ -90,6 +90,9 @@ DEFAULT_TRIGGER = "250 milliseconds"
 # answers it at once), and the most the registry lets one wait. When the long poll fails (the registry
 # restarting), the facade falls back to comparing epochs every VIEW_REFRESH_INTERVAL.
 EPOCH_WAIT = 10.0
+# How long the sink waits for a read replica (``runtime.readreplica``) to acknowledge a batch before it
+# drops the replica from the view: ingest never waits longer for a copy that only speeds up reads.
+READ_REPLICA_APPLY_TIMEOUT = 5.0
 EPOCH_WAIT_MAX = 30.0
 VIEW_REFRESH_INTERVAL = 1.0
 # The least time between two checks of the query actors that facades ask for (``Registry.suspect``).

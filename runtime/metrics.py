@@ -82,6 +82,8 @@ CATALOG: tuple[MetricDef, ...] = (
               ("route",), buckets=LATENCY_BUCKETS),
     MetricDef("riqr_coalesced_batch_size", "histogram", "keys per coalesced get_many call to a query actor",
               ("store",), buckets=BATCH_BUCKETS),
+    MetricDef("riqr_local_reads_total", "counter", "key lookups answered from this HTTP node's read replica",
+              ("store",)),
     MetricDef("riqr_scan_entries_total", "counter", "entries returned or streamed by scans, pages and streams",
               ("store",)),
     MetricDef("riqr_batches_applied_total", "counter", "batches applied to a partition copy (not replays)",

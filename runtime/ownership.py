@@ -22,6 +22,7 @@ __all__ = [
     "Unassigned",
     "ActorInfo",
     "Endpoint",
+    "ReaderCopy",
     "ClusterView",
     "plan_placement",
     "Placement",
@@ -151,6 +152,18 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class ReaderCopy:
+    """A read replica: a copy of every partition of ``store`` kept inside the HTTP verticle ``actor`` on
+    ``node_id``, which answers that verticle's key lookups without a Ray hop (``runtime.readreplica``).
+    The sink feeds it with the standbys; it is never promoted and no other facade reads it."""
+
+    uuid: str
+    store: str
+    node_id: str
+    actor: str
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """Everything a facade needs to route, as one immutable value stamped with an epoch."""
 
@@ -158,9 +171,14 @@ class ClusterView:
     tables: Mapping[str, OwnershipTable] = field(default_factory=dict)
     actors: Mapping[str, ActorInfo] = field(default_factory=dict)
     endpoints: Mapping[str, Endpoint] = field(default_factory=dict)
+    readers: Mapping[str, ReaderCopy] = field(default_factory=dict)
 
     def table(self, store: str) -> OwnershipTable | None:
         return self.tables.get(store)
+
+    def readers_of(self, store: str) -> list[ReaderCopy]:
+        """The read replicas of ``store``, by uuid."""
+        return sorted((r for r in self.readers.values() if r.store == store), key=lambda r: r.uuid)
 
     def stores(self) -> list[StoreSpec]:
         return [self.tables[name].spec for name in sorted(self.tables)]

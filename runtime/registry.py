@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from runtime.catalog import StoreSpec
 from runtime.errors import StoreConflict, StoreNotFound
-from runtime.ownership import ActorInfo, ClusterView, Endpoint, OwnershipTable
+from runtime.ownership import ActorInfo, ClusterView, Endpoint, OwnershipTable, ReaderCopy
 
 __all__ = ["RegistryState"]
 
@@ -26,9 +26,12 @@ class RegistryState:
         self._tables: dict[str, OwnershipTable] = {}
         self._actors: dict[str, ActorInfo] = {}
         self._endpoints: dict[str, Endpoint] = {}
+        self._readers: dict[str, ReaderCopy] = {}
 
     def view(self) -> ClusterView:
-        return ClusterView(self.epoch, dict(self._tables), dict(self._actors), dict(self._endpoints))
+        return ClusterView(
+            self.epoch, dict(self._tables), dict(self._actors), dict(self._endpoints), dict(self._readers)
+        )
 
     def existing(self, spec: StoreSpec) -> OwnershipTable | None:
         """The table of a store declared again; ``StoreConflict`` if the new declaration differs."""
@@ -68,8 +71,27 @@ class RegistryState:
         uuids = [u for u, info in self._actors.items() if info.store == store]
         for uuid in uuids:
             del self._actors[uuid]
+        for uuid in [u for u, r in self._readers.items() if r.store == store]:
+            del self._readers[uuid]
         self._bump()
         return uuids
+
+    def add_reader(self, reader: ReaderCopy) -> int:
+        """Publish a read replica: from the next batch on the sink feeds it (``StoreNotFound`` if its store
+        is gone). An HTTP verticle keeps at most one per store: one it had before on that store is dropped."""
+        if reader.store not in self._tables:
+            raise StoreNotFound(f"store {reader.store!r} is not known", store=reader.store)
+        for uuid in [u for u, r in self._readers.items() if (r.actor, r.store) == (reader.actor, reader.store)]:
+            del self._readers[uuid]
+        self._readers[reader.uuid] = reader
+        return self._bump()
+
+    def drop_reader(self, uuid: str) -> bool:
+        """Unpublish a read replica (it missed a batch, or its verticle stopped); whether it was listed."""
+        if self._readers.pop(uuid, None) is None:
+            return False
+        self._bump()
+        return True
 
     def register_endpoint(self, endpoint: Endpoint) -> int:
         if self._endpoints.get(endpoint.node_id) != endpoint:
@@ -78,7 +100,11 @@ class RegistryState:
         return self.epoch
 
     def unregister_endpoint(self, node_id: str) -> int:
-        if self._endpoints.pop(node_id, None) is not None:
+        """A node's HTTP verticle stopped or its node is gone: its endpoint and read replicas go."""
+        gone = [u for u, r in self._readers.items() if r.node_id == node_id]
+        for uuid in gone:
+            del self._readers[uuid]
+        if self._endpoints.pop(node_id, None) is not None or gone:
             self._bump()
         return self.epoch
 

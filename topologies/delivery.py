@@ -13,6 +13,10 @@ to every owner over Ray, until every owner has acknowledged it.
   copies applied it. That is safe because the buffered copy serves nothing until it has applied the
   batch, and the in-sync copies hold it durably; if the catching-up copy dies, it reopens incomplete and
   copies again from them (docs/design.md, "Rebuilding a copy from a peer").
+* Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
+  with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
+  from the view, in the registry, before any active copy gets the batch; if the registry cannot be told,
+  the batch fails. So a listed replica is never behind an active copy, and ingest never waits for one.
 * The registry hears how ingest goes, through this process's ``Feeder`` (``topologies.feeder``, which
   also beats for the store while its query runs): the batch applied and when, partitions that are not
   complete, or why it failed. ``GET /stores`` shows it.
@@ -30,11 +34,11 @@ import ray
 
 from runtime import raycalls
 from runtime.catalog import StoreSpec
-from runtime.config import REGISTRY_NAME
+from runtime.config import READ_REPLICA_APPLY_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
 from runtime.ingest import slices_for_owners, split_by_partition
-from runtime.ownership import ClusterView
+from runtime.ownership import ClusterView, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, SERVING
 from topologies.checkpoint import query_id
 from topologies.feeder import Feeder, feeder_for
@@ -115,17 +119,58 @@ class BatchDelivery:
         """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
         clock = time.perf_counter()
-        ownership = self.current_view().table(self.spec.name)
+        view = self.current_view()
+        ownership = view.table(self.spec.name)
         if ownership is None:
             raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
+        readers = view.readers_of(self.spec.name)
         clock = self._lap("view", clock)
         results: list[Any] = []
         for role in ("standby", "active"):
             pending = slices_for_owners(ownership, dict(split), role)
+            sent = self._send_to_readers(readers, source, batch_id, split) if role == "standby" else {}
             if pending:
                 results.extend(self._apply_to(source, batch_id, pending, deadline))
+            if sent:
+                self._settle_readers(sent, batch_id)
+            if pending or sent:
                 clock = self._lap(role, clock)
         return results
+
+    def _send_to_readers(
+        self, readers: list[ReaderCopy], source: str, batch_id: int, split: Mapping[int, pa.Table]
+    ) -> dict[str, Any]:
+        """Start ``apply`` on every read replica (every partition: a replica holds the whole store)."""
+        slices = {p: split.get(p) for p in range(self.spec.partitions)}
+        sent: dict[str, Any] = {}
+        for reader in readers:
+            try:
+                handle = self.handle(reader.actor)
+                sent[reader.uuid] = handle.apply_replica.remote(reader.uuid, source, batch_id, slices)
+            except OwnerUnavailable as err:
+                sent[reader.uuid] = err
+        return sent
+
+    def _settle_readers(self, sent: dict[str, Any], batch_id: int) -> None:
+        """Wait for the read replicas' acknowledgements, up to ``READ_REPLICA_APPLY_TIMEOUT`` in all, and
+        drop from the view every one that did not give it (their results are not the store's copies: the
+        sink's verdicts on partitions count only actives and standbys)."""
+        deadline = Deadline.after(READ_REPLICA_APPLY_TIMEOUT)
+        what = f"delivering batch {batch_id} of {self.spec.name} to a read replica"
+        for uuid, ref in sent.items():
+            if isinstance(ref, RiqrError):
+                failure: RiqrError = ref
+            else:
+                try:
+                    raycalls.get(ref, what, timeout=max(deadline.remaining(), 0.001), actor=uuid)
+                    continue
+                except RiqrError as err:
+                    failure = err
+            reason = f"it did not acknowledge batch {batch_id} ({failure.message})"
+            log.warning("store %s: dropping read replica %s: %s", self.spec.name, uuid, reason,
+                        extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
+            reg = registry(self.namespace)
+            raycalls.get(reg.drop_reader.remote(uuid, reason), "dropping a read replica", timeout=_CALL_TIMEOUT)
 
     def _lap(self, stage: str, since: float) -> float:
         now = time.perf_counter()

@@ -23,7 +23,8 @@ __all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpo
 @dataclass(frozen=True)
 class TopologyOptions:
     """``namespace`` of the riqr runtime; ``partitions``, ``actors``, ``engine`` and ``standbys`` (None:
-    1 on a multi-node cluster, else 0) of each store it creates; ``trigger``, the micro-batch interval
+    1 on a multi-node cluster, else 0) and ``read_replicas`` (a copy in every HTTP verticle) of each store
+    it creates; ``trigger``, the micro-batch interval
     (None: the sink's default); ``source`` of its topics."""
 
     namespace: str = DEFAULT_NAMESPACE
@@ -33,6 +34,7 @@ class TopologyOptions:
     source: SourceConfig = FILES
     engine: str = DEFAULT_ENGINE
     standbys: int | None = DEFAULT_STANDBYS
+    read_replicas: bool = False
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""
@@ -42,6 +44,7 @@ class TopologyOptions:
             "actors": self.actors,
             "engine": self.engine,
             "standbys": self.standbys,
+            "read_replicas": self.read_replicas,
             "trigger": self.trigger or DEFAULT_TRIGGER,
             "checkpoint": str(checkpoint_for(home, self.namespace, store)),
         }

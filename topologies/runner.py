@@ -60,6 +60,11 @@ def run_topology(
         help="standby copies of each partition (on other nodes); default 1 when the cluster has more than one node",
     )
     parser.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="where each store's partitions live")
+    parser.add_argument(
+        "--read-replicas",
+        action="store_true",
+        help="keep a copy of each store in every HTTP verticle: key lookups answered there without a Ray hop",
+    )
     parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")
     parser.add_argument(
         "--source",
@@ -92,7 +97,14 @@ def run_topology(
     from topologies.options import TopologyOptions
 
     args.topology = TopologyOptions(
-        args.namespace, args.partitions, args.actors, args.trigger, source, engine=args.engine, standbys=args.standbys
+        args.namespace,
+        args.partitions,
+        args.actors,
+        args.trigger,
+        source,
+        engine=args.engine,
+        standbys=args.standbys,
+        read_replicas=args.read_replicas,
     )
 
     import ray

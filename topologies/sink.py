@@ -57,6 +57,7 @@ def store_spec_for(
     standbys: int | None = DEFAULT_STANDBYS,
     kind: str = "kv",
     engine: str = DEFAULT_ENGINE,
+    read_replicas: bool = False,
 ) -> StoreSpec:
     """The store definition for a DataFrame ``schema`` (a Spark ``StructType``).
 
@@ -93,6 +94,7 @@ def store_spec_for(
         standbys=standbys,
         kind=kind,
         engine=engine,
+        read_replicas=read_replicas,
     )
 
 
@@ -184,6 +186,7 @@ def materialize(
     trigger: str = DEFAULT_TRIGGER,
     output_mode: str | None = None,
     delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
+    read_replicas: bool = False,
 ) -> Any:
     """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
 
@@ -191,7 +194,9 @@ def materialize(
     partition). ``value`` names the value column(s); by default every other column. The store is created
     (with its query actors) if it does not exist; ``engine`` (``rocksdb`` or ``memory``) is where its
     partitions live; ``standbys`` how many standby copies each partition has (None: 1 when the cluster
-    has more than one node, else 0, decided when the store is created). Returns the ``StreamingQuery``.
+    has more than one node, else 0, decided when the store is created); ``read_replicas`` keeps a copy of
+    the whole store in every HTTP verticle, which then answers key lookups without a Ray hop (opt-in;
+    docs/design.md, "Read replicas"). Returns the ``StreamingQuery``.
 
     ``kind="window"`` takes the output of a ``window(...)`` aggregation and ``kind="session"`` of a
     ``session_window(...)`` one: the window struct (``window_column``, by default ``window`` or
@@ -217,6 +222,7 @@ def materialize(
         standbys=standbys,
         kind=kind,
         engine=engine,
+        read_replicas=read_replicas,
     )
     raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
     value_cols = [f.name for f in spec.value_fields]

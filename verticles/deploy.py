@@ -33,7 +33,7 @@ from runtime.config import REGISTRY_NAME, ROCKSDB_CACHE_ENV, RuntimeConfig, faca
 from runtime.deadline import Deadline
 from runtime.errors import OwnerUnavailable
 from runtime.metrics import Metrics
-from runtime.ownership import ActorInfo, Endpoint
+from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.partition import SERVING
 from runtime.snapshots import SnapshotOffer
 from verticles.bus import RayBus
@@ -154,6 +154,13 @@ class RayEnv:
     async def unregister_endpoint(self, node_id: str) -> None:
         with contextlib.suppress(ValueError):  # the registry is gone already (riqr down)
             await self._ask_registry("unregister_endpoint", node_id)
+
+    async def add_reader(self, reader: ReaderCopy) -> int:
+        return int(await self._ask_registry("add_reader", reader))
+
+    async def drop_reader(self, uuid: str, reason: str) -> None:
+        with contextlib.suppress(ValueError):  # the registry is gone already (riqr down)
+            await self._ask_registry("drop_reader", uuid, reason)
 
     # -- PeerLink ---------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from runtime.catalog import StoreSpec
 from runtime.metrics import Metrics
-from runtime.ownership import ActorInfo, Endpoint
+from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.snapshots import SnapshotPeer
 
 __all__ = ["NodeFacts", "RegistryLink", "PeerLink", "ClusterOps", "VerticleEnv", "RegistryEnv"]
@@ -56,6 +56,14 @@ class RegistryLink(Protocol):
     async def register_endpoint(self, endpoint: Endpoint) -> None: ...
 
     async def unregister_endpoint(self, node_id: str) -> None: ...
+
+    async def add_reader(self, reader: ReaderCopy) -> int:
+        """Publish an HTTP verticle's read replica (``runtime.readreplica``); returns the epoch listing it."""
+        ...
+
+    async def drop_reader(self, uuid: str, reason: str) -> None:
+        """Unpublish a read replica (best effort: the registry may be gone already)."""
+        ...
 
 
 class PeerLink(Protocol):

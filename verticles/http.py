@@ -1,7 +1,9 @@
 """HttpVerticle: the REST API of one node, an aiohttp server inside an async Ray actor.
 
 It carries its own ``Facade`` (the co-located facade): a REST request is routed inside this process and
-only the call to the owning query actor crosses Ray. The app itself comes from ``runtime.rest.build_app``;
+only the call to the owning query actor crosses Ray. For stores declared with ``read_replicas`` it also
+holds a read replica (``runtime.readreplica``), fed by the sink like a standby, and answers key lookups
+from it without crossing Ray at all. The app itself comes from ``runtime.rest.build_app``;
 this actor owns start and stop, and registers its endpoint with the registry so metadata can point
 clients at it. If Ray restarts it, it serves again by itself on the port its node had.
 """
@@ -10,18 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from typing import Any
 
+import pyarrow as pa
 from aiohttp import web
 
 from runtime import logs
 from runtime.auth import AuthConfig
 from runtime.bus import Bus
-from runtime.config import DEFAULT_REQUEST_TIMEOUT
+from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name
 from runtime.facade import Facade
-from runtime.ownership import Endpoint
+from runtime.ownership import ClusterView, Endpoint
+from runtime.partition import ApplyResult
+from runtime.readreplica import ReadReplica, ReadReplicas
 from runtime.rest import build_app
 from runtime.rest.server import start_runner
 from verticles.env import VerticleEnv
+from verticles.query import StorePeers
 
 __all__ = ["HttpVerticle"]
 
@@ -57,7 +65,10 @@ class HttpVerticle:
         # Advertise what clients can reach: the bound address, unless it is a wildcard.
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
-        self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key)
+        self.replicas = ReadReplicas(http_name(self.node_id), self.node_id, lambda store: StorePeers(env, store))
+        self.core = Facade(bus, timeout=timeout, cursor_key=cursor_key, local=self.replicas)
+        self.core.views.listeners.append(self._follow)
+        self._tasks: set[asyncio.Task[None]] = set()
         env.export_metrics(self.core.metrics)  # what /metrics shows of this process, into Ray's metrics too
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
@@ -82,6 +93,37 @@ class HttpVerticle:
             except Exception:
                 log.warning("HTTP verticle restart attempt %d failed", attempt, exc_info=True)
                 await asyncio.sleep(self._restart_backoff)
+
+    # -- read replicas (runtime.readreplica) -----------------------------------------------------------
+
+    def _follow(self, view: ClusterView) -> None:
+        """Every new view: make the read replicas it calls for, and publish them."""
+        for replica in self.replicas.follow(view):
+            task = asyncio.get_running_loop().create_task(self._publish(replica), name="riqr-replica-publish")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, replica: ReadReplica) -> None:
+        try:
+            epoch = await self._env.add_reader(replica.reader)
+        except Exception as err:  # the registry restarting, or the store dropped meanwhile
+            log.warning("could not publish read replica %s of %s (%s); trying again", replica.uuid,
+                        replica.reader.store, err, extra={"store": replica.reader.store})  # fmt: skip
+            self.replicas.forget(replica, "its publication failed")
+            await asyncio.sleep(1.0)
+            self._follow(self.core.view)
+            return
+        self.replicas.published(replica, epoch)
+
+    async def apply_replica(
+        self, uuid: str, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]
+    ) -> list[ApplyResult]:
+        """The sink delivers a batch to read replica ``uuid`` (applied in a worker thread, so lookups go on)."""
+        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices)
+
+    async def read_replicas(self) -> list[dict[str, Any]]:
+        """This verticle's read replicas: store, whether they answer, each partition's position."""
+        return self.replicas.describe()
 
     def _where(self) -> dict[str, object]:
         return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port}
@@ -119,4 +161,8 @@ class HttpVerticle:
             await self._runner.cleanup()
             self._runner = None
         await self.core.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        for replica in self.replicas.close():
+            await self._env.drop_reader(replica.uuid, "its HTTP verticle stopped")
         await self._env.unregister_endpoint(self.node_id)

@@ -55,7 +55,7 @@ def _trim_heap() -> None:
 _malloc_trim: Any = None
 
 
-class _StorePeers:
+class StorePeers:
     """``runtime.rebuild.PeerSource`` for one store, over the verticle's ``PeerLink``."""
 
     def __init__(self, link: PeerLink, store: str) -> None:
@@ -92,7 +92,7 @@ class QueryVerticle:
         metrics = Metrics(QUERY_METRICS)
         # Only a store with standbys has peers to rebuild from; without, a lost copy waits for the
         # topology-restart rebuild path (docs/design.md, "Durability").
-        peers = _StorePeers(env, spec.name) if (spec.standbys or 0) > 0 else None
+        peers = StorePeers(env, spec.name) if (spec.standbys or 0) > 0 else None
         self.core = QueryCore(
             spec, partitions, directory=directory, recovered=recovered, metrics=metrics, peers=peers, me=uuid
         )

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from runtime.ownership import (
     ClusterView,
     Endpoint,
     OwnershipTable,
+    ReaderCopy,
     plan_placement,
     replacement_node,
     table_from_holdings,
@@ -169,7 +171,13 @@ class Registry:
         Standbys left to "auto" (None) are decided here, where the alive nodes are known: one per
         partition when there is more than one node (``StoreSpec.with_standbys_for``).
         """
-        if self.state.existing(spec) is not None:
+        existing = self.state.existing(spec)
+        if existing is not None:
+            if existing.spec.read_replicas != spec.read_replicas:  # turned on or off by a new declaration
+                wanted = replace(existing.spec, read_replicas=spec.read_replicas)
+                self.state.replace_table(replace(existing, spec=wanted))
+                log.info("store %s: read replicas %s", spec.name, "on" if spec.read_replicas else "off",
+                         extra={"store": spec.name})  # fmt: skip
             return self.state.view()
         nodes = self._env.alive_nodes()
         spec = spec.with_standbys_for(len(nodes))
@@ -216,6 +224,23 @@ class Registry:
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
         return self.state.actor_moved(uuid, node_id, node_ip)
+
+    def add_reader(self, reader: ReaderCopy) -> int:
+        """An HTTP verticle publishes a read replica of a store (``runtime.readreplica``); the sink feeds it
+        from its next batch on. Returns the epoch."""
+        epoch = self.state.add_reader(reader)
+        log.info("read replica %s of %s in %s", reader.uuid, reader.store, reader.actor,
+                 extra={"store": reader.store, "actor": reader.uuid})  # fmt: skip
+        return epoch
+
+    def drop_reader(self, uuid: str, reason: str) -> int:
+        """Unpublish a read replica: the sink could not deliver a batch to it (its verticle then serves
+        through the query actors and makes a new one), or its verticle is stopping. Returns the epoch."""
+        reader = self.state.view().readers.get(uuid)
+        if self.state.drop_reader(uuid) and reader is not None:
+            log.warning("read replica %s of %s dropped: %s", uuid, reader.store, reason,
+                        extra={"store": reader.store, "actor": uuid})  # fmt: skip
+        return self.state.epoch
 
     def suspect(self, uuid: str) -> None:
         """A facade could not reach query actor ``uuid``: check the actors now rather than at the next

@@ -30,7 +30,7 @@ from runtime.deadline import Deadline, within
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import RiqrError
 from runtime.facade import metadata
-from runtime.facade.routing import KeyRouter, route_or_unavailable
+from runtime.facade.routing import KeyRouter, LocalCopies, route_or_unavailable
 from runtime.facade.scatter import ScatterGather
 from runtime.facade.view import ViewCache
 from runtime.health import ClusterProbe
@@ -65,6 +65,7 @@ class Facade:
         cursor_key: bytes | None = None,
         metrics: Metrics | None = None,
         marks: Marks | None = None,
+        local: LocalCopies | None = None,
     ) -> None:
         # Every facade of a deployment gets the same ``cursor_key`` (verticles.deploy), so a cursor one
         # node issued pages on at any other, and on the Python client's facade verticle too.
@@ -78,7 +79,8 @@ class Facade:
         self.marks = marks if marks is not None else Marks()
         self._holders: dict[str, frozenset[str]] = {}
         self.views.listeners.append(self._forget_replaced)
-        self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics, marks=self.marks)
+        # ``local``: the HTTP verticle's read replicas (``runtime.readreplica``), asked first for key lookups.
+        self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics, marks=self.marks, local=local)
         self.scatter = ScatterGather(
             bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page, marks=self.marks
         )

@@ -28,6 +28,7 @@ def test_defaults_and_json() -> None:
         "actors": 2,
         "standbys": None,
         "engine": "rocksdb",
+        "read_replicas": False,
     }
 
 

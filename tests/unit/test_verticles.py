@@ -4,6 +4,7 @@ the HTTP verticle serving, registering, and serving again on its old port after 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ import pytest
 from runtime.catalog import StoreSpec
 from runtime.errors import PartitionUnavailable, StoreConflict
 from runtime.feeds import FeedReport
-from runtime.ownership import ActorInfo, Endpoint
+from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
 from verticles.http import HttpVerticle
@@ -44,6 +45,7 @@ class FakeEnv:
         self.watching = 0
         self.down: set[str] = set()
         self.serving: dict[str, set[int]] = {}
+        self.readers: dict[str, Any] = {}
 
     def node_id(self) -> str:
         return "node-a"
@@ -71,6 +73,13 @@ class FakeEnv:
 
     async def unregister_endpoint(self, node_id: str) -> None:
         self.endpoints.pop(node_id, None)
+
+    async def add_reader(self, reader: Any) -> int:
+        self.readers[reader.uuid] = reader
+        return len(self.readers)
+
+    async def drop_reader(self, uuid: str, reason: str) -> None:
+        self.readers.pop(uuid, None)
 
     def alive_nodes(self) -> list[str]:
         return list(self.nodes)
@@ -159,6 +168,22 @@ def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -
     assert list(status) == ["s"] and status["s"]["batch_id"] == 3  # reports for unknown stores are ignored
     assert registry.drop_store("s") == [u for u, _, _ in env.started]
     assert env.destroyed == [u for u, _, _ in env.started] and registry.status() == {"ingest": {}}
+
+
+def test_declaring_a_store_again_turns_its_read_replicas_on_or_off_without_new_actors() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    registry.create_store(kv_spec("s"))
+    actors = list(env.started)
+    on = registry.create_store(dataclasses.replace(kv_spec("s"), read_replicas=True))
+    assert on.table("s").spec.read_replicas and env.started == actors  # type: ignore[union-attr]
+    reader = ReaderCopy("r1", "s", "node-a", "riqr-http-node-a")
+    assert registry.add_reader(reader) == registry.epoch()
+    assert registry.view().readers == {"r1": reader}
+    epoch = registry.drop_reader("r1", "it did not acknowledge batch 3")
+    assert registry.view().readers == {} and epoch == registry.epoch()
+    off = registry.create_store(kv_spec("s"))
+    assert not off.table("s").spec.read_replicas  # type: ignore[union-attr]
 
 
 def test_the_actors_of_a_dead_node_are_re_created_on_live_nodes_under_the_same_names() -> None:
