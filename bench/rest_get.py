@@ -21,8 +21,8 @@ which competes with the servers for the CPU (the output says which one ran). Rou
 targets so drift on a shared machine hits all of them; the figures are per-target medians over rounds.
 The ratios riqr/ceiling and riqr/minimal-hop are the numbers to compare between runs and machines.
 
-``--profile DIR`` also records the HTTP verticle and a query actor with py-spy during the first riqr
-round of the first concurrency (py-spy must be installed; it is not a riqr dependency).
+``--profile DIR`` also records the HTTP verticle and a query actor with py-spy during the first round of
+the first concurrency of ``--profile-target`` (riqr or replica) (py-spy must be installed; it is not a riqr dependency).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _pids(title: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-def start_profiles(directory: Path, duration: float) -> list[subprocess.Popen[bytes]]:
+def start_profiles(directory: Path, duration: float, target: str) -> list[subprocess.Popen[bytes]]:
     """py-spy records of the HTTP verticle and a query actor for ``duration`` seconds (speedscope JSON)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
@@ -242,7 +242,7 @@ def start_profiles(directory: Path, duration: float) -> list[subprocess.Popen[by
         if not pids:
             print(f"  --profile: no {title} process found", file=sys.stderr)
             continue
-        out = directory / f"{name}.txt"
+        out = directory / f"{target}-{name}.txt"
         command = [
             spy,
             "record",
@@ -273,6 +273,9 @@ def main() -> None:
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto")
     parser.add_argument("--targets", default="riqr,replica,minimal,ceiling")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy records into this directory")
+    parser.add_argument(
+        "--profile-target", default="riqr", choices=("riqr", "replica"), help="which one --profile records"
+    )
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     chosen = args.targets.split(",")
@@ -326,8 +329,8 @@ def main() -> None:
             for c in concurrencies:
                 for name, url in targets.items():
                     spies = []
-                    if args.profile is not None and r == 0 and c == concurrencies[0] and name == "riqr":
-                        spies = start_profiles(args.profile, args.duration)
+                    if args.profile is not None and r == 0 and c == concurrencies[0] and name == args.profile_target:
+                        spies = start_profiles(args.profile, args.duration, name)
                     cpu_before = cpu_seconds(PROCESSES[name])
                     result = drive(url, args.keys, c, args.duration, token)  # baselines ignore it
                     result["cpu_us"] = (cpu_seconds(PROCESSES[name]) - cpu_before) / max(1, result["requests"]) * 1e6
