@@ -1,12 +1,15 @@
 """Benchmark: stream `all` over a large store, and how much the HTTP verticle and facade grow meanwhile.
 
-    .venv/bin/python -m bench.stream_all [--entries 1000000]
+    .venv/bin/python -m bench.stream_all [--entries 1000000,5000000]
 
 Loads N small entries into a store (4 partitions, 2 query actors), then
 1. streams GET /stores/{store}/all as NDJSON over HTTP (the HTTP verticle's co-located facade merges),
 2. iterates the same store through the Python driver API (the node's facade verticle, page by page),
-sampling the resident memory (VmRSS) of the HTTP verticle and the facade verticle every 20 ms. Prints
-entries per second for each, and each process's memory growth: peak during the stream minus before.
+sampling the resident memory of the HTTP verticle, the facade verticle and both query actors every 50 ms
+(VmRSS, and its parts: RssAnon, the process's own heap; RssShmem, shared memory such as Ray's object
+store; RssFile). Prints entries per second for each, and per process its RSS before, at the peak and
+after each stream. With several sizes (``--entries 1000000,5000000``) the same store grows to each in
+turn and is measured at each: memory is flat if the peaks do not grow with the number of entries.
 The baseline for the rate is the same store's entries per second read inside one query actor (a plain
 scan with no merge, no Ray hop and no HTTP), measured in the same run.
 """
@@ -21,40 +24,57 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any
 
 import pyarrow as pa
 
+_PARTS = ("VmRSS", "RssAnon", "RssShmem", "RssFile")
 
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    """A process's resident memory in MB: all of it (``VmRSS``), or one part of it: ``RssAnon`` (its own
-    heap), ``RssShmem`` (shared memory it touched, such as Ray's object store), ``RssFile``."""
+
+def rss_parts(pid: int) -> dict[str, float]:
+    """A process's resident memory in MB: all of it (``VmRSS``) and its parts: ``RssAnon`` (its own heap),
+    ``RssShmem`` (shared memory it touched, such as Ray's object store), ``RssFile`` (mapped files)."""
+    found = dict.fromkeys(_PARTS, float("nan"))
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+            name, _, rest = line.partition(":")
+            if name in found:
+                found[name] = int(rest.split()[0]) / 1024
+    return found
 
 
-class PeakRss:
-    """Samples a process's RSS in a thread; ``peak`` is the largest value seen."""
+def rss_mb(pid: int) -> float:
+    return rss_parts(pid)["VmRSS"]
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.before = rss_mb(pid)
-        self.peak = self.before
+
+class RssWatch:
+    """Samples the RSS (and its parts) of some processes every ``every`` seconds in a thread, from
+    ``before`` (taken at start) to ``stop()``: the peak of each part per process, and the sample count."""
+
+    def __init__(self, pids: dict[str, int], every: float = 0.05) -> None:
+        self.pids = pids
+        self.before = {name: rss_parts(pid) for name, pid in pids.items()}
+        self.peak = {name: dict(parts) for name, parts in self.before.items()}
+        self.samples = 0
+        self._every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, rss_mb(self.pid))
-            time.sleep(0.02)
+            for name, pid in self.pids.items():
+                parts, peak = rss_parts(pid), self.peak[name]
+                for part, mb in parts.items():
+                    peak[part] = max(peak[part], mb)
+            self.samples += 1
+            self._stop.wait(self._every)
 
-    def stop(self) -> float:
+    def stop(self) -> dict[str, dict[str, float]]:
+        """Stop sampling; the RSS parts of each process now (``after``)."""
         self._stop.set()
         self._thread.join()
-        return self.peak - self.before
+        return {name: rss_parts(pid) for name, pid in self.pids.items()}
 
 
 def actor_pid(name: str, namespace: str) -> int:
@@ -65,9 +85,36 @@ def actor_pid(name: str, namespace: str) -> int:
     )
 
 
+def _entries(text: str) -> list[int]:
+    sizes = sorted({int(part.replace("_", "")) for part in text.split(",") if part.strip()})
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"entries must be positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+def _memory_rows(label: str, watch: RssWatch, after: dict[str, dict[str, float]]) -> list[str]:
+    rows = []
+    for name in watch.pids:
+        b, p, a = watch.before[name], watch.peak[name], after[name]
+        rows.append(
+            f"    {label:9s} {name:16s} {b['VmRSS']:7.0f} {p['VmRSS']:7.0f} ({p['VmRSS'] - b['VmRSS']:+5.0f})"
+            f" {a['VmRSS']:7.0f}   anon {b['RssAnon']:5.0f}->{p['RssAnon']:5.0f}"
+            f"  shmem {b['RssShmem']:5.0f}->{p['RssShmem']:5.0f}  file {b['RssFile']:4.0f}->{p['RssFile']:4.0f}"
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument(
+        "--entries", type=_entries, default=[1_000_000], help="store sizes measured in turn, e.g. 1000000,5000000"
+    )
+    parser.add_argument(
+        "--tuple-pages-max",
+        type=int,
+        default=1_000_000,
+        help="measure the old page(5000) loop only up to this many entries (it is slow)",
+    )
     args = parser.parse_args()
 
     import ray
@@ -79,7 +126,6 @@ def main() -> None:
     from runtime.ingest import PARTITION_COLUMN
     from runtime.keys import KeySchema
     from runtime.partitioner import partition_of
-    from runtime.scan import Scan
     from topologies.sink import BatchDelivery
     from verticles import deploy
 
@@ -93,94 +139,126 @@ def main() -> None:
         spec = StoreSpec("big", KeySchema("key", "string"), (ValueField("value", "bigint"),), partitions=4, actors=2)
         view = raycalls.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec), "create_store")
         delivery = BatchDelivery(spec, namespace, checkpoint="unused")
-        chunk = 50_000
-        for batch_id, start in enumerate(range(0, args.entries, chunk)):
-            keys = [f"k{i:08d}" for i in range(start, min(args.entries, start + chunk))]
-            table = pa.table(
-                {
-                    "key": keys,
-                    "value": pa.array(range(start, start + len(keys)), pa.int64()),
-                    PARTITION_COLUMN: pa.array([partition_of(spec.key.type, k, 4) for k in keys], pa.int32()),
-                }
-            )
-            delivery.deliver("bench", batch_id, table)
-            print(f"  loaded {start + len(keys):,}/{args.entries:,}", file=sys.stderr, flush=True)
-
-        # Baseline: one query actor scanning its own partitions in-process (no merge, hop or HTTP), as
-        # tuples (``QueryCore.scan``); beside it, the same actor producing its packed NDJSON pages.
         owners = view.tables["big"].by_owner()
         owner_uuid, parts = next(iter(owners.items()))
         owner = ray.get_actor(owner_uuid, namespace=namespace)
-
-        def inside(self, parts):  # runs in the query actor
-            t = time.perf_counter()
-            n = len(self.core.scan(parts, Scan())[0])
-            return n, time.perf_counter() - t
-
-        def inside_packed(self, parts, page_bytes):  # runs in the query actor: every packed page in turn
-            from runtime.engines.keycodec import KeyCodec
-
-            codec, scan, n = KeyCodec(self.core.spec.key), Scan(), 0
-            t = time.perf_counter()
-            while True:
-                page, _ = self.core.scan_packed(parts, scan, None, page_bytes, "ndjson")
-                n += len(page)
-                if not page.more:
-                    return n, time.perf_counter() - t
-                scan = scan.after(codec.decode(page.keys[-1]))
-
-        from runtime.config import PAGE_BYTES
-
-        n_inside, secs_inside = min(
-            (ray.get(owner.__ray_call__.remote(inside, parts)) for _ in range(2)), key=lambda r: r[1]
-        )
-        baseline = n_inside / secs_inside
-        n_packed, secs_packed = min(
-            (ray.get(owner.__ray_call__.remote(inside_packed, parts, PAGE_BYTES)) for _ in range(2)),
-            key=lambda r: r[1],
-        )
-
         http_pid, facade_pid = actor_pid(http_name(node), namespace), actor_pid(facade_name(node), namespace)
-        query_pids = [actor_pid(u, namespace) for u in owners]
         server = {"HTTP verticle": http_pid, "facade verticle": facade_pid}
-        server.update({f"query actor {i + 1}": pid for i, pid in enumerate(query_pids)})
-        rss_before = {name: rss_mb(pid) for name, pid in server.items()}
-
-        # NDJSON over HTTP, read by curl (a C client, so the client does not compete for the cores as a
-        # Python reader would); the lines are checked afterwards, outside the timing.
-        out = f"/tmp/riqr-stream-{namespace}.ndjson"
-        watches = {name: PeakRss(pid) for name, pid in server.items()}
-        started = time.perf_counter()
-        subprocess.run(
-            ["curl", "-sS", "--fail", "-o", out, "-H", "Accept: application/x-ndjson",
-             f"{deployment.endpoints[0].url}/stores/big/all"],
-            check=True,
-        )  # fmt: skip
-        rest_secs = time.perf_counter() - started
-        growth_rest = {name: w.stop() for name, w in watches.items()}
-        count, last = 0, None
-        with open(out, "rb") as f:
-            for line in f:
-                entry = json.loads(line)
-                key = entry["key"]
-                assert last is None or key > last, (last, key)
-                assert entry["value"] == int(key[1:]), entry
-                last, count = key, count + 1
-        os.unlink(out)
-        assert count == args.entries, count
-
+        server.update({f"query actor {i + 1}": actor_pid(u, namespace) for i, u in enumerate(owners)})
         store = runtime.connect(namespace).store("big")
-        watches = {name: PeakRss(pid) for name, pid in server.items()}
-        started = time.perf_counter()
-        py_count, last = 0, None
-        for key, value in store.iterate():
-            if last is not None and key <= last:
-                raise AssertionError((last, key, value))
-            last, py_count = key, py_count + 1
-        py_secs = time.perf_counter() - started
-        growth_py = {name: w.stop() for name, w in watches.items()}
-        assert py_count == args.entries, py_count
+        started_rss = {name: rss_mb(pid) for name, pid in server.items()}
 
+        chunk, loaded, batch_id, report = 50_000, 0, 0, []
+        for entries in args.entries:
+            for start in range(loaded, entries, chunk):
+                keys = [f"k{i:08d}" for i in range(start, min(entries, start + chunk))]
+                table = pa.table(
+                    {
+                        "key": keys,
+                        "value": pa.array(range(start, start + len(keys)), pa.int64()),
+                        PARTITION_COLUMN: pa.array([partition_of(spec.key.type, k, 4) for k in keys], pa.int32()),
+                    }
+                )
+                delivery.deliver("bench", batch_id, table)
+                batch_id += 1
+                print(f"  loaded {start + len(keys):,}/{entries:,}", file=sys.stderr, flush=True)
+            loaded = entries
+            report += measure(entries, args, server, owner, parts, store, deployment.endpoints[0].url)
+
+        print(f"\nstreaming all over a store of 4 partitions, 2 query actors; sizes {args.entries}")
+        print("\n".join(report))
+        print("  RSS MB when the runtime was up, before loading: "
+              + ", ".join(f"{n} {mb:.0f}" for n, mb in started_rss.items()))  # fmt: skip
+    finally:
+        deploy.down(namespace)
+        ray.shutdown()
+
+
+def measure(
+    entries: int,
+    args: argparse.Namespace,
+    server: dict[str, int],
+    owner: Any,
+    parts: list[int],
+    store: Any,
+    url: str,
+) -> list[str]:
+    """One size: the in-actor baselines, the NDJSON stream, ``iterate()`` and (small sizes) the old page
+    loop, with the server processes' RSS sampled during the NDJSON stream and ``iterate()``."""
+    import gc
+
+    import ray
+
+    from runtime.config import PAGE_BYTES
+    from runtime.scan import Scan
+
+    # Baseline: one query actor scanning its own partitions in-process (no merge, hop or HTTP), as
+    # tuples (``QueryCore.scan``); beside it, the same actor producing its packed NDJSON pages.
+    def inside(self, parts):  # runs in the query actor
+        t = time.perf_counter()
+        n = len(self.core.scan(parts, Scan())[0])
+        return n, time.perf_counter() - t
+
+    def inside_packed(self, parts, page_bytes):  # runs in the query actor: every packed page in turn
+        from runtime.engines.keycodec import KeyCodec
+
+        codec, scan, n = KeyCodec(self.core.spec.key), Scan(), 0
+        t = time.perf_counter()
+        while True:
+            page, _ = self.core.scan_packed(parts, scan, None, page_bytes, "ndjson")
+            n += len(page)
+            if not page.more:
+                return n, time.perf_counter() - t
+            scan = scan.after(codec.decode(page.keys[-1]))
+
+    n_inside, secs_inside = min(
+        (ray.get(owner.__ray_call__.remote(inside, parts)) for _ in range(2)), key=lambda r: r[1]
+    )
+
+    baseline = n_inside / secs_inside
+    n_packed, secs_packed = min(
+        (ray.get(owner.__ray_call__.remote(inside_packed, parts, PAGE_BYTES)) for _ in range(2)), key=lambda r: r[1]
+    )
+    time.sleep(1.0)  # let the actors' heaps settle before "before"
+
+    # NDJSON over HTTP, read by curl (a C client, so the client does not compete for the cores as a
+    # Python reader would); the lines are checked afterwards, outside the timing.
+    out = f"/tmp/riqr-stream-{uuid.uuid4().hex[:8]}.ndjson"
+    watch = RssWatch(server)
+    started = time.perf_counter()
+    subprocess.run(
+        ["curl", "-sS", "--fail", "-o", out, "-H", "Accept: application/x-ndjson", f"{url}/stores/big/all"],
+        check=True,
+    )
+    rest_secs = time.perf_counter() - started
+    rest_after = watch.stop()
+    rest_watch = watch
+    count, last = 0, None
+    with open(out, "rb") as f:
+        for line in f:
+            entry = json.loads(line)
+            key = entry["key"]
+            assert last is None or key > last, (last, key)
+            assert entry["value"] == int(key[1:]), entry
+            last, count = key, count + 1
+    os.unlink(out)
+    assert count == entries, count
+
+    gc.collect()
+    watch = RssWatch(server)
+    started = time.perf_counter()
+    py_count, last = 0, None
+    for key, value in store.iterate():
+        if last is not None and key <= last:
+            raise AssertionError((last, key, value))
+        last, py_count = key, py_count + 1
+    py_secs = time.perf_counter() - started
+    py_after = watch.stop()
+    py_watch = watch
+    assert py_count == entries, py_count
+
+    old_rate = None
+    if entries <= args.tuple_pages_max:
         # The tuple pages that iterate() used before (cursor pages of 5,000 through the facade), same run.
         started = time.perf_counter()
         old_count, page = 0, store.page(5000)
@@ -189,27 +267,30 @@ def main() -> None:
             if page.next is None:
                 break
             page = store.page(5000, page.next)
-        old_secs = time.perf_counter() - started
-        assert old_count == args.entries, old_count
-        rss_after = {name: rss_mb(pid) for name, pid in server.items()}
+        assert old_count == entries, old_count
+        old_rate = old_count / (time.perf_counter() - started)
 
-        rest_rate, py_rate, old_rate = count / rest_secs, py_count / py_secs, old_count / old_secs
-        packed_rate = n_packed / secs_packed
-        print(f"\nstreaming all over {args.entries:,} entries (4 partitions, 2 query actors)")
-        print(f"  baseline, one query actor scanning its {n_inside:,} entries in-process: {baseline:,.0f} entries/s")
-        print(f"  the same actor producing packed NDJSON pages in-process: {packed_rate:>10,.0f} entries/s"
-              f" ({packed_rate / baseline:.2f} of baseline)")  # fmt: skip
-        print(f"  REST NDJSON (curl):      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)")
-        print(f"  Python iterate():        {py_rate:>10,.0f} entries/s ({py_rate / baseline:.2f} of baseline)")
-        print(f"  Python page(5000) loop:  {old_rate:>10,.0f} entries/s ({old_rate / baseline:.2f} of baseline)"
-              "  (tuple pages, as iterate() was)")  # fmt: skip
-        print("  server memory, RSS MB: before -> after all streams; peak growth during NDJSON / iterate()")
-        for name in server:
-            print(f"    {name:16s} {rss_before[name]:7.0f} -> {rss_after[name]:7.0f};"
-                  f"  +{growth_rest[name]:.0f} / +{growth_py[name]:.0f}")  # fmt: skip
-    finally:
-        deploy.down(namespace)
-        ray.shutdown()
+    rest_rate, py_rate, packed_rate = count / rest_secs, py_count / py_secs, n_packed / secs_packed
+    lines = [
+        f"\n{entries:,} entries",
+        f"  baseline, one query actor scanning its {n_inside:,} entries in-process: {baseline:,.0f} entries/s",
+        f"  the same actor producing packed NDJSON pages in-process: {packed_rate:>10,.0f} entries/s"
+        f" ({packed_rate / baseline:.2f} of baseline)",
+        f"  REST NDJSON (curl):      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)",
+        f"  Python iterate():        {py_rate:>10,.0f} entries/s ({py_rate / baseline:.2f} of baseline)",
+    ]
+    if old_rate is not None:
+        lines.append(
+            f"  Python page(5000) loop:  {old_rate:>10,.0f} entries/s ({old_rate / baseline:.2f} of baseline)"
+            "  (tuple pages, as iterate() was)"
+        )
+    lines.append(
+        f"  server RSS MB, sampled every 50 ms ({rest_watch.samples} + {py_watch.samples} samples):"
+        " before, peak (growth), after; parts before->peak"
+    )
+    lines += _memory_rows("NDJSON", rest_watch, rest_after)
+    lines += _memory_rows("iterate", py_watch, py_after)
+    return lines
 
 
 if __name__ == "__main__":

@@ -18,12 +18,13 @@ node's if that one is missing), which scatter-gathers over Ray. Each call builds
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from runtime import raycalls
-from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, PAGE_BYTES, facade_name
+from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, PAGE_BYTES, facade_name
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, StoreNotFound
 from runtime.pages import Chunk
@@ -251,16 +252,26 @@ class Store:
         hi: Any = None,
         prefix: str | None = None,
         reverse: bool = False,
-        page_size: int = DEFAULT_PAGE_SIZE,
+        page_size: int | None = None,
     ) -> AsyncIterator[tuple[Any, Any]]:
+        """``iterate`` for async code: the same byte-sized pages as msgpack blobs, the next one asked for
+        while one is used."""
         query = RangeQuery(self.name, lo, hi, prefix, reverse)
-        page = await self._client.call_async("page", query, PageRequest(page_size))
-        while True:
-            for entry in page.entries:
-                yield entry
-            if page.next is None:
-                return
-            page = await self._client.call_async("page", query, PageRequest(page_size, page.next))
+
+        async def fetch(cursor: str | None) -> Chunk:
+            chunk: Chunk = await self._client.call_async("chunk", query, cursor, PAGE_BYTES, page_size)
+            return chunk
+
+        pending: asyncio.Task[Chunk] | None = asyncio.ensure_future(fetch(None))
+        try:
+            while pending is not None:
+                chunk = await pending
+                pending = None if chunk.next is None else asyncio.ensure_future(fetch(chunk.next))
+                for entry in chunk.items():
+                    yield entry
+        finally:
+            if pending is not None:
+                pending.cancel()
 
     async def approximate_num_entries_async(self) -> int:
         return await self._client.call_async("count", self.name)

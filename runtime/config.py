@@ -71,8 +71,10 @@ DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE = 10_000
 # About how many bytes (stored keys and values) an owner puts in one page of a stream or of
 # ``Store.iterate`` (runtime.pages): large enough that a page's Ray hop costs little per entry, small
-# enough that a facade holds a few of them per owner with memory flat.
-PAGE_BYTES = 1 << 20
+# enough that a facade holds a few of them per owner with memory flat. A page of small entries costs the
+# facade about 10x its stored size as Python objects; at 1 MiB the HTTP verticle's heap grew by about 60 MB
+# during a stream, at 256 KiB by about 17 MB, and the streams ran faster (docs/benchmarks.md).
+PAGE_BYTES = 1 << 18
 # Limits on what a REST request may carry (docs/api.md, "Limits"). The request line (method, URL, version)
 # and each header field are capped by aiohttp's parser; they differ by two bytes on purpose, so that a
 # parser rejection can say which one was exceeded (414 or 431) from the limit it reports.

@@ -157,14 +157,17 @@ class Facade:
         finally:
             await chunks.aclose()
 
-    async def stream_ndjson(self, query: ScanQuery, cursor: str | None = None) -> AsyncGenerator[bytes, None]:
-        """Every entry of a scan as NDJSON lines, in chunks of bytes with memory flat. A key-value store's
-        owners send their pages as NDJSON already (``runtime.pages``), so values are never decoded here;
-        window and session entries are rendered here."""
+    async def stream_ndjson(
+        self, query: ScanQuery, cursor: str | None = None, limit: int | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """Every entry of a scan (at most ``limit``) as NDJSON lines, in chunks of bytes with memory flat.
+        A key-value store's owners send their pages as NDJSON already (``runtime.pages``), so values are
+        never decoded here; window and session entries are rendered here. A ``limit`` goes down to the
+        owners, so a small one costs a small page, not a full one."""
         table, scan = await self._bind(query, cursor)
         scanned = self.metrics.child("riqr_scan_entries_total", query.store)
         if table.spec.windowed:
-            entries = self.scatter.stream(table, scan)
+            entries = self.scatter.stream(table, scan, limit)
             try:
                 async for chunk in entries:
                     scanned.inc(len(chunk))
@@ -172,7 +175,7 @@ class Facade:
             finally:
                 await entries.aclose()
             return
-        runs = self.scatter.packed_chunks(table, scan, NDJSON)
+        runs = self.scatter.packed_chunks(table, scan, NDJSON, limit=limit)
         try:
             async for run in runs:
                 scanned.inc(len(run))

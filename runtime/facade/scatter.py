@@ -247,14 +247,17 @@ class ScatterGather:
     ) -> AsyncGenerator[Run, None]:
         """``_owner_pages`` with packed pages: one owner's part of a scan as runs, the next page fetched
         while one is used (``prefetch``), failing over to standby copies strictly after the last key
-        already yielded, as ``_owner_pages`` does."""
+        already yielded, as ``_owner_pages`` does. With a ``limit``, the owner sends at most that many
+        entries over all its pages (a merged scan never needs more from one source), and is asked no more
+        once it sent them."""
         owner = self._bus.owner(uuid)
         what = f"scan page from {uuid}"
         loop = asyncio.get_running_loop()
         codec = KeyCodec(table.spec.key)
+        left = limit
 
         def fetch(scan: Scan) -> Any:
-            ask = lambda: owner.scan_packed(partitions, scan, limit, max_bytes, fmt)  # noqa: E731
+            ask = lambda: owner.scan_packed(partitions, scan, left, max_bytes, fmt)  # noqa: E731
             return self._admitted(table, uuid, partitions, tried, ask, what)
 
         pending: asyncio.Future[Any] | None = loop.create_task(fetch(scan))
@@ -269,14 +272,16 @@ class ScatterGather:
                         raise
                     groups = _failover_groups(table, partitions, tried)
                     sources = [
-                        self._owner_runs(table, u, ps, scan, fmt, max_bytes, limit, tried, prefetch)
+                        self._owner_runs(table, u, ps, scan, fmt, max_bytes, left, tried, prefetch)
                         for u, ps in groups.items()
                     ]
                     async for rest in _merged_runs(sources, reverse=scan.reverse):
                         yield rest
                     return
                 pending = None
-                if page.more and page.keys:
+                if left is not None:
+                    left -= len(page)
+                if page.more and page.keys and left != 0:
                     scan = scan.after(codec.decode(page.keys[-1]))
                     if prefetch:
                         pending = loop.create_task(fetch(scan))
@@ -286,15 +291,24 @@ class ScatterGather:
                 pending.cancel()
 
     async def packed_chunks(
-        self, table: OwnershipTable, scan: Scan, fmt: str, max_bytes: int = PAGE_BYTES
+        self, table: OwnershipTable, scan: Scan, fmt: str, max_bytes: int = PAGE_BYTES, limit: int | None = None
     ) -> AsyncGenerator[Run, None]:
         """A key-value scan over all partitions as merged runs in ``fmt`` (NDJSON lines, or keys and
-        values), pages of about ``max_bytes`` per owner, one prefetched: memory stays flat."""
+        values), pages of about ``max_bytes`` per owner, one prefetched: memory stays flat. At most
+        ``limit`` entries, and no owner is asked for more than that."""
         if scan.is_empty():
             return
         owners = owners_or_unavailable(table).items()
-        sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes) for u, p in owners]
+        sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes, limit) for u, p in owners]
+        left = limit
         async for chunk in _merged_runs(sources, reverse=scan.reverse):
+            if left is not None and len(chunk) >= left:
+                chunk = split_run(chunk, left)[0]
+                if chunk.keys:
+                    yield chunk
+                return
+            if left is not None:
+                left -= len(chunk)
             yield chunk
 
     async def packed_page(
@@ -342,10 +356,13 @@ class ScatterGather:
         async for chunk in _merged(sources, reverse=scan.reverse):
             yield chunk
 
-    async def stream(self, table: OwnershipTable, scan: Scan) -> AsyncGenerator[list[Any], None]:
-        """The entries of ``scan`` as callers see them (``runtime.windows.present``), in chunks."""
+    async def stream(
+        self, table: OwnershipTable, scan: Scan, limit: int | None = None
+    ) -> AsyncGenerator[list[Any], None]:
+        """The entries of ``scan`` as callers see them (``runtime.windows.present``), in chunks; with a
+        ``limit``, owners' pages are no larger than it (the caller stops after ``limit`` entries)."""
         spec = table.spec
-        chunks = self.raw_chunks(table, scan)
+        chunks = self.raw_chunks(table, scan, None if limit is None else min(self.page_size, limit))
         try:
             async for chunk in chunks:
                 yield [present(spec, k, v) for k, v in chunk]

@@ -107,7 +107,7 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
     if wants_ndjson(request):
         if limit is not None and limit < 1:
             raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
-        return await stream_ndjson(request, facade.stream_ndjson(query, cursor), limit)
+        return await stream_ndjson(request, facade.stream_ndjson(query, cursor, limit), limit)
     if limit is not None or cursor is not None:
         page = await facade.page(query, PageRequest(limit, cursor))
         return reply(request, {"result": entries_json(page.entries), "next": page.next})

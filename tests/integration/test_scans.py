@@ -77,6 +77,18 @@ def test_ndjson_streams_the_whole_store_in_key_order(users: tuple[Runtime, Batch
         keys = [json.loads(line)["key"] for line in resp]
     assert {key(i) for i in range(0, 2 * N, 2)} <= set(keys)
     assert keys == sorted(keys) and len(keys) == len(set(keys))
+    # A limit goes down to the owners; the stream still ends after exactly that many lines.
+    request = urllib.request.Request(
+        f"{rt.url}/stores/users/all?limit=3&reverse=true", headers={"Accept": "application/x-ndjson"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        assert [json.loads(line)["key"] for line in resp] == sorted(keys, reverse=True)[:3]
+    store = runtime.connect(rt.namespace).store("users")
+
+    async def walk() -> list[str]:
+        return [k async for k, _ in store.iterate_async(prefix="user-0001")]
+
+    assert asyncio.run(walk()) == [k for k, _ in store.iterate(prefix="user-0001")] != []
 
 
 def test_paging_through_10k_keys_while_batches_keep_arriving(users: tuple[Runtime, BatchDelivery]) -> None:

@@ -1,5 +1,6 @@
 import asyncio
 import datetime as dt
+import json
 
 import pytest
 
@@ -17,6 +18,7 @@ from runtime.errors import (
 from runtime.facade import Facade
 from runtime.ownership import OwnershipTable, PartitionOwners
 from runtime.queries import KeyQuery, PageRequest, RangeQuery
+from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, eventually, kv_spec
 
 CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
@@ -599,3 +601,47 @@ async def test_a_store_dropped_and_created_again_starts_its_marks_over(replicate
     bus.load("r", {"k007": "y"})  # the new store's batch 0, same source name: lower than the old mark
     await facade.views.refresh()
     assert await facade.get(KeyQuery("r", "k007")) == "y"
+
+
+async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_limit(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("many"))
+    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
+    asked: list[int | None] = []
+    for owner in bus.owners.values():
+        scan_packed = owner.core.scan_packed
+
+        def recording(partitions, scan, limit, max_bytes, fmt, scan_packed=scan_packed):  # type: ignore[no-untyped-def]
+            asked.append(limit)
+            return scan_packed(partitions, scan, limit, max_bytes, fmt)
+
+        owner.core.scan_packed = recording  # type: ignore[method-assign]
+    core = Facade(bus)
+    lines = b"".join([c async for c in core.stream_ndjson(RangeQuery("many"), None, 5)]).splitlines()
+    assert [json.loads(line)["key"] for line in lines] == [f"k{i:05d}" for i in range(5)]
+    assert asked and all(limit is not None and limit <= 5 for limit in asked)
+    # Without a limit, the stream is whole and owners page by bytes only.
+    asked.clear()
+    lines = b"".join([c async for c in core.stream_ndjson(RangeQuery("many"))]).splitlines()
+    assert len(lines) == 2000 and set(asked) == {None}
+
+
+async def test_a_limited_stream_asks_an_owner_again_only_for_what_is_left(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("many"))
+    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
+    asked: list[int | None] = []
+    for owner in bus.owners.values():
+        scan_packed = owner.core.scan_packed
+
+        def recording(partitions, scan, limit, max_bytes, fmt, scan_packed=scan_packed):  # type: ignore[no-untyped-def]
+            asked.append(limit)
+            return scan_packed(partitions, scan, limit, max_bytes, fmt)
+
+        owner.core.scan_packed = recording  # type: ignore[method-assign]
+    core = Facade(bus)
+    table = await core.table("many")
+    # Pages of ~200 bytes: an owner's 1,200-entry limit takes several pages, each asking for what is left.
+    runs = [r async for r in core.scatter.packed_chunks(table, Scan(), "ndjson", max_bytes=200, limit=1200)]
+    lines = b"".join(line for r in runs for line in r.columns[0]).splitlines()
+    assert [json.loads(line)["key"] for line in lines] == [f"k{i:05d}" for i in range(1200)]
+    assert asked[0] == 1200 and min(a for a in asked if a is not None) < 1200
+    assert all(a is not None and a > 0 for a in asked)
