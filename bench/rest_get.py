@@ -55,6 +55,20 @@ PROCESSES = {
 }
 
 
+async def serve_get(handler: Any) -> tuple[Any, int]:
+    """An aiohttp server on a free port of 127.0.0.1 answering the GET-by-key route with ``handler`` (no
+    access log, as the HTTP verticle); returns its runner (keep it, or the server stops) and port."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_get("/stores/{store}/get/{key}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+
+
 class BareHttp:
     """The ceiling: aiohttp in a Ray actor answering a constant, as riqr's HttpVerticle would."""
 
@@ -64,13 +78,8 @@ class BareHttp:
         async def handler(_request: web.Request) -> web.Response:
             return web.json_response({"response": 1})
 
-        app = web.Application()
-        app.router.add_get("/stores/{store}/get/{key}", handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self._runner, port = await serve_get(handler)
+        return int(port)
 
 
 class DictHolder:
@@ -108,13 +117,8 @@ class MinimalHop:
                 raise web.HTTPNotFound()
             return web.json_response({"response": value})
 
-        app = web.Application()
-        app.router.add_get("/stores/{store}/get/{key}", handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self._runner, port = await serve_get(handler)
+        return int(port)
 
 
 def load_store(namespace: str, keys: int, standbys: int, name: str = "bench", read_replicas: bool = False) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from runtime.bus import Bus
 from runtime.config import EPOCH_WAIT, SUSPECT_CHECK_GAP, VIEW_REFRESH_INTERVAL
-from runtime.errors import StoreNotFound
+from runtime.errors import RiqrError, StoreNotFound
 from runtime.ownership import ClusterView, OwnershipTable
 
 __all__ = ["ViewCache"]
@@ -41,6 +41,7 @@ class ViewCache:
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self._soon: asyncio.Task[None] | None = None
+        self._failures = 0  # consecutive failed refreshes of the watcher
         # Called with every new view (the router drops batchers of actors that are gone).
         self.listeners: list[Callable[[ClusterView], None]] = []
 
@@ -68,11 +69,26 @@ class ViewCache:
                 epoch = await self._bus.wait_epoch(self._view.epoch, self._epoch_wait)
                 if epoch != self._view.epoch and (await self.refresh()).epoch < epoch:
                     await asyncio.sleep(self._interval)  # the view lags the epoch it announced: do not spin
+                if self._failures:
+                    log.info("the cluster view is fresh again after %d failed refreshes", self._failures)
+                    self._failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the registry may be restarting; keep serving the cached view
-                log.warning("could not refresh the cluster view", exc_info=True)
+            except Exception as err:  # the registry may be restarting (or gone: riqr down); keep the cached view
+                self._failures += 1
+                self._log_failure(err)
                 await asyncio.sleep(self._interval)
+
+    def _log_failure(self, err: Exception) -> None:
+        """The first failed refresh and then one in a minute's worth: a registry that is gone for good
+        (``riqr down`` under a running driver) must not fill its log. riqr's own errors are expected
+        conditions and say what happened; anything else is a bug, logged with its traceback."""
+        if self._failures != 1 and self._failures % 60:
+            return
+        expected = isinstance(err, RiqrError)
+        what = err.message if isinstance(err, RiqrError) else f"{type(err).__name__}: {err}"
+        log.warning("could not refresh the cluster view (%d in a row), serving the cached one: %s",
+                    self._failures, what, exc_info=not expected)  # fmt: skip
 
     async def refresh(self) -> ClusterView:
         """Fetch the view from the registry (one fetch at a time; concurrent callers share it)."""

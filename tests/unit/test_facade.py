@@ -16,7 +16,7 @@ from runtime.errors import (
     StoreNotFound,
 )
 from runtime.facade import Facade
-from runtime.ownership import OwnershipTable, PartitionOwners
+from runtime.ownership import Endpoint, OwnershipTable, PartitionOwners
 from runtime.queries import KeyQuery, PageRequest, RangeQuery
 from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, eventually, kv_spec
@@ -645,3 +645,33 @@ async def test_a_limited_stream_asks_an_owner_again_only_for_what_is_left(bus: F
     assert [json.loads(line)["key"] for line in lines] == [f"k{i:05d}" for i in range(1200)]
     assert asked[0] == 1200 and min(a for a in asked if a is not None) < 1200
     assert all(a is not None and a > 0 for a in asked)
+
+
+async def test_a_registry_gone_for_good_is_logged_once_without_a_traceback_and_its_return_once(
+    bus: FakeBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``riqr down`` under a running driver: the view's long poll fails every interval until closed."""
+    failing = {"on": True}
+    real_wait = bus.wait_epoch
+
+    async def wait_epoch(known: int, timeout: float) -> int:
+        if failing["on"]:
+            raise OwnerUnavailable("registry: the actor is dead", retry_after=5)
+        return await real_wait(known, timeout)
+
+    bus.wait_epoch = wait_epoch  # type: ignore[method-assign]
+    core = Facade(bus, timeout=1.0, refresh_interval=0.001)
+    caplog.set_level("INFO", logger="runtime.facade.view")
+    await core.start()
+    try:
+        await eventually(lambda: core.views._failures >= 20, what="twenty failed refreshes")
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and not warnings[0].exc_info
+        assert "the actor is dead" in warnings[0].getMessage()
+        failing["on"] = False
+        bus.state.register_endpoint(Endpoint("node-b", "host-b", 7400))  # the epoch moves: the poll answers
+        await eventually(lambda: core.views._failures == 0, what="the long poll working again")
+        assert any("fresh again" in r.getMessage() for r in caplog.records if r.levelname == "INFO")
+        assert await core.get(KeyQuery("customers", "1")) == "john"  # served from the cached view all along
+    finally:
+        await core.stop()
