@@ -1,12 +1,15 @@
-"""Helpers for integration tests: HTTP over a real client, waiting on conditions with a deadline."""
+"""Helpers for integration tests: HTTP over a real client, waiting on conditions with a deadline, and
+background load whose wrong answers are counted while a test breaks things."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -44,3 +47,70 @@ def wait_for(
             last = err
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last!r}")
+
+
+class Load:
+    """Threads that read (and write) while a test breaks things, and what they found.
+
+    ``every(step)`` runs ``step()`` over and over in a thread of its own until the ``with`` block ends; a
+    step returns the description of a wrong answer, or None when the answer was right (a writer's step
+    always returns None). ``every_async`` does the same with a coroutine function, on an event loop of
+    its thread's own. A step that raises ends its thread, and the exception is kept in ``errors``: a test
+    asserts both ``wrong`` and ``errors`` empty. ``steps`` counts the steps taken so far, so a test can
+    wait for more of them after each fault (``wait_more``).
+    """
+
+    def __init__(self) -> None:
+        self.wrong: list[str] = []
+        self.errors: list[BaseException] = []
+        self.steps = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def _took(self, verdict: str | None) -> None:
+        with self._lock:
+            self.steps += 1
+            if verdict is not None:
+                self.wrong.append(verdict)
+
+    def every(self, step: Callable[[], str | None]) -> None:
+        def run() -> None:
+            try:
+                while not self._stop.is_set():
+                    self._took(step())
+            except BaseException as err:  # the test's assertion on ``errors`` names it
+                self.errors.append(err)
+
+        self._start(run)
+
+    def every_async(self, step: Callable[[], Awaitable[str | None]]) -> None:
+        async def loop() -> None:
+            while not self._stop.is_set():
+                self._took(await step())
+
+        def run() -> None:
+            try:
+                asyncio.run(loop())
+            except BaseException as err:
+                self.errors.append(err)
+
+        self._start(run)
+
+    def _start(self, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, daemon=True, name=f"load-{len(self._threads)}")
+        self._threads.append(thread)
+        thread.start()
+
+    def wait_more(self, steps: int, what: str, timeout: float = 90.0) -> None:
+        """Wait until ``steps`` more steps were taken than now."""
+        target = self.steps + steps
+        wait_for(lambda: self.steps >= target, timeout=timeout, what=what)
+
+    def __enter__(self) -> Load:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=90)

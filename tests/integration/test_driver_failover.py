@@ -6,8 +6,8 @@ cached view through its long poll."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pytest
@@ -20,7 +20,7 @@ from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.partitioner import partition_of
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import Load, wait_for
 from topologies.delivery import BatchDelivery
 
 pytestmark = pytest.mark.integration
@@ -67,60 +67,44 @@ def test_a_get_fails_over_when_the_active_owner_is_killed(runtime_ns: Runtime) -
     table = client.keys.core.view.table(SPEC.name)
     assert table is not None and table.partitions[partition].active == active
 
-    wrong: list[str] = []
-    answered = [0]
-    stop = threading.Event()
+    def sync_reader(start: int) -> Callable[[], str | None]:
+        picks = itertools.count(start, 7)
 
-    def check(user: int, value: object) -> None:
-        if value != user * 10:
-            wrong.append(f"{user}: {value!r}")
-        answered[0] += 1
-
-    def sync_reader(start: int) -> None:
-        i = start
-        while not stop.is_set():
-            user = USERS[i % len(USERS)]
+        def read() -> str | None:
+            user = USERS[next(picks) % len(USERS)]
             try:
-                check(user, store.get(user))
+                value = store.get(user)
             except Exception as exc:  # any error is a wrong answer here
-                wrong.append(f"{user}: {exc!r}")
-            i += 7
+                return f"{user}: {exc!r}"
+            return None if value == user * 10 else f"{user}: {value!r}"
 
-    def async_reader() -> None:
-        async def run() -> None:
-            i = 3
-            while not stop.is_set():
-                users = [USERS[(i + j) % len(USERS)] for j in range(8)]
-                values = await asyncio.gather(*(store.get_async(u) for u in users), return_exceptions=True)
-                for user, value in zip(users, values):
-                    check(user, value)
-                i += 11
+        return read
 
-        asyncio.run(run())
+    starts = itertools.count(3, 11)
 
-    readers = [threading.Thread(target=sync_reader, args=(s,), daemon=True) for s in range(3)]
-    readers.append(threading.Thread(target=async_reader, daemon=True))
-    for reader in readers:
-        reader.start()
-    try:
-        wait_for(lambda: answered[0] > 100, what="lookups before the kill")
+    async def async_read() -> str | None:
+        i = next(starts)
+        users = [USERS[(i + j) % len(USERS)] for j in range(8)]
+        values = await asyncio.gather(*(store.get_async(u) for u in users), return_exceptions=True)
+        wrong = [f"{u}: {v!r}" for u, v in zip(users, values) if v != u * 10]
+        return "; ".join(wrong) if wrong else None
+
+    with Load() as load:
+        for start in range(3):
+            load.every(sync_reader(start))
+        load.every_async(async_read)
+        load.wait_more(100, "lookups before the kill")
         ray.kill(ray.get_actor(active, namespace=runtime_ns.namespace), no_restart=True)
         # A lookup of the dead owner's partition right after the kill is answered (by the standby).
         assert store.get(7) == 70
-        seen = answered[0]
-        wait_for(lambda: answered[0] > seen + 300, what="lookups after the kill")
+        load.wait_more(300, "lookups after the kill")
         # The registry promoted the standby, and the client's own view heard of it (long poll).
         wait_for(
             lambda: client.keys.core.view.table(SPEC.name).partitions[partition].active == standby,  # type: ignore[union-attr]
             what="the promotion reaching the client's view",
         )
-        seen = answered[0]
-        wait_for(lambda: answered[0] > seen + 100, what="lookups after the promotion")
-    finally:
-        stop.set()
-        for reader in readers:
-            reader.join(timeout=60)
-    assert wrong == []
+        load.wait_more(100, "lookups after the promotion")
+    assert (load.wrong, load.errors) == ([], [])
     assert [store.get(u) for u in (0, 7, 399)] == [0, 70, 3990]
     with pytest.raises(runtime.KeyNotFound):
         store.get(100_000)

@@ -8,9 +8,9 @@ has) and removes only that node."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
-import threading
 import time
 from typing import Any
 
@@ -25,7 +25,7 @@ from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.scan import Scan
 from tests.integration.conftest import RayCluster, deploy_runtime
-from tests.integration.helpers import http_get, wait_for
+from tests.integration.helpers import Load, http_get, wait_for
 from topologies.delivery import BatchDelivery
 
 pytestmark = pytest.mark.integration
@@ -88,44 +88,33 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
             what="the store loaded and visible",
         )
 
-        ingest_errors: list[str] = []
-        wrong: list[str] = []
         reads: list[tuple[float, float, int, bool]] = []  # start, end, status, key held by the lost actor
-        stop = threading.Event()
         delivered = [0]
+        batches = itertools.count(1)
+        picks, choices = random.Random(7), random.Random(11)
+        lost_set = set(lost_keys)
 
-        def write() -> None:
-            rng = random.Random(7)
-            batch_id = 1
-            while not stop.is_set():
-                users = rng.sample(USERS, 20)
-                for u in users:  # known before it is delivered, so a read can never see an unknown value
-                    latest[u] = u * 10 + batch_id * 100_000
-                    history[u].add(latest[u])
-                try:
-                    delivery.deliver("q", batch_id, batch(batch_id, users))
-                except Exception as err:  # ingest must never fail
-                    ingest_errors.append(f"batch {batch_id}: {err!r}")
-                    return
-                delivered[0] = batch_id
-                batch_id += 1
-                time.sleep(0.05)
+        def write() -> None:  # a step raising (ingest failing) ends the load and is asserted below
+            batch_id = next(batches)
+            users = picks.sample(USERS, 20)
+            for u in users:  # known before it is delivered, so a read can never see an unknown value
+                latest[u] = u * 10 + batch_id * 100_000
+                history[u].add(latest[u])
+            delivery.deliver("q", batch_id, batch(batch_id, users))
+            delivered[0] = batch_id
+            time.sleep(0.05)
 
-        def read() -> None:
-            rng = random.Random(11)
-            lost_set = set(lost_keys)
-            while not stop.is_set():
-                u = rng.choice(USERS)
-                started = time.monotonic()
-                status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/{u}")
-                reads.append((started, time.monotonic(), status, u in lost_set))
-                if status == 200 and body["response"] not in history[u] or status not in (200, 503):
-                    wrong.append(f"{u}: {status} {body}")
+        def read() -> str | None:
+            u = choices.choice(USERS)
+            started = time.monotonic()
+            status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/{u}")
+            reads.append((started, time.monotonic(), status, u in lost_set))
+            right = status == 503 or status == 200 and body["response"] in history[u]
+            return None if right else f"{u}: {status} {body}"
 
-        threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
-        for t in threads:
-            t.start()
-        try:
+        with Load() as load:
+            load.every(write)
+            load.every(read)
             wait_for(lambda: delivered[0] >= 10 and len(reads) > 100, what="batches and reads before the loss")
             removed_at = time.monotonic()
             ray_cluster.cluster.remove_node(node)
@@ -150,13 +139,9 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
             wait_for(given_back, timeout=30, what="the re-created actor answering for its partitions again")
             seen = len(reads)
             wait_for(lambda: len(reads) > seen + 100, what="reads after the replica count is restored")
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
 
-        assert ingest_errors == []
-        assert wrong == [], wrong[:10]
+        assert load.errors == [], "ingest must never fail"
+        assert load.wrong == [], load.wrong[:10]
         after = [r for r in reads if r[0] >= removed_at]
         failed_late = [r for r in after if r[2] != 200 and r[0] >= removed_at + 2.0]
         first_lost_ok = min((r[1] for r in after if r[3] and r[2] == 200), default=float("inf")) - removed_at

@@ -6,7 +6,7 @@ checked for freshness (after a batch is acknowledged, a lookup shows it) and mon
 
 from __future__ import annotations
 
-import threading
+import itertools
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +22,7 @@ from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.partitioner import partition_of
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
-from tests.integration.helpers import http_get, wait_for
+from tests.integration.helpers import Load, http_get, wait_for
 from tests.promtext import value
 from topologies.delivery import BatchDelivery
 
@@ -131,31 +131,26 @@ def test_an_http_verticle_killed_under_reads_and_batches_gets_a_new_replica_and_
     A is checked: never older than the batch acknowledged before the request, never going back."""
     node_a, node_b = sorted(runtime_ns.endpoints)
     url_a, url_b = runtime_ns.endpoints[node_a], runtime_ns.endpoints[node_b]
-    stop = threading.Event()
     acknowledged = [feed.last]
-    wrong: list[str] = []
     answers: list[int] = []
+    seen: dict[int, int] = {}
+    picks = itertools.count()
 
-    def read() -> None:
-        seen: dict[int, int] = {}
-        i = 0
-        while not stop.is_set():
-            user = USERS[i % len(USERS)]
-            i += 1
-            floor = acknowledged[0]
-            status, _, body = http_get(f"{url_a}/stores/{SPEC.name}/get/{user}")
-            if status != 200:
-                wrong.append(f"user {user}: {status} {body}")
-                continue
-            score = body["response"]
-            if score < floor or score < seen.get(user, -1):
-                wrong.append(f"user {user}: {score} after batch {floor} was acknowledged (seen {seen.get(user)})")
-            seen[user] = score
-            answers.append(score)
+    def read() -> str | None:
+        user = USERS[next(picks) % len(USERS)]
+        floor = acknowledged[0]
+        status, _, body = http_get(f"{url_a}/stores/{SPEC.name}/get/{user}")
+        if status != 200:
+            return f"user {user}: {status} {body}"
+        score, before = body["response"], seen.get(user, -1)
+        seen[user] = max(score, before)
+        answers.append(score)
+        if score < floor or score < before:
+            return f"user {user}: {score} after batch {floor} was acknowledged (seen {before})"
+        return None
 
-    reader = threading.Thread(target=read, name="reader")
-    reader.start()
-    try:
+    with Load() as load:
+        load.every(read)
         for _ in range(5):
             acknowledged[0] = feed.next()
         http_b = ray.get_actor(http_name(node_b), namespace=runtime_ns.namespace)
@@ -170,10 +165,9 @@ def test_an_http_verticle_killed_under_reads_and_batches_gets_a_new_replica_and_
         wait_for(b_answers_from_a_new_replica, what="node B's new read replica answering", interval=0.2)
         for _ in range(5):
             acknowledged[0] = feed.next()
-    finally:
-        stop.set()
-        reader.join(timeout=60)
-    assert not wrong, f"{len(wrong)} wrong answers of {len(answers) + len(wrong)}: {wrong[:5]}"
+    wrong = load.wrong
+    assert load.errors == []
+    assert not wrong, f"{len(wrong)} wrong answers of {len(answers)}: {wrong[:5]}"
     assert len(answers) > 50
     view = raycalls.get(runtime_ns.registry().view.remote(), "view")
     assert len(view.readers_of(SPEC.name)) == 2  # one per node, the killed verticle's old one dropped

@@ -5,10 +5,10 @@ runtime/monotonic.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
-import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.partitioner import partition_of, spark_partition_sql
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
-from tests.integration.helpers import http_get, wait_for
+from tests.integration.helpers import Load, http_get, wait_for
 from topologies.delivery import BatchDelivery
 
 pytestmark = pytest.mark.integration
@@ -161,38 +161,31 @@ def test_a_dead_active_is_answered_for_by_its_standby_in_the_same_request(
     url = runtime_ns.url
     owner = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]
     assert len(owner["standbys"]) == 1
-    wrong: list[str] = []
-    answered = [0]
-    stop = threading.Event()
-
-    def load() -> None:
-        i = 0
-        while not stop.is_set():
-            user = USERS[i % len(USERS)]
-            status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
-            if status != 200 or body != {"response": user * 10}:
-                wrong.append(f"{user}: {status} {body}")
-            answered[0] += 1
-            i += 7
-
-    reader = threading.Thread(target=load, daemon=True)
-    reader.start()
-    try:
-        wait_for(lambda: answered[0] > 50, what="load before the kill")
+    with Load() as load:
+        load.every(_reads_of_the_loaded_scores(url))
+        load.wait_more(50, "load before the kill")
         ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=True)
-        seen = answered[0]
-        wait_for(lambda: answered[0] > seen + 200, what="answers after the kill")
+        load.wait_more(200, "answers after the kill")
         # The registry promoted the standby: lookups no longer ask the dead actor first.
         standby = owner["standbys"][0]["actor"]
         wait_for(lambda: _actives(runtime_ns) == [standby] * SPEC.partitions, what="the standby promoted")
         assert http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"] == standby
-    finally:
-        stop.set()
-        reader.join(timeout=60)
-    assert wrong == []
+    assert (load.wrong, load.errors) == ([], [])
     body = http_get(f"{url}/stores/replicated/all")[2]
     assert [e["key"] for e in body["result"]] == list(USERS)
     assert http_get(f"{url}/stores/replicated/approximate-num-entries")[2] == {"result": len(USERS)}
+
+
+def _reads_of_the_loaded_scores(url: str) -> Callable[[], str | None]:
+    """A reader's step: every 7th user in turn must have the score the fixture loaded."""
+    picks = itertools.count(0, 7)
+
+    def step() -> str | None:
+        user = USERS[next(picks) % len(USERS)]
+        status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
+        return None if status == 200 and body == {"response": user * 10} else f"{user}: {status} {body}"
+
+    return step
 
 
 def _actives(runtime: Runtime) -> list[str | None]:
@@ -206,28 +199,12 @@ def test_a_restarting_active_is_promoted_away_from_and_given_its_partitions_back
     url = runtime_ns.url
     before = _actives(runtime_ns)
     victim = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"]
-    wrong: list[str] = []
-    stop = threading.Event()
-
-    def load() -> None:  # reads of the victim's keys while it restarts (they also tell the registry)
-        i = 0
-        while not stop.is_set():
-            user = USERS[i % len(USERS)]
-            status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
-            if status != 200 or body != {"response": user * 10}:
-                wrong.append(f"{user}: {status} {body}")
-            i += 7
-
-    reader = threading.Thread(target=load, daemon=True)
-    reader.start()
-    try:
+    with Load() as load:  # reads of the victim's keys while it restarts (they also tell the registry)
+        load.every(_reads_of_the_loaded_scores(url))
         ray.kill(ray.get_actor(victim, namespace=runtime_ns.namespace), no_restart=False)  # Ray restarts it
         wait_for(lambda: victim not in _actives(runtime_ns), interval=0.02, what="its partitions' standby promoted")
         wait_for(lambda: _actives(runtime_ns) == before, timeout=120, what="its partitions given back")
-    finally:
-        stop.set()
-        reader.join(timeout=60)
-    assert wrong == []
+    assert (load.wrong, load.errors) == ([], [])
     # The facades follow the registry's view (pushed through their long poll, a moment later).
     wait_for(
         lambda: http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"] == victim,
@@ -283,44 +260,31 @@ def test_a_copy_whose_data_was_wiped_is_rebuilt_from_its_peer_while_batches_and_
     victim, peer = sorted(u for u, info in view.actors.items() if info.store == SPEC.name)
     history: dict[int, set[int]] = {u: {u * 10} for u in USERS}
     latest = {u: u * 10 for u in USERS}
-    ingest_errors: list[str] = []
-    wrong: list[str] = []
-    statuses: dict[int, int] = {}
-    stop = threading.Event()
     delivered = [0]
+    batches = itertools.count(1)
+    picks, reads = random.Random(7), random.Random(11)
 
-    def write() -> None:
-        rng = random.Random(7)
-        batch = 1
-        while not stop.is_set():
-            users = rng.sample(list(USERS), 20)
-            for u in users:  # known before it is delivered, so a read can never see an unknown value
-                latest[u] = u * 10 + batch * 100_000
-                history[u].add(latest[u])
-            table = pa.table({"user": pa.array(users, pa.int64()), "score": pa.array([latest[u] for u in users])})
-            parts = [view.tables[SPEC.name].partition_of(u) for u in users]
-            try:
-                store.deliver("q", batch, table.append_column(PARTITION_COLUMN, pa.array(parts, pa.int32())))
-            except Exception as err:  # ingest must never fail
-                ingest_errors.append(f"batch {batch}: {err!r}")
-                return
-            delivered[0] = batch
-            batch += 1
-            time.sleep(0.05)
+    def write() -> None:  # a step raising (ingest failing) ends the load and is asserted below
+        batch = next(batches)
+        users = picks.sample(list(USERS), 20)
+        for u in users:  # known before it is delivered, so a read can never see an unknown value
+            latest[u] = u * 10 + batch * 100_000
+            history[u].add(latest[u])
+        table = pa.table({"user": pa.array(users, pa.int64()), "score": pa.array([latest[u] for u in users])})
+        parts = [view.tables[SPEC.name].partition_of(u) for u in users]
+        store.deliver("q", batch, table.append_column(PARTITION_COLUMN, pa.array(parts, pa.int32())))
+        delivered[0] = batch
+        time.sleep(0.05)
 
-    def read() -> None:
-        rng = random.Random(11)
-        while not stop.is_set():
-            u = rng.choice(list(USERS))
-            status, _, body = http_get(f"{url}/stores/replicated/get/{u}")
-            statuses[status] = statuses.get(status, 0) + 1
-            if status == 200 and body["response"] not in history[u] or status not in (200, 503):
-                wrong.append(f"{u}: {status} {body}")
+    def read() -> str | None:
+        u = reads.choice(list(USERS))
+        status, _, body = http_get(f"{url}/stores/replicated/get/{u}")
+        right = status == 503 or status == 200 and body["response"] in history[u]
+        return None if right else f"{u}: {status} {body}"
 
-    threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
-    for t in threads:
-        t.start()
-    try:
+    with Load() as load:
+        load.every(write)
+        load.every(read)
         wait_for(lambda: delivered[0] >= 10, what="batches flowing before the wipe")
         handle = ray.get_actor(victim, namespace=ns)
         # Wipe its partitions while it runs, then restart it: it comes back with nothing to reopen.
@@ -333,14 +297,9 @@ def test_a_copy_whose_data_was_wiped_is_rebuilt_from_its_peer_while_batches_and_
             return all(pos["state"] == "serving" for pos in positions.values())
 
         wait_for(lambda: delivered[0] > at_restart + 5 and rebuilt(), timeout=120, what="the wiped copy in sync")
-        seen = sum(statuses.values())
-        wait_for(lambda: sum(statuses.values()) > seen + 100, what="reads after the rebuild")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-    assert ingest_errors == []
-    assert wrong == [], wrong[:10]
+        load.wait_more(100, "reads after the rebuild")
+    assert load.errors == [], "ingest must never fail"
+    assert load.wrong == [], load.wrong[:10]
     peer_handle = ray.get_actor(peer, namespace=ns)
     mine = raycalls.get(handle.positions.remote(), "positions")
     assert mine == raycalls.get(peer_handle.positions.remote(), "positions")
@@ -375,70 +334,58 @@ def test_owners_killed_again_and_again_under_reads_and_batches_never_give_an_old
     url = runtime_ns.url
     namespace = runtime_ns.namespace
     actors = sorted({i["actor"] for i in http_get(f"{url}/metadata/stores/replicated")[2]["result"]})
-    stop = threading.Event()
     delivered = [0]
-    wrong: list[str] = []
     statuses: dict[int, int] = {}
-    failures: list[BaseException] = []
+    batches = itertools.count(1)
 
     def feed() -> None:
-        try:
-            batch = 1
-            while not stop.is_set():
-                raised = [u for u in USERS if u % 8 == batch % 8]
-                store.deliver("q", batch, _batch(batch, [*raised, 1000 + batch], 100_000 + batch))
-                delivered[0] = batch
-                batch += 1
-        except BaseException as err:  # the assertion below names it
-            failures.append(err)
+        batch = next(batches)
+        raised = [u for u in USERS if u % 8 == batch % 8]
+        store.deliver("q", batch, _batch(batch, [*raised, 1000 + batch], 100_000 + batch))
+        delivered[0] = batch
 
-    def read(seed: int) -> None:
+    def reader(seed: int) -> Callable[[], str | None]:
         scores: dict[int, int] = {}
-        count_seen = 0
-        i = seed
-        while not stop.is_set():
-            i += 1
+        count_seen = [0]
+        steps = itertools.count(seed + 1)
+
+        def read() -> str | None:
+            i = next(steps)
             if i % 10 == 0:
                 status, _, body = http_get(f"{url}/stores/replicated/approximate-num-entries")
                 statuses[status] = statuses.get(status, 0) + 1
-                if status == 200:
-                    if body["result"] < count_seen:
-                        wrong.append(f"count {body['result']} after {count_seen}")
-                    count_seen = max(count_seen, body["result"])
-                continue
+                if status != 200:
+                    return None
+                seen, count_seen[0] = count_seen[0], max(count_seen[0], body["result"])
+                return f"count {body['result']} after {seen}" if body["result"] < seen else None
             user = USERS[(i * 37) % len(USERS)] if i % 3 else 1000 + max(1, delivered[0] - i % 5)
             status, _, body = http_get(f"{url}/stores/replicated/get/{user}")
             statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
-                if body["response"] < scores.get(user, -1):
-                    wrong.append(f"user {user}: {body['response']} after {scores[user]}")
-                scores[user] = body["response"]
-            elif status == 404 and (user in scores or user < 1000):
-                wrong.append(f"user {user}: 404 after {scores.get(user, 'the first batch')}")
-            elif status not in (404, 503):
-                wrong.append(f"user {user}: {status} {body}")
+                before, scores[user] = scores.get(user, -1), max(scores.get(user, -1), body["response"])
+                return f"user {user}: {body['response']} after {before}" if body["response"] < before else None
+            if status == 404 and (user in scores or user < 1000):
+                return f"user {user}: 404 after {scores.get(user, 'the first batch')}"
+            return None if status in (404, 503) else f"user {user}: {status} {body}"
 
-    threads = [threading.Thread(target=feed, daemon=True)]
-    threads += [threading.Thread(target=read, args=(seed,), daemon=True) for seed in (0, 5)]
-    for thread in threads:
-        thread.start()
-    try:
+        return read
+
+    with Load() as load:
+        load.every(feed)
+        load.every(reader(0))
+        load.every(reader(5))
         wait_for(lambda: delivered[0] > 3 and sum(statuses.values()) > 50, what="batches and reads running")
         for kill in range(4):
             victim = actors[kill % len(actors)]
             ray.kill(ray.get_actor(victim, namespace=namespace), no_restart=False)
-            seen, batches = sum(statuses.values()), delivered[0]
+            seen, batches_then = sum(statuses.values()), delivered[0]
             wait_for(
-                lambda seen=seen, batches=batches: sum(statuses.values()) > seen + 100 and delivered[0] > batches + 2,
+                lambda seen=seen, b=batches_then: sum(statuses.values()) > seen + 100 and delivered[0] > b + 2,
                 timeout=90,
                 what=f"reads and batches after kill {kill + 1}",
             )
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=90)
-    assert failures == []
-    assert wrong == [], f"{len(wrong)} wrong answers of {sum(statuses.values())}: {wrong[:10]}"
+    assert load.errors == []
+    assert load.wrong == [], f"{len(load.wrong)} wrong answers of {sum(statuses.values())}: {load.wrong[:10]}"
     answered = statuses.get(200, 0) + statuses.get(404, 0)
     assert answered >= 0.95 * sum(statuses.values()), statuses
     assert delivered[0] >= 10, delivered
