@@ -162,7 +162,13 @@ class StoreNotFound(NotFound):
 
 
 class KeyNotFound(NotFound):
+    """The key is absent. ``position``, when the facade sets it, says as of what (``X-Riqr-Position``)."""
+
     code = "key-not-found"
+    position: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.position is None else {"X-Riqr-Position": self.position}  # monotonic.POSITION_HEADER
 
 
 class Conflict(RiqrError):

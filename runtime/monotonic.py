@@ -29,7 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Span", "Spans", "Mark", "Marks", "span_text"]
+__all__ = ["Span", "Spans", "Mark", "Marks", "span_text", "POSITION_HEADER", "position_header"]
+
+# The response header of a key lookup saying what the answer reflects (docs/api.md, "Freshness").
+POSITION_HEADER = "X-Riqr-Position"
 
 # What one partition's part of an answer reflects: (source, lowest batch, highest batch).
 Span = tuple[str | None, int, int]
@@ -55,6 +58,15 @@ def span_text(span: Span) -> str:
     """A span as a log line or header shows it: ``source@batch`` (``source@lo-hi`` if they differ)."""
     source, lo, hi = span
     return f"{source}@{lo}" if lo == hi else f"{source}@{lo}-{hi}"
+
+
+def position_header(partition: int, span: Span) -> str:
+    """What a key lookup's answer reflects, as ``X-Riqr-Position`` shows it: the key's partition, the
+    source (the Spark query run) and the batch: ``partition=3; source=<id>; batch=41`` (``batch=40-41``
+    when a batch was being applied during the read: the answer is one of the two states)."""
+    source, lo, hi = span
+    batch = str(lo) if lo == hi else f"{lo}-{hi}"
+    return f"partition={partition}; source={source or ''}; batch={batch}"
 
 
 class Marks:

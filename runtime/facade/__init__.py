@@ -35,7 +35,7 @@ from runtime.facade.scatter import ScatterGather
 from runtime.facade.view import ViewCache
 from runtime.health import ClusterProbe
 from runtime.metrics import Metrics
-from runtime.monotonic import Marks
+from runtime.monotonic import Marks, position_header
 from runtime.ownership import ClusterView, OwnershipTable
 from runtime.pages import MSGPACK, NDJSON, Chunk, pack_chunk
 from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key, check_limit
@@ -115,10 +115,15 @@ class Facade:
 
     async def get(self, query: KeyQuery) -> Any:
         """The value of a key-value store's key; ``KeyNotFound`` when absent."""
+        return (await self.lookup(query))[0]
+
+    async def lookup(self, query: KeyQuery) -> tuple[Any, str]:
+        """The value of a key-value store's key and what it reflects, as the ``X-Riqr-Position`` header
+        says it (``runtime.monotonic.position_header``); ``KeyNotFound`` when absent, with its position."""
         table = await self.views.table(query.store)
         require_kind(table.spec, "kv")
-        raw = await self.router.get(table.spec, table, bind_key(table.spec, query.key))
-        return decode_value(raw)
+        found = await self.router.get(table.spec, table, bind_key(table.spec, query.key))
+        return decode_value(found.value), position_header(found.partition, found.span)
 
     # -- scans ----------------------------------------------------------------------------------------
 

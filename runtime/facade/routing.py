@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from runtime.bus import Bus, OwnerClient
 from runtime.catalog import StoreSpec
@@ -29,10 +29,10 @@ from runtime.errors import (
 )
 from runtime.facade.view import ViewCache
 from runtime.metrics import Metrics
-from runtime.monotonic import Marks, Span, span_text
+from runtime.monotonic import Marks, Span, position_header, span_text
 from runtime.ownership import ClusterView, OwnershipTable, Route
 
-__all__ = ["KeyRouter", "LocalCopies", "route_or_unavailable", "FAILOVER_AFTER", "CATCH_UP_PAUSE"]
+__all__ = ["KeyRouter", "Found", "LocalCopies", "route_or_unavailable", "FAILOVER_AFTER", "CATCH_UP_PAUSE"]
 
 # How long a request waits for the active owner before asking a standby (when the partition has one).
 FAILOVER_AFTER = 1.0
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 
 Answer = tuple[bytes | None, Span]
 Batcher = Coalescer[tuple[int, Any], Answer]
+
+
+class Found(NamedTuple):
+    """A key's packed value, and what it reflects: its partition and that partition's span."""
+
+    value: bytes
+    partition: int
+    span: Span
 
 
 class LocalCopies(Protocol):
@@ -112,8 +120,9 @@ class KeyRouter:
             batcher = self._batchers[uuid] = Coalescer(_per_item(owner), max_in_flight=1, on_send=sizes.observe)
         return batcher
 
-    async def get(self, spec: StoreSpec, table: OwnershipTable, key: Any) -> Any:
-        """The packed value of the internal ``key``; ``KeyNotFound`` when absent.
+    async def get(self, spec: StoreSpec, table: OwnershipTable, key: Any) -> Found:
+        """The packed value of the internal ``key`` and what it reflects; ``KeyNotFound`` (with its
+        ``position``) when absent.
 
         The active owner is asked first; if it is dead, restarting, slower than ``FAILOVER_AFTER``, or its
         copy of the partition cannot answer, each standby is asked in turn, within the same deadline. An
@@ -130,7 +139,7 @@ class KeyRouter:
             # A local copy is fed with the standbys, so the marks treat it as one.
             if found is not None and self.marks.admit(spec.name, route.partition, found[1], active=False):
                 self.metrics.inc("riqr_local_reads_total", spec.name)
-                return self._found(spec, key, found[0])
+                return self._found(spec, key, route.partition, *found)
         deadline = Deadline.after(self.timeout)
         holders = (route.owner, *route.standbys)
         # A copy found behind stays the verdict at the deadline even if, in the last round, that copy did
@@ -157,7 +166,7 @@ class KeyRouter:
                 if not self.marks.admit(spec.name, route.partition, span, active=index == 0):
                     behind = self._behind(spec.name, route.partition, uuid, span)
                     continue
-                return self._found(spec, key, answer)
+                return self._found(spec, key, route.partition, answer, span)
             if behind is None:
                 raise failure or AssertionError("a route has at least one holder")  # pragma: no cover
             if deadline.remaining() <= CATCH_UP_PAUSE:
@@ -165,11 +174,13 @@ class KeyRouter:
             await asyncio.sleep(CATCH_UP_PAUSE)
 
     @staticmethod
-    def _found(spec: StoreSpec, key: Any, answer: bytes | None) -> bytes:
+    def _found(spec: StoreSpec, key: Any, partition: int, answer: bytes | None, span: Span) -> Found:
         if answer is None:
             shown = to_jsonable(spec.key.external(key))
-            raise KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
-        return answer
+            missing = KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
+            missing.position = position_header(partition, span)
+            raise missing
+        return Found(answer, partition, span)
 
     def _behind(self, store: str, partition: int, uuid: str, span: Span) -> CopyBehind:
         mark = self.marks.get(store, partition)

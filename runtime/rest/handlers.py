@@ -14,6 +14,7 @@ from aiohttp import web
 from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
 from runtime.errors import InvalidParameter, MalformedKey, MalformedPath
 from runtime.facade import Facade
+from runtime.monotonic import POSITION_HEADER
 from runtime.queries import KeyQuery, PageRequest, RangeQuery, ScanQuery, SessionQuery, UrlKey, WindowQuery
 from runtime.rest.render import entries_json, reply, stream_ndjson, wants_ndjson
 
@@ -141,7 +142,8 @@ async def catalog(request: web.Request) -> web.Response:
 
 async def get_key(request: web.Request) -> web.Response:
     query = KeyQuery(_store(request), _path_key(request, 3))
-    return reply(request, {"response": await _facade(request).get(query)})
+    value, position = await _facade(request).lookup(query)
+    return reply(request, {"response": value}, headers={POSITION_HEADER: position})
 
 
 async def all_entries(request: web.Request) -> web.StreamResponse:

@@ -115,9 +115,10 @@ def test_every_http_node_answers_lookups_from_its_replica_with_the_latest_acknow
     for url in runtime_ns.endpoints.values():
         before = _local_reads(url)
         batch = feed.next()
-        for user in USERS:  # freshness: a batch acknowledged by the sink shows at once
-            status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/{user}")
+        for user in USERS:  # freshness: a batch acknowledged by the sink shows at once, and says so
+            status, headers, body = http_get(f"{url}/stores/{SPEC.name}/get/{user}")
             assert (status, body["response"]) == (200, batch), f"user {user} on {url}"
+            assert headers["X-Riqr-Position"].endswith(f"; source=q; batch={batch}")
         status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/99999")
         assert status == 404 and body["error"]["code"] == "key-not-found"
         assert _local_reads(url) - before == len(USERS) + 1, "every lookup answered in the HTTP verticle's process"

@@ -32,6 +32,20 @@ async def test_get(client) -> None:  # type: ignore[no-untyped-def]
     assert await resp.json() == {"response": "adam"}
 
 
+async def test_a_lookup_says_what_it_reflects_found_or_not(client) -> None:  # type: ignore[no-untyped-def]
+    from runtime.partitioner import partition_of
+
+    string = kv_spec("k").key.type
+    part = partition_of(string, "2", 4)
+    resp = await client.get("/stores/customer-v1-changelog/get/2")
+    assert resp.headers["X-Riqr-Position"] == f"partition={part}; source=q; batch=0"
+    missing = await client.get("/stores/customer-v1-changelog/get/99")
+    assert missing.status == 404
+    part = partition_of(string, "99", 4)
+    assert missing.headers["X-Riqr-Position"] == f"partition={part}; source=q; batch=0"
+    assert "X-Riqr-Position" not in (await client.get("/stores/nope/get/1")).headers  # no partition was read
+
+
 async def test_get_the_empty_key(client) -> None:  # type: ignore[no-untyped-def]
     resp = await client.get("/stores/order-count/get/")
     assert await resp.json() == {"response": 1}
