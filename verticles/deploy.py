@@ -174,19 +174,26 @@ class RayEnv:
         return alive_nodes()
 
     def start_query_actors(
-        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
-    ) -> list[ActorInfo]:
+        self, stores: Sequence[tuple[StoreSpec, Sequence[tuple[str, Sequence[int], str | None]]]]
+    ) -> list[list[ActorInfo]]:
+        # Every actor is asked for before waiting on any: Ray starts their worker processes side by side
+        # rather than a store's pair after the other's (docs/benchmarks.md, "Demo start-up").
         handles = [
-            _remote(QueryVerticle)
-            .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
-            .remote(uuid, spec, list(partitions), self)
-            for uuid, partitions, node_id in members
+            [
+                _remote(QueryVerticle)
+                .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
+                .remote(uuid, spec, list(partitions), self)
+                for uuid, partitions, node_id in members
+            ]
+            for spec, members in stores
         ]
-        where = raycalls.get([h.ready.remote() for h in handles], f"starting the actors of {spec.name}")
+        names = ", ".join(spec.name for spec, _ in stores)
+        where = iter(raycalls.get([h.ready.remote() for hs in handles for h in hs], f"starting the actors of {names}"))
         return [
-            ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(partitions))
-            for (uuid, partitions, _), w in zip(members, where)
-        ]
+            [ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(partitions)) for (uuid, partitions, _), w in
+             zip(members, where)]
+            for spec, members in stores
+        ]  # fmt: skip
 
     def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
         with contextlib.suppress(ValueError):  # its node is gone: stop Ray from waiting for it forever
