@@ -12,7 +12,9 @@ Each round runs, one after the other:
   with the bearer token the demo prints.
 
 It prints each step the demo reports (its own ``done in`` lines, with when each ended), the demo's time to
-ready, the floor's, and their ratio; then the medians over rounds. The ratio is the figure to compare
+ready, the floor's, and their ratio; then the medians over rounds. A round whose demo had no class archive
+for Spark's JVM yet (the first run on a machine writes it when it stops) is marked cold: "warm", the
+figure issue 11 asks for, is every later round. The ratio is the figure to compare
 between runs and machines (docs/benchmarks.md). Run it with nothing else starting Ray or Spark (the
 integration tests take /tmp/riqr-ray-spark.lock for that: ``flock /tmp/riqr-ray-spark.lock python -m
 bench.startup``). Every process a round starts is gone before the next one begins.
@@ -61,6 +63,7 @@ class Round:
     floor: float = 0.0
     steps: list[tuple[str, float, float]] = field(default_factory=list)  # what, seconds, ended at
     demo_says_ready: float = 0.0
+    cold: bool = False  # the demo had no class archive for Spark's JVM yet
     ready: float = 0.0
     log: list[str] = field(default_factory=list)  # the demo's stderr, for when it fails
 
@@ -176,6 +179,8 @@ def run_demo(env: dict[str, str], port: int, timeout: float) -> Round:
             result.log.append(line.rstrip("\n"))
             if (m := STEP_LINE.match(line.rstrip("\n"))) is not None:
                 result.steps.append((m["what"], float(m["seconds"]), now))
+            if "Spark's class archive: none yet" in line:
+                result.cold = True
             if "] ready in " in line and not said_ready.is_set():
                 result.demo_says_ready = now
                 said_ready.set()
@@ -231,7 +236,9 @@ def main() -> None:
         for what, seconds, ended in demo.steps:
             print(f"  {what}: {seconds:.1f}s, done at {ended:.1f}s", flush=True)
         print(f"  riqr demo says ready at {demo.demo_says_ready:.1f}s; REST ready with the seed's data at "
-              f"{demo.ready:.1f}s; ratio to the floor {demo.ready / demo.floor:.2f}", flush=True)  # fmt: skip
+              f"{demo.ready:.1f}s; ratio to the floor {demo.ready / demo.floor:.2f}"
+              + (" (cold: Spark's class archive written at the end of this round)" if demo.cold else ""),
+              flush=True)  # fmt: skip
     ready = statistics.median(r.ready for r in rounds)
     floor = statistics.median(r.floor for r in rounds)
     ratio = statistics.median(r.ready / r.floor for r in rounds)

@@ -221,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
     demo.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     demo.add_argument("--ready-timeout", type=float, default=180.0)
+    demo.add_argument(
+        "--dashboard", action="store_true", help="start Ray's dashboard too (slower start; the demo needs none)"
+    )
+    demo.add_argument(
+        "--no-class-archive", action="store_true",
+        help="load Spark's classes from its jars instead of the archive an earlier run wrote (~/.cache/riqr)",
+    )  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
     up = sub.add_parser("up", help="deploy the verticles on a running Ray cluster (idempotent)")

@@ -1,8 +1,10 @@
 """``riqr demo``: the seed-000 food orders on an embedded local Ray and local Spark, served over REST.
 
-It starts a local Ray (with its dashboard), deploys the verticles, runs the food-orders topology, produces
+It starts a local Ray (without its dashboard unless asked: nothing the demo shows needs it, and it is a
+dozen processes to start on a small machine), deploys the verticles, runs the food-orders topology, produces
 exactly the seed's records, waits until the stores reflect them, prints the seed's curl commands, and
-serves until Ctrl-C or SIGTERM.
+serves until Ctrl-C or SIGTERM. Spark's driver JVM maps its classes from an archive an earlier run left
+(``topologies.spark.class_archive``); the first run writes it when it stops.
 """
 
 from __future__ import annotations
@@ -84,24 +86,25 @@ def run_demo(args: argparse.Namespace) -> int:
     from runtime.client import connect
     from topologies import food_orders
     from topologies.options import TopologyOptions
-    from topologies.spark import spark_session
+    from topologies.spark import class_archive, spark_session, stop_jvm
     from verticles import deploy
 
     # Steps one after the other: starting Spark's JVM in a thread beside Ray was measured slower on two
     # cores (both compete for the CPU; docs/benchmarks.md, "Demo start-up").
     steps = Steps("[riqr demo]")
     spark = None
+    archive = None if args.no_class_archive else class_archive()
     queries: list[Any] = []
     try:
         with steps:
-            with steps.step("starting a local Ray cluster with its dashboard"):
+            with steps.step("starting a local Ray cluster" + (" with its dashboard" if args.dashboard else "")):
                 # address="local": a cluster of its own, always. Without it ray.init() joins whatever cluster
                 # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine, anyone's), and the
                 # demo's Ctrl-C would then take riqr down there.
                 ctx = ray.init(
                     address="local",
                     namespace=namespace,
-                    include_dashboard=True,
+                    include_dashboard=args.dashboard,
                     log_to_driver=False,
                     configure_logging=False,
                 )
@@ -119,11 +122,17 @@ def run_demo(args: argparse.Namespace) -> int:
                 steps.say(f"could not start the REST API: {err}")
                 return 2
             base = f"http://localhost:{deployment.endpoints[0].port}"
-            steps.say(f"REST API and web console at {base}/ ; Ray dashboard at http://{ctx.dashboard_url}")
+            dashboard = f"http://{ctx.dashboard_url}" if args.dashboard else "off (riqr demo --dashboard)"
+            steps.say(f"REST API and web console at {base}/ ; Ray dashboard {dashboard}")
             # The seed's records land before the topology starts, so its very first micro-batch brings them.
             load_seed(home)
+            if archive is not None:
+                steps.say(
+                    f"Spark's class archive: {archive.path}" if archive.warm
+                    else f"Spark's class archive: none yet, written to {archive.path} when the demo stops"
+                )  # fmt: skip
             with steps.step("starting Spark"):
-                spark = spark_session(app_name="riqr-demo")
+                spark = spark_session(app_name="riqr-demo", java_options=archive.options if archive else ())
             with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
                 queries, start_dead_letters = food_orders.start_stores(
                     spark, home, TopologyOptions(namespace=namespace)
@@ -165,7 +174,9 @@ def run_demo(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 q.stop()
         if spark is not None:
-            spark.stop()
+            stop_jvm(spark)
+        if archive is not None and archive.publish():
+            _say(f"[riqr demo] Spark's class archive written: {archive.path}")
         if ray.is_initialized():
             try:
                 deploy.down(namespace)

@@ -39,7 +39,7 @@ from runtime.partitioner import spark_partition_sql
 from topologies.checkpoint import last_committed, last_planned, query_id, supersede
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
 
-__all__ = ["materialize", "store_spec_for", "plan_start", "BatchDelivery"]
+__all__ = ["materialize", "materialize_all", "create_stores", "store_spec_for", "plan_start", "BatchDelivery"]
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,57 @@ def _flatten_window(df: Any, window_column: str) -> Any:
     )
 
 
+def _declare(
+    df: Any,
+    store: str,
+    key: str | Sequence[str],
+    value: str | Sequence[str] | None,
+    kind: str,
+    window_column: str | None,
+    partitions: int,
+    actors: int,
+    standbys: int | None,
+    engine: str,
+    read_replicas: bool = False,
+) -> tuple[Any, list[str], StoreSpec]:
+    """``(df, key columns, spec)`` of a store ``materialize`` feeds: the window struct flattened for the
+    windowed kinds."""
+    key_cols = [key] if isinstance(key, str) else list(key)
+    if kind in ("window", "session"):
+        df = _flatten_window(df, window_column or ("session_window" if kind == "session" else "window"))
+        key_cols = [*key_cols, WINDOW_START_COLUMN]
+    spec = store_spec_for(
+        df.schema, store, key_cols, value, partitions=partitions, actors=actors, standbys=standbys, kind=kind,
+        engine=engine, read_replicas=read_replicas,
+    )  # fmt: skip
+    return df, key_cols, spec
+
+
+def create_stores(namespace: str, specs: Sequence[StoreSpec]) -> None:
+    """Create the stores of ``specs`` that do not exist yet, with all their query actors started in one
+    round (``Registry.create_stores``)."""
+    names = ", ".join(s.name for s in specs)
+    raycalls.get(registry(namespace).create_stores.remote(list(specs)), f"creating stores {names}")
+
+
+def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
+    """``materialize(df, **options)`` for each pair, in order, with every store's query actors created
+    first in one round: a topology feeding several stores then waits for their actors once, and none of
+    them starts while an earlier store's first micro-batch takes the CPU. Returns the queries."""
+    by_namespace: dict[str, list[StoreSpec]] = {}
+    for df, options in df_and_options:
+        spec = _declare(
+            df, options["store"], options["key"], options.get("value"), options.get("kind", "kv"),
+            options.get("window_column"), options.get("partitions", DEFAULT_PARTITIONS),
+            options.get("actors", DEFAULT_ACTORS), options.get("standbys", DEFAULT_STANDBYS),
+            options.get("engine", DEFAULT_ENGINE), options.get("read_replicas", False),
+        )[2]  # fmt: skip
+        by_namespace.setdefault(options.get("namespace", DEFAULT_NAMESPACE), []).append(spec)
+    for namespace, specs in by_namespace.items():
+        create_stores(namespace, specs)
+    return [materialize(df, **options) for df, options in df_and_options]
+
+
 def materialize(
     df: Any,
     *,
@@ -208,21 +259,8 @@ def materialize(
     An owner that does not acknowledge a batch within ``delivery_timeout`` seconds (retried meanwhile)
     fails the query.
     """
-    key_cols = [key] if isinstance(key, str) else list(key)
-    if kind in ("window", "session"):
-        df = _flatten_window(df, window_column or ("session_window" if kind == "session" else "window"))
-        key_cols = [*key_cols, WINDOW_START_COLUMN]
-    spec = store_spec_for(
-        df.schema,
-        store,
-        key_cols,
-        value,
-        partitions=partitions,
-        actors=actors,
-        standbys=standbys,
-        kind=kind,
-        engine=engine,
-        read_replicas=read_replicas,
+    df, key_cols, spec = _declare(
+        df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
     )
     raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
     value_cols = [f.name for f in spec.value_fields]

@@ -1,12 +1,23 @@
-"""The SparkSession riqr's topologies run on: ``local[*]`` by default, any master by configuration."""
+"""The SparkSession riqr's topologies run on: ``local[*]`` by default, any master by configuration.
+
+``class_archive`` is for short local runs (``riqr demo``): the driver JVM maps the classes an earlier run
+loaded from a class data sharing archive (the JDK's AppCDS) instead of loading and verifying them again
+from Spark's jars, which measured as most of the JVM's start-up CPU (docs/benchmarks.md, "Demo start-up").
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
-from collections.abc import Mapping
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["spark_session", "DEFAULT_CONF"]
+__all__ = ["spark_session", "DEFAULT_CONF", "ClassArchive", "class_archive", "class_cache_dir", "stop_jvm"]
 
 # Small shuffles: streaming state is partitioned by spark.sql.shuffle.partitions, and the default of 200
 # makes every micro-batch of a small job pay for 200 tasks.
@@ -21,8 +32,15 @@ DEFAULT_CONF = {
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
-def spark_session(master: str | None = None, app_name: str = "riqr", conf: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
-    """Get or create the SparkSession: ``master`` else ``$RIQR_SPARK_MASTER`` else ``local[*]``."""
+def spark_session(  # type: ignore[no-untyped-def]
+    master: str | None = None,
+    app_name: str = "riqr",
+    conf: Mapping[str, str] | None = None,
+    java_options: Sequence[str] = (),
+):
+    """Get or create the SparkSession: ``master`` else ``$RIQR_SPARK_MASTER`` else ``local[*]``.
+
+    ``java_options`` go to the driver JVM after riqr's own (its log4j configuration)."""
     from pyspark.sql import SparkSession
 
     master = master or os.environ.get("RIQR_SPARK_MASTER", "local[*]")
@@ -32,7 +50,7 @@ def spark_session(master: str | None = None, app_name: str = "riqr", conf: Mappi
     log4j = os.environ.get("RIQR_SPARK_LOG4J", str(_LOG4J))
     builder = SparkSession.builder.appName(app_name).master(master)
     settings = {
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.driver.extraJavaOptions": " ".join([f"-Dlog4j2.configurationFile=file:{log4j}", *java_options]),
         **DEFAULT_CONF,
         **(conf or {}),
     }
@@ -41,3 +59,93 @@ def spark_session(master: str | None = None, app_name: str = "riqr", conf: Mappi
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def class_cache_dir() -> Path:
+    """Where riqr keeps caches that belong to the machine, not to a riqr home: ``$XDG_CACHE_HOME/riqr``,
+    else ``~/.cache/riqr``."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base).expanduser() if base else Path.home() / ".cache") / "riqr"
+
+
+def _archive_key() -> str:
+    """What the archive depends on beyond what the JVM checks itself (the JVM build, the classpath's jars
+    and their sizes and times): which pyspark and which java, so an upgrade gets an archive of its own."""
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java") or "java"
+    with contextlib.suppress(OSError):
+        java = os.path.realpath(java)
+    return hashlib.sha256(f"{pyspark.__version__}\0{java}\0{pyspark.__file__}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ClassArchive:
+    """The driver JVM's class archive: ``options`` for ``spark_session``; ``creating`` is where this run's
+    JVM writes a new archive when it exits (None when an archive was there to use); ``publish`` moves it
+    into place once the JVM has exited (``stop_jvm``)."""
+
+    path: Path
+    options: tuple[str, ...]
+    creating: Path | None
+
+    @property
+    def warm(self) -> bool:
+        return self.creating is None
+
+    def publish(self) -> bool:
+        """Move a complete new archive into place; True if one was published. A JVM that did not exit
+        cleanly leaves no file, or one this discards, so the archive is never half written."""
+        if self.creating is None:
+            return False
+        try:
+            if self.creating.stat().st_size > 0:
+                os.replace(self.creating, self.path)
+                return True
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            self.creating.unlink()
+        return False
+
+
+def class_archive(cache: Path | None = None) -> ClassArchive:
+    """The class archive of this machine's pyspark and java under ``cache`` (``class_cache_dir()``): used
+    when it exists, else created by this run's JVM when it exits.
+
+    The JVM validates an archive before mapping it (same JVM build, same jars): one that does not match is
+    ignored and the JVM loads its classes as usual, so a stale archive costs time, never correctness. Its
+    notes about that (and about classes it cannot archive) are silenced."""
+    directory = cache if cache is not None else class_cache_dir()
+    path = directory / f"spark-classes-{_archive_key()}.jsa"
+    quiet = ("-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+    if path.is_file():
+        return ClassArchive(path, (f"-XX:SharedArchiveFile={path}", *quiet), None)
+    directory.mkdir(parents=True, exist_ok=True)
+    creating = directory / f".{path.name}.{os.getpid()}.tmp"
+    return ClassArchive(path, (f"-XX:ArchiveClassesAtExit={creating}", *quiet), creating)
+
+
+def stop_jvm(spark: Any, timeout: float = 60.0) -> None:
+    """Stop ``spark`` and wait until its driver JVM has exited (it exits when its stdin closes); a JVM
+    writing a class archive at exit has then finished writing it."""
+    from pyspark import SparkContext
+
+    gateway = spark.sparkContext._gateway
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    spark.stop()
+    if proc is None:
+        return
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    SparkContext._gateway = None  # a later session starts a JVM of its own
+    SparkContext._jvm = None
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -20,14 +20,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import ray._private.state as ray_state  # the GCS actor table: ray.util.state needs the dashboard
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime import logs, raycalls
-from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import REGISTRY_NAME, ROCKSDB_CACHE_ENV, RuntimeConfig, facade_name, http_name, riqr_data
 from runtime.deadline import Deadline
@@ -36,12 +35,14 @@ from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.partition import SERVING
 from runtime.snapshots import SnapshotOffer
-from verticles.bus import RayBus
-from verticles.facade import FacadeVerticle
-from verticles.http import HttpVerticle
 from verticles.metrics import RayMetricsExporter
 from verticles.query import QueryVerticle
-from verticles.registry import Registry
+
+# The registry, facade and HTTP verticles (aiohttp, the REST layer, JWT) are imported where they are
+# deployed, not here: every query actor's process imports this module to unpickle its ``RayEnv``, and
+# they cost it 0.4-0.5 s of CPU at start (docs/benchmarks.md, "Demo start-up").
+if TYPE_CHECKING:
+    from runtime.auth import DeploymentSecrets
 
 __all__ = [
     "RayEnv",
@@ -181,19 +182,26 @@ class RayEnv:
         return alive_nodes()
 
     def start_query_actors(
-        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
-    ) -> list[ActorInfo]:
+        self, stores: Sequence[tuple[StoreSpec, Sequence[tuple[str, Sequence[int], str | None]]]]
+    ) -> list[list[ActorInfo]]:
+        # Every actor is asked for before waiting on any: Ray starts their worker processes side by side
+        # rather than a store's pair after the other's (docs/benchmarks.md, "Demo start-up").
         handles = [
-            _remote(QueryVerticle)
-            .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
-            .remote(uuid, spec, list(partitions), self)
-            for uuid, partitions, node_id in members
+            [
+                _remote(QueryVerticle)
+                .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
+                .remote(uuid, spec, list(partitions), self)
+                for uuid, partitions, node_id in members
+            ]
+            for spec, members in stores
         ]
-        where = raycalls.get([h.ready.remote() for h in handles], f"starting the actors of {spec.name}")
+        names = ", ".join(spec.name for spec, _ in stores)
+        where = iter(raycalls.get([h.ready.remote() for hs in handles for h in hs], f"starting the actors of {names}"))
         return [
-            ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(partitions))
-            for (uuid, partitions, _), w in zip(members, where)
-        ]
+            [ActorInfo(uuid, spec.name, w["node_id"], w["node_ip"], tuple(partitions)) for (uuid, partitions, _), w in
+             zip(members, where)]
+            for spec, members in stores
+        ]  # fmt: skip
 
     def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
         with contextlib.suppress(ValueError):  # its node is gone: stop Ray from waiting for it forever
@@ -350,6 +358,9 @@ class Deployment:
 def ensure_registry(namespace: str) -> Any:
     """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
     registry keeps its own, since ``get_if_exists`` ignores the arguments)."""
+    from runtime.auth import DeploymentSecrets
+    from verticles.registry import Registry
+
     handle = (
         _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
         .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True))
@@ -378,6 +389,10 @@ def existing_secrets(namespace: str) -> DeploymentSecrets | None:
 def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent: a
     verticle that is running already keeps its settings (``riqr down`` first to change auth or binding)."""
+    from verticles.bus import RayBus
+    from verticles.facade import FacadeVerticle
+    from verticles.http import HttpVerticle
+
     ns = config.namespace
     cursor_key = deployment_secrets(ns).cursor_key
     env = RayEnv(ns)

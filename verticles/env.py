@@ -84,10 +84,10 @@ class ClusterOps(Protocol):
     def alive_nodes(self) -> list[str]: ...
 
     def start_query_actors(
-        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
-    ) -> list[ActorInfo]:
-        """Create a query actor per ``(uuid, partitions, node id or None)`` and wait until each runs;
-        returns where each one runs."""
+        self, stores: Sequence[tuple[StoreSpec, Sequence[tuple[str, Sequence[int], str | None]]]]
+    ) -> list[list[ActorInfo]]:
+        """Create a query actor per ``(uuid, partitions, node id or None)`` of every store, all at once,
+        and wait until each runs; returns where each one runs, store by store."""
         ...
 
     def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:

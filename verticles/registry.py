@@ -171,25 +171,40 @@ class Registry:
         Standbys left to "auto" (None) are decided here, where the alive nodes are known: one per
         partition when there is more than one node (``StoreSpec.with_standbys_for``).
         """
-        existing = self.state.existing(spec)
-        if existing is not None:
-            if existing.spec.read_replicas != spec.read_replicas:  # turned on or off by a new declaration
+        return self.create_stores([spec])
+
+    def create_stores(self, specs: Sequence[StoreSpec]) -> ClusterView:
+        """``create_store`` for several stores, with the query actors of all of them started in one round
+        (a topology that feeds several stores waits once for its actors, not once per store). Nothing is
+        created when one of them conflicts with an existing store. A store declared again with its read
+        replicas turned on or off changes in place, without new actors."""
+        new: list[StoreSpec] = []
+        for spec in specs:
+            existing = self.state.existing(spec)
+            if existing is None:
+                if all(s.name != spec.name for s in new):
+                    new.append(spec)
+            elif existing.spec.read_replicas != spec.read_replicas:
                 wanted = replace(existing.spec, read_replicas=spec.read_replicas)
                 self.state.replace_table(replace(existing, spec=wanted))
                 log.info("store %s: read replicas %s", spec.name, "on" if spec.read_replicas else "off",
                          extra={"store": spec.name})  # fmt: skip
+        if not new:
             return self.state.view()
         nodes = self._env.alive_nodes()
-        spec = spec.with_standbys_for(len(nodes))
-        plans = plan_placement(spec, nodes)
-        uuids = [self._new_uuid() for _ in plans]
-        table = table_from_placement(spec, uuids, plans)
-        holdings = table.all_owners()
-        members = [(uuid, holdings[uuid], plan.node_id) for uuid, plan in zip(uuids, plans)]
-        actors = self._env.start_query_actors(spec, members)
-        self.state.install(table, actors)
-        log.info("created store %s: %d partitions on %d actors", spec.name, spec.partitions, len(actors),
-                 extra={"store": spec.name})  # fmt: skip
+        planned = []
+        for spec in new:
+            spec = spec.with_standbys_for(len(nodes))
+            plans = plan_placement(spec, nodes)
+            uuids = [self._new_uuid() for _ in plans]
+            table = table_from_placement(spec, uuids, plans)
+            holdings = table.all_owners()
+            planned.append((spec, table, [(uuid, holdings[uuid], plan.node_id) for uuid, plan in zip(uuids, plans)]))
+        started = self._env.start_query_actors([(spec, members) for spec, _, members in planned])
+        for (spec, table, _), actors in zip(planned, started):
+            self.state.install(table, actors)
+            log.info("created store %s: %d partitions on %d actors", spec.name, spec.partitions, len(actors),
+                     extra={"store": spec.name})  # fmt: skip
         return self.state.view()
 
     def drop_store(self, name: str) -> list[str]:

@@ -106,3 +106,10 @@ def test_wait_until_returns_or_times_out() -> None:
     assert demo.wait_until(lambda: True, timeout=1, what="x") >= 0
     with pytest.raises(TimeoutError, match="never"):
         demo.wait_until(lambda: False, timeout=0.05, what="never", interval=0.01)
+
+
+def test_the_demo_starts_ray_without_its_dashboard_unless_asked() -> None:
+    plain = cli.build_parser().parse_args(["demo"])
+    assert plain.dashboard is False and plain.no_class_archive is False
+    asked = cli.build_parser().parse_args(["demo", "--dashboard", "--no-class-archive"])
+    assert asked.dashboard is True and asked.no_class_archive is True

@@ -32,6 +32,7 @@ class FakeEnv:
         self._restarted = restarted
         self.nodes = list(nodes)
         self.started: list[tuple[str, tuple[int, ...], str | None]] = []
+        self.rounds = 0  # calls of start_query_actors
         self.killed: list[str] = []
         self.destroyed: list[str] = []
         self.moves: list[tuple[str, str, str]] = []
@@ -85,12 +86,16 @@ class FakeEnv:
         return list(self.nodes)
 
     def start_query_actors(
-        self, spec: StoreSpec, members: Sequence[tuple[str, Sequence[int], str | None]]
-    ) -> list[ActorInfo]:
+        self, stores: Sequence[tuple[StoreSpec, Sequence[tuple[str, Sequence[int], str | None]]]]
+    ) -> list[list[ActorInfo]]:
+        self.rounds += 1
         out = []
-        for uuid, partitions, node in members:
-            self.started.append((uuid, tuple(partitions), node))
-            out.append(ActorInfo(uuid, spec.name, node or "node-a", "10.0.0.9", tuple(partitions)))
+        for spec, members in stores:
+            infos = []
+            for uuid, partitions, node in members:
+                self.started.append((uuid, tuple(partitions), node))
+                infos.append(ActorInfo(uuid, spec.name, node or "node-a", "10.0.0.9", tuple(partitions)))
+            out.append(infos)
         return out
 
     def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
@@ -130,6 +135,25 @@ class FakeEnv:
 def uuids() -> Any:
     counter = iter(range(1, 1000))
     return lambda: f"00000000-0000-4000-8000-{next(counter):012d}"
+
+
+def test_the_registry_creates_several_stores_actors_in_one_round() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    registry.create_store(kv_spec("a", partitions=2, actors=1, standbys=0))
+    assert env.rounds == 1
+    # "a" exists already (left alone), "b" and "c" are new: their three actors are asked for at once.
+    view = registry.create_stores(
+        [kv_spec("a", partitions=2, actors=1, standbys=0), kv_spec("b", actors=2, standbys=0),
+         kv_spec("c", partitions=2, actors=1, standbys=0)]
+    )  # fmt: skip
+    assert env.rounds == 2 and len(env.started) == 4
+    assert sorted(view.tables) == ["a", "b", "c"]
+    assert {info.store for info in view.actors.values()} == {"a", "b", "c"}
+    # One conflicting spec: nothing of the call is created.
+    with pytest.raises(StoreConflict):
+        registry.create_stores([kv_spec("d"), kv_spec("a", partitions=8, actors=2)])
+    assert env.rounds == 2 and registry.view().table("d") is None
 
 
 def test_the_registry_creates_a_store_once_and_spreads_its_actors_over_nodes() -> None:

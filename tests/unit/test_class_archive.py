@@ -1,0 +1,31 @@
+"""``riqr demo``'s class archive for Spark's driver JVM: used when there, else written by the JVM at exit
+and moved into place only when complete (``topologies.spark``; no JVM started here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from topologies.spark import class_archive
+
+
+def test_the_first_run_writes_the_archive_and_later_runs_map_it(tmp_path: Path) -> None:
+    first = class_archive(tmp_path)
+    assert not first.warm and first.creating is not None and first.creating.parent == tmp_path
+    assert f"-XX:ArchiveClassesAtExit={first.creating}" in first.options
+    assert "-Xshare:auto" in first.options  # an archive that does not match is ignored, never fatal
+    first.creating.write_bytes(b"classes")  # what the JVM writes when it exits
+    assert first.publish() and first.path.read_bytes() == b"classes" and not first.creating.exists()
+    later = class_archive(tmp_path)
+    assert later.warm and later.path == first.path and later.creating is None
+    assert f"-XX:SharedArchiveFile={first.path}" in later.options
+    assert not later.publish()  # nothing to move
+
+
+def test_a_jvm_that_left_no_archive_or_an_empty_one_publishes_nothing(tmp_path: Path) -> None:
+    gone = class_archive(tmp_path)
+    assert not gone.publish() and not gone.path.exists()  # the JVM died before writing
+    empty = class_archive(tmp_path)
+    assert empty.creating is not None
+    empty.creating.write_bytes(b"")
+    assert not empty.publish() and not empty.path.exists() and not empty.creating.exists()
+    assert not class_archive(tmp_path).warm
