@@ -67,3 +67,14 @@ def test_batch_rows_apply_like_tuples(tmp_path: Path) -> None:
     finally:
         for engine in engines:
             engine.close()
+
+
+def test_string_values_pack_as_msgpack_does() -> None:
+    from runtime.batchrows import packed_values
+    from runtime.codec import encode_value
+
+    spec = _spec(KeySchema("key", "string"))
+    values = ["", "a", "x" * 31, "x" * 32, "ż" * 100, "y" * 255, "y" * 256, "z" * 65535, "z" * 65536, None, "日本"]
+    table = pa.table({"key": [str(i) for i in range(len(values))], "value": values})
+    assert packed_values(spec, table) == [None if v is None else encode_value(v) for v in values]
+    assert packed_values(spec, table.slice(3, 4)) == [encode_value(v) for v in values[3:7]]
