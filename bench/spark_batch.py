@@ -98,6 +98,7 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
             .start()
         )
         query.processAllAvailable()
+        time.sleep(1.0)  # progress events reach the listener asynchronously: let the start-up batch's land
         with cond:
             ended.clear()
         lags = []
@@ -132,6 +133,7 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--trigger", default="250 milliseconds")
     parser.add_argument("--rounds", type=int, default=1, help="run the configurations in turn this many times")
+    parser.add_argument("--warmup", type=int, default=5, help="batches of an uncounted first run (JVM warm-up)")
     args = parser.parse_args()
     from topologies.spark import spark_session
 
@@ -140,6 +142,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {}
     try:
         names = [c for c in args.configs.split(",") if c]
+        if args.warmup:  # the JVM's first query runs each batch much slower: not counted
+            say("warm-up: " + str(run(spark, work, "warmup", "default", args.warmup, args.trigger)))
         for r in range(args.rounds):
             for name in names:
                 tag = f"{name}-{r}"
