@@ -6,7 +6,9 @@ The part of the sink's cost that runs in the query actors: an Arrow batch of ``-
 values split into 4 partitions; the 2 partitions one actor holds are applied to rocksdb partitions
 (synced writes, as deployed), first into empty partitions (a new store, or a rebuild's batch 0), then
 the same keys again into full ones (every key's old presence is read to keep the count). Prints the
-best of ``--repeat`` for each step: converting a slice to rows, and the whole apply.
+best of ``--repeat`` for each step: converting a slice to rows (Python keys, as the memory engine takes
+them), encoding it from Arrow (encoded keys and packed values, as the rocksdb engine takes them), and
+the whole apply.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from runtime.batchrows import BatchRows
 from runtime.catalog import StoreSpec, ValueField
 from runtime.ingest import PARTITION_COLUMN, split_by_partition
 from runtime.keys import KeySchema
@@ -55,6 +58,10 @@ def main() -> None:
         rows_from_arrow(spec, mine[0])
         rows_from_arrow(spec, mine[2])
         timed("convert", started)
+        started = time.perf_counter()
+        for table in mine.values():
+            BatchRows(spec, table).encoded()
+        timed("encode from Arrow", started)
         directory = Path(tempfile.mkdtemp(prefix="riqr-apply-"))
         try:
             core = QueryCore(spec, [0, 2], directory=directory)

@@ -116,6 +116,23 @@ def run_riqr(df: Any, store: str, checkpoint: str, namespace: str, standbys: int
     return took
 
 
+def apply_seconds(namespace: str, store: str) -> str:
+    """Each query actor's own time applying the store's batches (its apply-duration histogram's sum):
+    what of a round is the actors' work, and what is the call around it."""
+    import ray
+
+    from runtime.config import REGISTRY_NAME
+
+    view: Any = ray.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).view.remote())
+    out = []
+    for actor in sorted(view.table(store).all_owners()):
+        stats = ray.get(ray.get_actor(actor, namespace=namespace).stats.remote())
+        total = sum(v for name, labels, v in stats["samples"]
+                    if name == "riqr_apply_duration_seconds_sum" and dict(labels).get("store") == store)  # fmt: skip
+        out.append(f"{total:.2f}s")
+    return "actors' apply " + " + ".join(out)
+
+
 def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace) -> dict[str, float]:
     import ray
 
@@ -144,7 +161,10 @@ def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace)
         store = f"bulk-{r}"
         df = latest_by_key(read_topic(spark, home, "customer"))
         times["riqr"].append(run_riqr(df, store, str(work / f"cp-riqr-{r}"), namespace, args.standbys, args.trigger))
-        say(f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s; sink stages: {timings_line(DELIVERIES[-1:])}")
+        say(
+            f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s; sink stages: {timings_line(DELIVERIES[-1:])}; "
+            f"{apply_seconds(namespace, store)}"
+        )
         ray.get(registry.drop_store.remote(store))
     return {k: statistics.median(v) for k, v in times.items()}
 

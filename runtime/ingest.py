@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from runtime.ownership import OwnershipTable
 
 __all__ = ["PARTITION_COLUMN", "WINDOW_END_COLUMN", "split_by_partition", "slices_for_owners"]
+
+T = TypeVar("T")  # a slice, or what stands for it (the sink hands over object references)
 
 # Columns the sink adds in Spark; their names cannot clash with a user's column by accident.
 PARTITION_COLUMN = "__riqr_partition"
@@ -36,15 +41,15 @@ def split_by_partition(table: pa.Table, partitions: int) -> dict[int, pa.Table]:
 
 
 def slices_for_owners(
-    table: OwnershipTable, split: dict[int, pa.Table], role: str | None = None
-) -> dict[str, dict[int, pa.Table | None]]:
+    table: OwnershipTable, split: Mapping[int, T], role: str | None = None
+) -> dict[str, dict[int, T | None]]:
     """For every actor holding a copy of some partition: each of its partitions -> its slice or None.
 
     Every partition an actor holds is listed, even with no rows, so each partition records that it has
     seen the batch id (its position moves forward with every batch). ``role`` ``"standby"`` or
     ``"active"`` keeps only the copies in that role (the sink delivers to standbys first).
     """
-    out: dict[str, dict[int, pa.Table | None]] = {}
+    out: dict[str, dict[int, T | None]] = {}
     for p, owners in enumerate(table.partitions):
         active: tuple[str, ...] = (owners.active,) if owners.active else ()
         holders = {"active": active, "standby": owners.standbys}.get(role or "", active + owners.standbys)

@@ -18,12 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from runtime.batchrows import BatchRows, internal_keys, packed_values, rows_from_arrow
 from runtime.catalog import StoreSpec
-from runtime.codec import decode_value, encode_values
+from runtime.codec import decode_value
 from runtime.engines import Position, open_engine
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
-from runtime.ingest import WINDOW_END_COLUMN
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Spans
@@ -33,68 +33,9 @@ from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
 from runtime.scan import Scan, TimeFilter
 from runtime.snapshots import SnapshotCorrupt, SnapshotExports, SnapshotOffer, describe_files, remove_leftovers
 
-__all__ = ["QueryCore", "ApplyResult", "rows_from_arrow", "internal_keys"]
+__all__ = ["QueryCore", "ApplyResult", "rows_from_arrow", "packed_values", "internal_keys"]
 
 log = logging.getLogger(__name__)
-
-
-def _internal_column(column: pa.ChunkedArray, kind: str) -> list[Any]:
-    """A key column's internal values: timestamps as epoch microseconds, others as they are."""
-    if kind == "timestamp":
-        if pa.types.is_timestamp(column.type) and column.type.unit != "us":
-            column = column.cast(pa.timestamp("us", tz=column.type.tz))
-        column = column.cast(pa.int64())
-    values: list[Any] = column.to_pylist()
-    return values
-
-
-def internal_keys(spec: StoreSpec, table: pa.Table) -> list[Any]:
-    """The internal key of every row (a tuple for composite keys; None where any key column is null)."""
-    columns = [_internal_column(table.column(name), t.kind) for name, t in spec.key.columns]
-    if len(columns) == 1:
-        return columns[0]
-    return [None if any(v is None for v in parts) else tuple(parts) for parts in zip(*columns)]
-
-
-def _values(names: list[str], columns: list[list[Any]]) -> list[Any]:
-    """Each row's value: the scalar of a one-column value, else a ``{column: value}`` map; None where
-    the row deletes (its value, or every value column, is null)."""
-    if len(columns) == 1:
-        return columns[0]
-    out: list[Any] = []
-    for i in range(len(columns[0]) if columns else 0):
-        record = {name: col[i] for name, col in zip(names, columns)}
-        out.append(None if all(v is None for v in record.values()) else record)
-    return out
-
-
-def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes | None]]:
-    """Turn an Arrow slice into ``(key, packed value or None)`` rows, in the slice's order.
-
-    A one-column value is stored as the scalar; several columns as a ``{column: value}`` map; a window
-    or session store stores ``[window end, value]``. A null value (every value column null) is a delete.
-    Rows with a null key are dropped, as Kafka Streams drops records with a null key.
-    """
-    keys = internal_keys(spec, table)
-    names = [f.name for f in spec.value_fields]
-    values = _values(names, [table.column(name).to_pylist() for name in names])
-    if spec.windowed:
-        ends = _internal_column(table.column(WINDOW_END_COLUMN), "timestamp")
-        values = [None if v is None else [end, v] for end, v in zip(ends, values)]
-    # One packer for the batch; nulls (deletes) are packed too and dropped below, cheaper than a filter.
-    packed = encode_values(values)
-    if None not in keys and None not in values:  # the usual batch: no deletes, no null keys
-        return list(zip(keys, packed))
-    rows: list[tuple[Any, bytes | None]] = []
-    dropped = 0
-    for key, value, raw in zip(keys, values, packed):
-        if key is None:
-            dropped += 1
-        else:
-            rows.append((key, None if value is None else raw))
-    if dropped:
-        log.warning("store %s: dropped %d rows with a null key", spec.name, dropped, extra={"store": spec.name})
-    return rows
 
 
 def _start_thread(work: Callable[[], object]) -> None:
@@ -186,7 +127,7 @@ class QueryCore:
             state = self.partitions.get(p)
             if state is None:
                 raise self._unavailable(p)
-            rows = rows_from_arrow(self.spec, table) if table is not None and table.num_rows else []
+            rows: Rows = BatchRows(self.spec, table) if table is not None and table.num_rows else []
             with self._writing:
                 result = state.apply(source, batch_id, rows)
                 if result.state == INCOMPLETE and self._rebuilder is not None:

@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DELIVERY_TIMEOUT = 60.0
 _CALL_TIMEOUT = 30.0
+# A slice at least this large is put in Ray's object store once per batch and handed to every copy as a
+# reference (a top-level argument, which Ray resolves: the actor maps the Arrow buffers without a copy);
+# a smaller one goes inline with each call, which costs less than a put.
+PUT_SLICE_BYTES = 256 << 10
+
+Shared = Any  # pa.Table | ray.ObjectRef | None: a slice as handed to the actors: inline, put once, or none
 
 
 def registry(namespace: str) -> Any:
@@ -115,7 +121,7 @@ class BatchDelivery:
 
     # -- delivery -------------------------------------------------------------------------------------
 
-    def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, pa.Table]) -> list[Any]:
+    def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, Shared]) -> list[Any]:
         """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
         clock = time.perf_counter()
@@ -138,15 +144,16 @@ class BatchDelivery:
         return results
 
     def _send_to_readers(
-        self, readers: list[ReaderCopy], source: str, batch_id: int, split: Mapping[int, pa.Table]
+        self, readers: list[ReaderCopy], source: str, batch_id: int, split: Mapping[int, Shared]
     ) -> dict[str, Any]:
         """Start ``apply`` on every read replica (every partition: a replica holds the whole store)."""
-        slices = {p: split.get(p) for p in range(self.spec.partitions)}
+        partitions = list(range(self.spec.partitions))
+        tables = [split.get(p) for p in partitions]
         sent: dict[str, Any] = {}
         for reader in readers:
             try:
-                handle = self.handle(reader.actor)
-                sent[reader.uuid] = handle.apply_replica.remote(reader.uuid, source, batch_id, slices)
+                apply = self.handle(reader.actor).apply_replica_parts
+                sent[reader.uuid] = apply.remote(reader.uuid, source, batch_id, partitions, *tables)
             except OwnerUnavailable as err:
                 sent[reader.uuid] = err
         return sent
@@ -178,7 +185,7 @@ class BatchDelivery:
         return now
 
     def _apply_to(
-        self, source: str, batch_id: int, pending: dict[str, dict[int, pa.Table | None]], deadline: Deadline
+        self, source: str, batch_id: int, pending: dict[str, dict[int, Shared]], deadline: Deadline
     ) -> list[Any]:
         """``apply`` on the given owners, retrying the ones that fail transiently until ``deadline``."""
         what = f"delivering batch {batch_id} of {self.spec.name}"
@@ -189,7 +196,9 @@ class BatchDelivery:
             failed: dict[str, RiqrError] = {}
             for uuid, slices in pending.items():
                 try:
-                    refs[uuid] = self.handle(uuid).apply.remote(source, batch_id, slices)
+                    partitions = sorted(slices)
+                    tables = [slices[p] for p in partitions]
+                    refs[uuid] = self.handle(uuid).apply_parts.remote(source, batch_id, partitions, *tables)
                 except OwnerUnavailable as err:
                     failed[uuid] = err
             for uuid, ref in refs.items():
@@ -221,8 +230,10 @@ class BatchDelivery:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``; returns rows sent."""
         clock = time.perf_counter()
         split = split_by_partition(table, self.spec.partitions)
+        # Each slice is serialized once for all its copies and rounds, not once per call.
+        shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}
         self._lap("split", clock)
-        results = self._apply_everywhere(source, batch_id, split)
+        results = self._apply_everywhere(source, batch_id, shared)
         clock = time.perf_counter()
         incomplete = sorted({r.partition for r in results if r.state == INCOMPLETE})
         if incomplete:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -119,6 +119,13 @@ class HttpVerticle:
         self, uuid: str, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]
     ) -> list[ApplyResult]:
         """The sink delivers a batch to read replica ``uuid`` (applied in a worker thread, so lookups go on)."""
+        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices)
+
+    async def apply_replica_parts(
+        self, uuid: str, source: str, batch_id: int, partitions: Sequence[int], *tables: pa.Table | None
+    ) -> list[ApplyResult]:
+        """``apply_replica`` with each partition's slice a top-level argument (see ``QueryVerticle.apply_parts``)."""
+        slices = dict(zip(partitions, tables, strict=True))
         return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices)
 
     async def read_replicas(self) -> list[dict[str, Any]]:

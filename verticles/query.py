@@ -115,6 +115,13 @@ class QueryVerticle:
             _trim_heap()
         return results
 
+    def apply_parts(
+        self, source: str, batch_id: int, partitions: Sequence[int], *tables: pa.Table | None
+    ) -> list[ApplyResult]:
+        """``apply`` with each partition's slice a top-level argument: the sink passes large slices as
+        object references, which Ray resolves (Arrow buffers mapped from the object store, not copied)."""
+        return self.apply(source, batch_id, dict(zip(partitions, tables, strict=True)))
+
     def begin(self, source: str) -> list[int]:
         """A source starts from an empty checkpoint (see ``runtime.partition``)."""
         return self.core.begin(source)

@@ -1,0 +1,164 @@
+"""Benchmark: what Spark itself costs per micro-batch of the order-count query, under settings to compare.
+
+    .venv/bin/python -m bench.spark_batch [--batches 15] [--configs default,partitions2,...]
+
+No Ray, no riqr sink: the order-count query of food-orders (orders left-joined with the customer snapshot,
+counted by key, with its dead-letter query, as the topology runs it) into Spark's ``noop`` sink at the
+default trigger, fed one small file at a time (the idle case of freshness): one file, wait for the batch
+that read it, pause, again. Each configuration starts a new query on a new checkpoint in the same Spark
+session (SQL settings are read when a query starts; ``spark.sql.shuffle.partitions`` is fixed in a new
+checkpoint). Printed per configuration: Spark's own durations (``durationMs``) per micro-batch with input,
+medians, and the median from writing the file to the batch's progress event.
+
+Freshness at the default trigger is about one trigger interval's wait plus this batch time (plus the
+sink's delivery), so this says which settings can bring it down, without the sink in the way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime.landing import Record, write_records
+
+# Settings applied with spark.conf.set before the query starts (and reset after).
+CONFIGS: dict[str, dict[str, str]] = {
+    "default": {},
+    "partitions2": {"spark.sql.shuffle.partitions": "2"},
+    "partitions1": {"spark.sql.shuffle.partitions": "1"},
+    "nocodegen": {"spark.sql.codegen.wholeStage": "false"},
+    "rocksdb-state": {
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    },
+    "no-dead-letters": {},
+    "broadcast": {"spark.sql.autoBroadcastJoinThreshold": "104857600"},
+}
+
+
+def say(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: str) -> dict[str, float]:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from topologies.food_orders import order_counts_frame
+    from topologies.options import TopologyOptions
+
+    home = work / f"home-{name}"
+    write_records(home, "customer", [Record(str(i), f"name{i}") for i in range(7)])
+    write_records(home, "order", [Record("warm", "soup")])
+    ended: list[tuple[float, dict[str, int]]] = []
+    cond = threading.Condition()
+
+    class Listener(StreamingQueryListener):  # type: ignore[misc]
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            p = event.progress
+            if p.name == f"sb-{name}" and p.numInputRows > 0:
+                with cond:
+                    ended.append((time.monotonic(), dict(p.durationMs)))
+                    cond.notify_all()
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            pass
+
+    listener = Listener()
+    spark.streams.addListener(listener)
+    conf = CONFIGS[config]
+    previous = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        options = TopologyOptions(trigger=trigger)
+        counts, rejects = order_counts_frame(spark, home, options)
+        if config != "no-dead-letters":
+            options.dead_letters(home, "order", f"sb-{name}-order-count", rejects)
+        query = (
+            counts.writeStream.format("noop")
+            .outputMode("update")
+            .queryName(f"sb-{name}")
+            .option("checkpointLocation", str(work / f"cp-{name}"))
+            .trigger(processingTime=trigger)
+            .start()
+        )
+        query.processAllAvailable()
+        time.sleep(1.0)  # progress events reach the listener asynchronously: let the start-up batch's land
+        with cond:
+            ended.clear()
+        lags = []
+        for i in range(batches):
+            with cond:
+                seen = len(ended)
+            written = time.monotonic()
+            write_records(home, "order", [Record(f"probe{i}", "soup")])
+            with cond:
+                if not cond.wait_for(lambda seen=seen: len(ended) > seen, timeout=60):  # type: ignore[misc]
+                    raise SystemExit(f"{name}: no batch after 60 s")
+                lags.append(ended[seen][0] - written)
+            time.sleep(0.13 + 0.05 * (i % 5))
+        for q in spark.streams.active:
+            q.stop()
+    finally:
+        spark.streams.removeListener(listener)
+        for k, v in previous.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+    stages = sorted({k for _, d in ended for k in d})
+    out = {k: float(statistics.median(d.get(k, 0) for _, d in ended)) for k in stages}
+    out["written->progress"] = statistics.median(lags) * 1000
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=15)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--trigger", default="250 milliseconds")
+    parser.add_argument("--rounds", type=int, default=1, help="run the configurations in turn this many times")
+    parser.add_argument("--warmup", type=int, default=5, help="batches of an uncounted first run (JVM warm-up)")
+    args = parser.parse_args()
+    from topologies.spark import spark_session
+
+    work = Path(tempfile.mkdtemp(prefix="riqr-bench-spark-"))
+    spark = spark_session()
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        names = [c for c in args.configs.split(",") if c]
+        if args.warmup:  # the JVM's first query runs each batch much slower: not counted
+            say("warm-up: " + str(run(spark, work, "warmup", "default", args.warmup, args.trigger)))
+        for r in range(args.rounds):
+            for name in names:
+                tag = f"{name}-{r}"
+                results.setdefault(name, []).append(run(spark, work, tag, name, args.batches, args.trigger))
+                say(f"{tag}: " + ", ".join(f"{k} {v:.0f}" for k, v in results[name][-1].items()))
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    keys = ["triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets"]
+    print(f"\nSpark per micro-batch of order-count into noop, medians over {args.batches} batches (ms), {args.trigger}")
+    print(f"{'config':<18}" + "".join(f"{k:>17}" for k in [*keys, "written->progress"]))
+    for name, runs in results.items():
+        row = [statistics.median(r.get(k, 0.0) for r in runs) for k in [*keys, "written->progress"]]
+        print(f"{name:<18}" + "".join(f"{v:>17.0f}" for v in row))
+
+
+if __name__ == "__main__":
+    main()

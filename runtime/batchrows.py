@@ -1,0 +1,253 @@
+"""A micro-batch slice's rows for one partition, converted from Arrow only as far as the engine needs.
+
+An engine that stores Python keys (memory) takes ``(key, packed value or None)`` tuples; one that stores
+encoded bytes (rocksdb) only needs each key's bytes (``runtime.engines.keycodec``), and those can be made
+from the Arrow columns in a few vectorised calls, without building a Python object per key first and
+encoding it in a Python loop (which was about a third of an apply into rocksdb). ``BatchRows`` is a
+``Sequence`` of the tuples, built on first use, and ``encoded`` gives the bytes; both come from the
+same slice, so either path writes the same state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from runtime.catalog import StoreSpec
+from runtime.codec import encode_values
+from runtime.ingest import WINDOW_END_COLUMN
+
+__all__ = ["BatchRows", "encode_key_columns", "rows_from_arrow", "packed_values", "internal_keys"]
+
+log = logging.getLogger(__name__)
+
+_COMPONENT = pa.scalar(b"\x01", pa.binary())
+_STRING_END = pa.scalar(b"\x00\x00", pa.binary())
+_NOTHING = pa.scalar(b"", pa.binary())
+
+
+def _encode_string(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """``0x01``, the UTF-8 with each ``0x00`` as ``0x00 0xFF``, then ``0x00 0x00`` (the key codec's layout)."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return None
+    raw = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
+    raw = pc.replace_substring(raw, b"\x00", b"\x00\xff")
+    return pc.binary_join_element_wise(_COMPONENT, raw, _STRING_END, _NOTHING)
+
+
+def _encode_int64(column: pa.ChunkedArray, kind: str) -> pa.ChunkedArray | None:
+    """``0x01`` then the signed 64-bit value plus 2**63, big-endian (the key codec's layout)."""
+    if kind == "timestamp":
+        if not pa.types.is_timestamp(column.type):
+            return None
+        if column.type.unit != "us":
+            column = column.cast(pa.timestamp("us", tz=column.type.tz))
+        column = column.cast(pa.int64())
+    elif not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type):
+        return None  # a uint64 may not fit; the Python path says which key does not
+    array = column.combine_chunks().cast(pa.int64())
+    values = np.asarray(array.fill_null(0), dtype=np.int64)
+    out = np.empty((len(values), 9), dtype=np.uint8)
+    out[:, 0] = 1
+    out[:, 1:] = (values.view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").view(np.uint8).reshape(-1, 8)
+    fixed = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(9), len(values), [array.buffers()[0] if array.null_count else None, pa.py_buffer(out)],
+        null_count=array.null_count, offset=0,
+    )  # fmt: skip
+    return pa.chunked_array([fixed.cast(pa.binary())])
+
+
+def _encoded_key_array(spec: StoreSpec, table: pa.Table) -> pa.ChunkedArray | None:
+    parts = []
+    for name, t in spec.key.columns:
+        column = table.column(name)
+        encoded = _encode_string(column) if t.kind == "string" else _encode_int64(column, t.kind)
+        if encoded is None:
+            return None
+        parts.append(encoded)
+    return parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, _NOTHING)
+
+
+def encode_key_columns(spec: StoreSpec, table: pa.Table) -> list[bytes | None] | None:
+    """Every row's encoded key (None where a key column is null), computed from the Arrow columns, or
+    None if a column's Arrow type is not one this handles (the caller then encodes key by key)."""
+    joined = _encoded_key_array(spec, table)
+    if joined is None:
+        return None
+    keys: list[bytes | None] = joined.to_pylist()
+    return keys
+
+
+def _internal_column(column: pa.ChunkedArray, kind: str) -> list[Any]:
+    """A key column's internal values: timestamps as epoch microseconds, others as they are."""
+    if kind == "timestamp":
+        if pa.types.is_timestamp(column.type) and column.type.unit != "us":
+            column = column.cast(pa.timestamp("us", tz=column.type.tz))
+        column = column.cast(pa.int64())
+    values: list[Any] = column.to_pylist()
+    return values
+
+
+def internal_keys(spec: StoreSpec, table: pa.Table) -> list[Any]:
+    """The internal key of every row (a tuple for composite keys; None where any key column is null)."""
+    columns = [_internal_column(table.column(name), t.kind) for name, t in spec.key.columns]
+    if len(columns) == 1:
+        return columns[0]
+    return [None if any(v is None for v in parts) else tuple(parts) for parts in zip(*columns)]
+
+
+def _values(names: list[str], columns: list[list[Any]]) -> list[Any]:
+    """Each row's value: the scalar of a one-column value, else a ``{column: value}`` map; None where
+    the row deletes (its value, or every value column, is null)."""
+    if len(columns) == 1:
+        return columns[0]
+    out: list[Any] = []
+    for i in range(len(columns[0]) if columns else 0):
+        record = {name: col[i] for name, col in zip(names, columns)}
+        out.append(None if all(v is None for v in record.values()) else record)
+    return out
+
+
+def _value_objects(spec: StoreSpec, table: pa.Table) -> list[Any]:
+    """Each row's value as stored before packing (None: the row deletes)."""
+    names = [f.name for f in spec.value_fields]
+    values = _values(names, [table.column(name).to_pylist() for name in names])
+    if spec.windowed:
+        ends = _internal_column(table.column(WINDOW_END_COLUMN), "timestamp")
+        values = [None if v is None else [end, v] for end, v in zip(ends, values)]
+    return values
+
+
+def _packed_strings(column: pa.ChunkedArray) -> list[bytes | None]:
+    """msgpack of each string of ``column`` (None for a null), built from the Arrow column: each header
+    (fixstr, str8, str16 or str32 by length, as msgpack's packer picks) joined to the UTF-8 in one call,
+    instead of a Python string per row packed one by one."""
+    raw = column.combine_chunks().cast(pa.binary())
+    lengths = np.asarray(pc.binary_length(raw).fill_null(0), dtype=np.int64)
+    size = np.where(lengths < 32, 1, np.where(lengths < 256, 2, np.where(lengths < 65536, 3, 5)))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(size, out=offsets[1:])
+    data = np.zeros(int(offsets[-1]), dtype=np.uint8)
+    at = offsets[:-1]
+    fix, s8, s16, s32 = size == 1, size == 2, size == 3, size == 5
+    data[at[fix]] = 0xA0 | lengths[fix]
+    data[at[s8]], data[at[s8] + 1] = 0xD9, lengths[s8]
+    data[at[s16]] = 0xDA
+    for i in range(2):
+        data[at[s16] + 1 + i] = (lengths[s16] >> (8 * (1 - i))) & 0xFF
+    data[at[s32]] = 0xDB
+    for i in range(4):
+        data[at[s32] + 1 + i] = (lengths[s32] >> (8 * (3 - i))) & 0xFF
+    headers = pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    packed: list[bytes | None] = pc.binary_join_element_wise(headers, raw, _NOTHING).to_pylist()
+    return packed
+
+
+def packed_values(spec: StoreSpec, table: pa.Table) -> list[bytes | None]:
+    """Each row's packed value, or None where the row deletes (see ``rows_from_arrow``)."""
+    if not spec.windowed and len(spec.value_fields) == 1:
+        column = table.column(spec.value_fields[0].name)
+        if pa.types.is_string(column.type):
+            return _packed_strings(column)
+    values = _value_objects(spec, table)
+    packed: list[bytes | None] = list(encode_values(values))  # one packer for the batch
+    if None in values:
+        packed = [None if value is None else raw for value, raw in zip(values, packed)]
+    return packed
+
+
+def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes | None]]:
+    """Turn an Arrow slice into ``(key, packed value or None)`` rows, in the slice's order.
+
+    A one-column value is stored as the scalar; several columns as a ``{column: value}`` map; a window
+    or session store stores ``[window end, value]``. A null value (every value column null) is a delete.
+    Rows with a null key are dropped, as Kafka Streams drops records with a null key.
+    """
+    keys = internal_keys(spec, table)
+    values = _value_objects(spec, table)
+    # One packer for the batch; nulls (deletes) are packed too and dropped below, cheaper than a filter.
+    packed = encode_values(values)
+    if None not in keys and None not in values:  # the usual batch: no deletes, no null keys
+        return list(zip(keys, packed))
+    rows: list[tuple[Any, bytes | None]] = []
+    dropped = 0
+    for key, value, raw in zip(keys, values, packed):
+        if key is None:
+            dropped += 1
+        else:
+            rows.append((key, None if value is None else raw))
+    if dropped:
+        warn_null_keys(spec, dropped)
+    return rows
+
+
+def warn_null_keys(spec: StoreSpec, dropped: int) -> None:
+    log.warning("store %s: dropped %d rows with a null key", spec.name, dropped, extra={"store": spec.name})
+
+
+class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
+    """The rows of one partition's slice: ``(key, packed value or None)``, null keys dropped (see
+    ``runtime.query.rows_from_arrow``), with ``encoded`` for engines that store keys as bytes."""
+
+    __slots__ = ("spec", "table", "_rows", "_encoded", "_length")
+
+    def __init__(self, spec: StoreSpec, table: pa.Table) -> None:
+        self.spec = spec
+        self.table = table
+        self._rows: list[tuple[Any, bytes | None]] | None = None
+        self._encoded: tuple[list[bytes], list[bytes | None]] | None = None
+        nulls = 0
+        if table.num_rows:
+            valid = None
+            for name, _ in spec.key.columns:
+                ok = pc.is_valid(table.column(name))
+                valid = ok if valid is None else pc.and_(valid, ok)
+            nulls = table.num_rows - pc.sum(valid).as_py() if valid is not None else 0
+        self._length = int(table.num_rows - nulls)
+
+    def rows(self) -> list[tuple[Any, bytes | None]]:
+        if self._rows is None:
+            self._rows = rows_from_arrow(self.spec, self.table) if self.table.num_rows else []
+        return self._rows
+
+    def encoded(self) -> tuple[list[bytes], list[bytes | None]] | None:
+        """The rows as encoded keys and packed values (None: delete), null keys dropped, in the keys' byte
+        order (rows of the same key in the slice's order, so the last one still wins); None when the key
+        columns' types need the key-by-key path (then use the tuples).
+
+        Byte order because RocksDB takes a write batch in key order several times faster than in Spark's
+        hash order (its memtable inserts, and the presence multi-get, walk memory in order), and Arrow's
+        stable sort of the encoded keys costs less than the difference."""
+        if self._encoded is None:
+            if not self.table.num_rows:
+                self._encoded = ([], [])
+                return self._encoded
+            joined = _encoded_key_array(self.spec, self.table)
+            if joined is None:
+                return None
+            order = pc.sort_indices(joined)  # stable; nulls (null keys) last
+            if self._length != len(order):
+                warn_null_keys(self.spec, len(order) - self._length)
+                order = order.slice(0, self._length)
+            keys: list[bytes] = joined.take(order).to_pylist()
+            values = packed_values(self.spec, self.table.take(order))
+            self._encoded = (keys, values)
+        return self._encoded
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Any, bytes | None]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[Any, bytes | None]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.rows()[index]
+
+    def __iter__(self) -> Iterator[tuple[Any, bytes | None]]:
+        return iter(self.rows())
