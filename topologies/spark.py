@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,12 +132,35 @@ class ClassArchive:
         try:
             if self.creating.stat().st_size > 0:
                 os.replace(self.creating, self.path)
+                prune_archives(self.path.parent, keep=self.path)
                 return True
         except OSError:
             pass
         with contextlib.suppress(OSError):
             self.creating.unlink()
         return False
+
+
+# Archives kept besides the newest (each is about 170 MB; a checkout with its own .venv gets its own, since
+# the key includes pyspark's path), and how old a leftover of a run killed while writing one must be to go.
+KEEP_ARCHIVES = 2
+STALE_WRITE_SECONDS = 3600.0
+
+
+def prune_archives(directory: Path, *, keep: Path, now: float | None = None) -> list[Path]:
+    """Delete all but the ``KEEP_ARCHIVES`` most recently written archives in ``directory`` (never
+    ``keep``, the one just published) and partial archives of runs that died writing one over an hour ago.
+    Returns what it deleted; a file it cannot delete is left."""
+    now = time.time() if now is None else now
+    archives = sorted(directory.glob("spark-classes-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    doomed = [p for p in archives if p != keep][KEEP_ARCHIVES - 1 :]
+    doomed += [p for p in directory.glob(".spark-classes-*.tmp") if now - p.stat().st_mtime > STALE_WRITE_SECONDS]
+    deleted = []
+    for path in doomed:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            deleted.append(path)
+    return deleted
 
 
 def class_archive(cache: Path | None = None) -> ClassArchive:

@@ -29,3 +29,29 @@ def test_a_jvm_that_left_no_archive_or_an_empty_one_publishes_nothing(tmp_path: 
     empty.creating.write_bytes(b"")
     assert not empty.publish() and not empty.path.exists() and not empty.creating.exists()
     assert not class_archive(tmp_path).warm
+
+
+def test_publishing_keeps_the_newest_archives_and_drops_old_ones_and_dead_runs_leftovers(tmp_path: Path) -> None:
+    import os
+
+    from topologies.spark import KEEP_ARCHIVES, prune_archives
+
+    old = []
+    for i in range(3):  # archives of other checkouts, oldest first
+        path = tmp_path / f"spark-classes-{i:016d}.jsa"
+        path.write_bytes(b"x")
+        os.utime(path, (1000.0 + i, 1000.0 + i))
+        old.append(path)
+    dead = tmp_path / ".spark-classes-abc.jsa.123.tmp"  # a run killed while its JVM wrote
+    dead.write_bytes(b"partial")
+    os.utime(dead, (1000.0, 1000.0))
+    writing = tmp_path / ".spark-classes-def.jsa.456.tmp"  # a run writing one right now
+    writing.write_bytes(b"partial")
+    archive = class_archive(tmp_path)
+    assert archive.creating is not None
+    archive.creating.write_bytes(b"classes")
+    assert archive.publish()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([writing.name, archive.path.name, old[-1].name])  # the newest other one stays
+    assert KEEP_ARCHIVES == 2
+    assert prune_archives(tmp_path, keep=archive.path) == []  # nothing more to do
