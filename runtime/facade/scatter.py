@@ -13,8 +13,8 @@ asked, or the same one again shortly, and at the deadline the answer is a 503 (`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from runtime.bus import Bus
 from runtime.catalog import StoreSpec
@@ -69,22 +69,16 @@ def _copy_behind(table: OwnershipTable, uuid: str, refused: list[int], marks: Ma
     )
 
 
+T = TypeVar("T")
+
+
 async def _merged(
-    sources: list[AsyncGenerator[list[RawEntry], None]], *, reverse: bool
-) -> AsyncGenerator[list[RawEntry], None]:
-    """``merge_pages_async`` of page sources, closing every source however the merge ends."""
+    merge: Callable[..., AsyncIterator[T]], sources: list[AsyncGenerator[T, None]], *, reverse: bool
+) -> AsyncGenerator[T, None]:
+    """``merge`` (``merge_pages_async`` or ``merge_runs_async``) of the sources, closing every source
+    however the merge ends."""
     try:
-        async for chunk in merge_pages_async(sources, reverse=reverse):
-            yield chunk
-    finally:
-        for source in sources:
-            await source.aclose()
-
-
-async def _merged_runs(sources: list[AsyncGenerator[Run, None]], *, reverse: bool) -> AsyncGenerator[Run, None]:
-    """``merge_runs_async`` of run sources, closing every source however the merge ends."""
-    try:
-        async for chunk in merge_runs_async(sources, reverse=reverse):
+        async for chunk in merge(sources, reverse=reverse):
             yield chunk
     finally:
         for source in sources:
@@ -228,7 +222,7 @@ class ScatterGather:
         """The rest of a scan of ``partitions`` on their next untried holders (merged, if they differ)."""
         groups = _failover_groups(table, partitions, tried)
         sources = [self._owner_pages(table, u, ps, scan, page_size, tried) for u, ps in groups.items()]
-        async for chunk in _merged(sources, reverse=scan.reverse):
+        async for chunk in _merged(merge_pages_async, sources, reverse=scan.reverse):
             yield chunk
 
     # -- packed pages (runtime.pages): key-value scans streamed or iterated as blobs -------------------
@@ -275,7 +269,7 @@ class ScatterGather:
                         self._owner_runs(table, u, ps, scan, fmt, max_bytes, left, tried, prefetch)
                         for u, ps in groups.items()
                     ]
-                    async for rest in _merged_runs(sources, reverse=scan.reverse):
+                    async for rest in _merged(merge_runs_async, sources, reverse=scan.reverse):
                         yield rest
                     return
                 pending = None
@@ -301,7 +295,7 @@ class ScatterGather:
         owners = owners_or_unavailable(table).items()
         sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes, limit) for u, p in owners]
         left = limit
-        async for chunk in _merged_runs(sources, reverse=scan.reverse):
+        async for chunk in _merged(merge_runs_async, sources, reverse=scan.reverse):
             if left is not None and len(chunk) >= left:
                 chunk = split_run(chunk, left)[0]
                 if chunk.keys:
@@ -353,7 +347,7 @@ class ScatterGather:
             return
         size = page_size or self.page_size
         sources = [self._owner_pages(table, u, p, scan, size) for u, p in owners_or_unavailable(table).items()]
-        async for chunk in _merged(sources, reverse=scan.reverse):
+        async for chunk in _merged(merge_pages_async, sources, reverse=scan.reverse):
             yield chunk
 
     async def stream(
