@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +19,7 @@ from runtime.partitioner import partition_of_bytes
 from runtime.query import QueryCore
 from runtime.registry import RegistryState
 from runtime.scan import Scan
+from runtime.snapshots import SnapshotOffer
 
 
 def kv_spec(
@@ -213,3 +214,27 @@ def load_windowed(bus: FakeBus, store: str, entries: list[tuple[str, Any, Any, A
     table = bus.state.view().tables[store]
     for uuid, slices in slices_for_owners(table, split_by_partition(arrow, spec.partitions)).items():
         bus.owners[uuid].core.apply("q", batch_id, slices)
+
+
+class Peer:
+    """A ``SnapshotPeer`` over a core; ``during_copy`` runs before the first chunk of each copy."""
+
+    def __init__(self, core: QueryCore) -> None:
+        self.core = core
+        self.opens = 0
+        self.during_copy: Callable[[], None] = lambda: None
+        self._reads = 0
+
+    def open_snapshot(self, partition: int) -> SnapshotOffer:
+        self.opens += 1
+        self._reads = 0
+        return self.core.open_snapshot(partition)
+
+    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
+        self._reads += 1
+        if self._reads == 1:
+            self.during_copy()
+        return self.core.read_snapshot(token, path, offset, length)
+
+    def close_snapshot(self, token: str) -> None:
+        self.core.close_snapshot(token)

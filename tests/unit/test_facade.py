@@ -603,9 +603,8 @@ async def test_a_store_dropped_and_created_again_starts_its_marks_over(replicate
     assert await facade.get(KeyQuery("r", "k007")) == "y"
 
 
-async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_limit(bus: FakeBus) -> None:
-    bus.create_store(kv_spec("many"))
-    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
+def _record_packed_limits(bus: FakeBus) -> list[int | None]:
+    """The ``limit`` of every ``scan_packed`` call the bus's owners get from now on, in order."""
     asked: list[int | None] = []
     for owner in bus.owners.values():
         scan_packed = owner.core.scan_packed
@@ -615,6 +614,13 @@ async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_lim
             return scan_packed(partitions, scan, limit, max_bytes, fmt)
 
         owner.core.scan_packed = recording  # type: ignore[method-assign]
+    return asked
+
+
+async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_limit(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("many"))
+    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
+    asked = _record_packed_limits(bus)
     core = Facade(bus)
     lines = b"".join([c async for c in core.stream_ndjson(RangeQuery("many"), None, 5)]).splitlines()
     assert [json.loads(line)["key"] for line in lines] == [f"k{i:05d}" for i in range(5)]
@@ -628,15 +634,7 @@ async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_lim
 async def test_a_limited_stream_asks_an_owner_again_only_for_what_is_left(bus: FakeBus) -> None:
     bus.create_store(kv_spec("many"))
     bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
-    asked: list[int | None] = []
-    for owner in bus.owners.values():
-        scan_packed = owner.core.scan_packed
-
-        def recording(partitions, scan, limit, max_bytes, fmt, scan_packed=scan_packed):  # type: ignore[no-untyped-def]
-            asked.append(limit)
-            return scan_packed(partitions, scan, limit, max_bytes, fmt)
-
-        owner.core.scan_packed = recording  # type: ignore[method-assign]
+    asked = _record_packed_limits(bus)
     core = Facade(bus)
     table = await core.table("many")
     # Pages of ~200 bytes: an owner's 1,200-entry limit takes several pages, each asking for what is left.

@@ -16,28 +16,10 @@ from runtime.facade import Facade
 from runtime.monotonic import Span
 from runtime.ownership import ClusterView, ReaderCopy
 from runtime.queries import KeyQuery
-from runtime.query import QueryCore
 from runtime.readreplica import ReadReplica, ReadReplicas
-from runtime.snapshots import SnapshotOffer
-from tests.unit.fakes import FakeBus, eventually, kv_spec
+from tests.unit.fakes import FakeBus, Peer, eventually, kv_spec
 
 CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james"}
-
-
-class CorePeer:
-    """A ``SnapshotPeer`` over an in-process query core."""
-
-    def __init__(self, core: QueryCore) -> None:
-        self.core = core
-
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
-        return self.core.open_snapshot(partition)
-
-    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
-        return self.core.read_snapshot(token, path, offset, length)
-
-    def close_snapshot(self, token: str) -> None:
-        self.core.close_snapshot(token)
 
 
 class BusPeers:
@@ -50,8 +32,8 @@ class BusPeers:
         owners = self.bus.state.view().tables[self.store].partitions[partition]
         return [u for u in (owners.active, *owners.standbys) if u is not None]
 
-    def peer(self, uuid: str) -> CorePeer:
-        return CorePeer(self.bus.owners[uuid].core)
+    def peer(self, uuid: str) -> Peer:
+        return Peer(self.bus.owners[uuid].core)
 
 
 class Verticle:
@@ -96,6 +78,15 @@ async def setup(bus: FakeBus) -> Any:
     await facade.stop()
 
 
+async def answering(verticle: Verticle, bus: FakeBus) -> ReadReplica:
+    """The verticle's replica copied, listed and fed batch 1 (key "1" is "one"): it answers lookups."""
+    verticle.copy()
+    replica = verticle.only()
+    await eventually(lambda: replica.listed, what="listed")
+    bus.load("customers", {"1": "one"}, batch_id=1)
+    return replica
+
+
 def owner_gets(bus: FakeBus) -> int:
     return sum(o.calls.count("get_many") for o in bus.owners.values())
 
@@ -128,10 +119,7 @@ async def test_a_replica_answers_only_once_copied_listed_and_fed_then_without_th
 
 async def test_a_replica_that_missed_a_batch_stops_answering_and_copies_again(setup: Any, bus: FakeBus) -> None:
     facade, verticle = setup
-    verticle.copy()
-    replica = verticle.only()
-    await eventually(lambda: replica.listed, what="listed")
-    bus.load("customers", {"1": "one"}, batch_id=1)
+    replica = await answering(verticle, bus)
     assert await facade.get(KeyQuery("customers", "1")) == "one"
     asked = owner_gets(bus)
 
@@ -150,10 +138,7 @@ async def test_a_replica_that_missed_a_batch_stops_answering_and_copies_again(se
 
 async def test_a_dropped_replica_is_not_read_and_a_new_one_replaces_it(setup: Any, bus: FakeBus) -> None:
     facade, verticle = setup
-    verticle.copy()
-    first = verticle.only()
-    await eventually(lambda: first.listed, what="listed")
-    bus.load("customers", {"1": "one"}, batch_id=1)
+    first = await answering(verticle, bus)
     assert bus.state.drop_reader(first.uuid)  # what the sink does when it does not acknowledge a batch
     await eventually(lambda: verticle.only() is not first, what="a new replica")
     second = verticle.only()

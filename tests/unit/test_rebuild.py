@@ -18,37 +18,12 @@ from runtime.partition import CATCHING_UP, INCOMPLETE, MARKER, SERVING
 from runtime.query import QueryCore
 from runtime.rebuild import RebuildSettings
 from runtime.scan import Scan
-from runtime.snapshots import SnapshotOffer
-from tests.unit.fakes import kv_spec
+from tests.unit.fakes import Peer, kv_spec
 
 
 def batch(n: int, tag: str = "") -> dict[int, pa.Table]:
     """Batch ``n``: sets key k<n> to n and bumps the shared key ``last`` (so order and gaps show)."""
     return {0: pa.table({"key": [f"k{n}", "last"], "value": [f"{n}{tag}", f"{n}{tag}"]})}
-
-
-class Peer:
-    """A ``SnapshotPeer`` over a core; ``during_copy`` runs before the first chunk of each copy."""
-
-    def __init__(self, core: QueryCore) -> None:
-        self.core = core
-        self.opens = 0
-        self.during_copy: Callable[[], None] = lambda: None
-        self._reads = 0
-
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
-        self.opens += 1
-        self._reads = 0
-        return self.core.open_snapshot(partition)
-
-    def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
-        self._reads += 1
-        if self._reads == 1:
-            self.during_copy()
-        return self.core.read_snapshot(token, path, offset, length)
-
-    def close_snapshot(self, token: str) -> None:
-        self.core.close_snapshot(token)
 
 
 class Peers:
