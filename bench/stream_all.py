@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -47,12 +48,21 @@ def rss_mb(pid: int) -> float:
     return rss_parts(pid)["VmRSS"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class RssWatch:
     """Samples the RSS (and its parts) of some processes every ``every`` seconds in a thread, from
-    ``before`` (taken at start) to ``stop()``: the peak of each part per process, and the sample count."""
+    ``before`` (taken at start) to ``stop()``: the peak of each part per process, and the sample count;
+    and the CPU seconds each process used in between (``cpu``, set by ``stop()``)."""
 
     def __init__(self, pids: dict[str, int], every: float = 0.05) -> None:
         self.pids = pids
+        self.cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
         self.before = {name: rss_parts(pid) for name, pid in pids.items()}
         self.peak = {name: dict(parts) for name, parts in self.before.items()}
         self.samples = 0
@@ -74,6 +84,7 @@ class RssWatch:
         """Stop sampling; the RSS parts of each process now (``after``)."""
         self._stop.set()
         self._thread.join()
+        self.cpu = {name: cpu_seconds(pid) - self.cpu[name] for name, pid in self.pids.items()}
         return {name: rss_parts(pid) for name, pid in self.pids.items()}
 
 
@@ -100,6 +111,7 @@ def _memory_rows(label: str, watch: RssWatch, after: dict[str, dict[str, float]]
             f"    {label:9s} {name:16s} {b['VmRSS']:7.0f} {p['VmRSS']:7.0f} ({p['VmRSS'] - b['VmRSS']:+5.0f})"
             f" {a['VmRSS']:7.0f}   anon {b['RssAnon']:5.0f}->{p['RssAnon']:5.0f}"
             f"  shmem {b['RssShmem']:5.0f}->{p['RssShmem']:5.0f}  file {b['RssFile']:4.0f}->{p['RssFile']:4.0f}"
+            f"  cpu {watch.cpu[name]:5.1f} s"
         )
     return rows
 
@@ -225,12 +237,15 @@ def measure(
     # Python reader would); the lines are checked afterwards, outside the timing.
     out = f"/tmp/riqr-stream-{uuid.uuid4().hex[:8]}.ndjson"
     watch = RssWatch(server)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(
         ["curl", "-sS", "--fail", "-o", out, "-H", "Accept: application/x-ndjson", f"{url}/stores/big/all"],
         check=True,
     )
     rest_secs = time.perf_counter() - started
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    curl_cpu = used.ru_utime + used.ru_stime - children.ru_utime - children.ru_stime
     rest_after = watch.stop()
     rest_watch = watch
     count, last = 0, None
@@ -245,7 +260,7 @@ def measure(
     assert count == entries, count
 
     gc.collect()
-    watch = RssWatch(server)
+    watch = RssWatch({**server, "driver (bench)": os.getpid()})
     started = time.perf_counter()
     py_count, last = 0, None
     for key, value in store.iterate():
@@ -276,7 +291,8 @@ def measure(
         f"  baseline, one query actor scanning its {n_inside:,} entries in-process: {baseline:,.0f} entries/s",
         f"  the same actor producing packed NDJSON pages in-process: {packed_rate:>10,.0f} entries/s"
         f" ({packed_rate / baseline:.2f} of baseline)",
-        f"  REST NDJSON (curl):      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)",
+        f"  REST NDJSON (curl):      {rest_rate:>10,.0f} entries/s ({rest_rate / baseline:.2f} of baseline)"
+        f"  curl's CPU {curl_cpu:.1f} s",
         f"  Python iterate():        {py_rate:>10,.0f} entries/s ({py_rate / baseline:.2f} of baseline)",
     ]
     if old_rate is not None:
@@ -286,7 +302,7 @@ def measure(
         )
     lines.append(
         f"  server RSS MB, sampled every 50 ms ({rest_watch.samples} + {py_watch.samples} samples):"
-        " before, peak (growth), after; parts before->peak"
+        " before, peak (growth), after; parts before->peak; CPU seconds used during the stream"
     )
     lines += _memory_rows("NDJSON", rest_watch, rest_after)
     lines += _memory_rows("iterate", py_watch, py_after)

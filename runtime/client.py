@@ -18,16 +18,14 @@ node's if that one is missing), which scatter-gathers over Ray. Each call builds
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from runtime import raycalls
-from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, PAGE_BYTES, facade_name
+from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, StoreNotFound
-from runtime.pages import Chunk
 from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
@@ -151,20 +149,15 @@ class Store:
         reverse: bool = False,
         page_size: int | None = None,
     ) -> Iterator[tuple[Any, Any]]:
-        """Every entry of a range or prefix scan, fetched a page at a time (memory stays at one page).
+        """Every entry of a range or prefix scan, fetched a page at a time (memory stays flat).
 
-        Pages are sized by bytes (about ``PAGE_BYTES`` per owner; ``page_size`` caps their entries too),
-        travel as one msgpack blob each, and the next page is asked for while one is used.
+        The owners are asked directly, from this process (``Client.keys``), as NDJSON streams are: each
+        sends pages of about ``PAGE_BYTES`` (``page_size`` caps their entries too) as msgpack blobs, one
+        page ahead, and they merge here in key order while the caller uses the entries merged before.
         """
         query = RangeQuery(self.name, lo, hi, prefix, reverse)
-        pending = self._client.submit("chunk", query, None, PAGE_BYTES, page_size)
-        while True:
-            chunk: Chunk = pending()
-            if chunk.next is not None:
-                pending = self._client.submit("chunk", query, chunk.next, PAGE_BYTES, page_size)
-            yield from chunk.items()
-            if chunk.next is None:
-                return
+        for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query, page_size)):
+            yield from chunk
 
     def approximate_num_entries(self) -> int:
         return self._client.call("count", self.name)
@@ -254,24 +247,15 @@ class Store:
         reverse: bool = False,
         page_size: int | None = None,
     ) -> AsyncIterator[tuple[Any, Any]]:
-        """``iterate`` for async code: the same byte-sized pages as msgpack blobs, the next one asked for
-        while one is used."""
+        """``iterate`` for async code: the same pages from the owners, merged in this process."""
         query = RangeQuery(self.name, lo, hi, prefix, reverse)
-
-        async def fetch(cursor: str | None) -> Chunk:
-            chunk: Chunk = await self._client.call_async("chunk", query, cursor, PAGE_BYTES, page_size)
-            return chunk
-
-        pending: asyncio.Task[Chunk] | None = asyncio.ensure_future(fetch(None))
+        chunks = self._client.keys.chunks_async(lambda core: core.entry_chunks(query, page_size))
         try:
-            while pending is not None:
-                chunk = await pending
-                pending = None if chunk.next is None else asyncio.ensure_future(fetch(chunk.next))
-                for entry in chunk.items():
+            async for chunk in chunks:
+                for entry in chunk:
                     yield entry
         finally:
-            if pending is not None:
-                pending.cancel()
+            await chunks.aclose()
 
     async def approximate_num_entries_async(self) -> int:
         return await self._client.call_async("count", self.name)

@@ -188,6 +188,29 @@ class Facade:
         finally:
             await runs.aclose()
 
+    async def entry_chunks(self, query: ScanQuery, page_size: int | None = None) -> AsyncGenerator[list[Any], None]:
+        """Every entry of a scan as callers see them, in chunks, with memory flat (``Store.iterate`` in the
+        caller's process). A key-value store's owners send packed msgpack pages of about ``PAGE_BYTES``
+        (``page_size`` caps their entries too), one prefetched per owner, merged here as they come; window
+        and session stores stream their tuple pages."""
+        table, scan = await self._bind(query)
+        if table.spec.windowed:
+            async for chunk in self.stream(query):
+                yield chunk
+            return
+        if page_size is not None:
+            check_limit(page_size, self.scatter.max_page)
+        composite = table.spec.key.composite
+        scanned = self.metrics.child("riqr_scan_entries_total", query.store)
+        runs = self.scatter.packed_chunks(table, scan, MSGPACK, page_entries=page_size)
+        try:
+            async for run in runs:
+                scanned.inc(len(run))
+                keys, values = run.columns
+                yield list(zip(map(tuple, keys) if composite else keys, values))
+        finally:
+            await runs.aclose()
+
     async def chunk(
         self, query: ScanQuery, cursor: str | None = None, max_bytes: int = PAGE_BYTES, limit: int | None = None
     ) -> Chunk:

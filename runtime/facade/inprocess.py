@@ -29,7 +29,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from runtime.bus import Bus
@@ -263,6 +263,26 @@ class InProcessFacade:
     async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
         return await self._thread.run_async(coro)
 
+    def chunks(self, make: Callable[[Facade], AsyncIterator[list[T]]]) -> Iterator[list[T]]:
+        """The chunks of ``make(facade)`` (an async generator of the loop's ``Facade``, such as
+        ``Facade.entry_chunks``) for a plain thread, the next one made on the loop while this thread uses
+        one. Stopping early (closing the iterator) ends the generator and its owners' calls."""
+        ahead = _Ahead(self._core, make)
+        try:
+            while (chunk := self._thread.run(ahead.next())) is not None:
+                yield chunk
+        finally:
+            self._thread.run(ahead.close())
+
+    async def chunks_async(self, make: Callable[[Facade], AsyncIterator[list[T]]]) -> AsyncGenerator[list[T], None]:
+        """``chunks`` for a caller on any event loop."""
+        ahead = _Ahead(self._core, make)
+        try:
+            while (chunk := await self._thread.run_async(ahead.next())) is not None:
+                yield chunk
+        finally:
+            await self._thread.run_async(ahead.close())
+
     # -- the calling thread's side --------------------------------------------------------------------
 
     def get(self, query: KeyQuery, budget: float) -> Any:
@@ -316,6 +336,39 @@ class InProcessFacade:
         with self._batchers_lock:
             for uuid in set(self._batchers) - set(view.actors):
                 del self._batchers[uuid]
+
+
+class _Ahead(Generic[T]):
+    """An async generator of the loop's facade, read one item ahead: ``next`` answers the item asked for
+    before (or asks now, the first time) and asks for the following one before returning, so the loop makes
+    it while the caller uses this one. Runs on the loop thread only."""
+
+    def __init__(self, core: Callable[[], Coroutine[Any, Any, Facade]], make: Callable[[Facade], AsyncIterator[T]]):
+        self._core = core
+        self._make = make
+        self._items: AsyncIterator[T] | None = None
+        self._ahead: asyncio.Future[T | None] | None = None
+
+    async def next(self) -> T | None:
+        """The next item, or None after the last."""
+        if self._items is None:
+            self._items = self._make(await self._core())
+        pending, self._ahead = self._ahead, None
+        item = await (pending if pending is not None else anext(self._items, None))
+        if item is not None:
+            self._ahead = asyncio.ensure_future(anext(self._items, None))
+        return item
+
+    async def close(self) -> None:
+        """Stop the item being made ahead, if any, and end the generator (its ``finally`` runs)."""
+        if self._ahead is not None:
+            self._ahead.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._ahead
+            self._ahead = None
+        aclose = getattr(self._items, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class _Slow:

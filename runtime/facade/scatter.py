@@ -238,12 +238,13 @@ class ScatterGather:
         limit: int | None = None,
         tried: frozenset[str] = frozenset(),
         prefetch: bool = True,
+        page_entries: int | None = None,
     ) -> AsyncGenerator[Run, None]:
         """``_owner_pages`` with packed pages: one owner's part of a scan as runs, the next page fetched
         while one is used (``prefetch``), failing over to standby copies strictly after the last key
         already yielded, as ``_owner_pages`` does. With a ``limit``, the owner sends at most that many
         entries over all its pages (a merged scan never needs more from one source), and is asked no more
-        once it sent them."""
+        once it sent them. ``page_entries`` caps each page's entries (besides its bytes)."""
         owner = self._bus.owner(uuid)
         what = f"scan page from {uuid}"
         loop = asyncio.get_running_loop()
@@ -251,7 +252,8 @@ class ScatterGather:
         left = limit
 
         def fetch(scan: Scan) -> Any:
-            ask = lambda: owner.scan_packed(partitions, scan, left, max_bytes, fmt)  # noqa: E731
+            most = left if page_entries is None else page_entries if left is None else min(left, page_entries)
+            ask = lambda: owner.scan_packed(partitions, scan, most, max_bytes, fmt)  # noqa: E731
             return self._admitted(table, uuid, partitions, tried, ask, what)
 
         pending: asyncio.Future[Any] | None = loop.create_task(fetch(scan))
@@ -266,7 +268,7 @@ class ScatterGather:
                         raise
                     groups = _failover_groups(table, partitions, tried)
                     sources = [
-                        self._owner_runs(table, u, ps, scan, fmt, max_bytes, left, tried, prefetch)
+                        self._owner_runs(table, u, ps, scan, fmt, max_bytes, left, tried, prefetch, page_entries)
                         for u, ps in groups.items()
                     ]
                     async for rest in _merged(merge_runs_async, sources, reverse=scan.reverse):
@@ -285,15 +287,23 @@ class ScatterGather:
                 pending.cancel()
 
     async def packed_chunks(
-        self, table: OwnershipTable, scan: Scan, fmt: str, max_bytes: int = PAGE_BYTES, limit: int | None = None
+        self,
+        table: OwnershipTable,
+        scan: Scan,
+        fmt: str,
+        max_bytes: int = PAGE_BYTES,
+        limit: int | None = None,
+        page_entries: int | None = None,
     ) -> AsyncGenerator[Run, None]:
         """A key-value scan over all partitions as merged runs in ``fmt`` (NDJSON lines, or keys and
-        values), pages of about ``max_bytes`` per owner, one prefetched: memory stays flat. At most
-        ``limit`` entries, and no owner is asked for more than that."""
+        values), pages of about ``max_bytes`` (and at most ``page_entries``) per owner, one prefetched:
+        memory stays flat. At most ``limit`` entries, and no owner is asked for more than that."""
         if scan.is_empty():
             return
         owners = owners_or_unavailable(table).items()
-        sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes, limit) for u, p in owners]
+        sources = [
+            self._owner_runs(table, u, p, scan, fmt, max_bytes, limit, page_entries=page_entries) for u, p in owners
+        ]
         left = limit
         async for chunk in _merged(merge_runs_async, sources, reverse=scan.reverse):
             if left is not None and len(chunk) >= left:

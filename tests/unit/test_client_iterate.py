@@ -1,45 +1,126 @@
-"""``Store.iterate_async`` over a facade on the fake bus: byte-sized msgpack chunks, as ``iterate`` uses."""
+"""``Store.iterate`` and ``Store.iterate_async`` over the in-process facade on the fake bus: the owners'
+packed msgpack pages merged in the caller's process, one chunk made ahead, nothing left running after an
+early stop."""
 
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from runtime.client import Store
-from runtime.facade import Facade
-from tests.unit.fakes import FakeBus, kv_spec
+from runtime.facade.inprocess import InProcessFacade
+from tests.unit.fakes import FakeBus, kv_spec, load_windowed, windowed_spec
 
 
 class _Client:
-    """What ``Store`` needs of ``Client`` for scans, calling a facade in-process instead of over Ray."""
+    """What ``Store`` needs of ``Client`` for ``iterate``: the process's in-process facade."""
 
-    def __init__(self, facade: Facade) -> None:
-        self.facade = facade
-        self.calls: list[str] = []
-
-    async def call_async(self, method: str, *args: Any) -> Any:
-        self.calls.append(method)
-        return await getattr(self.facade, method)(*args)
+    def __init__(self, keys: InProcessFacade) -> None:
+        self.keys = keys
 
 
-async def test_iterate_async_walks_every_entry_in_order_in_packed_chunks() -> None:
-    bus = FakeBus()
+def _unused_blocking(uuid: str) -> Any:
+    raise AssertionError("iterate makes no blocking key lookups")
+
+
+@pytest.fixture
+def bus() -> FakeBus:
+    return FakeBus()
+
+
+@pytest.fixture
+def facade(bus: FakeBus) -> Iterator[InProcessFacade]:
+    facade = InProcessFacade(bus, _unused_blocking, timeout=2.0)
+    yield facade
+    facade.close()
+
+
+def _store(facade: InProcessFacade, name: str) -> Store:
+    return Store(_Client(facade), name)  # type: ignore[arg-type]
+
+
+def _scans(bus: FakeBus) -> int:
+    return sum(owner.calls.count("scan") for owner in bus.owners.values())
+
+
+def test_iterate_walks_every_entry_in_order_from_the_owners_pages(bus: FakeBus, facade: InProcessFacade) -> None:
     bus.create_store(kv_spec("many"))
     rows = {f"k{i:05d}": f"v{i}" for i in range(3000)}
     bus.load("many", rows)
-    client = _Client(Facade(bus))
-    store = Store(client, "many")  # type: ignore[arg-type]
-    assert [e async for e in store.iterate_async(page_size=700)] == sorted(rows.items())
-    assert set(client.calls) == {"chunk"} and len(client.calls) >= 3000 // 700
-    client.calls.clear()
-    got = [e async for e in store.iterate_async(lo="k00100", hi="k00199", reverse=True)]
+    store = _store(facade, "many")
+    assert list(store.iterate(page_size=700)) == sorted(rows.items())
+    # Pages of at most 700 entries from each of the two owners: at least 1,500 / 700 pages each.
+    assert _scans(bus) >= 2 * (1500 // 700)
+    got = list(store.iterate(lo="k00100", hi="k00199", reverse=True))
     assert got == sorted(((k, v) for k, v in rows.items() if "k00100" <= k <= "k00199"), reverse=True)
+    assert list(store.iterate(prefix="k0299")) == [(f"k0299{i}", f"v299{i}") for i in range(10)]
+    assert list(store.iterate(lo="x")) == []
 
 
-async def test_iterate_async_stopped_early_leaves_no_call_behind() -> None:
-    bus = FakeBus()
+def test_iterate_keeps_typed_and_composite_keys(bus: FakeBus, facade: InProcessFacade) -> None:
+    bus.create_store(kv_spec("ints", key_type="long"))
+    ints = {i: f"v{i}" for i in range(-500, 500, 7)}
+    bus.load("ints", ints)
+    assert list(_store(facade, "ints").iterate(page_size=10)) == sorted(ints.items())
+    bus.create_store(kv_spec("pairs", rest=(("n", "long"),)))
+    pairs = {(f"u{i % 5}", i): f"v{i}" for i in range(200)}
+    bus.load("pairs", pairs)
+    got = list(_store(facade, "pairs").iterate(reverse=True))
+    assert got == sorted(pairs.items(), reverse=True) and all(type(k) is tuple for k, _ in got)
+    bus.create_store(kv_spec("text"))
+    text = {"é": "1", "z": "2", "a\x00b": "3", "日本": "4", "": "5"}
+    bus.load("text", text)
+    assert list(_store(facade, "text").iterate()) == sorted(text.items())
+
+
+def test_iterate_of_a_window_store_gives_its_windows(bus: FakeBus, facade: InProcessFacade) -> None:
+    bus.create_store(windowed_spec("w"))
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    windows = [(f"u{i}", t0, t0 + dt.timedelta(minutes=5), i) for i in range(20)]
+    load_windowed(bus, "w", windows)
+    got = list(_store(facade, "w").iterate())
+    assert [(w.key, w.value) for w in got] == [(f"u{i}", i) for i in sorted(range(20), key=lambda i: f"u{i}")]
+
+
+def test_iterate_stopped_early_leaves_no_call_behind(bus: FakeBus, facade: InProcessFacade) -> None:
     bus.create_store(kv_spec("many"))
     bus.load("many", {f"k{i:05d}": i for i in range(3000)})
-    client = _Client(Facade(bus))
-    entries = Store(client, "many").iterate_async(page_size=100)  # type: ignore[arg-type]
+    entries = _store(facade, "many").iterate(page_size=100)
+    first = [next(entries) for _ in range(5)]
+    entries.close()
+    assert [k for k, _ in first] == [f"k{i:05d}" for i in range(5)]
+    # The first page of each owner, the next one each prefetched, and those of the chunk made ahead.
+    asked = _scans(bus)
+    assert asked <= 8
+    facade._thread.run(asyncio.sleep(0.05))
+    assert _scans(bus) == asked
+
+
+async def test_iterate_async_walks_every_entry_and_stops_cleanly(bus: FakeBus, facade: InProcessFacade) -> None:
+    bus.create_store(kv_spec("many"))
+    rows = {f"k{i:05d}": f"v{i}" for i in range(3000)}
+    bus.load("many", rows)
+    store = _store(facade, "many")
+    assert [e async for e in store.iterate_async(page_size=700)] == sorted(rows.items())
+    got = [e async for e in store.iterate_async(lo="k00100", hi="k00199", reverse=True)]
+    assert got == sorted(((k, v) for k, v in rows.items() if "k00100" <= k <= "k00199"), reverse=True)
+    entries = store.iterate_async(page_size=100)
     first = [await anext(entries) for _ in range(5)]
     await entries.aclose()
     assert [k for k, _ in first] == [f"k{i:05d}" for i in range(5)]
-    assert len(client.calls) <= 2  # the first chunk and the one prefetched
+    asked = _scans(bus)
+    await asyncio.sleep(0.05)
+    assert _scans(bus) == asked
+
+
+def test_iterate_fails_over_to_a_standby_mid_scan(bus: FakeBus, facade: InProcessFacade) -> None:
+    bus.create_store(kv_spec("r", standbys=1))
+    rows = {f"k{i:05d}": f"v{i}" for i in range(2000)}
+    bus.load("r", rows)
+    first = next(iter(bus.owners.values()))
+    first.down_after = 2  # answers two pages, then is down
+    assert list(_store(facade, "r").iterate(page_size=100)) == sorted(rows.items())
