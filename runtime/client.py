@@ -19,7 +19,7 @@ node's if that one is missing), which scatter-gathers over Ray. Each call builds
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from runtime import raycalls
@@ -66,17 +66,6 @@ class Client:
         """Call the facade verticle and wait, with Ray's failures as riqr's errors."""
         remote = getattr(self.facade, method).remote
         return raycalls.call_sync(lambda: remote(*args), method, deadline=Deadline.after(self.timeout))
-
-    def submit(self, method: str, *args: Any) -> Callable[[], Any]:
-        """Call the facade verticle now and return a function that waits for the answer (as ``call``), so
-        the caller can work meanwhile. Calls again if the verticle was restarting."""
-        remote = getattr(self.facade, method).remote
-        first = [remote(*args)]
-
-        def again() -> Any:
-            return first.pop() if first else remote(*args)
-
-        return lambda: raycalls.call_sync(again, method, deadline=Deadline.after(self.timeout))
 
     async def call_async(self, method: str, *args: Any) -> Any:
         remote = getattr(self.facade, method).remote

@@ -14,8 +14,8 @@ scanning, was the limit (docs/benchmarks.md, "Streaming a large scan"). A ``Pack
 
 Pages are bounded by bytes (``config.PAGE_BYTES``) as well as by an optional entry count, and say whether
 more may follow (``more``). The facade merges runs of several owners with one sort of the sort keys per
-chunk (``merge_runs``), writes NDJSON bytes without decoding values, and hands the Python caller one
-msgpack blob per chunk (``pack_chunk``/``unpack_chunk``).
+chunk (``merge_runs``) and writes NDJSON bytes without decoding values; ``Store.iterate`` merges the
+msgpack pages the same way in the caller's own process (``runtime.facade.inprocess``).
 
 Only key-value stores use packed pages; window and session stores keep the tuple pages (their time
 filter and ``Windowed`` entries need decoded values).
@@ -50,9 +50,6 @@ __all__ = [
     "external_keys",
     "json_values",
     "ndjson_lines",
-    "Chunk",
-    "pack_chunk",
-    "unpack_chunk",
 ]
 
 NDJSON = "ndjson"
@@ -246,34 +243,3 @@ def split_run(run: Run, at: int) -> tuple[Run, Run]:
     head = Run(run.keys[:at], tuple(c[:at] for c in run.columns))
     tail = Run(run.keys[at:], tuple(c[at:] for c in run.columns), run.more)
     return head, tail
-
-
-def pack_chunk(run: Run) -> bytes:
-    """A merged msgpack run as one blob for the Python caller: ``[keys, values]``."""
-    keys, values = run.columns
-    packed: bytes = msgpack.packb([keys, values], use_bin_type=True, datetime=True, default=_key_default)
-    return packed
-
-
-def unpack_chunk(blob: bytes, composite: bool) -> list[tuple[Any, Any]]:
-    """The ``(key, value)`` entries of a ``pack_chunk`` blob (composite keys as tuples)."""
-    keys, values = msgpack.unpackb(blob, raw=False, timestamp=3, strict_map_key=False)
-    if composite:
-        keys = map(tuple, keys)
-    return list(zip(keys, values))
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """What ``Store.iterate`` gets per call: a packed blob of entries (key-value stores) or the entries
-    themselves (window and session stores), and the cursor of the rest (None after the last)."""
-
-    blob: bytes | None
-    entries: list[Any] | None
-    composite: bool
-    next: str | None
-
-    def items(self) -> list[Any]:
-        if self.blob is not None:
-            return unpack_chunk(self.blob, self.composite)
-        return list(self.entries or ())

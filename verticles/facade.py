@@ -12,7 +12,6 @@ from runtime import logs
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT
 from runtime.facade import Facade
-from runtime.pages import Chunk
 from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery
 
 __all__ = ["FacadeVerticle"]
@@ -45,9 +44,6 @@ class FacadeVerticle:
 
     async def page(self, query: ScanQuery, request: PageRequest) -> Page:
         return await (await self._ready()).page(query, request)
-
-    async def chunk(self, query: ScanQuery, cursor: str | None, max_bytes: int, limit: int | None) -> Chunk:
-        return await (await self._ready()).chunk(query, cursor, max_bytes, limit)
 
     async def count(self, store: str) -> int:
         return await (await self._ready()).count(store)

@@ -24,10 +24,9 @@ from typing import Any
 
 from runtime.bus import Bus
 from runtime.codec import decode_value, encode_json
-from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, PAGE_BYTES, VIEW_REFRESH_INTERVAL
+from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
 from runtime.cursor import CursorCodec
 from runtime.deadline import Deadline, within
-from runtime.engines.keycodec import KeyCodec
 from runtime.errors import RiqrError
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, LocalCopies, route_or_unavailable
@@ -37,7 +36,7 @@ from runtime.health import ClusterProbe
 from runtime.metrics import Metrics
 from runtime.monotonic import Marks, position_header
 from runtime.ownership import ClusterView, OwnershipTable
-from runtime.pages import MSGPACK, NDJSON, Chunk, pack_chunk
+from runtime.pages import MSGPACK, NDJSON
 from runtime.queries import KeyQuery, Page, PageRequest, ScanQuery, bind_key, bind_partition_key, check_limit
 from runtime.scan import Scan
 from runtime.windows import Windowed, require_kind
@@ -210,25 +209,6 @@ class Facade:
                 yield list(zip(map(tuple, keys) if composite else keys, values))
         finally:
             await runs.aclose()
-
-    async def chunk(
-        self, query: ScanQuery, cursor: str | None = None, max_bytes: int = PAGE_BYTES, limit: int | None = None
-    ) -> Chunk:
-        """A page of a scan sized by bytes for ``Store.iterate``: one page from every owner merged, as one
-        msgpack blob, and the cursor of the rest. Window and session stores answer ``page``'s entries."""
-        table, scan = await self._bind(query, cursor)
-        if table.spec.windowed:
-            page = await self.page(query, PageRequest(limit or DEFAULT_PAGE_SIZE, cursor))
-            return Chunk(None, page.entries, False, page.next)
-        if limit is not None:
-            check_limit(limit, self.scatter.max_page)
-        run = await self.scatter.packed_page(table, scan, MSGPACK, max_bytes, limit)
-        self._scanned(query.store, len(run))
-        after = None
-        if run.more and run.keys:
-            last = KeyCodec(table.spec.key).decode(run.keys[-1])
-            after = self.cursors.encode(table.spec.name, query.shape, scan, last)
-        return Chunk(pack_chunk(run), None, table.spec.key.composite, after)
 
     def _scanned(self, store: str, entries: int) -> None:
         if entries:

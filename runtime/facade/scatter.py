@@ -26,7 +26,7 @@ from runtime.facade.view import ViewCache
 from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
 from runtime.monotonic import Marks
 from runtime.ownership import OwnershipTable
-from runtime.pages import MSGPACK, PackedPage, Run, cut, merge_runs, run_of, split_run
+from runtime.pages import PackedPage, Run, run_of, split_run
 from runtime.queries import Page, check_limit
 from runtime.scan import Scan
 from runtime.windows import present
@@ -314,40 +314,6 @@ class ScatterGather:
             if left is not None:
                 left -= len(chunk)
             yield chunk
-
-    async def packed_page(
-        self, table: OwnershipTable, scan: Scan, fmt: str, max_bytes: int = PAGE_BYTES, limit: int | None = None
-    ) -> Run:
-        """One round of a key-value scan: a page from every owner (no prefetch), merged up to the frontier
-        (the least last key among pages that stopped at a bound), and at most ``limit`` entries. ``more``
-        says whether the scan goes on after the run's last key (``Store.iterate`` asks again from there)."""
-        if scan.is_empty():
-            return Run([], ([],) * (2 if fmt == MSGPACK else 1))
-        owners = owners_or_unavailable(table).items()
-        sources = [self._owner_runs(table, u, p, scan, fmt, max_bytes, limit, prefetch=False) for u, p in owners]
-        try:
-            outcomes = await asyncio.gather(*(anext(s, None) for s in sources), return_exceptions=True)
-        finally:
-            for source in sources:
-                await source.aclose()
-        runs: list[Run] = []
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-            if outcome is not None:
-                runs.append(outcome)
-        if not runs:
-            return Run([], ([],) * (2 if fmt == MSGPACK else 1))
-        bounded = [r.keys[-1] for r in runs if r.more and r.keys]
-        merged = merge_runs(runs, reverse=scan.reverse)
-        if bounded:
-            frontier = max(bounded) if scan.reverse else min(bounded)
-            merged = split_run(merged, cut(merged.keys, frontier, scan.reverse))[0]
-            merged.more = True
-        if limit is not None and len(merged) > limit:
-            merged = split_run(merged, limit)[0]
-            merged.more = True
-        return merged
 
     async def raw_chunks(
         self, table: OwnershipTable, scan: Scan, page_size: int | None = None
