@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from runtime.client import Store
+from runtime.errors import InvalidParameter, PartitionUnavailable
 from runtime.facade.inprocess import InProcessFacade
+from runtime.ownership import OwnershipTable, PartitionOwners
 from tests.unit.fakes import FakeBus, kv_spec, load_windowed, windowed_spec
 
 
@@ -93,9 +95,10 @@ def test_iterate_stopped_early_leaves_no_call_behind(bus: FakeBus, facade: InPro
     first = [next(entries) for _ in range(5)]
     entries.close()
     assert [k for k, _ in first] == [f"k{i:05d}" for i in range(5)]
-    # The first page of each owner, the next one each prefetched, and those of the chunk made ahead.
+    # Per source (at most one per partition): the page merged, the next one prefetched, and the pages of
+    # the chunk made ahead; none of the store's 30 pages of 100 beyond those.
     asked = _scans(bus)
-    assert asked <= 8
+    assert asked <= 3 * 4
     facade._thread.run(asyncio.sleep(0.05))
     assert _scans(bus) == asked
 
@@ -124,3 +127,32 @@ def test_iterate_fails_over_to_a_standby_mid_scan(bus: FakeBus, facade: InProces
     first = next(iter(bus.owners.values()))
     first.down_after = 2  # answers two pages, then is down
     assert list(_store(facade, "r").iterate(page_size=100)) == sorted(rows.items())
+
+
+def test_iterate_of_an_empty_store_or_one_with_an_empty_owner(bus: FakeBus, facade: InProcessFacade) -> None:
+    bus.create_store(kv_spec("none"))
+    assert list(_store(facade, "none").iterate()) == []
+    bus.create_store(kv_spec("one"))
+    bus.load("one", {"only": "1"})  # one partition, so one owner has nothing at all
+    assert list(_store(facade, "one").iterate(reverse=True)) == [("only", "1")]
+    assert list(_store(facade, "one").iterate(page_size=1)) == [("only", "1")]
+
+
+def test_iterate_of_a_store_with_an_unowned_partition_raises_before_any_entry(
+    bus: FakeBus, facade: InProcessFacade
+) -> None:
+    bus.create_store(kv_spec("holes"))
+    bus.load("holes", {f"k{i:03d}": i for i in range(100)})
+    table = bus.state.view().tables["holes"]
+    owners = list(table.partitions)
+    owners[2] = PartitionOwners(None)
+    bus.state.install(OwnershipTable(table.spec, tuple(owners)), [])
+    with pytest.raises(PartitionUnavailable) as info:
+        list(_store(facade, "holes").iterate())
+    assert info.value.details["partitions"] == [2]
+
+
+def test_a_page_size_beyond_the_largest_page_is_refused(bus: FakeBus, facade: InProcessFacade) -> None:
+    bus.create_store(kv_spec("many"))
+    with pytest.raises(InvalidParameter):
+        list(_store(facade, "many").iterate(page_size=10**9))

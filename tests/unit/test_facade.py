@@ -645,6 +645,22 @@ async def test_a_limited_stream_asks_an_owner_again_only_for_what_is_left(bus: F
     assert all(a is not None and a > 0 for a in asked)
 
 
+async def test_page_entries_caps_every_owner_page_and_a_limit_still_bounds_the_total(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("many"))
+    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
+    asked = _record_packed_limits(bus)
+    core = Facade(bus)
+    table = await core.table("many")
+    runs = [r async for r in core.scatter.packed_chunks(table, Scan(), "msgpack", page_entries=150)]
+    assert [k for r in runs for k in r.columns[0]] == [f"k{i:05d}" for i in range(2000)]
+    assert set(asked) == {150}
+    asked.clear()
+    runs = [r async for r in core.scatter.packed_chunks(table, Scan(), "msgpack", limit=220, page_entries=150)]
+    assert [k for r in runs for k in r.columns[0]] == [f"k{i:05d}" for i in range(220)]
+    # Each source: 150 (the cap), then what is left of its 220 at most.
+    assert asked and all(a is not None and a <= 150 for a in asked) and min(a for a in asked if a) <= 70
+
+
 async def test_a_registry_gone_for_good_is_logged_once_without_a_traceback_and_its_return_once(
     bus: FakeBus, caplog: pytest.LogCaptureFixture
 ) -> None:
