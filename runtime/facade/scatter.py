@@ -13,6 +13,7 @@ asked, or the same one again shortly, and at the deadline the answer is a 503 (`
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -37,6 +38,9 @@ RawEntry = tuple[Any, bytes]
 
 # How long to wait before asking a copy that was behind again (see ``runtime.facade.routing``).
 CATCH_UP_PAUSE = 0.02
+# Packed pages of one owner received and waiting to be merged, beyond the one being merged
+# (``ScatterGather._owner_runs``): with one, the owner works on the next page meanwhile.
+PAGES_AHEAD = 1
 
 
 def _other_holders(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
@@ -237,54 +241,68 @@ class ScatterGather:
         max_bytes: int,
         limit: int | None = None,
         tried: frozenset[str] = frozenset(),
-        prefetch: bool = True,
         page_entries: int | None = None,
     ) -> AsyncGenerator[Run, None]:
-        """``_owner_pages`` with packed pages: one owner's part of a scan as runs, the next page fetched
-        while one is used (``prefetch``), failing over to standby copies strictly after the last key
-        already yielded, as ``_owner_pages`` does. With a ``limit``, the owner sends at most that many
-        entries over all its pages (a merged scan never needs more from one source), and is asked no more
-        once it sent them. ``page_entries`` caps each page's entries (besides its bytes)."""
-        owner = self._bus.owner(uuid)
-        what = f"scan page from {uuid}"
-        loop = asyncio.get_running_loop()
+        """``_owner_pages`` with packed pages: one owner's part of a scan as runs, failing over to standby
+        copies strictly after the last key already received, as ``_owner_pages`` does. With a ``limit``,
+        the owner sends at most that many entries over all its pages (a merged scan never needs more from
+        one source), and is asked no more once it sent them. ``page_entries`` caps each page's entries
+        (besides its bytes).
+
+        Pages are fetched by a task of their own (``_fetch_pages``), which asks for the next page as soon
+        as one arrives rather than when the merge has used the one before: the owner then works on a page
+        while the last one travels and waits to be merged, instead of idling until the merge asks.
+        """
         codec = KeyCodec(table.spec.key)
-        left = limit
+        left = [limit]
+        # At most PAGES_AHEAD pages wait here beyond the one in use, plus one arrived and not yet queued.
+        arrived: asyncio.Queue[tuple[PackedPage | None, Scan, BaseException | None]] = asyncio.Queue(PAGES_AHEAD)
 
-        def fetch(scan: Scan) -> Any:
-            most = left if page_entries is None else page_entries if left is None else min(left, page_entries)
-            ask = lambda: owner.scan_packed(partitions, scan, most, max_bytes, fmt)  # noqa: E731
-            return self._admitted(table, uuid, partitions, tried, ask, what)
-
-        pending: asyncio.Future[Any] | None = loop.create_task(fetch(scan))
-        try:
-            while pending is not None:
+        async def fetch_pages(scan: Scan) -> None:
+            owner = self._bus.owner(uuid)
+            what = f"scan page from {uuid}"
+            while True:
+                caps = [c for c in (left[0], page_entries) if c is not None]
+                ask = functools.partial(owner.scan_packed, partitions, scan, min(caps, default=None), max_bytes, fmt)
                 try:
-                    page: PackedPage = await pending
-                except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded):
-                    pending = None
+                    page: PackedPage = await self._admitted(table, uuid, partitions, tried, ask, what)
+                except Exception as err:  # handed to the generator, which fails over or raises
+                    await arrived.put((None, scan, err))
+                    return
+                if left[0] is not None:
+                    left[0] -= len(page)
+                last = not (page.more and page.keys and left[0] != 0)
+                if not last:
+                    scan = scan.after(codec.decode(page.keys[-1]))
+                await arrived.put((page, scan, None))
+                if last:
+                    return
+
+        fetcher = asyncio.get_running_loop().create_task(fetch_pages(scan))
+        try:
+            while True:
+                page, after, error = await arrived.get()
+                if error is not None:
+                    if not isinstance(error, (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded)):
+                        raise error
                     tried = tried | {uuid}
                     if not _other_holders(table, partitions, tried):
-                        raise
+                        raise error
                     groups = _failover_groups(table, partitions, tried)
                     sources = [
-                        self._owner_runs(table, u, ps, scan, fmt, max_bytes, left, tried, prefetch, page_entries)
+                        self._owner_runs(table, u, ps, after, fmt, max_bytes, left[0], tried, page_entries)
                         for u, ps in groups.items()
                     ]
                     async for rest in _merged(merge_runs_async, sources, reverse=scan.reverse):
                         yield rest
                     return
-                pending = None
-                if left is not None:
-                    left -= len(page)
-                if page.more and page.keys and left != 0:
-                    scan = scan.after(codec.decode(page.keys[-1]))
-                    if prefetch:
-                        pending = loop.create_task(fetch(scan))
+                assert page is not None
                 yield run_of(page)
+                if fetcher.done() and arrived.empty():
+                    return
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
+            if not fetcher.done():
+                fetcher.cancel()
 
     async def packed_chunks(
         self,

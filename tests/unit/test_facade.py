@@ -16,6 +16,7 @@ from runtime.errors import (
     StoreNotFound,
 )
 from runtime.facade import Facade
+from runtime.facade.scatter import PAGES_AHEAD
 from runtime.ownership import Endpoint, OwnershipTable, PartitionOwners
 from runtime.queries import KeyQuery, PageRequest, RangeQuery
 from runtime.scan import Scan
@@ -659,6 +660,25 @@ async def test_page_entries_caps_every_owner_page_and_a_limit_still_bounds_the_t
     assert [k for r in runs for k in r.columns[0]] == [f"k{i:05d}" for i in range(220)]
     # Each source: 150 (the cap), then what is left of its 220 at most.
     assert asked and all(a is not None and a <= 150 for a in asked) and min(a for a in asked if a) <= 70
+
+
+async def test_owners_are_asked_for_their_next_page_on_arrival_and_no_further_than_pages_ahead(
+    bus: FakeBus,
+) -> None:
+    bus.create_store(kv_spec("many"))
+    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(3000)})
+    core = Facade(bus)
+    table = await core.table("many")
+    runs = core.scatter.packed_chunks(table, Scan(), "ndjson", page_entries=100)
+    first = await anext(runs)
+    await asyncio.sleep(0.05)
+    # Per owner: the page being merged, PAGES_AHEAD waiting, and one arrived that waits for room.
+    owners = table.by_owner()
+    asked = [bus.owners[uuid].calls.count("scan") for uuid in owners]
+    assert asked == [1 + PAGES_AHEAD + 1] * len(owners)
+    rest = [r async for r in runs]
+    keys = [json.loads(line)["key"] for r in [first, *rest] for line in r.columns[0]]
+    assert keys == [f"k{i:05d}" for i in range(3000)]
 
 
 async def test_a_registry_gone_for_good_is_logged_once_without_a_traceback_and_its_return_once(
