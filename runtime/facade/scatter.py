@@ -249,13 +249,14 @@ class ScatterGather:
         one source), and is asked no more once it sent them. ``page_entries`` caps each page's entries
         (besides its bytes).
 
-        Pages are fetched by a task of their own (``_fetch_pages``), which asks for the next page as soon
+        Pages are fetched by a task of their own (``fetch_pages``), which asks for the next page as soon
         as one arrives rather than when the merge has used the one before: the owner then works on a page
         while the last one travels and waits to be merged, instead of idling until the merge asks.
         """
         codec = KeyCodec(table.spec.key)
         left = [limit]
-        # At most PAGES_AHEAD pages wait here beyond the one in use, plus one arrived and not yet queued.
+        # At most PAGES_AHEAD pages wait here beyond the one in use, plus one arrived and not yet queued;
+        # pages wait as they came (keys and a blob), split into entries (``run_of``) only when merged.
         arrived: asyncio.Queue[tuple[PackedPage | None, Scan, BaseException | None]] = asyncio.Queue(PAGES_AHEAD)
 
         async def fetch_pages(scan: Scan) -> None:
