@@ -36,7 +36,7 @@ from runtime.bus import Bus
 from runtime.codec import decode_value, to_jsonable
 from runtime.config import DEFAULT_REQUEST_TIMEOUT
 from runtime.deadline import Deadline, within
-from runtime.errors import DeadlineExceeded, KeyNotFound, RiqrError
+from runtime.errors import DeadlineExceeded, KeyNotFound, NotConnected, RiqrError
 from runtime.facade import Facade
 from runtime.facade.routing import FAILOVER_AFTER
 from runtime.monotonic import Mark, Marks, Span, Spans
@@ -174,6 +174,14 @@ class ThreadCoalescer(Generic[T, R]):
             following[0].done.set()
 
 
+async def _cancel_others() -> None:
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    if others:
+        await asyncio.wait(others, timeout=1.0)
+
+
 class LoopThread:
     """An asyncio event loop on a daemon thread of its own; coroutines are run on it from any thread."""
 
@@ -206,7 +214,11 @@ class LoopThread:
         self.loop.call_soon_threadsafe(callback)
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (an ``iterate`` left open, say: its owners' page tasks),
+        give it a moment to end, and stop the loop, so nothing is left pending on a loop that never runs."""
         if self.loop.is_running():
+            with contextlib.suppress(Exception):  # stopping anyway
+                asyncio.run_coroutine_threadsafe(_cancel_others(), self.loop).result(timeout=2)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
 
@@ -269,19 +281,28 @@ class InProcessFacade:
         one. Stopping early (closing the iterator) ends the generator and its owners' calls."""
         ahead = _Ahead(self._core, make)
         try:
-            while (chunk := self._thread.run(ahead.next())) is not None:
+            while (chunk := self._thread.run(self._open(ahead.next()))) is not None:
                 yield chunk
         finally:
-            self._thread.run(ahead.close())
+            if self._thread.loop.is_running():  # else closed: nothing runs there any more
+                self._thread.run(ahead.close(), timeout=_CLOSE_WAIT)
 
     async def chunks_async(self, make: Callable[[Facade], AsyncIterator[list[T]]]) -> AsyncGenerator[list[T], None]:
         """``chunks`` for a caller on any event loop."""
         ahead = _Ahead(self._core, make)
         try:
-            while (chunk := await self._thread.run_async(ahead.next())) is not None:
+            while (chunk := await self._thread.run_async(self._open(ahead.next()))) is not None:
                 yield chunk
         finally:
-            await self._thread.run_async(ahead.close())
+            if self._thread.loop.is_running():
+                await asyncio.wait_for(self._thread.run_async(ahead.close()), _CLOSE_WAIT)
+
+    def _open(self, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        """``coro``, unless this facade was closed (its loop would never run it): then ``NotConnected``."""
+        if not self._thread.loop.is_running():
+            coro.close()
+            raise NotConnected("this process's riqr client was closed (close_in_process_facades); connect again")
+        return coro
 
     # -- the calling thread's side --------------------------------------------------------------------
 
@@ -336,6 +357,10 @@ class InProcessFacade:
         with self._batchers_lock:
             for uuid in set(self._batchers) - set(view.actors):
                 del self._batchers[uuid]
+
+
+# How long closing a stream waits for its generator to end on the loop (it only cancels and cleans up).
+_CLOSE_WAIT = 5.0
 
 
 class _Ahead(Generic[T]):

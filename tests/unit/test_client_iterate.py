@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from runtime.client import Store
-from runtime.errors import InvalidParameter, PartitionUnavailable
+from runtime.errors import InvalidParameter, NotConnected, PartitionUnavailable
 from runtime.facade.inprocess import InProcessFacade
 from runtime.ownership import OwnershipTable, PartitionOwners
 from tests.unit.fakes import FakeBus, kv_spec, load_windowed, windowed_spec
@@ -156,3 +156,15 @@ def test_a_page_size_beyond_the_largest_page_is_refused(bus: FakeBus, facade: In
     bus.create_store(kv_spec("many"))
     with pytest.raises(InvalidParameter):
         list(_store(facade, "many").iterate(page_size=10**9))
+
+
+def test_iterate_after_the_client_was_closed_raises_and_an_open_one_closes_without_hanging(bus: FakeBus) -> None:
+    bus.create_store(kv_spec("many"))
+    bus.load("many", {f"k{i:05d}": i for i in range(3000)})
+    facade = InProcessFacade(bus, _unused_blocking, timeout=2.0)
+    entries = _store(facade, "many").iterate(page_size=100)
+    assert next(entries) == ("k00000", 0)
+    facade.close()
+    entries.close()  # the loop is gone: nothing to end there, and no wait for it
+    with pytest.raises(NotConnected):
+        list(_store(facade, "many").iterate())
