@@ -10,8 +10,9 @@
 Key lookups (``get``, ``get_async``) go straight to the query actor owning the key, in one Ray hop: the
 client runs the facade's core in its own process (``runtime.facade.inprocess``, one per process and
 namespace) with the cached, epoch-checked view, per-owner coalescing, failover to standbys and its own
-monotonic marks. Scans, pages, counts and metadata go to the facade verticle on the caller's node (any
-node's if that one is missing), which scatter-gathers over Ray. Each call builds a query value
+monotonic marks. ``iterate`` and ``iterate_async`` run there too: the owners' packed pages stream into
+this process and merge here. The other scans, pages, counts and metadata go to the facade verticle on
+the caller's node (any node's if that one is missing), which scatter-gathers over Ray. Each call builds a query value
 (``runtime.queries``). Errors are riqr's own (``runtime.errors``), whatever Ray said: ``KeyNotFound``,
 ``StoreNotFound``, ``MalformedKey``, ``PartitionUnavailable``, ``DeadlineExceeded``...
 """
@@ -50,7 +51,7 @@ class Client:
 
     @property
     def keys(self) -> InProcessFacade:
-        """This process's facade core for key lookups in ``namespace`` (started on first use)."""
+        """This process's facade core for key lookups and ``iterate`` in ``namespace`` (started on first use)."""
         if self._keys is None:
             self._keys = in_process_facade(self.namespace)
         return self._keys

@@ -1,4 +1,5 @@
-"""The facade core run inside the caller's process: the Python driver API's key lookups in one Ray hop.
+"""The facade core run inside the caller's process: the Python driver API's key lookups in one Ray hop,
+and ``Store.iterate``'s stream merged here from the owners' pages (``InProcessFacade.chunks``).
 
 The driver API used to send every query to the facade verticle of its node, which asked the owner: two
 Ray hops. For key lookups the client now runs the same ``Facade`` in its own process, with the same
@@ -285,7 +286,8 @@ class InProcessFacade:
                 yield chunk
         finally:
             if self._thread.loop.is_running():  # else closed: nothing runs there any more
-                self._thread.run(ahead.close(), timeout=_CLOSE_WAIT)
+                with contextlib.suppress(concurrent.futures.TimeoutError):  # its cleanup is stuck: leave it
+                    self._thread.run(ahead.close(), timeout=_CLOSE_WAIT)
 
     async def chunks_async(self, make: Callable[[Facade], AsyncIterator[list[T]]]) -> AsyncGenerator[list[T], None]:
         """``chunks`` for a caller on any event loop."""
@@ -295,7 +297,8 @@ class InProcessFacade:
                 yield chunk
         finally:
             if self._thread.loop.is_running():
-                await asyncio.wait_for(self._thread.run_async(ahead.close()), _CLOSE_WAIT)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._thread.run_async(ahead.close()), _CLOSE_WAIT)
 
     def _open(self, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
         """``coro``, unless this facade was closed (its loop would never run it): then ``NotConnected``."""
