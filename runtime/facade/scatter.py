@@ -267,14 +267,14 @@ class ScatterGather:
                 ask = functools.partial(owner.scan_packed, partitions, scan, min(caps, default=None), max_bytes, fmt)
                 try:
                     page: PackedPage = await self._admitted(table, uuid, partitions, tried, ask, what)
-                except Exception as err:  # handed to the generator, which fails over or raises
-                    await arrived.put((None, scan, err))
+                    if left[0] is not None:
+                        left[0] -= len(page)
+                    last = not (page.more and page.keys and left[0] != 0)
+                    after = scan if last else scan.after(codec.decode(page.keys[-1]))
+                except Exception as err:  # handed to the generator, which fails over or raises: never
+                    await arrived.put((None, scan, err))  # left waiting for a page that will not come
                     return
-                if left[0] is not None:
-                    left[0] -= len(page)
-                last = not (page.more and page.keys and left[0] != 0)
-                if not last:
-                    scan = scan.after(codec.decode(page.keys[-1]))
+                scan = after
                 await arrived.put((page, scan, None))
                 if last:
                     return
