@@ -380,6 +380,9 @@ def main() -> None:
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--warmup", type=int, default=100_000, help="records of an uncounted first round")
     parser.add_argument("--skip", default="", help="comma-separated: throughput, freshness")
+    parser.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting to compare (repeatable)"
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
@@ -402,7 +405,8 @@ def main() -> None:
         )
         # Spark's default 1 GiB driver ran out of heap at 1,000,000 keys: the collected batch plus the
         # state of the earlier rounds' queries.
-        spark = spark_session(conf={"spark.driver.memory": args.driver_memory})
+        settings = dict(item.split("=", 1) for item in args.spark_conf)
+        spark = spark_session(conf={"spark.driver.memory": args.driver_memory, **settings})
         capture_deliveries()
         tp = fresh = None
         try:
@@ -414,7 +418,8 @@ def main() -> None:
                 fresh = freshness(spark, work, namespace, deployment.endpoints[0].url, args)
         except Exception:
             traceback.print_exc()
-        print(f"\ningest: standbys {args.standbys}, trigger {args.trigger}")
+        spark_settings = settings or "as riqr sets them"
+        print(f"\ningest: standbys {args.standbys}, trigger {args.trigger}, Spark settings {spark_settings}")
         if tp is not None:
             print(
                 f"{args.records:,} records, latest_by_key, medians of {args.rounds}: noop {tp['noop']:.2f} s, "

@@ -42,6 +42,11 @@ CONFIGS: dict[str, dict[str, str]] = {
     },
     "no-dead-letters": {},
     "broadcast": {"spark.sql.autoBroadcastJoinThreshold": "104857600"},
+    # Checkpoint and state files through Hadoop's raw local file system: no .crc file beside each.
+    "rawlocal": {
+        "fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+        "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    },
 }
 
 

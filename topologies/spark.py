@@ -36,19 +36,32 @@ DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.metricsEnabled": "false",
+    # Local paths (file://: checkpoints, state store files, landing files) through Hadoop's raw local file
+    # system rather than its checksummed one, which writes a .crc file beside every file. A micro-batch
+    # writes an offset log entry, a commit log entry and a state file per shuffle partition, each with its
+    # .crc; without them the offset and commit logs took 26-46 ms a batch against 42-96 ms
+    # (bench/spark_batch.py, bench/ingest.py; docs/benchmarks.md). The logs are still written to a temporary
+    # file and renamed into place, as before; what goes is Hadoop's check of a file against its .crc when
+    # read back (local disks and their file systems have their own).
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
 }
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
 def local_shuffle_partitions(master: str) -> int | None:
-    """For a local master, as many shuffle partitions as it has cores, at most the default 4; None for a
-    cluster master (the default stands).
+    """For a local master, one shuffle partition per two cores it has (at least 1, at most the default 4);
+    None for a cluster master (the default stands).
 
     A micro-batch of a stateful query runs one task per shuffle partition, each opening and committing
     its part of the state; with more partitions than cores they queue. On the 2-core machine Spark's own
     micro-batch of order-count (bench/spark_batch.py) took 378-426 ms of trigger execution with 2 against
-    592-654 ms with 4. It applies to new checkpoints only: a restarted query keeps its checkpoint's count.
+    592-654 ms with 4, and 348-350 ms with 1 against 479-696 ms with 2; end to end, freshness went from
+    about 830 to about 550 ms at p50 idle, and 1,000,000 records into the noop sink took no longer
+    (docs/benchmarks.md). Half the cores, not all: in local mode riqr's query actors, its HTTP verticle and
+    the sink share the machine with Spark's tasks (only the 2-core case is measured). It applies to new
+    checkpoints only: a restarted query keeps its checkpoint's count.
     """
     if master == "local":
         return 1
@@ -56,7 +69,7 @@ def local_shuffle_partitions(master: str) -> int | None:
         return None
     inside = master[len("local[") :].split("]", 1)[0].split(",", 1)[0]
     cores = (os.cpu_count() or 1) if inside == "*" else int(inside) if inside.isdigit() else None
-    return None if cores is None else max(1, min(int(DEFAULT_CONF["spark.sql.shuffle.partitions"]), cores))
+    return None if cores is None else max(1, min(int(DEFAULT_CONF["spark.sql.shuffle.partitions"]), cores // 2))
 
 
 def spark_session(  # type: ignore[no-untyped-def]
