@@ -107,7 +107,7 @@ class StoreSpec:
     @property
     def user_key_columns(self) -> int:
         """How many key columns the user's key has (a windowed store adds the window start)."""
-        return len(self.key.columns) - (1 if self.windowed else 0)
+        return 1 + len(self.key.rest) - (1 if self.windowed else 0)
 
     def to_json(self) -> dict[str, Any]:
         """The catalog entry served by ``GET /stores``."""

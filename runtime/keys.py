@@ -245,6 +245,8 @@ class KeySchema:
 
     def coerce(self, value: Any) -> Any:
         """A whole key (text or Python value; a tuple of components for composite keys), internal form."""
+        if not self.rest:
+            return _BY_NAME[self.type_name].coerce(value)  # every key lookup: no lists for one column
         parts = self._components(value, partial=False)
         typed = [t.coerce(p) for p, (_, t) in zip(parts, self.columns)]
         return tuple(typed) if self.composite else typed[0]

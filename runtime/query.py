@@ -26,7 +26,7 @@ from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
-from runtime.monotonic import Spans
+from runtime.monotonic import Span, Spans
 from runtime.pages import PackedPage, Run, cut, encode_page, merge_runs, split_run
 from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, SERVING, ApplyResult, PartitionState, Rows
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
@@ -218,6 +218,13 @@ class QueryCore:
         before = {p: states[p].engine.position() for p in asked}
         values = [states[p].engine.get(key) for p, key in items]
         return values, self._spans(before)
+
+    def get_one(self, partition: int, key: Any) -> tuple[bytes | None, Span]:
+        """``get_many`` of one key: its packed value (None when absent) and the span its read reflects."""
+        state = self._partition(partition)
+        before = state.engine.position()
+        value = state.engine.get(key)
+        return value, self._spans({partition: before})[partition]
 
     def _spans(self, before: Mapping[int, Position]) -> Spans:
         """The spans of reads that started at ``before``; a partition whose source changed during the

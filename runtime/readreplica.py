@@ -176,11 +176,11 @@ class ReadReplicas:
         if replica is None or not (replica.listed and replica.fed):
             return None
         try:
-            values, spans = replica.core.get_many([(partition, key)])
+            found = replica.core.get_one(partition, key)
         except PartitionUnavailable:
             return None
         replica.lookups += 1
-        return values[0], spans[partition]
+        return found
 
     def describe(self) -> list[dict[str, Any]]:
         """Each replica's uuid, store, whether it answers lookups (listed, fed, and every partition

@@ -24,6 +24,7 @@ from runtime.metrics import CATALOG
 from runtime.partitioner import partition_of_bytes
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import http_get, wait_for
+from tests.promtext import samples
 from tests.promtext import value as _value
 
 pytestmark = pytest.mark.integration
@@ -171,12 +172,29 @@ def test_metrics_reach_rays_metrics_agent(fed: tuple[Runtime, Any]) -> None:
     ports = [n["MetricsExportPort"] for n in ray.nodes() if n["Alive"] and n.get("MetricsExportPort")]
     assert ports
 
-    def exported() -> bool:
+    duration = "ray_riqr_http_request_duration_seconds"
+
+    def exported() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
         for port in ports:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-                if "ray_riqr_http_requests_total" in answer.read().decode():
-                    return True
-        return False
+                found = samples(answer.read().decode())
+            names = {name for name, _ in found}
+            if {"ray_riqr_http_requests_total", f"{duration}_bucket", f"{duration}_count"} <= names:
+                return found
+        return None
 
     # The HTTP verticle copies every 5 s; Ray's agent reports every few seconds after that.
-    wait_for(exported, timeout=60, interval=1.0, what="ray_riqr_http_requests_total at a node's metrics agent")
+    found = wait_for(exported, timeout=60, interval=1.0, what="riqr's metrics at a node's metrics agent")
+    # The histogram arrives as Prometheus's own series (cumulative buckets with ``le``, the count), so
+    # histogram_quantile reads it: per series, the +Inf bucket holds every observation and buckets grow.
+    health = [labels for name, labels in found if name == f"{duration}_count" and ("route", "/health") in labels]
+    assert health
+    for labels in health:
+        count = found[(f"{duration}_count", labels)]
+        by_bound = sorted(
+            (float(dict(bucket_labels)["le"]), value)
+            for (name, bucket_labels), value in found.items()
+            if name == f"{duration}_bucket" and tuple(kv for kv in bucket_labels if kv[0] != "le") == labels
+        )
+        assert by_bound[-1] == (float("inf"), count) and count >= 3
+        assert [v for _, v in by_bound] == sorted(v for _, v in by_bound)

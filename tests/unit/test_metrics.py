@@ -12,7 +12,7 @@ import pytest
 
 from runtime.facade import Facade
 from runtime.health import ClusterSnapshot, cluster_families
-from runtime.metrics import CATALOG, QUERY_METRICS, MetricDef, Metrics, Mirror, exposition
+from runtime.metrics import CATALOG, QUERY_METRICS, HistogramState, MetricDef, Metrics, Mirror, exposition
 from runtime.query import QueryCore
 from runtime.rest import build_app
 from tests.promtext import value as _value
@@ -156,11 +156,11 @@ class _Target:
     def gauge_set(self, d: MetricDef, tags: dict[str, str], value: float) -> None:
         self.calls.append(("set", d.base, tags, value, 1))
 
-    def histogram_observe(self, d: MetricDef, tags: dict[str, str], value: float, times: int) -> None:
-        self.calls.append(("observe", d.base, tags, value, times))
+    def histogram_set(self, d: MetricDef, tags: dict[str, str], value: HistogramState) -> None:
+        self.calls.append(("histogram", d.base, tags, value, 1))
 
 
-def test_the_copy_into_ray_sends_counter_differences_and_histogram_samples_once() -> None:
+def test_the_copy_into_ray_sends_counter_differences_and_histogram_states_once() -> None:
     metrics = Metrics(QUERY_METRICS)
     target = _Target()
     mirror = Mirror(metrics, target)
@@ -170,11 +170,19 @@ def test_the_copy_into_ray_sends_counter_differences_and_histogram_samples_once(
     metrics.observe("riqr_apply_duration_seconds", 99.0, "s")
     mirror.flush()
     assert ("inc", "riqr_rows_applied", {"store": "s", "partition": "0"}, 5.0, 1) in target.calls
-    assert ("observe", "riqr_apply_duration_seconds", {"store": "s"}, 0.005, 2) in target.calls
-    assert ("observe", "riqr_apply_duration_seconds", {"store": "s"}, 60.0, 1) in target.calls
+    [(_, _, tags, state, _)] = [c for c in target.calls if c[0] == "histogram"]
+    assert tags == {"store": "s"}
+    cumulative = dict(state.buckets)
+    assert cumulative[0.0025] == 0 and cumulative[0.005] == 2 and cumulative[30.0] == 2
+    assert cumulative[float("inf")] == 3 and list(cumulative)[-1] == float("inf")  # bounds in order
+    assert state.count == 3 and state.sum == 0.003 + 0.003 + 99.0  # the exact sum, not a bucket's bound
     target.calls.clear()
     mirror.flush()
     assert target.calls == []  # nothing new, nothing sent
     metrics.inc("riqr_rows_applied_total", "s", "0", amount=2)
     mirror.flush()
     assert target.calls == [("inc", "riqr_rows_applied", {"store": "s", "partition": "0"}, 2.0, 1)]
+    metrics.observe("riqr_apply_duration_seconds", 0.2, "s")
+    mirror.flush()
+    [(_, _, _, state, _)] = target.calls[1:]
+    assert state.count == 4 and dict(state.buckets)[0.25] == 3  # the whole state again, cumulative

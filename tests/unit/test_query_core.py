@@ -40,6 +40,9 @@ def test_apply_get_scan_count() -> None:
     values, spans = core.get_many([(0, "b"), (2, "a"), (2, "zz")])
     assert [decode_value(v) if v else v for v in values] == ["B", "A", None]
     assert spans == {0: ("q", 0, 0), 2: ("q", 0, 0)}  # one span per partition, not per key
+    for partition, key in [(0, "b"), (2, "a"), (2, "zz")]:  # one key (a read replica's lookup): the same
+        value, span = core.get_one(partition, key)
+        assert (value, span) == (core.get_many([(partition, key)])[0][0], spans[partition])
 
     def keys(scan: Scan, limit: int | None = None) -> list[str]:
         entries, spans = core.scan([0, 2], scan, limit)
@@ -65,6 +68,8 @@ def test_a_read_overlapping_an_apply_spans_both_batches_and_one_overlapping_a_re
     assert state.span(before) is None
     with pytest.raises(PartitionUnavailable, match="changed source"):
         core._spans({0: before})
+    with pytest.raises(PartitionUnavailable, match="changed source"):
+        core.get_one(0, "a")
     state.moving_to = None
     assert core.get_many([(0, "a")])[1] == {0: ("q", 0, 0)}
     assert state.moving_to is None
@@ -95,6 +100,10 @@ def test_a_new_partition_answers_503_until_its_first_batch() -> None:
     core = QueryCore(kv_spec(), [0])
     with pytest.raises(PartitionIncomplete, match="first batch"):
         core.get_many([(0, "k")])
+    with pytest.raises(PartitionIncomplete, match="first batch"):
+        core.get_one(0, "k")
+    with pytest.raises(PartitionUnavailable, match="not held here"):
+        core.get_one(1, "k")
     core.apply("q", 0, {0: pa.table({"key": ["k"], "value": ["v"]})})
     assert core.get_many([(0, "k")])[0] != [None]
 
