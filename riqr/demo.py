@@ -22,11 +22,23 @@ from runtime.config import RuntimeConfig, riqr_home
 from runtime.errors import RiqrError
 from runtime.landing import parse_console_lines, write_records
 
-__all__ = ["run_demo", "SEED_CUSTOMERS", "SEED_ORDERS", "seed_curls", "wait_until", "load_seed"]
+__all__ = [
+    "run_demo",
+    "SEED_CUSTOMERS",
+    "SEED_ORDERS",
+    "DEMO_JAVA_OPTIONS",
+    "seed_curls",
+    "wait_until",
+    "load_seed",
+]
 
 # Step 2 of seed 000, verbatim.
 SEED_CUSTOMERS = "1--john\n2--adam\n3--daniel\n4--james\n5--jack\n6--mathew\n7--will"
 SEED_ORDERS = "1--spagety\n2--pizza\n--pasta"
+
+# The demo's driver JVM compiles with C1 only: C2 took 10 s of the JVM's 20-24 s of CPU before the demo
+# was ready, and the demo's batches are a handful of records (docs/benchmarks.md, "Demo start-up").
+DEMO_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
 def _say(message: str) -> None:
@@ -132,7 +144,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     else f"Spark's class archive: none yet, written to {archive.path} when the demo stops"
                 )  # fmt: skip
             with steps.step("starting Spark"):
-                spark = spark_session(app_name="riqr-demo", java_options=archive.options if archive else ())
+                java_options = (*DEMO_JAVA_OPTIONS, *(archive.options if archive else ()))
+                spark = spark_session(app_name="riqr-demo", java_options=java_options)
             with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
                 queries, start_dead_letters = food_orders.start_stores(
                     spark, home, TopologyOptions(namespace=namespace)
