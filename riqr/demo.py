@@ -15,6 +15,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +102,23 @@ def run_demo(args: argparse.Namespace) -> int:
     from topologies.spark import class_archive, spark_session, stop_jvm
     from verticles import deploy
 
-    # Steps one after the other: starting Spark's JVM in a thread beside Ray was measured slower on two
-    # cores (both compete for the CPU; docs/benchmarks.md, "Demo start-up").
     steps = Steps("[riqr demo]")
     spark = None
     archive = None if args.no_class_archive else class_archive()
+    java_options = (*DEMO_JAVA_OPTIONS, *(archive.options if archive else ()))
     queries: list[Any] = []
+    # Spark's JVM starts in a thread beside Ray's start and the verticles' (docs/benchmarks.md, "Demo start-up":
+    # with the class archive, C1 only and no Ray dashboard the two no longer fill both cores between them).
+    starting_spark = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riqr-demo-spark")
+    spark_started: Future[Any] | None = None
     try:
         with steps:
+
+            def start_spark() -> Any:
+                with steps.step("starting Spark (beside Ray)"):
+                    return spark_session(app_name="riqr-demo", java_options=java_options)
+
+            spark_started = starting_spark.submit(start_spark)
             with steps.step("starting a local Ray cluster" + (" with its dashboard" if args.dashboard else "")):
                 # address="local": a cluster of its own, always. Without it ray.init() joins whatever cluster
                 # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine, anyone's), and the
@@ -143,9 +153,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     f"Spark's class archive: {archive.path}" if archive.warm
                     else f"Spark's class archive: none yet, written to {archive.path} when the demo stops"
                 )  # fmt: skip
-            with steps.step("starting Spark"):
-                java_options = (*DEMO_JAVA_OPTIONS, *(archive.options if archive else ()))
-                spark = spark_session(app_name="riqr-demo", java_options=java_options)
+            spark = spark_started.result()
             with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
                 queries, start_dead_letters = food_orders.start_stores(
                     spark, home, TopologyOptions(namespace=namespace)
@@ -186,6 +194,10 @@ def run_demo(args: argparse.Namespace) -> int:
         for q in queries:
             with contextlib.suppress(Exception):
                 q.stop()
+        if spark is None and spark_started is not None:  # stopped or failed before the topology started
+            with contextlib.suppress(Exception):
+                spark = spark_started.result()
+        starting_spark.shutdown()
         if spark is not None:
             stop_jvm(spark)
         if archive is not None and archive.publish():
