@@ -3,7 +3,8 @@
 It starts a local Ray (without its dashboard unless asked: nothing the demo shows needs it, and it is a
 dozen processes to start on a small machine), deploys the verticles, runs the food-orders topology, produces
 exactly the seed's records, waits until the stores reflect them, prints the seed's curl commands, and
-serves until Ctrl-C or SIGTERM. Spark's driver JVM maps its classes from an archive an earlier run left
+serves until Ctrl-C or SIGTERM. Spark's driver JVM starts in a thread beside Ray's start, compiles with
+C1 only (``DEMO_JAVA_OPTIONS``) and maps its classes from an archive an earlier run left
 (``topologies.spark.class_archive``); the first run writes it when it stops.
 """
 
