@@ -3,7 +3,8 @@
 It starts a local Ray (without its dashboard unless asked: nothing the demo shows needs it, and it is a
 dozen processes to start on a small machine), deploys the verticles, runs the food-orders topology, produces
 exactly the seed's records, waits until the stores reflect them, prints the seed's curl commands, and
-serves until Ctrl-C or SIGTERM. Spark's driver JVM maps its classes from an archive an earlier run left
+serves until Ctrl-C or SIGTERM. Spark's driver JVM starts in a thread beside Ray's start, compiles with
+C1 only (``DEMO_JAVA_OPTIONS``) and maps its classes from an archive an earlier run left
 (``topologies.spark.class_archive``); the first run writes it when it stops.
 """
 
@@ -15,6 +16,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,23 @@ from runtime.config import RuntimeConfig, riqr_home
 from runtime.errors import RiqrError
 from runtime.landing import parse_console_lines, write_records
 
-__all__ = ["run_demo", "SEED_CUSTOMERS", "SEED_ORDERS", "seed_curls", "wait_until", "load_seed"]
+__all__ = [
+    "run_demo",
+    "SEED_CUSTOMERS",
+    "SEED_ORDERS",
+    "DEMO_JAVA_OPTIONS",
+    "seed_curls",
+    "wait_until",
+    "load_seed",
+]
 
 # Step 2 of seed 000, verbatim.
 SEED_CUSTOMERS = "1--john\n2--adam\n3--daniel\n4--james\n5--jack\n6--mathew\n7--will"
 SEED_ORDERS = "1--spagety\n2--pizza\n--pasta"
+
+# The demo's driver JVM compiles with C1 only: C2 took 10 s of the JVM's 20-24 s of CPU before the demo
+# was ready, and the demo's batches are a handful of records (docs/benchmarks.md, "Demo start-up").
+DEMO_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
 def _say(message: str) -> None:
@@ -89,14 +103,23 @@ def run_demo(args: argparse.Namespace) -> int:
     from topologies.spark import class_archive, spark_session, stop_jvm
     from verticles import deploy
 
-    # Steps one after the other: starting Spark's JVM in a thread beside Ray was measured slower on two
-    # cores (both compete for the CPU; docs/benchmarks.md, "Demo start-up").
     steps = Steps("[riqr demo]")
     spark = None
     archive = None if args.no_class_archive else class_archive()
+    java_options = (*DEMO_JAVA_OPTIONS, *(archive.options if archive else ()))
     queries: list[Any] = []
+    # Spark's JVM starts in a thread beside Ray's start and the verticles' (docs/benchmarks.md, "Demo start-up":
+    # with the class archive, C1 only and no Ray dashboard the two no longer fill both cores between them).
+    starting_spark = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riqr-demo-spark")
+    spark_started: Future[Any] | None = None
     try:
         with steps:
+
+            def start_spark() -> Any:
+                with steps.step("starting Spark (beside Ray)"):
+                    return spark_session(app_name="riqr-demo", java_options=java_options)
+
+            spark_started = starting_spark.submit(start_spark)
             with steps.step("starting a local Ray cluster" + (" with its dashboard" if args.dashboard else "")):
                 # address="local": a cluster of its own, always. Without it ray.init() joins whatever cluster
                 # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine, anyone's), and the
@@ -131,8 +154,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     f"Spark's class archive: {archive.path}" if archive.warm
                     else f"Spark's class archive: none yet, written to {archive.path} when the demo stops"
                 )  # fmt: skip
-            with steps.step("starting Spark"):
-                spark = spark_session(app_name="riqr-demo", java_options=archive.options if archive else ())
+            spark = spark_started.result()
             with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
                 queries, start_dead_letters = food_orders.start_stores(
                     spark, home, TopologyOptions(namespace=namespace)
@@ -173,6 +195,10 @@ def run_demo(args: argparse.Namespace) -> int:
         for q in queries:
             with contextlib.suppress(Exception):
                 q.stop()
+        if spark is None and spark_started is not None:  # stopped or failed before the topology started
+            with contextlib.suppress(Exception):
+                spark = spark_started.result()
+        starting_spark.shutdown()
         if spark is not None:
             stop_jvm(spark)
         if archive is not None and archive.publish():
