@@ -618,11 +618,18 @@ def _record_packed_limits(bus: FakeBus) -> list[int | None]:
     return asked
 
 
-async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_limit(bus: FakeBus) -> None:
+async def _many(bus: FakeBus) -> tuple[list[int | None], Facade, OwnershipTable]:
+    """A store of 2,000 keys k00000..k01999, the recorder of its owners' packed-scan limits, a facade
+    over the bus and the store's table."""
     bus.create_store(kv_spec("many"))
     bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
     asked = _record_packed_limits(bus)
     core = Facade(bus)
+    return asked, core, await core.table("many")
+
+
+async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_limit(bus: FakeBus) -> None:
+    asked, core, _ = await _many(bus)
     lines = b"".join([c async for c in core.stream_ndjson(RangeQuery("many"), None, 5)]).splitlines()
     assert [json.loads(line)["key"] for line in lines] == [f"k{i:05d}" for i in range(5)]
     assert asked and all(limit is not None and limit <= 5 for limit in asked)
@@ -633,11 +640,7 @@ async def test_an_ndjson_stream_with_a_limit_asks_no_owner_for_more_than_the_lim
 
 
 async def test_a_limited_stream_asks_an_owner_again_only_for_what_is_left(bus: FakeBus) -> None:
-    bus.create_store(kv_spec("many"))
-    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
-    asked = _record_packed_limits(bus)
-    core = Facade(bus)
-    table = await core.table("many")
+    asked, core, table = await _many(bus)
     # Pages of ~200 bytes: an owner's 1,200-entry limit takes several pages, each asking for what is left.
     runs = [r async for r in core.scatter.packed_chunks(table, Scan(), "ndjson", max_bytes=200, limit=1200)]
     lines = b"".join(line for r in runs for line in r.columns[0]).splitlines()
@@ -647,11 +650,7 @@ async def test_a_limited_stream_asks_an_owner_again_only_for_what_is_left(bus: F
 
 
 async def test_page_entries_caps_every_owner_page_and_a_limit_still_bounds_the_total(bus: FakeBus) -> None:
-    bus.create_store(kv_spec("many"))
-    bus.load("many", {f"k{i:05d}": f"v{i}" for i in range(2000)})
-    asked = _record_packed_limits(bus)
-    core = Facade(bus)
-    table = await core.table("many")
+    asked, core, table = await _many(bus)
     runs = [r async for r in core.scatter.packed_chunks(table, Scan(), "msgpack", page_entries=150)]
     assert [k for r in runs for k in r.columns[0]] == [f"k{i:05d}" for i in range(2000)]
     assert set(asked) == {150}
