@@ -7,6 +7,7 @@ see each other's stores.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import uuid
@@ -96,6 +97,9 @@ def spark(ray_cluster: RayCluster) -> Iterator[Any]:
     session = spark_session("local[2]", app_name="riqr-tests", conf={"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+    # py4j closes its gateway connections from __del__ at interpreter exit and logs that at INFO, after
+    # pytest has closed the streams the handlers write to: a "Logging error" traceback under a green run.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @dataclass
