@@ -55,11 +55,9 @@ class RayTarget:
         self._metric(d, tags).set(value, tags)
 
     def histogram_set(self, d: MetricDef, tags: dict[str, str], value: HistogramState) -> None:
-        bucket_tags = {**tags, "le": ""}
-        buckets = self._metric(d, bucket_tags, "_bucket")
+        buckets = self._metric(d, {**tags, "le": ""}, "_bucket")
         for bound, cumulative in value.buckets:
-            bucket_tags["le"] = "+Inf" if bound == float("inf") else repr(bound)
-            buckets.set(cumulative, bucket_tags)
+            buckets.set(cumulative, {**tags, "le": "+Inf" if bound == float("inf") else repr(bound)})
         self._metric(d, tags, "_sum").set(value.sum, tags)
         self._metric(d, tags, "_count").set(value.count, tags)
 
