@@ -3,7 +3,10 @@ keeps the state of every store this process feeds and tells the registry.
 
 * **Right away, without waiting**, when something changes: a query starts, a batch is delivered, a batch
   fails, a dead-letter total moves (``update``, ``dead_letters``). A slow or restarting registry never
-  holds up a batch.
+  holds up a batch. A report the registry turns out not to take (it died, or ``riqr down`` and ``riqr
+  up`` made a new one while this process held the old one's handle) wakes the heartbeat at once, which
+  looks the registry up again and sends the whole state: the report is late by one lookup, not lost
+  until the next beats.
 * **Every ``FEED_HEARTBEAT_INTERVAL`` seconds**, from a daemon thread: the whole state of every live feed,
   in one call, waiting for the answer (so calls never pile up behind a registry that is down). Before
   each beat the thread asks each feed's streaming query whether it still runs: one that ended is reported
@@ -52,6 +55,11 @@ class FeedLink(Protocol):
         """Wait until the registry took ``pending``; raises if it did not within ``timeout`` seconds."""
         ...
 
+    def on_failure(self, pending: Any, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread, at most once) if the registry does not take ``pending``;
+        the link forgets the registry it sent to first."""
+        ...
+
 
 class RayFeedLink:
     """The registry of ``namespace`` over Ray; the handle is looked up again after a failure (after
@@ -78,6 +86,17 @@ class RayFeedLink:
         except Exception:
             self._registry = None
             raise
+
+    def on_failure(self, pending: Any, callback: Callable[[], None]) -> None:
+        # A call to a dead actor's handle is accepted by ``remote()`` and fails only when its result
+        # arrives: without this, a handle cached before ``riqr down``/``up`` swallowed every report sent
+        # without waiting until a heartbeat, which waits, found it dead.
+        def done(future: Any) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self._registry = None
+                callback()
+
+        pending.future().add_done_callback(done)
 
 
 class QueryLike(Protocol):
@@ -129,6 +148,7 @@ class Feeder:
         self._dead_letters: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # beat now: a report sent without waiting was not taken
         self._thread: threading.Thread | None = None
         self.closed = False
 
@@ -247,6 +267,7 @@ class Feeder:
             self._feeds.clear()
             self.closed = True
         self._stop.set()
+        self._nudge.set()
         if reports:
             self._deliver(reports, timeout)
 
@@ -278,7 +299,15 @@ class Feeder:
             return None
 
     def _send_now(self, reports: Sequence[FeedReport]) -> None:
-        self._submit(reports)  # not waited for: the heartbeat makes up for a lost one
+        """Send without waiting; if the registry does not take them, the heartbeat beats at once (the
+        beat carries every live feed's whole state, so it makes up for them)."""
+        pending = self._submit(reports)
+        if pending is None:
+            return  # no registry to send to: the next beat looks it up again
+        try:
+            self._link.on_failure(pending, self._nudge.set)
+        except Exception:
+            log.debug("cannot watch an ingest report", exc_info=True)
 
     def _wait(self, pending: Any, timeout: float) -> bool:
         try:
@@ -296,7 +325,11 @@ class Feeder:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._nudge.wait(self.interval)
+            if self._stop.is_set():
+                return
+            self._nudge.clear()
             try:
                 self.beat()
             except Exception:  # the heartbeat must outlive any one failure

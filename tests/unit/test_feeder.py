@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ class FakeLink:
         self.down = False
         self.waited = 0
         self.lost = 0  # calls the registry fails after they were sent
+        self.dead = False  # calls are sent, then fail (a handle of a registry that is gone)
+        self.watched: list[Any] = []
 
     def submit(self, reports: Sequence[FeedReport]) -> Any:
         if self.down:
@@ -36,6 +39,15 @@ class FakeLink:
         if self.lost > 0:
             self.lost -= 1
             raise RuntimeError("ActorUnavailableError: the registry is restarting")
+        if self.dead:
+            self.dead = False  # the link looks the registry up again after a failure
+            raise RuntimeError("ActorDiedError: the registry's actor is dead")
+
+    def on_failure(self, pending: Any, callback: Any) -> None:
+        self.watched.append(pending)
+        if self.dead:
+            self.dead = False
+            callback()
 
     def last(self) -> dict[str, FeedReport]:
         return {r.store: r for r in self.sent[-1]}
@@ -144,6 +156,26 @@ def test_a_registry_that_is_down_breaks_nothing_and_the_next_beat_catches_up() -
     link.down = False
     feeder.beat()
     assert (link.last()["s"].batch_id, link.last()["s"].dead_letters) == (1, {"order": 1})
+
+
+def test_a_report_the_registry_did_not_take_wakes_the_heartbeat_at_once() -> None:
+    """A registry replaced while this process held the old one's handle (``riqr down``, ``riqr up``): the
+    report sent without waiting fails only when its answer comes. The heartbeat then beats at once with
+    the whole state instead of one, or two, intervals later (which left the catalog without the new
+    run's ``plan`` while the store already answered)."""
+    link = FakeLink()
+    feeder = Feeder(link, interval=60.0, clock=lambda: 42.0)  # no beat of its own within the test
+    feeder.update("s", state="running", query="riqr-ns-s")  # starts the heartbeat thread
+    link.dead = True
+    feeder.update("s", state="rebuilding", plan="rebuild")
+    assert link.watched == [1, 2]
+    deadline = time.monotonic() + 10
+    while len(link.sent) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(link.sent) == 3, "a beat right after the failed report"
+    assert (link.last()["s"].plan, link.last()["s"].state) == ("rebuild", "rebuilding")
+    feeder.finish()
+    assert link.last()["s"].state == "stopped"
 
 
 def test_finish_says_stopped_or_names_the_failed_query_then_nothing_more() -> None:
