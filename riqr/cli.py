@@ -19,10 +19,15 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from riqr.access import rest_auth, token_for
-from runtime.auth import DEMO_TTL_SECONDS, AuthConfig
 from runtime.codec import to_json
-from runtime.config import DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_PORT, REGISTRY_NAME, RuntimeConfig, riqr_home
+from runtime.config import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_PORT,
+    REGISTRY_NAME,
+    RuntimeConfig,
+    riqr_home,
+)
 from runtime.errors import NotConnected, RiqrError
 from runtime.landing import parse_console_bytes, write_records
 from runtime.queries import UrlKey
@@ -51,6 +56,7 @@ def _connect_ray(address: str | None, namespace: str) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
+    from riqr.access import rest_auth, token_for
     from riqr.progress import Steps
 
     with Steps("[riqr up]") as steps:
@@ -84,6 +90,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
+    from riqr.access import token_for
+    from runtime.auth import DEMO_TTL_SECONDS, AuthConfig
+
     env = AuthConfig.from_env()
     secret = env.secret
     if secret is None and env.public_key is None:
@@ -100,7 +109,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
         return 2
     stores = [s.strip() for s in args.stores.split(",") if s.strip()] or ["*"]
     auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=())
-    print(token_for(auth, stores, args.ttl))
+    print(token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl))
     return 0
 
 
@@ -245,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--address", default=None)
     token.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     token.add_argument("--stores", default="*", help="comma-separated stores the token may read; default all")
-    token.add_argument("--ttl", type=int, default=DEMO_TTL_SECONDS, help="seconds until it expires")
+    token.add_argument("--ttl", type=int, default=None, help="seconds until it expires (default: 24 h)")
     token.set_defaults(func=_cmd_token)
 
     status = sub.add_parser("status", help="stores, partitions, replicas, positions, lag, ingest, REST endpoints")

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_PARTITIONS, DEFAULT_STANDBYS
-from runtime.engines.base import ENGINES
+# Not from runtime.engines: importing any of it runs its package, whose RocksDB engine imports this module.
+from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_PARTITIONS, DEFAULT_STANDBYS, ENGINES
 from runtime.errors import SchemaError
 from runtime.keys import KeySchema
 

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_ACTORS",
     "DEFAULT_STANDBYS",
     "DEFAULT_ENGINE",
+    "ENGINES",
     "ROCKSDB_CACHE_BYTES",
     "ROCKSDB_CACHE_ENV",
     "riqr_data",
@@ -57,6 +58,7 @@ DEFAULT_ACTORS = 2
 # copies (docs/design.md, "Replicas").
 DEFAULT_STANDBYS: int | None = None
 # Where a store keeps its partitions (docs/design.md, "Storage engines", says why rocksdb by default).
+ENGINES = ("memory", "rocksdb")
 DEFAULT_ENGINE = "rocksdb"
 # The rocksdb engine's block cache, one per query actor process and shared by its partitions: it bounds
 # what the actor holds of data, index and filter blocks, whatever the key count. RIQR_ROCKSDB_CACHE_MB

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.config import ENGINES
 from runtime.errors import RiqrError
 from runtime.keys import KeySchema
 from runtime.scan import Scan
@@ -37,7 +38,6 @@ __all__ = [
     "write_atomically",
 ]
 
-ENGINES = ("memory", "rocksdb")
 MANIFEST = "riqr-engine.json"
 _FORMAT = 1
 

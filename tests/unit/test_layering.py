@@ -121,3 +121,48 @@ def test_the_core_imports_without_ray_or_spark() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_every_runtime_module_imports_first_in_a_fresh_interpreter() -> None:
+    """The package no longer imports its modules in a fixed order (its names load on first use), so each
+    module must import on its own: an import cycle through a module-level ``from x import y`` would show
+    here as an ImportError, whichever module came first."""
+    core = sorted(n for n in project_modules() if n.startswith("runtime."))
+    # One interpreter; before each module, every runtime module is dropped from sys.modules, so each is
+    # imported first (its third-party imports stay loaded: they cannot take part in a cycle of ours).
+    code = (
+        "import importlib, sys\n"
+        f"for name in {core!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'runtime' or m.startswith('runtime.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as err:\n"
+        "        print(name, err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout == "", done.stdout
+
+
+def test_the_runtime_package_gives_its_names_on_first_use_and_riqr_cli_imports_light() -> None:
+    code = (
+        "import sys\n"
+        "import riqr.cli, runtime\n"
+        "light = sorted(m for m in ('aiohttp', 'pyarrow', 'ray', 'pyspark', 'jwt') if m in sys.modules)\n"
+        "from runtime import Store, connect, RiqrError\n"
+        "import runtime.client, runtime.errors\n"
+        "assert (Store, connect) == (runtime.client.Store, runtime.client.connect)\n"
+        "assert RiqrError is runtime.errors.RiqrError\n"
+        "for name in runtime.__all__:\n"
+        "    assert getattr(runtime, name) is not None, name\n"
+        "try:\n"
+        "    runtime.nothing_of_that_name\n"
+        "except AttributeError as err:\n"
+        "    assert 'nothing_of_that_name' in str(err)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+        "print(light)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", "riqr's command line imports only what its commands need when run"
