@@ -12,23 +12,52 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runtime.catalog import StoreSpec
 from runtime.codec import encode_values
 from runtime.ingest import WINDOW_END_COLUMN
+
+if TYPE_CHECKING:  # annotations only: the catalog imports the engines, whose RocksDB engine imports this
+    from runtime.catalog import StoreSpec
 
 __all__ = ["BatchRows", "encode_key_columns", "rows_from_arrow", "packed_values", "internal_keys"]
 
 log = logging.getLogger(__name__)
 
-_COMPONENT = pa.scalar(b"\x01", pa.binary())
-_STRING_END = pa.scalar(b"\x00\x00", pa.binary())
-_NOTHING = pa.scalar(b"", pa.binary())
+# The scalars here are built from buffers: ``pa.scalar`` (and ``fill_null(0)``, which calls it) goes
+# through pyarrow's conversion of Python objects, whose first use imports pandas: 0.2 s of CPU in every
+# process that imports the runtime (the registry, facades, HTTP verticles, clients) and in every query
+# actor's first apply, none of which needs pandas.
+
+
+def _binary_scalar(value: bytes) -> pa.Scalar:
+    offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int32).tobytes())
+    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(value)])[0]
+
+
+_INTS: dict[pa.DataType, np.dtype[Any]] = {pa.int32(): np.dtype(np.int32), pa.int64(): np.dtype(np.int64)}
+_ZEROS = {
+    kind: pa.Array.from_buffers(kind, 1, [None, pa.py_buffer(np.zeros(1, dtype=dtype).tobytes())])[0]
+    for kind, dtype in _INTS.items()
+}
+
+
+def _zero_for_null(array: pa.Array) -> np.ndarray:
+    """An int32 or int64 array as int64 numpy, nulls as 0 (read from its data buffer: ``to_numpy`` too
+    imports pandas)."""
+    dtype = _INTS[array.type]
+    filled = array.fill_null(_ZEROS[array.type]) if array.null_count else array
+    data = np.frombuffer(filled.buffers()[1], dtype=dtype, count=len(filled), offset=filled.offset * dtype.itemsize)
+    return data.astype(np.int64)
+
+
+_COMPONENT = _binary_scalar(b"\x01")
+_STRING_END = _binary_scalar(b"\x00\x00")
+_NOTHING = _binary_scalar(b"")
 
 
 def _encode_string(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
@@ -51,7 +80,7 @@ def _encode_int64(column: pa.ChunkedArray, kind: str) -> pa.ChunkedArray | None:
     elif not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type):
         return None  # a uint64 may not fit; the Python path says which key does not
     array = column.combine_chunks().cast(pa.int64())
-    values = np.asarray(array.fill_null(0), dtype=np.int64)
+    values = _zero_for_null(array)
     out = np.empty((len(values), 9), dtype=np.uint8)
     out[:, 0] = 1
     out[:, 1:] = (values.view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").view(np.uint8).reshape(-1, 8)
@@ -128,7 +157,7 @@ def _packed_strings(column: pa.ChunkedArray) -> list[bytes | None]:
     (fixstr, str8, str16 or str32 by length, as msgpack's packer picks) joined to the UTF-8 in one call,
     instead of a Python string per row packed one by one."""
     raw = column.combine_chunks().cast(pa.binary())
-    lengths = np.asarray(pc.binary_length(raw).fill_null(0), dtype=np.int64)
+    lengths = _zero_for_null(pc.binary_length(raw))
     size = np.where(lengths < 32, 1, np.where(lengths < 256, 2, np.where(lengths < 65536, 3, 5)))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(size, out=offsets[1:])

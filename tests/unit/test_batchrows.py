@@ -78,3 +78,39 @@ def test_string_values_pack_as_msgpack_does() -> None:
     table = pa.table({"key": [str(i) for i in range(len(values))], "value": values})
     assert packed_values(spec, table) == [None if v is None else encode_value(v) for v in values]
     assert packed_values(spec, table.slice(3, 4)) == [encode_value(v) for v in values[3:7]]
+
+
+_NO_PANDAS = """
+import sys, tempfile
+from pathlib import Path
+import pyarrow as pa
+table = pa.ipc.open_file(sys.argv[1]).read_all()  # as a query actor gets a slice: Arrow buffers, no Python objects
+import verticles.facade, verticles.http, verticles.query, verticles.registry, riqr.cli
+from runtime.catalog import StoreSpec, ValueField
+from runtime.keys import KeySchema
+from runtime.query import QueryCore
+for key, value in (("user", "name"), ("id", "name"), ("user", "id")):
+    key_type = "string" if key == "user" else "long"
+    value_field = ValueField(value, "string" if value == "name" else "bigint")
+    spec = StoreSpec("s", KeySchema(key, key_type), (value_field,), partitions=1, actors=1)
+    core = QueryCore(spec, [0], directory=Path(tempfile.mkdtemp()))
+    core.apply("q", 0, {0: table})
+    core.apply("q", 1, {0: table})
+    assert core.get_one(0, "b" if key == "user" else 2)[0] is not None
+print("pandas" in sys.modules)
+"""
+
+
+def test_the_runtime_and_a_query_actors_apply_do_not_import_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas on its first conversion of Python objects (``pa.scalar``, ``fill_null(0)``,
+    ``to_numpy``): 0.3 s of CPU in every process of the runtime at start-up, and none needs it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "slice.arrow"
+    table = pa.table({"user": ["a", "b", None], "id": [1, 2, None], "name": ["x", "y" * 300, "z"]})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    done = subprocess.run([sys.executable, "-c", _NO_PANDAS, str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
