@@ -5,7 +5,9 @@ dozen processes to start on a small machine), deploys the verticles, runs the fo
 exactly the seed's records, waits until the stores reflect them, prints the seed's curl commands, and
 serves until Ctrl-C or SIGTERM. Spark's driver JVM starts in a thread beside Ray's start, compiles with
 C1 only (``DEMO_JAVA_OPTIONS``) and maps its classes from an archive an earlier run left
-(``topologies.spark.class_archive``); the first run writes it when it stops.
+(``topologies.spark.class_archive``; the first run writes it when it stops); the same thread then makes
+the topology's frames (``food_orders.store_frames``: Spark analyses each as it is made) while the
+verticles start, so only the stores' query actors and the queries' start are left for after them.
 """
 
 from __future__ import annotations
@@ -93,15 +95,13 @@ def run_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(sub)
     _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
 
-    import ray
-
-    from riqr.access import rest_auth, token_for
+    # Only what starting Spark needs comes before its thread starts; Ray and the verticles' modules (about
+    # half a second of CPU) are imported while Spark's JVM launches.
     from riqr.progress import Steps
     from runtime.client import connect
     from topologies import food_orders
     from topologies.options import TopologyOptions
     from topologies.spark import class_archive, spark_session, stop_jvm
-    from verticles import deploy
 
     steps = Steps("[riqr demo]")
     spark = None
@@ -112,14 +112,29 @@ def run_demo(args: argparse.Namespace) -> int:
     # with the class archive, C1 only and no Ray dashboard the two no longer fill both cores between them).
     starting_spark = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riqr-demo-spark")
     spark_started: Future[Any] | None = None
+    started_spark: list[Any] = []  # the session, once made (to stop its JVM if the frames fail or Ctrl-C)
+    options = TopologyOptions(namespace=namespace)
     try:
         with steps:
+            # The seed's records land before the topology's frames are made, so its very first micro-batch
+            # brings them (and the customer snapshot, listed as its frame is made, holds them).
+            load_seed(home)
 
             def start_spark() -> Any:
                 with steps.step("starting Spark (beside Ray)"):
-                    return spark_session(app_name="riqr-demo", java_options=java_options)
+                    session = spark_session(app_name="riqr-demo", java_options=java_options)
+                started_spark.append(session)
+                # Spark analyses each frame as it is made (a second or two of the JVM's time), which does
+                # not need Ray: done here, beside Ray's start and the verticles'.
+                with steps.step("making the food-orders frames (beside the verticles)"):
+                    return session, food_orders.store_frames(session, home, options)
 
             spark_started = starting_spark.submit(start_spark)
+            import ray
+
+            from riqr.access import rest_auth, token_for
+            from verticles import deploy
+
             with steps.step("starting a local Ray cluster" + (" with its dashboard" if args.dashboard else "")):
                 # address="local": a cluster of its own, always. Without it ray.init() joins whatever cluster
                 # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine, anyone's), and the
@@ -147,18 +162,14 @@ def run_demo(args: argparse.Namespace) -> int:
             base = f"http://localhost:{deployment.endpoints[0].port}"
             dashboard = f"http://{ctx.dashboard_url}" if args.dashboard else "off (riqr demo --dashboard)"
             steps.say(f"REST API and web console at {base}/ ; Ray dashboard {dashboard}")
-            # The seed's records land before the topology starts, so its very first micro-batch brings them.
-            load_seed(home)
             if archive is not None:
                 steps.say(
                     f"Spark's class archive: {archive.path}" if archive.warm
                     else f"Spark's class archive: none yet, written to {archive.path} when the demo stops"
                 )  # fmt: skip
-            spark = spark_started.result()
+            spark, frames = spark_started.result()
             with steps.step("starting the food-orders topology (its stores' query actors, streaming queries)"):
-                queries, start_dead_letters = food_orders.start_stores(
-                    spark, home, TopologyOptions(namespace=namespace)
-                )
+                queries, start_dead_letters = food_orders.start_stores(spark, home, options, frames)
             with steps.step("waiting for the first batches to bring the seed-000 records into the stores"):
                 client = connect(namespace)
                 customers = client.store(food_orders.CUSTOMER_STORE)
@@ -197,13 +208,18 @@ def run_demo(args: argparse.Namespace) -> int:
                 q.stop()
         if spark is None and spark_started is not None:  # stopped or failed before the topology started
             with contextlib.suppress(Exception):
-                spark = spark_started.result()
+                spark_started.result()
+            spark = started_spark[0] if started_spark else None
         starting_spark.shutdown()
         if spark is not None:
             stop_jvm(spark)
         if archive is not None and archive.publish():
             _say(f"[riqr demo] Spark's class archive written: {archive.path}")
+        import ray  # again: a Ctrl-C may have come before the import above
+
         if ray.is_initialized():
+            from verticles import deploy
+
             try:
                 deploy.down(namespace)
             finally:

@@ -94,7 +94,14 @@ class Steps:
         if self._progress is not None:
             self._progress.console.print(f"{self.prefix} {message}", markup=False, highlight=False)
         else:
-            print(f"{self.prefix} {message}", file=self.stream, flush=True)
+            self._line(message)
+
+    def _line(self, text: str) -> None:
+        """``prefix text`` and its newline in one write: ``print`` writes them apart, and steps running in two
+        threads (``riqr demo`` starts Spark beside Ray) then ran their lines together."""
+        with self._lock:
+            self.stream.write(f"{self.prefix} {text}\n")
+            self.stream.flush()
 
     def _record(self, what: str, started: float, ok: bool) -> float:
         timing = StepTiming(what, started, self.elapsed(), ok)
@@ -107,15 +114,15 @@ class Steps:
         """One slow step: shown while it runs, then with how long it took (or that it failed)."""
         started = self.elapsed()
         if self._progress is None:
-            print(f"{self.prefix} {what} ...", file=self.stream, flush=True)
+            self._line(f"{what} ...")
             try:
                 yield
             except BaseException:
                 seconds = self._record(what, started, ok=False)
-                print(f"{self.prefix} {what}: failed after {seconds:.1f}s", file=self.stream, flush=True)
+                self._line(f"{what}: failed after {seconds:.1f}s")
                 raise
             seconds = self._record(what, started, ok=True)
-            print(f"{self.prefix} {what}: done in {seconds:.1f}s", file=self.stream, flush=True)
+            self._line(f"{what}: done in {seconds:.1f}s")
             return
         task = self._progress.add_task(what, total=1)
         try:

@@ -38,6 +38,7 @@ __all__ = [
     "order_counts_frame",
     "start",
     "start_stores",
+    "store_frames",
     "start_customers",
     "start_order_counts",
     "main",
@@ -128,22 +129,33 @@ def start_order_counts(spark: Any, home: Path, options: TopologyOptions) -> Any:
     return query
 
 
+StoreFrames = tuple[list[tuple[Any, dict[str, Any]]], Callable[[], list[Any]]]
+
+
+def store_frames(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> StoreFrames:
+    """The two stores' streaming DataFrames with ``materialize``'s options for each (customer store
+    first), and a function that starts their dead-letter queries. Spark only, no Ray: ``riqr demo``
+    builds them (Spark analyses every frame as it is made) while the verticles start."""
+    customers, customer_sink, customer_rejects = _customers(spark, home, options)
+    counts, counts_sink, order_rejects = _order_counts(spark, home, options)
+    return [(customers, customer_sink), (counts, counts_sink)], lambda: [*customer_rejects(), *order_rejects()]
+
+
 def start_stores(
-    spark: Any, home: Path, options: TopologyOptions = DEFAULTS
+    spark: Any, home: Path, options: TopologyOptions = DEFAULTS, frames: StoreFrames | None = None
 ) -> tuple[list[Any], Callable[[], list[Any]]]:
-    """Start the two queries feeding the stores (customer store first); returns them, and a function that
-    starts their dead-letter queries and returns those.
+    """Start the two queries feeding the stores (customer store first), from ``frames`` when given
+    (``store_frames``); returns them, and a function that starts their dead-letter queries and returns
+    those.
 
     ``riqr demo`` starts the dead-letter queries once the stores hold the seed: their first batches
     would compete with the stores' for the CPU, and they only matter once a malformed record comes.
     """
     from topologies.sink import materialize_all
 
-    customers, customer_sink, customer_rejects = _customers(spark, home, options)
-    counts, counts_sink, order_rejects = _order_counts(spark, home, options)
+    pairs, dead_letters = frames if frames is not None else store_frames(spark, home, options)
     # Both stores' query actors in one round, before either query starts (docs/benchmarks.md).
-    queries = materialize_all([(customers, customer_sink), (counts, counts_sink)])
-    return queries, lambda: [*customer_rejects(), *order_rejects()]
+    return materialize_all(pairs), dead_letters
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:

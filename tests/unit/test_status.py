@@ -198,6 +198,43 @@ def test_progress_off_a_terminal_is_plain_lines_with_durations() -> None:
     assert "\x1b" not in out.getvalue()  # no terminal control codes in logs
 
 
+class _Writes(io.StringIO):
+    """A stream that keeps each ``write`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+def test_progress_lines_from_two_threads_are_whole_lines() -> None:
+    """``riqr demo`` runs the Spark step in a thread beside Ray's: each line must be one write, its newline
+    included, or two threads' lines run together in the log."""
+    import threading
+
+    out = _Writes()
+    with Steps("[riqr demo]", out) as steps:
+
+        def beside() -> None:
+            for _ in range(50):
+                with steps.step("starting Spark (beside Ray)"):
+                    pass
+
+        thread = threading.Thread(target=beside)
+        thread.start()
+        for _ in range(50):
+            with steps.step("starting a local Ray cluster"):
+                steps.say("a message")
+        thread.join()
+    assert out.calls and all(
+        c.startswith("[riqr demo] ") and c.endswith("\n") and c.count("\n") == 1 for c in out.calls
+    )
+    assert len(out.getvalue().splitlines()) == 50 * 2 + 50 * 3
+
+
 def test_progress_on_a_terminal_is_live_and_leaves_each_step_with_its_time() -> None:
     out = io.StringIO()
     with Steps("[riqr up]", out, live=True) as steps, steps.step("deploying the verticles"):
