@@ -26,6 +26,7 @@ __all__ = [
     "class_archive",
     "class_cache_dir",
     "stop_jvm",
+    "jars_fingerprint",
 ]
 
 # Small shuffles: streaming state is partitioned by spark.sql.shuffle.partitions, and the default of 200
@@ -111,16 +112,33 @@ def class_cache_dir() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache") / "riqr"
 
 
+def jars_fingerprint(directory: Path) -> str:
+    """The name, size and modification time of every jar in ``directory``: what the JVM checks before it
+    maps an archive (besides its own build). pyspark reinstalled in place (a recreated ``.venv``) has the
+    same version and path but jars with new times, which the JVM would refuse to map."""
+    entries = []
+    with contextlib.suppress(OSError):
+        for jar in sorted(directory.glob("*.jar")):
+            with contextlib.suppress(OSError):
+                stat = jar.stat()
+                entries.append(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
+
+
 def _archive_key() -> str:
-    """What the archive depends on beyond what the JVM checks itself (the JVM build, the classpath's jars
-    and their sizes and times): which pyspark and which java, so an upgrade gets an archive of its own."""
+    """What the archive is good for: which pyspark (version, where, and its jars as the JVM checks them)
+    and which java, so an upgrade or a reinstall gets an archive of its own. Keyed only by version and
+    path, an archive made for an earlier install of the same pyspark was found by name, refused by the
+    JVM (its jars' times differ), and never replaced: every later demo loaded its classes cold."""
     import pyspark
 
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java") or "java"
     with contextlib.suppress(OSError):
         java = os.path.realpath(java)
-    return hashlib.sha256(f"{pyspark.__version__}\0{java}\0{pyspark.__file__}".encode()).hexdigest()[:16]
+    jars = jars_fingerprint(Path(pyspark.__file__).parent / "jars")
+    key = f"{pyspark.__version__}\0{java}\0{pyspark.__file__}\0{jars}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

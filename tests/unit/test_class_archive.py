@@ -55,3 +55,24 @@ def test_publishing_keeps_the_newest_archives_and_drops_old_ones_and_dead_runs_l
     assert left == sorted([writing.name, archive.path.name, old[-1].name])  # the newest other one stays
     assert KEEP_ARCHIVES == 2
     assert prune_archives(tmp_path, keep=archive.path) == []  # nothing more to do
+
+
+def test_a_reinstalled_pyspark_gets_an_archive_of_its_own(tmp_path: Path) -> None:
+    """Same version and path, jars written again (a recreated .venv): the JVM would refuse the old
+    archive, so its key must differ, or the refused archive is found by name and never replaced."""
+    import os
+
+    from topologies.spark import jars_fingerprint
+
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "spark-core.jar").write_bytes(b"classes")
+    (jars / "README").write_text("not a jar")
+    first = jars_fingerprint(jars)
+    assert jars_fingerprint(jars) == first
+    (jars / "README").write_text("still not a jar")
+    assert jars_fingerprint(jars) == first
+    stat = (jars / "spark-core.jar").stat()
+    os.utime(jars / "spark-core.jar", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert jars_fingerprint(jars) != first
+    assert jars_fingerprint(tmp_path / "missing") != first  # no jars: a key all the same, no error
