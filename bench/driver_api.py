@@ -15,7 +15,8 @@ Each in three shapes: sequential sync calls from one thread; ``--concurrency`` c
 (tasks on one event loop, ``get_async``; for ``raw``, awaiting the object refs); and ``--concurrency``
 threads making sync calls (as Spark driver code or a thread pool would). Rounds alternate the targets
 so the machine's drift hits all of them; figures are medians over rounds, and each is printed as a ratio
-to ``raw`` in the same shape.
+to ``raw`` in the same shape, then as the median of each round's own ratio (paired: robust to drift
+between rounds).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main() -> None:
     import ray
 
     import runtime
+    from runtime.client import close_in_process_facades
     from runtime.config import RuntimeConfig
     from runtime.queries import KeyQuery
     from verticles import deploy
@@ -182,7 +184,17 @@ def main() -> None:
                 base = statistics.median(results[("raw", shape)])
                 row += f"{rate:>14,.0f}{rate / base:>7.2f}"
             print(row)
+        # Each round measures every target back to back, so a round's own ratio cancels the machine's drift
+        # between rounds, which the ratio of the medians above does not.
+        print("paired: the median over rounds of each round's target/raw")
+        for target in TARGETS[1:]:
+            paired = [
+                statistics.median(t / b for t, b in zip(results[(target, shape)], results[("raw", shape)]))
+                for shape in shapes
+            ]
+            print(f"{target:<8}" + "".join(f"{'':>14}{ratio:>7.2f}" for ratio in paired))
     finally:
+        close_in_process_facades()  # before the registry goes: its long poll would warn it died
         deploy.down(namespace)
         ray.shutdown()
 

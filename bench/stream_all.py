@@ -134,6 +134,7 @@ def main() -> None:
     import runtime
     from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
+    from runtime.client import close_in_process_facades
     from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name, http_name
     from runtime.ingest import PARTITION_COLUMN
     from runtime.keys import KeySchema
@@ -182,6 +183,7 @@ def main() -> None:
         print("  RSS MB when the runtime was up, before loading: "
               + ", ".join(f"{n} {mb:.0f}" for n, mb in started_rss.items()))  # fmt: skip
     finally:
+        close_in_process_facades()  # before the registry goes: its long poll would warn it died
         deploy.down(namespace)
         ray.shutdown()
 
