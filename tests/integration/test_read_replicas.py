@@ -7,6 +7,8 @@ checked for freshness (after a batch is acknowledged, a lookup shows it) and mon
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +17,7 @@ import pyarrow as pa
 import pytest
 import ray
 
+from bench.faults import worker_pid
 from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
 from runtime.config import http_name
@@ -124,12 +127,14 @@ def test_every_http_node_answers_lookups_from_its_replica_with_the_latest_acknow
         assert _local_reads(url) - before == len(USERS) + 1, "every lookup answered in the HTTP verticle's process"
 
 
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
 def test_an_http_verticle_killed_under_reads_and_batches_gets_a_new_replica_and_no_answer_is_wrong(
-    runtime_ns: Runtime, ray_cluster: RayCluster, feed: Feed
+    runtime_ns: Runtime, ray_cluster: RayCluster, feed: Feed, how: str
 ) -> None:
-    """Node A's REST API is read all along while batches flow and node B's HTTP verticle is killed: the
-    sink drops B's replica (ingest goes on), B restarts and answers from a new replica. Every answer from
-    A is checked: never older than the batch acknowledged before the request, never going back."""
+    """Node A's REST API is read all along while batches flow and node B's HTTP verticle is killed (by
+    Ray, or its worker process by SIGKILL, with no chance to say goodbye): the sink drops B's replica
+    (ingest goes on), B restarts and answers from a new replica. Every answer from A is checked: never
+    older than the batch acknowledged before the request, never going back."""
     node_a, node_b = sorted(runtime_ns.endpoints)
     url_a, url_b = runtime_ns.endpoints[node_a], runtime_ns.endpoints[node_b]
     acknowledged = [feed.last]
@@ -156,7 +161,10 @@ def test_an_http_verticle_killed_under_reads_and_batches_gets_a_new_replica_and_
             acknowledged[0] = feed.next()
         http_b = ray.get_actor(http_name(node_b), namespace=runtime_ns.namespace)
         old = [r["uuid"] for r in _replicas(ray_cluster, runtime_ns.namespace, node_b)]
-        ray.kill(http_b, no_restart=False)  # its process dies; Ray restarts it
+        if how == "ray.kill":
+            ray.kill(http_b, no_restart=False)  # its process dies; Ray restarts it
+        else:
+            os.kill(worker_pid(http_b), signal.SIGKILL)  # the process just dies; Ray restarts the actor
 
         def b_answers_from_a_new_replica() -> bool:
             acknowledged[0] = feed.next()  # batches go on meanwhile; the sink drops B's lost replica
