@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -104,6 +106,18 @@ def run_demo(args: argparse.Namespace) -> int:
     from topologies.spark import class_archive, spark_session, stop_jvm
 
     steps = Steps("[riqr demo]")
+    # Ctrl-C or SIGTERM at any time stops the demo. The handler raises KeyboardInterrupt, as Python's own
+    # does, to cut a step short, and also sets a flag that serving (``supervise``) starts from: a Ctrl-C
+    # that came as the demo became ready was seen lost on its way (no KeyboardInterrupt reached the demo,
+    # which then served until a second one; `bench.startup` hit it in every round), and with the flag it
+    # stops all the same. SIGTERM before serving used to end the process with Ray's processes left behind.
+    stop_requested = threading.Event()
+
+    def on_stop_signal(signum: int, _frame: Any) -> None:
+        stop_requested.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous_handlers = {sig: signal.signal(sig, on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     spark = None
     archive = None if args.no_class_archive else class_archive()
     java_options = (*DEMO_JAVA_OPTIONS, *(archive.options if archive else ()))
@@ -198,7 +212,7 @@ def run_demo(args: argparse.Namespace) -> int:
         queries += start_dead_letters()
         from topologies.runner import supervise
 
-        return supervise(queries)
+        return supervise(queries, stop=stop_requested)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -224,4 +238,6 @@ def run_demo(args: argparse.Namespace) -> int:
                 deploy.down(namespace)
             finally:
                 ray.shutdown()
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         _say("[riqr demo] stopped")

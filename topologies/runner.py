@@ -121,8 +121,11 @@ def run_topology(
         spark.stop()
 
 
-def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
+def supervise(queries: Sequence[Any], *, poll: float = 0.5, stop: threading.Event | None = None) -> int:
     """Wait until a signal asks to stop (0) or any query ends by itself (1, naming it and why).
+
+    ``stop``, when given, is a flag the caller's own signal handler set before this started (``riqr
+    demo``): a stop asked for then is not missed.
 
     The signal handlers only set a flag: stopping a query is a call into the JVM, and making it from a
     handler that interrupted another such call fails with py4j's "reentrant call". So the main thread
@@ -132,7 +135,7 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5) -> int:
     (``topologies.feeder.finish_all``): ``stopped`` on a signal, ``failed`` naming the query and its
     error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running.
     """
-    stop = threading.Event()
+    stop = stop if stop is not None else threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping the queries", signum)

@@ -100,6 +100,15 @@ def test_the_demo_is_ready_with_the_seed_and_spark_starts_beside_ray(demo: Demo)
     assert "[riqr demo] stopped" in demo.lines
 
 
+def test_ctrl_c_as_the_demo_becomes_ready_stops_it(demo: Demo) -> None:
+    """The moment ``bench.startup`` sends its Ctrl-C: the dead-letter queries are starting and serving is
+    about to begin. That Ctrl-C was once lost, and the demo served on until a second one."""
+    demo.read_until(r"\] ready in ")
+    code, left = demo.interrupt()
+    assert code == 0 and not left, (left, demo.lines[-20:])
+    assert "[riqr demo] stopped" in demo.lines
+
+
 def test_ctrl_c_before_the_topology_stops_the_jvm_started_beside_ray(demo: Demo) -> None:
     demo.read_until(r"starting the registry, facades and HTTP verticles \.\.\.$")
     java = wait_for(

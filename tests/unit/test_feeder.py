@@ -241,6 +241,23 @@ def test_supervise_reports_stopped_on_sigterm(monkeypatch: pytest.MonkeyPatch) -
     assert link.last()["s"].state == "stopped" and not query.active
 
 
+def test_supervise_stops_at_once_when_the_stop_was_asked_before_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``riqr demo``'s own handler sets the flag for a Ctrl-C that comes before serving: supervising then
+    stops at once (a Ctrl-C that came as the demo became ready was once lost, and the demo served on)."""
+    link = FakeLink()
+    feeder = _feeder(link)
+    monkeypatch.setattr(feeder_module, "_FEEDERS", {"ns": feeder})
+    query = FakeQuery("riqr-ns-s")
+    feeder.update("s", state="running", query=query.name)
+    feeder.attach("s", query)
+    asked = threading.Event()
+    asked.set()
+    before = signal.getsignal(signal.SIGINT)
+    assert supervise([query], poll=60.0, stop=asked) == 0  # no poll interval waited: the flag is seen first
+    assert link.last()["s"].state == "stopped" and not query.active
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+
+
 def test_supervise_reports_the_failed_query_and_fails_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
     link = FakeLink()
     feeder = _feeder(link)
