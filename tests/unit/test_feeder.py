@@ -225,13 +225,19 @@ def test_the_heartbeat_thread_beats_until_finished() -> None:
     assert not feeder._thread.is_alive()
 
 
-def test_supervise_reports_stopped_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+def _one_supervised_feed(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeLink, FakeQuery]:
+    """The process's only feeder, feeding store ``s`` from one running query."""
     link = FakeLink()
     feeder = _feeder(link)
     monkeypatch.setattr(feeder_module, "_FEEDERS", {"ns": feeder})
     query = FakeQuery("riqr-ns-s")
     feeder.update("s", state="running", query=query.name)
     feeder.attach("s", query)
+    return link, query
+
+
+def test_supervise_reports_stopped_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    link, query = _one_supervised_feed(monkeypatch)
     timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
@@ -244,12 +250,7 @@ def test_supervise_reports_stopped_on_sigterm(monkeypatch: pytest.MonkeyPatch) -
 def test_supervise_stops_at_once_when_the_stop_was_asked_before_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
     """``riqr demo``'s own handler sets the flag for a Ctrl-C that comes before serving: supervising then
     stops at once (a Ctrl-C that came as the demo became ready was once lost, and the demo served on)."""
-    link = FakeLink()
-    feeder = _feeder(link)
-    monkeypatch.setattr(feeder_module, "_FEEDERS", {"ns": feeder})
-    query = FakeQuery("riqr-ns-s")
-    feeder.update("s", state="running", query=query.name)
-    feeder.attach("s", query)
+    link, query = _one_supervised_feed(monkeypatch)
     asked = threading.Event()
     asked.set()
     before = signal.getsignal(signal.SIGINT)
