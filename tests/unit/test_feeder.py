@@ -39,14 +39,11 @@ class FakeLink:
         if self.lost > 0:
             self.lost -= 1
             raise RuntimeError("ActorUnavailableError: the registry is restarting")
-        if self.dead:
-            self.dead = False  # the link looks the registry up again after a failure
-            raise RuntimeError("ActorDiedError: the registry's actor is dead")
 
     def on_failure(self, pending: Any, callback: Any) -> None:
         self.watched.append(pending)
         if self.dead:
-            self.dead = False
+            self.dead = False  # the link forgets the dead handle and looks the registry up again
             callback()
 
     def last(self) -> dict[str, FeedReport]:
