@@ -13,8 +13,9 @@ exists, so a caller cannot probe for store names it may not read.
 
 Secrets and tokens are never logged, never echoed in errors, and hidden in ``repr(AuthConfig)``.
 
-Wiring: ``web.Application(middlewares=[auth_middleware(config), error_middleware])``; a handler finds
-the caller as ``request[PRINCIPAL]`` and may filter listings with ``visible(config, principal, store)``.
+Wiring: riqr's REST app runs ``Authenticator.refusal`` in its request pipeline (``runtime.rest.pipeline``);
+another aiohttp app can use ``auth_middleware(config)``. A handler finds the caller as
+``request[PRINCIPAL]`` and may filter listings with ``visible(config, principal, store)``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "TokenCache",
     "Verified",
     "visible",
+    "Authenticator",
     "auth_middleware",
     "mint_token",
     "generate_secret",
@@ -323,16 +325,18 @@ class TokenCache:
         """As ``authenticate(config, authorization)``, from the cache when the token verified before."""
         if not self._config.enabled:
             return ANONYMOUS
-        token = _bearer_token(authorization)
-        hit = self._tokens.get(token)
+        if not authorization:
+            raise Unauthorized("missing bearer token")  # as _bearer_token says it
+        # Keyed by the header as sent, so a hit does not even parse it (the token in it is what verified).
+        hit = self._tokens.get(authorization)
         if hit is not None:
             if hit.valid_from <= self._clock() < hit.valid_until:
                 return hit.principal
-            del self._tokens[token]
-        verified = _verify(self._config, token)
+            del self._tokens[authorization]
+        verified = _verify(self._config, _bearer_token(authorization))
         if len(self._tokens) >= self._size:
             del self._tokens[next(iter(self._tokens))]
-        self._tokens[token] = verified
+        self._tokens[authorization] = verified
         return verified.principal
 
 
@@ -352,34 +356,49 @@ def authorize(config: AuthConfig, principal: Principal, store: str) -> None:
 
 
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
-"""The request key under which ``auth_middleware`` leaves the authenticated caller."""
+"""The request key under which ``Authenticator`` leaves the authenticated caller."""
 
 
-def auth_middleware(config: AuthConfig, *, public_paths: Iterable[str] = PUBLIC_PATHS) -> Middleware:
-    """An aiohttp middleware authenticating every request except ``public_paths`` (exact paths).
+class Authenticator:
+    """Who a request comes from, and whether it may read the store its route names: the check every REST
+    request passes before its handler (``runtime.rest.pipeline``, or ``auth_middleware`` alone).
 
-    It sets ``request[PRINCIPAL]`` and, when the route has a ``{store}``, authorizes it before the
-    handler runs. Its own refusals are rendered here, in the app's error shape
-    ``{"error": {"code", "message"}}``, so it works wherever it sits in the middleware list. Public
-    paths get no principal. Unrouted paths still need a token, so they reveal nothing to strangers.
+    Requests to ``public_paths`` (exact paths) need no token and get no principal. Unrouted paths still
+    need one, so they reveal nothing to strangers. Verified tokens are cached (``TokenCache``).
     """
-    public = frozenset(public_paths)
-    tokens = TokenCache(config)
 
-    @web.middleware
-    async def authenticate_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in public:
-            return await handler(request)
+    def __init__(self, config: AuthConfig, *, public_paths: Iterable[str] = PUBLIC_PATHS) -> None:
+        self.config = config
+        self.public = frozenset(public_paths)
+        self.tokens = TokenCache(config)
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """None when the request may go on (its caller is then ``request[PRINCIPAL]``), else the 401 or
+        403 to answer, in the app's error shape ``{"error": {"code", "message"}}``."""
+        if request.rel_url.raw_path in self.public:  # public paths are plain ASCII: raw is decoded
+            return None
         try:
-            principal = tokens.authenticate(request.headers.get(hdrs.AUTHORIZATION))
+            principal = self.tokens.authenticate(request.headers.get(hdrs.AUTHORIZATION))
             store = request.match_info.get("store")
             if store is not None:
-                authorize(config, principal, store)
+                authorize(self.config, principal, store)
         except (Unauthorized, Forbidden) as err:
             log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
             return web.json_response(err.to_json(), status=err.status, headers=err.headers())
         request[PRINCIPAL] = principal
-        return await handler(request)
+        return None
+
+
+def auth_middleware(config: AuthConfig, *, public_paths: Iterable[str] = PUBLIC_PATHS) -> Middleware:
+    """An aiohttp middleware authenticating every request except ``public_paths`` (``Authenticator``), for
+    apps other than riqr's own (whose one request pipeline runs the same check). Its refusals are rendered
+    here, so it works wherever it sits in the middleware list."""
+    authenticator = Authenticator(config, public_paths=public_paths)
+
+    @web.middleware
+    async def authenticate_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refusal = authenticator.refusal(request)
+        return refusal if refusal is not None else await handler(request)
 
     return authenticate_request
 

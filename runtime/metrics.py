@@ -6,11 +6,15 @@ recorded). docs/operations.md's table lists the same names, and a test holds the
 A process records into its own ``Metrics`` (a private ``prometheus_client`` registry, so unit tests and
 several cores in one process do not share counters). Recording is a dictionary lookup of the labelled
 child plus ``prometheus_client``'s increment (a short lock, never held across an await): about a
-microsecond. The HTTP verticle serves its process's metrics at ``GET /metrics``; ``Mirror`` copies every
-process's metrics into Ray's metrics system (``ray.util.metrics``, done by ``verticles.metrics``) from a
-background thread every few seconds, so Ray's per-record cost (a few microseconds) stays off the
-request path: counters as increments since the last copy, gauges as their value, histograms as their
-cumulative bucket counts, sum and count (``HistogramState``), a few calls per flush however many requests came.
+microsecond, two for a histogram. What is recorded on every REST request goes through ``Metrics.record``
+instead: an append to a list, folded into the registry (a call per series, not per record) at the next
+collect or every ``FOLD_EVERY`` records (docs/design.md, "Where a GET's time goes").
+
+The HTTP verticle serves its process's metrics at ``GET /metrics``; ``Mirror`` copies every process's
+metrics into Ray's metrics system (``ray.util.metrics``, done by ``verticles.metrics``) from a background
+thread every few seconds, so Ray's per-record cost (a few microseconds) stays off the request path:
+counters as increments since the last copy, gauges as their value, histograms as their cumulative bucket
+counts, sum and count (``HistogramState``), a few calls per flush however many requests came.
 
 Labels are bounded: routes are patterns, never paths; stores, partitions, topics and states are few; no
 key, value, token or actor id is ever a label.
@@ -18,6 +22,8 @@ key, value, token or actor id is ever a label.
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,6 +46,7 @@ __all__ = [
     "MirrorTarget",
     "exposition",
     "CONTENT_TYPE",
+    "FOLD_EVERY",
 ]
 
 # Series named ``*_created`` double the output and no dashboard of ours reads them.
@@ -55,6 +62,8 @@ CLUSTER = "cluster"  # computed by the HTTP verticle from its cluster probe at s
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 APPLY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+# ``Metrics.record`` folds its pending records into the registry at least this often (bounds their memory).
+FOLD_EVERY = 1024
 
 
 @dataclass(frozen=True)
@@ -130,12 +139,29 @@ def _recorded_labels(d: MetricDef) -> tuple[str, ...]:
     return tuple(label for label in d.labels if not (d.where == QUERY and label == "role"))
 
 
+class _Fold(Collector):
+    """Registered first, so every collect of the registry folds ``Metrics.record``'s pending records in
+    before any family is read: readers never see a record missing that was made before they asked."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        self._metrics.fold()
+        return iter(())
+
+
 class Metrics:
     """The metrics one process records, in a registry of its own."""
 
     def __init__(self, defs: Iterable[MetricDef] = HTTP_METRICS) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.defs = {d.name: d for d in defs}
+        # ``record``'s pending records: appended without a lock (one C call under the GIL), taken out and
+        # folded under ``_folding`` from whichever thread collects.
+        self._pending: list[tuple[str, tuple[str, ...], float]] = []
+        self._folding = threading.Lock()
+        self.registry.register(_Fold(self))
         self._families: dict[str, Any] = {}
         for d in self.defs.values():
             labels = _recorded_labels(d)
@@ -167,6 +193,36 @@ class Metrics:
     def set(self, name: str, value: float, *labels: str) -> None:
         self.child(name, *labels).set(value)
 
+    def record(self, name: str, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        """Add ``amount`` to a counter, or observe it in a histogram, for the hot paths: no lock and no
+        registry call now; the record is folded in at the next collect (or once ``FOLD_EVERY`` wait),
+        so what any reader sees is the same as with ``inc``/``observe``."""
+        pending = self._pending
+        pending.append((name, labels, amount))
+        if len(pending) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Move ``record``'s pending records into the registry: one increment per counter series and one
+        per histogram bucket hit, however many records."""
+        with self._folding:
+            taken = len(self._pending)
+            if not taken:
+                return
+            records = self._pending[:taken]
+            del self._pending[:taken]  # records appended meanwhile stay, after the ones taken
+            sums: dict[tuple[str, tuple[str, ...]], float] = {}
+            observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+            for name, labels, amount in records:
+                if self.defs[name].kind == "histogram":
+                    observed.setdefault((name, labels), []).append(amount)
+                else:
+                    sums[(name, labels)] = sums.get((name, labels), 0.0) + amount
+            for (name, labels), amount in sums.items():
+                self.child(name, *labels).inc(amount)
+            for (name, labels), values in observed.items():
+                _observe_all(self.child(name, *labels), values)
+
     def samples(self) -> list[Sample]:
         """Every sample this process holds (what a query actor hands the HTTP verticles)."""
         return [
@@ -179,6 +235,20 @@ class Metrics:
         """The current value of one sample (tests; ``name`` as exposed, e.g. ``..._total``, ``..._count``)."""
         got = self.registry.get_sample_value(name, labels)
         return 0.0 if got is None else float(got)
+
+
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for every value, with one increment per bucket hit rather than per value.
+    It reaches into ``prometheus_client``'s histogram child (its bounds, buckets and sum; pinned in
+    constraints.txt); tests/unit/test_metrics.py holds the result to what ``observe`` gives."""
+    bounds = histogram._upper_bounds  # noqa: SLF001 - ascending, +Inf last
+    hits = [0] * len(bounds)
+    for value in values:
+        hits[bisect_left(bounds, value)] += 1  # the first bound >= value, as observe's ``value <= bound``
+    for bucket, count in zip(histogram._buckets, hits):  # noqa: SLF001
+        if count:
+            bucket.inc(count)
+    histogram._sum.inc(sum(values))  # noqa: SLF001
 
 
 class _Families(Collector):

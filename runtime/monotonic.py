@@ -27,6 +27,7 @@ facade, not across nodes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = ["Span", "Spans", "Mark", "Marks", "span_text", "POSITION_HEADER", "position_header"]
@@ -60,6 +61,7 @@ def span_text(span: Span) -> str:
     return f"{source}@{lo}" if lo == hi else f"{source}@{lo}-{hi}"
 
 
+@functools.lru_cache(maxsize=4096)  # per answer: a few distinct values a batch, asked thousands of times
 def position_header(partition: int, span: Span) -> str:
     """What a key lookup's answer reflects, as ``X-Riqr-Position`` shows it: the key's partition, the
     source (the Spark query run) and the batch: ``partition=3; source=<id>; batch=41`` (``batch=40-41``

@@ -119,7 +119,7 @@ class Facade:
     async def lookup(self, query: KeyQuery) -> tuple[Any, str]:
         """The value of a key-value store's key and what it reflects, as the ``X-Riqr-Position`` header
         says it (``runtime.monotonic.position_header``); ``KeyNotFound`` when absent, with its position."""
-        table = await self.views.table(query.store)
+        table = self.views.current.table(query.store) or await self.views.table(query.store)
         require_kind(table.spec, "kv")
         found = await self.router.get(table.spec, table, bind_key(table.spec, query.key))
         return decode_value(found.value), position_header(found.partition, found.span)

@@ -138,7 +138,7 @@ class KeyRouter:
             found = self.local.get(spec.name, route.partition, key)
             # A local copy is fed with the standbys, so the marks treat it as one.
             if found is not None and self.marks.admit(spec.name, route.partition, found[1], active=False):
-                self.metrics.inc("riqr_local_reads_total", spec.name)
+                self.metrics.record("riqr_local_reads_total", (spec.name,))
                 return self._found(spec, key, route.partition, *found)
         deadline = Deadline.after(self.timeout)
         holders = (route.owner, *route.standbys)

@@ -5,24 +5,23 @@ HttpVerticle only starts and stops it. ``ROUTES`` (``runtime.rest.routes``) is t
 the app is built from it, and so is its OpenAPI document (``GET /openapi.json``, browsable at ``/docs``),
 so they cannot drift apart.
 
-Middlewares, outermost first: every request counted and timed (``probes.metrics_middleware``); errors
-become JSON (``render.error_middleware``); the request limits of
-``runtime.config`` (``limits.limits_middleware``); bearer-token authentication and per-store
-authorization (``runtime.auth``). Every response says ``Server: riqr``, without a version.
+Around every route's handler, ``runtime.rest.pipeline`` does what each request needs, in order: count and
+time it; turn errors into JSON; check the request limits of ``runtime.config``; authenticate the bearer
+token and authorize the store (``runtime.auth``). A catch-all route, added last, answers what no route
+takes (404, or 405 with ``Allow``) through the same steps. Every response says ``Server: riqr``, without
+a version.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from runtime.auth import AuthConfig, auth_middleware
+from runtime.auth import AuthConfig
 from runtime.config import MAX_BODY_BYTES, MAX_HEADER_FIELD_BYTES, MAX_HEADERS, MAX_URL_CHARS
 from runtime.facade import Facade
 from runtime.rest import handlers as h
-from runtime.rest.limits import limits_middleware
 from runtime.rest.openapi import SPEC, openapi_document
-from runtime.rest.probes import metrics_middleware
-from runtime.rest.render import SERVER_NAME, error_middleware
+from runtime.rest.pipeline import CATCH_ALL, CATCH_ALL_NAME, Pipeline
 from runtime.rest.routes import PUBLIC_PATHS, ROUTES, Param, Route
 
 __all__ = ["build_app", "FACADE", "ROUTES", "Route", "Param", "PUBLIC_PATHS", "PARSER_LIMITS"]
@@ -33,11 +32,6 @@ FACADE = h.FACADE
 PARSER_LIMITS = {"max_line_size": MAX_URL_CHARS, "max_field_size": MAX_HEADER_FIELD_BYTES, "max_headers": MAX_HEADERS}
 
 
-async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
-    # aiohttp would announce "Python/3.x aiohttp/x.y"; a version only helps whoever scans for old ones.
-    response.headers["Server"] = SERVER_NAME
-
-
 def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Application:
     """The REST application over ``facade``; ``auth`` (default: off) says who may read what.
 
@@ -46,19 +40,16 @@ def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Applicat
     """
     auth = auth if auth is not None else AuthConfig()
     app = web.Application(
-        middlewares=[
-            metrics_middleware(facade.metrics),
-            error_middleware,
-            limits_middleware,
-            auth_middleware(auth, public_paths=PUBLIC_PATHS),
-        ],
         client_max_size=MAX_BODY_BYTES,
         handler_args=PARSER_LIMITS,
     )
     app[FACADE] = facade
     app[h.AUTH] = auth
     app[SPEC] = openapi_document(ROUTES, auth_enabled=auth.enabled)
-    app.on_response_prepare.append(_server_header)
-    for route in ROUTES:
-        app.router.add_get(route.path, route.handler, allow_head=False)
+    pipeline = Pipeline(facade.metrics, auth, public_paths=PUBLIC_PATHS)
+    # aiohttp tries the routes under one path prefix in the order they were added: lookups by key first.
+    for route in sorted(ROUTES, key=lambda r: r.handler is not h.get_key):
+        resource = app.router.add_resource(route.path)
+        resource.add_route("GET", pipeline.wrap(route.handler, resource.canonical))  # no HEAD: 405
+    app.router.add_route("*", CATCH_ALL, pipeline.unrouted(), name=CATCH_ALL_NAME)
     return app

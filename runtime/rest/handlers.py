@@ -51,11 +51,25 @@ def _store(request: web.Request) -> str:
     """The store named in the path, decoded strictly: aiohttp's lenient decoding would turn ``%FF`` into
     U+FFFD and answer 404 for a store nobody asked for."""
     segments = request.rel_url.raw_path.split("/")
-    raw = segments[3] if segments[1] == "metadata" else segments[2]
-    try:
-        return UrlKey(raw).text()
-    except MalformedKey as err:
-        raise MalformedPath(f"the store name in the path is malformed: {err.message}") from None
+    return _store_name(segments[3] if segments[1] == "metadata" else segments[2])
+
+
+# Store names as written in paths -> decoded: a deployment has a handful, asked on every request.
+_STORE_NAMES: dict[str, str] = {}
+_STORE_NAMES_KEPT = 256
+
+
+def _store_name(raw: str) -> str:
+    name = _STORE_NAMES.get(raw)
+    if name is None:
+        try:
+            name = UrlKey(raw).text()
+        except MalformedKey as err:
+            raise MalformedPath(f"the store name in the path is malformed: {err.message}") from None
+        if len(_STORE_NAMES) >= _STORE_NAMES_KEPT:
+            _STORE_NAMES.clear()  # names nobody has (probes, typos) cannot grow it
+        _STORE_NAMES[raw] = name
+    return name
 
 
 def _may_read(request: web.Request, store: str) -> bool:
@@ -141,8 +155,9 @@ async def catalog(request: web.Request) -> web.Response:
 
 
 async def get_key(request: web.Request) -> web.Response:
-    query = KeyQuery(_store(request), _path_key(request, 3))
-    value, position = await _facade(request).lookup(query)
+    # The hot route: the path is split once (``/stores/{store}/get/{key}``, the key possibly with '/').
+    _, _, raw_store, _, raw_key = request.rel_url.raw_path.split("/", 4)
+    value, position = await _facade(request).lookup(KeyQuery(_store_name(raw_store), UrlKey(raw_key)))
     return reply(request, {"response": value}, headers={POSITION_HEADER: position})
 
 

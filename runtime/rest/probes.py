@@ -1,5 +1,5 @@
-"""What operators and their tools ask a node: readiness (``/ready``), metrics (``/metrics``), and the
-middleware that counts and times every request.
+"""What operators and their tools ask a node: readiness (``/ready``), metrics (``/metrics``), and how
+every request is counted and timed (``record_request``).
 
 ``/health`` (in ``handlers``) asks nothing of the cluster. ``/ready`` and the cluster part of
 ``/metrics`` come from the facade's ``ClusterProbe`` (``runtime.health``): one shared look at the
@@ -8,11 +8,7 @@ cluster per second at most, whatever the probe and scrape rates.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
 from runtime.errors import Forbidden
@@ -20,9 +16,9 @@ from runtime.facade import Facade
 from runtime.health import cluster_families, readiness
 from runtime.metrics import CONTENT_TYPE, Metrics, exposition
 from runtime.rest.handlers import AUTH, FACADE
-from runtime.rest.render import Handler, reply
+from runtime.rest.render import reply
 
-__all__ = ["ready", "metrics", "metrics_middleware", "UNMATCHED"]
+__all__ = ["ready", "metrics", "record_request", "UNMATCHED"]
 
 # The route label of requests no route matched (their paths are never labels: they are unbounded).
 UNMATCHED = "unmatched"
@@ -55,28 +51,8 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def metrics_middleware(recorder: Metrics) -> Middleware:
-    """Counts every answered request by route pattern and status, and times it (outermost middleware,
-    so errors rendered further in are counted with their status)."""
-
-    @web.middleware
-    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-        started = time.perf_counter()
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except asyncio.CancelledError:
-            status = 499  # the client went away before the answer (nginx's code for it)
-            raise
-        finally:
-            resource = request.match_info.route.resource
-            route = resource.canonical if resource is not None else UNMATCHED
-            recorder.child("riqr_http_requests_total", route, str(status)).inc()
-            recorder.child("riqr_http_request_duration_seconds", route).observe(time.perf_counter() - started)
-
-    return observe
+def record_request(recorder: Metrics, route: str, status: int, seconds: float) -> None:
+    """Count an answered request by route pattern (``UNMATCHED`` when no route took it) and status, and
+    record how long it took (the request pipeline calls it for every request, errors included)."""
+    recorder.record("riqr_http_requests_total", (route, str(status)))
+    recorder.record("riqr_http_request_duration_seconds", (route,), seconds)

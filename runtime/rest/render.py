@@ -1,7 +1,7 @@
 """Turning answers and errors into HTTP responses: JSON by default, msgpack when the ``Accept`` header
-prefers it, NDJSON for streams. The one error middleware lives here: riqr errors get their own status
-(and Retry-After for 503s), aiohttp's routing errors become JSON too, and anything else is a logged 500,
-which no client input should ever reach.
+prefers it, NDJSON for streams. Errors become responses in one place, ``error_response``: riqr errors
+get their own status (and Retry-After for 503s), aiohttp's routing errors become JSON too, and anything
+else is a logged 500, which no client input should ever reach.
 
 Every value riqr answers with encodes in every format: datetimes as ISO-8601 text, bytes as base64 in
 JSON (bin in msgpack), integers beyond 64 bits as decimal text in msgpack (it has no wider integers), and
@@ -28,7 +28,7 @@ from runtime.windows import Windowed
 __all__ = [
     "reply",
     "error_reply",
-    "error_middleware",
+    "error_response",
     "stream_ndjson",
     "entries_json",
     "encode_json",
@@ -94,26 +94,24 @@ def error_reply(
     return web.Response(body=data, status=status, content_type=content_type, headers=headers)
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one place errors become HTTP responses."""
-    try:
-        return await handler(request)
-    except RiqrError as err:
-        if err.status >= 500:
-            log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
-        return error_reply(request, err.to_json(), status=err.status, headers=err.headers())
-    except web.HTTPException as exc:
+def error_response(request: web.BaseRequest, exc: Exception) -> web.Response:
+    """The one place errors become HTTP responses (``runtime.rest.pipeline`` calls it): a riqr error with
+    its own status, aiohttp's routing errors as JSON, anything else a logged 500. Re-raises an
+    ``HTTPException`` below 400 (a redirect is not an error)."""
+    if isinstance(exc, RiqrError):
+        if exc.status >= 500:
+            log.info("%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
+        return error_reply(request, exc.to_json(), status=exc.status, headers=exc.headers())
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         code = "not-found" if exc.status == 404 else "method-not-allowed" if exc.status == 405 else "http-error"
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         body = {"error": {"code": code, "message": exc.reason, "path": request.path}}
         return error_reply(request, body, status=exc.status, headers=headers)
-    except Exception:
-        log.exception("unhandled error serving %s %s", request.method, request.path)
-        body = {"error": {"code": "internal", "message": "internal error; see the server log"}}
-        return error_reply(request, body, status=500)
+    log.error("unhandled error serving %s %s", request.method, request.path, exc_info=exc)
+    body = {"error": {"code": "internal", "message": "internal error; see the server log"}}
+    return error_reply(request, body, status=500)
 
 
 def _entry_json(entry: Any) -> dict[str, Any]:
@@ -139,7 +137,7 @@ async def stream_ndjson(
     """
     try:
         chunk = await anext(chunks, None)  # errors here go to the middleware with their status
-        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        response = web.StreamResponse(headers={"Content-Type": NDJSON, "Server": SERVER_NAME})
         await response.prepare(request)
         left = limit
         try:

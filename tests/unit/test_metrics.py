@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,16 @@ import pytest
 
 from runtime.facade import Facade
 from runtime.health import ClusterSnapshot, cluster_families
-from runtime.metrics import CATALOG, QUERY_METRICS, HistogramState, MetricDef, Metrics, Mirror, exposition
+from runtime.metrics import (
+    CATALOG,
+    FOLD_EVERY,
+    QUERY_METRICS,
+    HistogramState,
+    MetricDef,
+    Metrics,
+    Mirror,
+    exposition,
+)
 from runtime.query import QueryCore
 from runtime.rest import build_app
 from tests.promtext import value as _value
@@ -34,6 +44,44 @@ def test_the_operations_doc_lists_exactly_the_catalog() -> None:
     text = (REPO / "docs" / "operations.md").read_text()
     table = set(re.findall(r"^\| `(riqr_[a-z_]+)` \|", text, re.M))
     assert table == {d.name for d in CATALOG}
+
+
+def test_records_folded_in_later_read_as_if_incremented_and_observed_at_once() -> None:
+    direct, folded = Metrics(), Metrics()
+    durations = [0.0001, 0.0005, 0.0005000001, 0.001, 0.07, 3.0, 10.0, 99.0]  # on, around and past the bounds
+    for i, seconds in enumerate(durations * 200):
+        route, status = f"/r{i % 3}", str(200 + i % 2)
+        direct.child("riqr_http_requests_total", route, status).inc()
+        direct.child("riqr_http_request_duration_seconds", route).observe(seconds)
+        folded.record("riqr_http_requests_total", (route, status))
+        folded.record("riqr_http_request_duration_seconds", (route,), seconds)
+    folded.record("riqr_scan_entries_total", ("s",), 7.0)
+    direct.inc("riqr_scan_entries_total", "s", amount=7.0)
+    got, want = folded.samples(), direct.samples()  # every collect folds what is pending first
+    assert [(s.name, s.labels) for s in got] == [(s.name, s.labels) for s in want]
+    for g, w in zip(got, want):  # counts exact; a sum may differ in its last bits (added in another order)
+        assert g.value == (pytest.approx(w.value, rel=1e-12) if g.name.endswith("_sum") else w.value), g
+    assert folded.value("riqr_scan_entries_total", store="s") == 7.0
+
+
+def test_records_made_while_other_threads_collect_are_never_lost() -> None:
+    metrics, done = Metrics(), threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            metrics.samples()
+
+    scrapers = [threading.Thread(target=scrape) for _ in range(2)]
+    for t in scrapers:
+        t.start()
+    try:
+        for _ in range(20 * FOLD_EVERY + 3):  # folds on the recording thread and on the scrapers, interleaved
+            metrics.record("riqr_local_reads_total", ("s",))
+    finally:
+        done.set()
+        for t in scrapers:
+            t.join()
+    assert metrics.value("riqr_local_reads_total", store="s") == 20 * FOLD_EVERY + 3
 
 
 @pytest.fixture

@@ -103,15 +103,32 @@ async def test_bodies_and_other_methods_are_json_errors(client) -> None:  # type
     resp = await client.get("/stores/strings/all", data=b"x" * 5000)
     assert resp.status == 413 and (await resp.json())["error"]["code"] == "payload-too-large"
     for method in ("POST", "PUT", "DELETE", "PATCH", "HEAD"):
-        resp = await client.request(method, "/stores/strings/all")
-        assert resp.status == 405, method
-        if method != "HEAD":
-            assert (await resp.json())["error"]["code"] == "method-not-allowed"
+        for path in ("/stores/strings/all", "/stores/strings/get/a/b", "/health"):
+            resp = await client.request(method, path)
+            assert resp.status == 405 and resp.headers["Allow"] == "GET", (method, path)
+            if method != "HEAD":
+                assert (await resp.json())["error"]["code"] == "method-not-allowed"
+        resp = await client.request(method, "/no/such/path")
+        assert resp.status == 404, method  # no route takes the path with any method
 
 
 async def test_no_version_banner(client) -> None:  # type: ignore[no-untyped-def]
-    for path in ("/stores", "/nope", "/stores/nope/all"):
-        assert (await client.get(path)).headers["Server"] == "riqr"
+    for path in ("/stores", "/nope", "/stores/nope/all", "/stores/strings/get/a", "/stores/strings/get/zz"):
+        assert (await client.get(path)).headers["Server"] == "riqr", path
+    streamed = await client.get("/stores/strings/all", headers={"Accept": "application/x-ndjson"})
+    assert streamed.status == 200 and streamed.headers["Server"] == "riqr"
+    assert (await client.post("/stores")).headers["Server"] == "riqr"
+
+
+async def test_store_names_are_decoded_strictly_and_remembered_within_a_bound(client) -> None:  # type: ignore[no-untyped-def]
+    from runtime.rest import handlers
+
+    for i in range(handlers._STORE_NAMES_KEPT + 50):  # noqa: SLF001
+        assert (await client.get(f"/stores/no-store-{i}/get/k")).status == 404
+    assert len(handlers._STORE_NAMES) <= handlers._STORE_NAMES_KEPT  # noqa: SLF001
+    for _ in range(2):  # the second time from the remembered names: the same answers
+        assert (await client.get("/stores/%FF/get/k")).status == 400
+        assert (await (await client.get("/stores/str%69ngs/get/a")).json()) == {"response": "x"}
 
 
 @pytest.fixture
@@ -121,6 +138,15 @@ async def secured(aiohttp_client):  # type: ignore[no-untyped-def]
 
 def _bearer(*stores: str) -> dict[str, str]:
     return {"Authorization": "Bearer " + mint_token(SECRET, stores=stores)}
+
+
+async def test_unrouted_paths_and_methods_need_a_token_like_any_other(secured) -> None:  # type: ignore[no-untyped-def]
+    for method, path in (("GET", "/no/such/path"), ("POST", "/stores/strings/all"), ("HEAD", "/stores")):
+        assert (await secured.request(method, path)).status == 401, (method, path)
+        assert (await secured.request(method, path, headers=_bearer("*"))).status in (404, 405), (method, path)
+    # the same header twice is served from the token cache: the same caller, the same verdicts
+    for _ in range(2):
+        assert (await secured.get("/stores/strings/get/a", headers=_bearer("longs"))).status == 403
 
 
 async def test_listings_show_only_what_the_token_may_read(secured) -> None:  # type: ignore[no-untyped-def]
