@@ -61,12 +61,16 @@ def span_text(span: Span) -> str:
     return f"{source}@{lo}" if lo == hi else f"{source}@{lo}-{hi}"
 
 
-@functools.lru_cache(maxsize=4096)  # per answer: a few distinct values a batch, asked thousands of times
 def position_header(partition: int, span: Span) -> str:
     """What a key lookup's answer reflects, as ``X-Riqr-Position`` shows it: the key's partition, the
     source (the Spark query run) and the batch: ``partition=3; source=<id>; batch=41`` (``batch=40-41``
     when a batch was being applied during the read: the answer is one of the two states)."""
-    source, lo, hi = span
+    source, lo, hi = span  # a span that crossed a codec may be a list: the cache below takes its parts
+    return _position_text(partition, source, lo, hi)
+
+
+@functools.lru_cache(maxsize=4096)  # per answer: a few distinct values a batch, asked thousands of times
+def _position_text(partition: int, source: str | None, lo: int, hi: int) -> str:
     batch = str(lo) if lo == hi else f"{lo}-{hi}"
     return f"partition={partition}; source={source or ''}; batch={batch}"
 

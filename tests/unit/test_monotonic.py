@@ -1,6 +1,6 @@
 """High-water marks: what a facade admits after what it served (runtime/monotonic.py)."""
 
-from runtime.monotonic import Marks, span_text
+from runtime.monotonic import Marks, position_header, span_text
 
 
 def test_an_answer_older_than_what_was_served_is_refused_and_a_newer_one_raises_the_mark() -> None:
@@ -61,3 +61,10 @@ def test_forget_drops_one_store() -> None:
     marks.forget("a")
     assert marks.stores() == {"b"}
     assert marks.admit("a", 0, ("q", 0, 0), active=True)
+
+
+def test_the_position_header_spells_a_span_the_same_whatever_its_sequence_type() -> None:
+    for span, batch in ((("q", 3, 3), "3"), (("q", 3, 4), "3-4"), ((None, 0, 0), "0")):
+        want = f"partition=2; source={span[0] or ''}; batch={batch}"
+        assert position_header(2, span) == want
+        assert position_header(2, list(span)) == want  # type: ignore[arg-type]  # unhashable: not a cache key
