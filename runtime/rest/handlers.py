@@ -6,6 +6,7 @@ composite key on '/' and decodes each component.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -54,22 +55,14 @@ def _store(request: web.Request) -> str:
     return _store_name(segments[3] if segments[1] == "metadata" else segments[2])
 
 
-# Store names as written in paths -> decoded: a deployment has a handful, asked on every request.
-_STORE_NAMES: dict[str, str] = {}
-_STORE_NAMES_KEPT = 256
-
-
+# Store names as written in paths -> decoded: a deployment has a handful, asked on every request. A name
+# that fails to decode raises and is not kept; names nobody has (probes, typos) evict the least recent.
+@functools.lru_cache(maxsize=256)
 def _store_name(raw: str) -> str:
-    name = _STORE_NAMES.get(raw)
-    if name is None:
-        try:
-            name = UrlKey(raw).text()
-        except MalformedKey as err:
-            raise MalformedPath(f"the store name in the path is malformed: {err.message}") from None
-        if len(_STORE_NAMES) >= _STORE_NAMES_KEPT:
-            _STORE_NAMES.clear()  # names nobody has (probes, typos) cannot grow it
-        _STORE_NAMES[raw] = name
-    return name
+    try:
+        return UrlKey(raw).text()
+    except MalformedKey as err:
+        raise MalformedPath(f"the store name in the path is malformed: {err.message}") from None
 
 
 def _may_read(request: web.Request, store: str) -> bool:

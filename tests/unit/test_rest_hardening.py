@@ -123,9 +123,11 @@ async def test_no_version_banner(client) -> None:  # type: ignore[no-untyped-def
 async def test_store_names_are_decoded_strictly_and_remembered_within_a_bound(client) -> None:  # type: ignore[no-untyped-def]
     from runtime.rest import handlers
 
-    for i in range(handlers._STORE_NAMES_KEPT + 50):  # noqa: SLF001
+    kept = handlers._store_name.cache_info().maxsize  # noqa: SLF001
+    assert kept is not None
+    for i in range(kept + 50):
         assert (await client.get(f"/stores/no-store-{i}/get/k")).status == 404
-    assert len(handlers._STORE_NAMES) <= handlers._STORE_NAMES_KEPT  # noqa: SLF001
+    assert handlers._store_name.cache_info().currsize <= kept  # noqa: SLF001
     for _ in range(2):  # the second time from the remembered names: the same answers
         assert (await client.get("/stores/%FF/get/k")).status == 400
         assert (await (await client.get("/stores/str%69ngs/get/a")).json()) == {"response": "x"}
