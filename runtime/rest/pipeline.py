@@ -32,8 +32,9 @@ from runtime.rest.render import SERVER_NAME, Handler, error_response
 
 __all__ = ["Pipeline", "unrouted", "CATCH_ALL", "CATCH_ALL_NAME"]
 
-# The pattern and name of the catch-all route, added last: it takes every path and method no other takes.
-CATCH_ALL = "/{unrouted:.*}"
+# The pattern and name of the catch-all route, added last: it takes every path and method no other takes
+# (``[\s\S]``, not ``.``: a decoded path may hold a newline, and aiohttp's own 404 is text, unaudited).
+CATCH_ALL = "/{unrouted:[\\s\\S]*}"
 CATCH_ALL_NAME = "unrouted"
 
 

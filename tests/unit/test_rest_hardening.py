@@ -108,12 +108,16 @@ async def test_bodies_and_other_methods_are_json_errors(client) -> None:  # type
             assert resp.status == 405 and resp.headers["Allow"] == "GET", (method, path)
             if method != "HEAD":
                 assert (await resp.json())["error"]["code"] == "method-not-allowed"
-        resp = await client.request(method, "/no/such/path")
-        assert resp.status == 404, method  # no route takes the path with any method
+        for path in ("/no/such/path", "/health/%0A", "/%0A%0D"):  # decoded newlines included
+            resp = await client.request(method, path)
+            assert resp.status == 404, (method, path)  # no route takes the path with any method
+            if method != "HEAD":
+                assert (await resp.json())["error"]["code"] == "not-found", (method, path)
 
 
 async def test_no_version_banner(client) -> None:  # type: ignore[no-untyped-def]
-    for path in ("/stores", "/nope", "/stores/nope/all", "/stores/strings/get/a", "/stores/strings/get/zz"):
+    paths = ("/stores", "/nope", "/stores/nope/all", "/stores/strings/get/a", "/stores/strings/get/zz", "/health/%0A")
+    for path in paths:
         assert (await client.get(path)).headers["Server"] == "riqr", path
     streamed = await client.get("/stores/strings/all", headers={"Accept": "application/x-ndjson"})
     assert streamed.status == 200 and streamed.headers["Server"] == "riqr"
@@ -143,7 +147,8 @@ def _bearer(*stores: str) -> dict[str, str]:
 
 
 async def test_unrouted_paths_and_methods_need_a_token_like_any_other(secured) -> None:  # type: ignore[no-untyped-def]
-    for method, path in (("GET", "/no/such/path"), ("POST", "/stores/strings/all"), ("HEAD", "/stores")):
+    unrouted = (("GET", "/no/such/path"), ("GET", "/health/%0A"), ("POST", "/stores/strings/all"), ("HEAD", "/stores"))
+    for method, path in unrouted:
         assert (await secured.request(method, path)).status == 401, (method, path)
         assert (await secured.request(method, path, headers=_bearer("*"))).status in (404, 405), (method, path)
     # the same header twice is served from the token cache: the same caller, the same verdicts
