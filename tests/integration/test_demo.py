@@ -62,6 +62,7 @@ class Demo:
         assert self.proc.stdout is not None
         self.lines += [line.rstrip("\n") for line in self.proc.stdout]
         code = self.proc.wait(timeout=120)
+        print("\n".join(self.lines))  # whole, in the captured output of a failed test (asserts truncate it)
         deadline = time.monotonic() + 30
         while any(alive(p) for p in tree) and time.monotonic() < deadline:
             time.sleep(0.2)
