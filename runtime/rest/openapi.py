@@ -224,7 +224,7 @@ _COMPONENTS: dict[str, Any] = {
 
 
 def _oas_path(aiohttp_path: str) -> str:
-    """``/get/{key:.*}`` -> ``/get/{key}``: OpenAPI has no regular expressions in paths."""
+    r"""``/get/{key:[\s\S]*}`` -> ``/get/{key}``: OpenAPI has no regular expressions in paths."""
     return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", aiohttp_path)
 
 

@@ -82,6 +82,8 @@ LATEST_START = Param("latestStart", "query", "Sessions starting at or before thi
 _SCAN = (400, 403, 404, 503, 504)
 _KEYED = (400, 403, 404, 503, 504)
 
+# A key or prefix is the rest of the path: ``[\s\S]*``, not ``.*``, since a decoded key may hold a line
+# break (``%0A``), which ``.`` does not match: such a key would have been 404 "no route", a wrong answer.
 ROUTES: tuple[Route, ...] = (
     Route(
         "/health",
@@ -125,7 +127,7 @@ ROUTES: tuple[Route, ...] = (
         tag="metadata",
     ),  # fmt: skip
     Route(
-        "/metadata/stores/{store}/key/{key:.*}",
+        r"/metadata/stores/{store}/key/{key:[\s\S]*}",
         h.metadata_for_key,
         "the instance owning a key's partition",
         (STORE, KEY),
@@ -141,7 +143,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(503, 504),
     ),  # fmt: skip
     Route("/stores/{store}/all", h.all_entries, "every entry in key order", (STORE, *PAGING), errors=_SCAN),
-    Route("/stores/{store}/get/{key:.*}", h.get_key, "the value of one key", (STORE, KEY), "Value", _KEYED),
+    Route(r"/stores/{store}/get/{key:[\s\S]*}", h.get_key, "the value of one key", (STORE, KEY), "Value", _KEYED),
     Route(
         "/stores/{store}/range",
         h.range_entries,
@@ -150,7 +152,7 @@ ROUTES: tuple[Route, ...] = (
         errors=_SCAN,
     ),  # fmt: skip
     Route(
-        "/stores/{store}/prefix/{prefix:.*}",
+        r"/stores/{store}/prefix/{prefix:[\s\S]*}",
         h.prefix_entries,
         "the entries whose key starts with a prefix",
         (STORE, PREFIX, *PAGING),
@@ -164,7 +166,7 @@ ROUTES: tuple[Route, ...] = (
         errors=_SCAN,
     ),  # fmt: skip
     Route(
-        "/stores/{store}/windows/{key:.*}",
+        r"/stores/{store}/windows/{key:[\s\S]*}",
         h.windows_of_key,
         "windows of one key within a time range",
         (STORE, KEY, TIME_FROM, TIME_TO, *PAGING),
@@ -178,7 +180,7 @@ ROUTES: tuple[Route, ...] = (
         errors=_SCAN,
     ),  # fmt: skip
     Route(
-        "/stores/{store}/sessions/{key:.*}",
+        r"/stores/{store}/sessions/{key:[\s\S]*}",
         h.sessions_of_key,
         "sessions of one key",
         (STORE, KEY, EARLIEST_END, LATEST_START, LIMIT, CURSOR),

@@ -256,3 +256,18 @@ async def test_malformed_composite_keys_are_400s_that_say_why(bookings, path: st
     resp = await bookings.get(path)
     assert resp.status == 400
     assert (await resp.json())["error"]["message"]
+
+
+async def test_keys_and_prefixes_with_line_breaks_are_routed_like_any_other(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    bus = FakeBus()
+    bus.create_store(kv_spec("lines"))
+    bus.load("lines", {"a\nb": "lf", "a\r\nb": "crlf", "a": "plain"})
+    client = await aiohttp_client(build_app(Facade(bus, timeout=1.0)))
+    for raw, value in (("a%0Ab", "lf"), ("a%0D%0Ab", "crlf"), ("a", "plain")):
+        resp = await client.get(f"/stores/lines/get/{raw}")
+        assert (resp.status, await resp.json()) == (200, {"response": value}), raw
+        meta = await client.get(f"/metadata/stores/lines/key/{raw}")
+        assert meta.status == 200, raw
+    assert (await client.get("/stores/lines/get/a%0Ax")).status == 404
+    found = await (await client.get("/stores/lines/prefix/a%0A")).json()
+    assert found == {"result": [{"key": "a\nb", "value": "lf"}]}

@@ -178,7 +178,7 @@ def test_the_openapi_document_covers_every_route_and_validates(auth_enabled: boo
     validate(doc)  # OpenAPI 3.1 schema
     assert len(doc["paths"]) == len(ROUTES)
     for route in ROUTES:
-        op = doc["paths"][route.path.replace(":.*", "")]["get"]
+        op = doc["paths"][route.path.replace(r":[\s\S]*", "")]["get"]  # OpenAPI paths hold no patterns
         assert {p["name"] for p in op["parameters"]} == {p.name for p in route.params}
         assert {"200", "405", "413", "414", "431"} <= set(op["responses"])
         assert ("401" in op["responses"]) == (auth_enabled and not route.public)

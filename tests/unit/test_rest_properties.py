@@ -161,7 +161,7 @@ METHOD = st.sampled_from(["GET"] * 6 + ["POST", "PUT", "DELETE", "HEAD", "OPTION
 def paths(draw: st.DrawFn) -> str:
     route = draw(st.sampled_from(ROUTES)).path
     path = route.replace("{store}", draw(STORE))
-    for name in ("{key:.*}", "{prefix:.*}"):
+    for name in (r"{key:[\s\S]*}", r"{prefix:[\s\S]*}"):
         path = path.replace(name, draw(KEY_TEXT))
     if draw(st.integers(min_value=0, max_value=9)) == 0:
         path += "/" + draw(KEY_TEXT)  # off the routes
