@@ -18,6 +18,19 @@ def test_split_groups_rows_by_partition_keeping_their_order_and_dropping_the_col
     assert out[3].column("key").to_pylist() == ["b", "d"]
 
 
+def test_split_of_a_batch_in_many_arrow_batches_gives_slices_of_one_chunk() -> None:
+    """As Spark hands a batch over: an Arrow batch per 10,000 rows. A slice of one chunk is a few buffers
+    for Ray to serialize, not a few per Arrow batch."""
+    keys = [f"k{i}" for i in range(100)]
+    whole = batch(keys, [i % 3 for i in range(100)])
+    chunked = pa.Table.from_batches(whole.to_batches(max_chunksize=7))
+    assert chunked.column("key").num_chunks == 15
+    out = split_by_partition(chunked, 3)
+    for p in range(3):
+        assert all(out[p].column(name).num_chunks == 1 for name in out[p].column_names)
+        assert out[p].column("key").to_pylist() == keys[p::3]
+
+
 def test_split_of_an_empty_batch_is_empty() -> None:
     assert split_by_partition(batch([], []), 4) == {}
 
