@@ -171,6 +171,12 @@ def run_demo(args: argparse.Namespace) -> int:
                     )  # fmt: skip
                     deployment = deploy.up(config)
             except (RiqrError, RuntimeError) as err:
+                if stop_requested.is_set():
+                    # A Ctrl-C in the middle of these calls may surface as their error rather than as a
+                    # KeyboardInterrupt (it can land inside Ray's own code, and riqr translates what Ray
+                    # raises); with the stop flag set it is the stop, not a failure to start (exit 0).
+                    steps.say(f"stopped while starting the REST API ({type(err).__name__})")
+                    return 0
                 steps.say(f"could not start the REST API: {err}")
                 return 2
             base = f"http://localhost:{deployment.endpoints[0].port}"
