@@ -6,13 +6,21 @@ from the Arrow columns in a few vectorised calls, without building a Python obje
 encoding it in a Python loop (which was about a third of an apply into rocksdb). ``BatchRows`` is a
 ``Sequence`` of the tuples, built on first use, and ``encoded`` gives the bytes; both come from the
 same slice, so either path writes the same state.
+
+``BatchRows.shareable`` gives those bytes back as an ``EncodedSlice`` (two binary Arrow arrays), and
+``BatchRows`` of an ``EncodedSlice`` takes them as they are: the sink has a partition's standby copy encode
+the slice once and hands the result to the active copy, which then skips the encoding (the sort
+included), about half of its apply (``topologies.delivery``). It is not an Arrow table because Ray
+serializes tables with a reducer of its own whose first use in a process imports pandas (0.25 s of each
+query actor's first batch, measured); Arrow arrays pickle as their buffers, out of band.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +32,15 @@ from runtime.ingest import WINDOW_END_COLUMN
 if TYPE_CHECKING:  # annotations only: the catalog imports the engines, whose RocksDB engine imports this
     from runtime.catalog import StoreSpec
 
-__all__ = ["BatchRows", "encode_key_columns", "rows_from_arrow", "packed_values", "internal_keys"]
+__all__ = [
+    "BatchRows",
+    "EncodedSlice",
+    "Slice",
+    "encode_key_columns",
+    "rows_from_arrow",
+    "packed_values",
+    "internal_keys",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +50,10 @@ log = logging.getLogger(__name__)
 # actor's first apply, none of which needs pandas.
 
 
-def _binary_scalar(value: bytes) -> pa.Scalar:
-    offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int32).tobytes())
-    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(value)])[0]
+def _binary_scalar(value: bytes, large: bool = False) -> pa.Scalar:
+    offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int64 if large else np.int32).tobytes())
+    kind = pa.large_binary() if large else pa.binary()
+    return pa.Array.from_buffers(kind, 1, [None, offsets, pa.py_buffer(value)])[0]
 
 
 _INTS: dict[pa.DataType, np.dtype[Any]] = {pa.int32(): np.dtype(np.int32), pa.int64(): np.dtype(np.int64)}
@@ -58,15 +75,27 @@ def _zero_for_null(array: pa.Array) -> np.ndarray:
 _COMPONENT = _binary_scalar(b"\x01")
 _STRING_END = _binary_scalar(b"\x00\x00")
 _NOTHING = _binary_scalar(b"")
+# The same for large_string columns (64-bit offsets, as Spark hands strings over with
+# spark.sql.execution.arrow.useLargeVarTypes): binary_join_element_wise takes one binary type throughout.
+_LARGE_COMPONENT = _binary_scalar(b"\x01", large=True)
+_LARGE_STRING_END = _binary_scalar(b"\x00\x00", large=True)
+_LARGE_NOTHING = _binary_scalar(b"", large=True)
 
 
 def _encode_string(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
     """``0x01``, the UTF-8 with each ``0x00`` as ``0x00 0xFF``, then ``0x00 0x00`` (the key codec's layout)."""
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         return None
-    raw = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
-    raw = pc.replace_substring(raw, b"\x00", b"\x00\xff")
-    return pc.binary_join_element_wise(_COMPONENT, raw, _STRING_END, _NOTHING)
+    if pa.types.is_string(column.type):
+        raw = pc.replace_substring(column.cast(pa.binary()), b"\x00", b"\x00\xff")
+        return pc.binary_join_element_wise(_COMPONENT, raw, _STRING_END, _NOTHING)
+    # large_string: joined with large scalars, then as binary like every other key part (None, the key-by-key
+    # path, in the unlikely case of a slice whose keys take 2 GiB or more).
+    raw = pc.replace_substring(column.cast(pa.large_binary()), b"\x00", b"\x00\xff")
+    joined = pc.binary_join_element_wise(_LARGE_COMPONENT, raw, _LARGE_STRING_END, _LARGE_NOTHING)
+    if (pc.sum(pc.binary_length(joined)).as_py() or 0) >= 2**31:
+        return None
+    return joined.cast(pa.binary())
 
 
 def _encode_int64(column: pa.ChunkedArray, kind: str) -> pa.ChunkedArray | None:
@@ -152,7 +181,7 @@ def _value_objects(spec: StoreSpec, table: pa.Table) -> list[Any]:
     return values
 
 
-def _packed_strings(column: pa.ChunkedArray) -> list[bytes | None]:
+def _packed_string_array(column: pa.ChunkedArray) -> pa.Array:
     """msgpack of each string of ``column`` (None for a null), built from the Arrow column: each header
     (fixstr, str8, str16 or str32 by length, as msgpack's packer picks) joined to the UTF-8 in one call,
     instead of a Python string per row packed one by one."""
@@ -173,20 +202,47 @@ def _packed_strings(column: pa.ChunkedArray) -> list[bytes | None]:
     for i in range(4):
         data[at[s32] + 1 + i] = (lengths[s32] >> (8 * (3 - i))) & 0xFF
     headers = pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    packed: list[bytes | None] = pc.binary_join_element_wise(headers, raw, _NOTHING).to_pylist()
+    packed: pa.Array = pc.binary_join_element_wise(headers, raw, _NOTHING)
     return packed
 
 
-def packed_values(spec: StoreSpec, table: pa.Table) -> list[bytes | None]:
-    """Each row's packed value, or None where the row deletes (see ``rows_from_arrow``)."""
+def _binary_array(values: list[bytes | None]) -> pa.Array:
+    """A binary Arrow array of ``values`` (None: null), built from buffers (``pa.array`` of Python objects
+    would import pandas)."""
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError("a slice's packed values exceed 2 GiB")
+    data = pa.py_buffer(b"".join(v for v in values if v is not None))
+    nulls = sum(v is None for v in values)
+    validity = None
+    if nulls:
+        present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        validity = pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [validity, pa.py_buffer(offsets.astype(np.int32).tobytes()), data], null_count=nulls
+    )
+
+
+def _packed_value_array(spec: StoreSpec, table: pa.Table) -> pa.Array:
+    """Each row's packed value as a binary array, null where the row deletes (see ``rows_from_arrow``)."""
     if not spec.windowed and len(spec.value_fields) == 1:
         column = table.column(spec.value_fields[0].name)
-        if pa.types.is_string(column.type):
-            return _packed_strings(column)
+        if pa.types.is_string(column.type) or (
+            pa.types.is_large_string(column.type) and (pc.sum(pc.binary_length(column)).as_py() or 0) < 2**31 - 2**26
+        ):
+            return _packed_string_array(column)
     values = _value_objects(spec, table)
     packed: list[bytes | None] = list(encode_values(values))  # one packer for the batch
     if None in values:
         packed = [None if value is None else raw for value, raw in zip(values, packed)]
+    return _binary_array(packed)
+
+
+def packed_values(spec: StoreSpec, table: pa.Table) -> list[bytes | None]:
+    """Each row's packed value, or None where the row deletes (see ``rows_from_arrow``)."""
+    packed: list[bytes | None] = _packed_value_array(spec, table).to_pylist()
     return packed
 
 
@@ -219,17 +275,41 @@ def warn_null_keys(spec: StoreSpec, dropped: int) -> None:
     log.warning("store %s: dropped %d rows with a null key", spec.name, dropped, extra={"store": spec.name})
 
 
+@dataclass(frozen=True)
+class EncodedSlice:
+    """A partition's slice as ``BatchRows.encoded`` gives it: ``keys`` encoded (each once, in byte order),
+    ``values`` packed (null: delete), and ``rows``, the ``BatchRows``' length it was made from (rows with a
+    key, before each key's last write was kept: the rows-applied count)."""
+
+    keys: pa.Array
+    values: pa.Array
+    rows: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.keys)
+
+
+Slice: TypeAlias = "pa.Table | EncodedSlice"  # what a partition's copy is handed for one batch
+
+
 class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
     """The rows of one partition's slice: ``(key, packed value or None)``, null keys dropped (see
-    ``runtime.query.rows_from_arrow``), with ``encoded`` for engines that store keys as bytes."""
+    ``runtime.query.rows_from_arrow``), with ``encoded`` for engines that store keys as bytes. The slice
+    is a micro-batch's, or the ``EncodedSlice`` another copy of the partition made of one."""
 
-    __slots__ = ("spec", "table", "_rows", "_encoded", "_length")
+    __slots__ = ("spec", "table", "_rows", "_encoded", "_arrays", "_length")
 
-    def __init__(self, spec: StoreSpec, table: pa.Table) -> None:
+    def __init__(self, spec: StoreSpec, table: Slice) -> None:
         self.spec = spec
         self.table = table
         self._rows: list[tuple[Any, bytes | None]] | None = None
         self._encoded: tuple[list[bytes], list[bytes | None]] | None = None
+        self._arrays: tuple[pa.Array | pa.ChunkedArray, pa.Array] | None = None
+        if isinstance(table, EncodedSlice):
+            self._arrays = (table.keys, table.values)
+            self._length = table.rows
+            return
         nulls = 0
         if table.num_rows:
             valid = None
@@ -241,35 +321,73 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
 
     def rows(self) -> list[tuple[Any, bytes | None]]:
         if self._rows is None:
-            self._rows = rows_from_arrow(self.spec, self.table) if self.table.num_rows else []
+            if isinstance(self.table, EncodedSlice):
+                # Here, not at the top: importing runtime.engines runs its package, which imports this module.
+                from runtime.engines.keycodec import KeyCodec
+
+                decode = KeyCodec(self.spec.key).decode
+                keys, values = self.encoded() or ([], [])
+                self._rows = [(decode(k), v) for k, v in zip(keys, values)]
+            else:
+                self._rows = rows_from_arrow(self.spec, self.table) if self.table.num_rows else []
         return self._rows
 
-    def encoded(self) -> tuple[list[bytes], list[bytes | None]] | None:
-        """The rows as encoded keys and packed values (None: delete), null keys dropped, in the keys' byte
-        order (rows of the same key in the slice's order, so the last one still wins); None when the key
-        columns' types need the key-by-key path (then use the tuples).
-
-        Byte order because RocksDB takes a write batch in key order several times faster than in Spark's
-        hash order (its memtable inserts, and the presence multi-get, walk memory in order), and Arrow's
-        stable sort of the encoded keys costs less than the difference."""
-        if self._encoded is None:
+    def _encoded_arrays(self) -> tuple[pa.Array | pa.ChunkedArray, pa.Array] | None:
+        """Encoded keys and packed values as Arrow arrays (see ``encoded``), or None."""
+        if self._arrays is None:
             if not self.table.num_rows:
-                self._encoded = ([], [])
-                return self._encoded
-            joined = _encoded_key_array(self.spec, self.table)
+                self._arrays = (_binary_array([]), _binary_array([]))
+                return self._arrays
+            table = self.table
+            assert isinstance(table, pa.Table)  # an EncodedSlice came with its arrays
+            joined = _encoded_key_array(self.spec, table)
             if joined is None:
                 return None
             order = pc.sort_indices(joined)  # stable; nulls (null keys) last
             if self._length != len(order):
                 warn_null_keys(self.spec, len(order) - self._length)
                 order = order.slice(0, self._length)
-            keys: list[bytes] = joined.take(order).to_pylist()
-            values = packed_values(self.spec, self.table.take(order))
+            ordered = joined.take(order)
+            if len(ordered) > 1:
+                last_of_run = pc.not_equal(ordered.slice(0, len(ordered) - 1), ordered.slice(1))
+                if not pc.all(last_of_run).as_py():
+                    keep = pa.concat_arrays([*last_of_run.chunks, pa.array([True])])
+                    order, ordered = order.filter(keep), ordered.filter(keep)
+            self._arrays = (ordered, _packed_value_array(self.spec, table.take(order)))
+        return self._arrays
+
+    def encoded(self) -> tuple[list[bytes], list[bytes | None]] | None:
+        """The rows as encoded keys and packed values (None: delete), null keys dropped, each key once (its
+        last row in the slice: the last write wins), in the keys' byte order; None when the key columns'
+        types need the key-by-key path (then use the tuples).
+
+        Byte order because RocksDB takes a write batch in key order several times faster than in Spark's
+        hash order (its memtable inserts, and the presence multi-get, walk memory in order), and Arrow's
+        stable sort of the encoded keys costs less than the difference. The sort is stable, so a key's
+        rows stay in the slice's order next to each other, and keeping the last of each run takes one
+        vectorised comparison of neighbours (a key is in a batch once as a rule: Spark's update output)."""
+        if self._encoded is None:
+            arrays = self._encoded_arrays()
+            if arrays is None:
+                return None
+            keys: list[bytes] = arrays[0].to_pylist()
+            values: list[bytes | None] = arrays[1].to_pylist()
             self._encoded = (keys, values)
         return self._encoded
 
+    def shareable(self) -> EncodedSlice | None:
+        """The rows as an ``EncodedSlice``, for another copy of the partition to apply without encoding
+        them again; None when the key columns' types need the key-by-key path."""
+        if isinstance(self.table, EncodedSlice):
+            return self.table
+        arrays = self._encoded_arrays()
+        if arrays is None:
+            return None
+        keys = arrays[0].combine_chunks() if isinstance(arrays[0], pa.ChunkedArray) else arrays[0]
+        return EncodedSlice(keys, arrays[1], self._length)
+
     def __len__(self) -> int:
-        return self._length
+        return int(self._length)
 
     @overload
     def __getitem__(self, index: int) -> tuple[Any, bytes | None]: ...

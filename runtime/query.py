@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from runtime.batchrows import BatchRows, internal_keys, packed_values, rows_from_arrow
+from runtime.batchrows import BatchRows, EncodedSlice, Slice, internal_keys, packed_values, rows_from_arrow
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
 from runtime.engines import Position, open_engine
@@ -119,8 +117,26 @@ class QueryCore:
         with self._writing:
             return [p for p, state in self.partitions.items() if state.begin(source)]
 
-    def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
-        """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None)."""
+    def apply(self, source: str, batch_id: int, slices: Mapping[int, Slice | None]) -> list[ApplyResult]:
+        """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None): a slice
+        of the micro-batch, or the ``EncodedSlice`` another copy made of it (``runtime.batchrows``)."""
+        return self._apply(source, batch_id, slices, None)
+
+    def apply_sharing(
+        self, source: str, batch_id: int, slices: Mapping[int, Slice | None]
+    ) -> tuple[list[ApplyResult], dict[int, EncodedSlice | None]]:
+        """``apply``, and each partition's rows as an ``EncodedSlice`` (None: no rows, or keys the encoding
+        does not vectorise) for the partition's other copies to apply without encoding them again."""
+        shared: dict[int, EncodedSlice | None] = {}
+        return self._apply(source, batch_id, slices, shared), shared
+
+    def _apply(
+        self,
+        source: str,
+        batch_id: int,
+        slices: Mapping[int, Slice | None],
+        shared: dict[int, EncodedSlice | None] | None,
+    ) -> list[ApplyResult]:
         started = time.perf_counter()
         results = []
         for p, table in sorted(slices.items()):
@@ -128,6 +144,8 @@ class QueryCore:
             if state is None:
                 raise self._unavailable(p)
             rows: Rows = BatchRows(self.spec, table) if table is not None and table.num_rows else []
+            if shared is not None:
+                shared[p] = rows.shareable() if isinstance(rows, BatchRows) else None
             with self._writing:
                 result = state.apply(source, batch_id, rows)
                 if result.state == INCOMPLETE and self._rebuilder is not None:

@@ -18,9 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
-
 from runtime import logs
+from runtime.batchrows import Slice
 from runtime.catalog import StoreSpec
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Spans
@@ -109,18 +108,31 @@ class QueryVerticle:
         """Where this actor runs; the registry waits on this before publishing the actor."""
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
 
-    def apply(self, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
+    def apply(self, source: str, batch_id: int, slices: Mapping[int, Slice | None]) -> list[ApplyResult]:
         results = self.core.apply(source, batch_id, slices)
         if sum(r.rows for r in results) >= _TRIM_AFTER_ROWS:
             _trim_heap()
         return results
 
     def apply_parts(
-        self, source: str, batch_id: int, partitions: Sequence[int], *tables: pa.Table | None
+        self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None
     ) -> list[ApplyResult]:
         """``apply`` with each partition's slice a top-level argument: the sink passes large slices as
         object references, which Ray resolves (Arrow buffers mapped from the object store, not copied)."""
         return self.apply(source, batch_id, dict(zip(partitions, tables, strict=True)))
+
+    def apply_parts_sharing(
+        self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None
+    ) -> tuple[Any, ...]:
+        """``apply_parts``, also returning each partition's rows as an ``EncodedSlice``: ``((results, the
+        partitions with one), slice or None for each of ``partitions`` in order)``, as separate objects.
+        The sink calls it with ``num_returns`` one more than the partitions, gets only the first, and hands
+        each slice's reference to the partition's active copy (``topologies.delivery``)."""
+        results, shared = self.core.apply_sharing(source, batch_id, dict(zip(partitions, tables, strict=True)))
+        if sum(r.rows for r in results) >= _TRIM_AFTER_ROWS:
+            _trim_heap()
+        encoded = sorted(p for p, table in shared.items() if table is not None)
+        return ((results, encoded), *(shared.get(p) for p in partitions))
 
     def begin(self, source: str) -> list[int]:
         """A source starts from an empty checkpoint (see ``runtime.partition``)."""

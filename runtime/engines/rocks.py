@@ -267,12 +267,8 @@ class RocksEngine:
         """Rows, position and count in one write batch; the last write of a key wins."""
         encoded = rows.encoded() if isinstance(rows, BatchRows) else None
         if encoded is not None:
-            # Keys encoded from the Arrow columns (runtime.batchrows); a key is in a batch once as a rule
-            # (Spark's update output), so the dict that keeps the last write of each is built only if not.
-            keys, values = encoded  # in key order already
-            if len(set(keys)) != len(keys):
-                final_encoded = dict(zip(keys, values))
-                keys, values = list(final_encoded), list(final_encoded.values())
+            # Keys encoded from the Arrow columns (runtime.batchrows): each once (its last write), in key order.
+            keys, values = encoded
         else:
             final = dict(rows)
             # Everything that can fail on a bad row fails here, before the batch is written.

@@ -312,6 +312,70 @@ def test_a_copy_whose_data_was_wiped_is_rebuilt_from_its_peer_while_batches_and_
     assert {k: decode_value(v) for k, v in copy} == latest
 
 
+def _every_copy(runtime: Runtime, users: list[int]) -> dict[str, list[Any]]:
+    """Each of the store's query actors' own answer for ``users`` (decoded values; None: it holds the key's
+    partition but not the key; users in partitions it does not hold are left out)."""
+    from runtime.codec import decode_value
+
+    view = raycalls.get(runtime.registry().view.remote(), "view")
+    table = view.tables[SPEC.name]
+    out: dict[str, list[Any]] = {}
+    for uuid in sorted(table.all_owners()):
+        held = set(table.all_owners()[uuid])
+        items = [(p, u) for u in users if (p := partition_of(SPEC.key.type, u, SPEC.partitions)) in held]
+        values, _ = raycalls.get(ray.get_actor(uuid, namespace=runtime.namespace).get_many.remote(items), "get_many")
+        out[uuid] = [None if v is None else decode_value(v) for v in values]
+    return out
+
+
+def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_when_those_are_gone(
+    runtime_ns: Runtime, store: BatchDelivery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rocksdb store's standbys return their slices encoded, and the actives apply those instead of
+    encoding the batch again. If those objects are gone when the actives are called (here: references
+    whose owner was killed, as a lost node takes its objects), the actives are asked again with the
+    batch's own slices: every copy ends the same."""
+
+    @ray.remote
+    class Owner:
+        def hold(self) -> list[Any]:
+            return [ray.put(b"an object that goes with its owner")]
+
+    owner = Owner.remote()  # type: ignore[attr-defined]
+    [gone] = ray.get(owner.hold.remote())
+    ray.kill(owner, no_restart=True)
+
+    users = list(USERS)
+    shared: list[dict[int, Any]] = []
+
+    class Observed(BatchDelivery):
+        lose_shared = False
+
+        def _apply_to(self, *args: Any, **kwargs: Any) -> list[Any]:
+            results = super()._apply_to(*args, **kwargs)
+            share = kwargs.get("share")
+            if share is not None:
+                shared.append(dict(share))
+                if self.lose_shared:
+                    share.update(dict.fromkeys(share, gone))
+            return results
+
+    delivery = Observed(SPEC, runtime_ns.namespace, checkpoint="unused")
+    for batch_id, lose in ((1, False), (2, True)):
+        delivery.lose_shared = lose
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="topologies.delivery"):
+            delivery.deliver("q", batch_id, _batch(batch_id, users, batch_id * 1000))
+        assert sorted(shared[-1]) == list(range(SPEC.partitions))  # every partition encoded by its standby
+        fell_back = [r.getMessage() for r in caplog.records if "encoded slices" in r.getMessage()]
+        assert len(fell_back) == (SPEC.actors if lose else 0), fell_back
+        copies = _every_copy(runtime_ns, users)
+        assert len(copies) == SPEC.actors
+        for answers in copies.values():  # each actor holds every partition here, as active or standby
+            assert answers == [batch_id * 1000] * len(users)
+    assert http_get(f"{runtime_ns.url}/stores/replicated/approximate-num-entries")[2] == {"result": len(USERS)}
+
+
 def _batch(batch_id: int, users: list[int], score: int) -> pa.Table:
     """Batch ``batch_id``: ``users`` get ``score``, as the sink would deliver it (partition column included)."""
     parts = [partition_of(SPEC.key.type, u, SPEC.partitions) for u in users]
