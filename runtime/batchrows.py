@@ -225,8 +225,10 @@ def _binary_array(values: list[bytes | None]) -> pa.Array:
     )
 
 
-def _packed_value_array(spec: StoreSpec, table: pa.Table) -> pa.Array:
-    """Each row's packed value as a binary array, null where the row deletes (see ``rows_from_arrow``)."""
+def _packed(spec: StoreSpec, table: pa.Table) -> pa.Array | list[bytes | None]:
+    """Each row's packed value, null (None) where the row deletes (see ``rows_from_arrow``): a binary Arrow
+    array when the values were packed from the Arrow column, else the packer's list (made into Arrow only
+    if the rows are shared: ``BatchRows.shareable``)."""
     if not spec.windowed and len(spec.value_fields) == 1:
         column = table.column(spec.value_fields[0].name)
         if pa.types.is_string(column.type) or (
@@ -237,13 +239,13 @@ def _packed_value_array(spec: StoreSpec, table: pa.Table) -> pa.Array:
     packed: list[bytes | None] = list(encode_values(values))  # one packer for the batch
     if None in values:
         packed = [None if value is None else raw for value, raw in zip(values, packed)]
-    return _binary_array(packed)
+    return packed
 
 
 def packed_values(spec: StoreSpec, table: pa.Table) -> list[bytes | None]:
     """Each row's packed value, or None where the row deletes (see ``rows_from_arrow``)."""
-    packed: list[bytes | None] = _packed_value_array(spec, table).to_pylist()
-    return packed
+    packed = _packed(spec, table)
+    return packed if isinstance(packed, list) else packed.to_pylist()
 
 
 def rows_from_arrow(spec: StoreSpec, table: pa.Table) -> list[tuple[Any, bytes | None]]:
@@ -305,7 +307,7 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
         self.table = table
         self._rows: list[tuple[Any, bytes | None]] | None = None
         self._encoded: tuple[list[bytes], list[bytes | None]] | None = None
-        self._arrays: tuple[pa.Array | pa.ChunkedArray, pa.Array] | None = None
+        self._arrays: tuple[pa.Array | pa.ChunkedArray, pa.Array | list[bytes | None]] | None = None
         if isinstance(table, EncodedSlice):
             self._arrays = (table.keys, table.values)
             self._length = table.rows
@@ -332,8 +334,8 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
                 self._rows = rows_from_arrow(self.spec, self.table) if self.table.num_rows else []
         return self._rows
 
-    def _encoded_arrays(self) -> tuple[pa.Array | pa.ChunkedArray, pa.Array] | None:
-        """Encoded keys and packed values as Arrow arrays (see ``encoded``), or None."""
+    def _encoded_arrays(self) -> tuple[pa.Array | pa.ChunkedArray, pa.Array | list[bytes | None]] | None:
+        """Encoded keys as Arrow, and packed values as Arrow or a list (see ``encoded``); or None."""
         if self._arrays is None:
             if not self.table.num_rows:
                 self._arrays = (_binary_array([]), _binary_array([]))
@@ -353,7 +355,7 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
                 if not pc.all(last_of_run).as_py():
                     keep = pa.concat_arrays([*last_of_run.chunks, pa.array([True])])
                     order, ordered = order.filter(keep), ordered.filter(keep)
-            self._arrays = (ordered, _packed_value_array(self.spec, table.take(order)))
+            self._arrays = (ordered, _packed(self.spec, table.take(order)))
         return self._arrays
 
     def encoded(self) -> tuple[list[bytes], list[bytes | None]] | None:
@@ -371,7 +373,7 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
             if arrays is None:
                 return None
             keys: list[bytes] = arrays[0].to_pylist()
-            values: list[bytes | None] = arrays[1].to_pylist()
+            values = arrays[1] if isinstance(arrays[1], list) else arrays[1].to_pylist()
             self._encoded = (keys, values)
         return self._encoded
 
@@ -384,7 +386,8 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
         if arrays is None:
             return None
         keys = arrays[0].combine_chunks() if isinstance(arrays[0], pa.ChunkedArray) else arrays[0]
-        return EncodedSlice(keys, arrays[1], self._length)
+        values = _binary_array(arrays[1]) if isinstance(arrays[1], list) else arrays[1]
+        return EncodedSlice(keys, values, self._length)
 
     def __len__(self) -> int:
         return int(self._length)

@@ -13,11 +13,12 @@ to every owner over Ray, until every owner has acknowledged it.
   copies applied it. That is safe because the buffered copy serves nothing until it has applied the
   batch, and the in-sync copies hold it durably; if the catching-up copy dies, it reopens incomplete and
   copies again from them (docs/design.md, "Rebuilding a copy from a peer").
-* A rocksdb store's standby copies encode their slices (keys to their stored bytes, in key order, values
-  packed) and return them, as separate objects, with their acknowledgement; each active copy then gets
-  its partitions' encoded slices instead of the micro-batch's and skips the encoding, about half of an
-  apply (``runtime.batchrows``). If an active copy's call with them fails for any reason (the standby's
-  node gone with the objects, say), it is asked again with the micro-batch's own slices.
+* In a batch of ``SHARE_ENCODED_ROWS`` or more, a rocksdb store's standby copies encode their slices (keys
+  to their stored bytes, in key order, values packed) and return them, as separate objects, with their
+  acknowledgement; each active copy then gets its partitions' encoded slices instead of the micro-batch's
+  and skips the encoding, about half of an apply (``runtime.batchrows``). If an active copy's call with
+  them fails for any reason (the standby's node gone with the objects, say), it is asked again with the
+  micro-batch's own slices.
 * Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
   with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
   from the view, in the registry, before any active copy gets the batch; if the registry cannot be told,
@@ -58,6 +59,12 @@ _CALL_TIMEOUT = 30.0
 # reference (a top-level argument, which Ray resolves: the actor maps the Arrow buffers without a copy);
 # a smaller one goes inline with each call, which costs less than a put.
 PUT_SLICE_BYTES = 256 << 10
+# A batch of at least this many rows has its standbys encode each partition's rows for the actives too
+# (see the module docstring). Below it the sharing costs more than it saves: in a small batch the
+# encoding is a few milliseconds, and the extra objects and calls cost more per batch; freshness under
+# load measured 685 ms at p50 without sharing against 818 ms with it (bench/ingest.py, batches of a
+# few thousand rows). At 1,000,000 rows the active round fell by a third.
+SHARE_ENCODED_ROWS = 100_000
 
 Shared = Any  # pa.Table | ray.ObjectRef | None: a slice as handed to the actors: inline, put once, or none
 
@@ -99,6 +106,7 @@ class BatchDelivery:
         # bench/ingest.py reads them): batch (Spark's plan run and toArrow), split, view, standby, active,
         # report.
         self.timings: dict[str, float] = {}
+        self.share_encoded_rows = SHARE_ENCODED_ROWS
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -126,7 +134,7 @@ class BatchDelivery:
 
     # -- delivery -------------------------------------------------------------------------------------
 
-    def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, Shared]) -> list[Any]:
+    def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, Shared], rows: int) -> list[Any]:
         """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
         clock = time.perf_counter()
@@ -137,7 +145,8 @@ class BatchDelivery:
         readers = view.readers_of(self.spec.name)
         clock = self._lap("view", clock)
         results: list[Any] = []
-        share = self.spec.engine == "rocksdb"  # the memory engine keeps Python keys: nothing to share
+        # The memory engine keeps Python keys: nothing to share. Small batches neither (SHARE_ENCODED_ROWS).
+        share = self.spec.engine == "rocksdb" and rows >= self.share_encoded_rows
         encoded: dict[int, Shared] = {}
         for role in ("standby", "active"):
             slices = dict(split) if role == "standby" else {**split, **encoded}
@@ -286,7 +295,7 @@ class BatchDelivery:
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}
         self._lap("split", clock)
-        results = self._apply_everywhere(source, batch_id, shared)
+        results = self._apply_everywhere(source, batch_id, shared, table.num_rows)
         clock = time.perf_counter()
         incomplete = sorted({r.partition for r in results if r.state == INCOMPLETE})
         if incomplete:

@@ -361,6 +361,8 @@ def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_whe
             return results
 
     delivery = Observed(SPEC, runtime_ns.namespace, checkpoint="unused")
+    assert delivery.share_encoded_rows > len(users)  # a small batch is not shared: this one is, on purpose
+    delivery.share_encoded_rows = 1
     for batch_id, lose in ((1, False), (2, True)):
         delivery.lose_shared = lose
         caplog.clear()
@@ -374,6 +376,10 @@ def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_whe
         for answers in copies.values():  # each actor holds every partition here, as active or standby
             assert answers == [batch_id * 1000] * len(users)
     assert http_get(f"{runtime_ns.url}/stores/replicated/approximate-num-entries")[2] == {"result": len(USERS)}
+    delivery.share_encoded_rows = len(users) + 1  # and a batch below the bound goes the plain way
+    delivery.deliver("q", 3, _batch(3, users, 3000))
+    assert len(shared) == 2
+    assert all(answers == [3000] * len(users) for answers in _every_copy(runtime_ns, users).values())
 
 
 def _batch(batch_id: int, users: list[int], score: int) -> pa.Table:
