@@ -9,7 +9,10 @@ local Spark, with the food-orders topology's queries on landing files (``riqr pr
    topology's query (``latest_by_key``) reads them in one go. Timed from ``start()`` to
    ``processAllAvailable()`` returning, once with Spark's ``noop`` sink and once with ``materialize`` (a
    store created beforehand, so actor start-up is not counted), alternately for ``--rounds`` rounds.
-   Printed: medians and the ratio riqr / noop (the sink's overhead is that ratio minus 1).
+   Printed: medians and the ratio riqr / noop (the sink's overhead is that ratio minus 1), and the
+   sink's own stages after Spark's batch (split, registry view, standby and active rounds, report) as a
+   fraction of noop's run: the part of the overhead that does not move with Spark's batch time, which
+   varies by a second or more between runs on a shared machine.
 2. **Freshness.** The order-count query (orders left-joined with customers, counted by key) at the
    default trigger. A probe order for a new key is written and its count is polled over REST every 5 ms
    until it shows: record written -> a GET answers with it. The baseline is the same query into the
@@ -143,7 +146,7 @@ def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace)
     home = work / "bulk"
     land(home, "customer", args.records, "k")
     say(f"landed {args.records:,} records")
-    times: dict[str, list[float]] = {"noop": [], "riqr": []}
+    times: dict[str, list[float]] = {"noop": [], "riqr": [], "own": []}
     registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
     if args.warmup:  # the JVM's and Python's first run of each path is slower: not counted
         warm = work / "warm"
@@ -161,6 +164,9 @@ def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace)
         store = f"bulk-{r}"
         df = latest_by_key(read_topic(spark, home, "customer"))
         times["riqr"].append(run_riqr(df, store, str(work / f"cp-riqr-{r}"), namespace, args.standbys, args.trigger))
+        # The sink's own stages (everything after Spark's batch and toArrow): the part of riqr's run that
+        # does not move with Spark's batch time, which varies by a second or more between runs here.
+        times["own"].append(sum(v for k, v in getattr(DELIVERIES[-1], "timings", {}).items() if k != "batch"))
         say(
             f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s; sink stages: {timings_line(DELIVERIES[-1:])}; "
             f"{apply_seconds(namespace, store)}"
@@ -423,7 +429,8 @@ def main() -> None:
         if tp is not None:
             print(
                 f"{args.records:,} records, latest_by_key, medians of {args.rounds}: noop {tp['noop']:.2f} s, "
-                f"riqr {tp['riqr']:.2f} s, ratio riqr/noop {tp['riqr'] / tp['noop']:.3f}"
+                f"riqr {tp['riqr']:.2f} s, ratio riqr/noop {tp['riqr'] / tp['noop']:.3f}; the sink's own stages "
+                f"(split, view, rounds, report) {tp['own']:.2f} s = {tp['own'] / tp['noop']:.3f} of noop"
             )
         if fresh is not None:
             print(f"freshness over {args.probes} probes (order-count; written -> GET answers / -> noop batch done)")
