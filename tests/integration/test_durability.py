@@ -107,6 +107,7 @@ def test_down_and_up_then_a_restart_on_the_old_checkpoint_rebuilds_the_stores(
 
             wait_for(rebuilt, timeout=120, what="both stores rebuilt from a fresh checkpoint")
             assert wrong == []
+
             # The sink reports its plan as the query starts, without waiting: to the new registry, though
             # the topology process held the old one's handle (the feeder looks it up again at once).
             def plan() -> Any:
