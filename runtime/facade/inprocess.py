@@ -188,8 +188,16 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        # Returns once the loop runs: callers take ``loop.is_running()`` to mean "not closed" (a facade
+        # refuses calls on a loop that does not run), and ``close`` stops only a running loop. The thread
+        # used to be started and left to reach ``run_forever`` in its own time, so a facade used at once
+        # could be refused with NotConnected, and one closed at once left its thread running.
+        running = threading.Event()
+        self.loop.call_soon(running.set)  # before the thread starts: nothing else touches the loop yet
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+        if not running.wait(timeout=60):
+            raise RuntimeError(f"the event loop thread {name} did not start within 60 s")
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)

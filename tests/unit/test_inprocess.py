@@ -212,3 +212,24 @@ def test_no_time_left_is_a_deadline_exceeded(
     _, facade, _ = replicated
     with pytest.raises(DeadlineExceeded):
         facade.get(KeyQuery("r", "k007"), 0.0)
+
+
+def test_a_loop_thread_runs_its_loop_once_made_and_closing_it_at_once_stops_it() -> None:
+    """An in-process facade calls itself closed when its loop is not running, so the loop must run from
+    the moment the thread is made: a facade used at once (a client's first ``iterate``) was once refused
+    with NotConnected. Closing right after making it must stop the thread too, not leave it running."""
+    import sys
+
+    from runtime.facade.inprocess import LoopThread
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads trade the interpreter as often as they can: the race shows
+    try:
+        for i in range(300):
+            made = LoopThread(f"riqr-test-loop-{i}")
+            assert made.loop.is_running()
+            made.close()
+            assert not made.loop.is_running()
+            assert not made._thread.is_alive()
+    finally:
+        sys.setswitchinterval(interval)
