@@ -152,13 +152,10 @@ class BatchDelivery:
             slices = dict(split) if role == "standby" else {**split, **encoded}
             pending = slices_for_owners(ownership, slices, role)
             sent = self._send_to_readers(readers, source, batch_id, split) if role == "standby" else {}
-            if pending:
-                options = (
-                    {"share": encoded if share else None}
-                    if role == "standby"
-                    else {"fallback": split if encoded else None}
-                )
-                results.extend(self._apply_to(source, batch_id, pending, deadline, **options))
+            if pending and role == "standby":
+                results.extend(self._apply_to(source, batch_id, pending, deadline, share=encoded if share else None))
+            elif pending:
+                results.extend(self._apply_to(source, batch_id, pending, deadline, fallback=split if encoded else None))
             if sent:
                 self._settle_readers(sent, batch_id)
             if pending or sent:
@@ -247,10 +244,10 @@ class BatchDelivery:
                     if share is None:
                         results.extend(raycalls.get(ref, what, timeout=timeout, actor=uuid))
                         continue
-                    applied, encoded = raycalls.get(ref[0], what, timeout=timeout, actor=uuid)
+                    applied, encoded_parts = raycalls.get(ref[0], what, timeout=timeout, actor=uuid)
                     results.extend(applied)
                     for p, slice_ref in zip(partitions, ref[1:]):
-                        if p in encoded:
+                        if p in encoded_parts:
                             share.setdefault(p, slice_ref)
                 except (OwnerUnavailable, DeadlineExceeded) as err:
                     failed[uuid] = err

@@ -54,6 +54,13 @@ def _trim_heap() -> None:
 _malloc_trim: Any = None
 
 
+def _trimmed_after(results: list[ApplyResult]) -> list[ApplyResult]:
+    """``results`` of an apply, once the heap is trimmed if the apply was large (``_TRIM_AFTER_ROWS``)."""
+    if sum(r.rows for r in results) >= _TRIM_AFTER_ROWS:
+        _trim_heap()
+    return results
+
+
 class StorePeers:
     """``runtime.rebuild.PeerSource`` for one store, over the verticle's ``PeerLink``."""
 
@@ -109,10 +116,7 @@ class QueryVerticle:
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
 
     def apply(self, source: str, batch_id: int, slices: Mapping[int, Slice | None]) -> list[ApplyResult]:
-        results = self.core.apply(source, batch_id, slices)
-        if sum(r.rows for r in results) >= _TRIM_AFTER_ROWS:
-            _trim_heap()
-        return results
+        return _trimmed_after(self.core.apply(source, batch_id, slices))
 
     def apply_parts(
         self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None
@@ -129,8 +133,7 @@ class QueryVerticle:
         The sink calls it with ``num_returns`` one more than the partitions, gets only the first, and hands
         each slice's reference to the partition's active copy (``topologies.delivery``)."""
         results, shared = self.core.apply_sharing(source, batch_id, dict(zip(partitions, tables, strict=True)))
-        if sum(r.rows for r in results) >= _TRIM_AFTER_ROWS:
-            _trim_heap()
+        _trimmed_after(results)
         encoded = sorted(p for p, table in shared.items() if table is not None)
         return ((results, encoded), *(shared.get(p) for p in partitions))
 
