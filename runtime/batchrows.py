@@ -215,11 +215,9 @@ def _binary_array(values: list[bytes | None]) -> pa.Array:
     if offsets[-1] >= 2**31:
         raise ValueError("a slice's packed values exceed 2 GiB")
     data = pa.py_buffer(b"".join(v for v in values if v is not None))
-    nulls = sum(v is None for v in values)
-    validity = None
-    if nulls:
-        present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        validity = pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
+    present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    nulls = len(values) - int(present.sum())
+    validity = pa.py_buffer(np.packbits(present, bitorder="little").tobytes()) if nulls else None
     return pa.Array.from_buffers(
         pa.binary(), len(values), [validity, pa.py_buffer(offsets.astype(np.int32).tobytes()), data], null_count=nulls
     )
@@ -308,6 +306,7 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
         self._rows: list[tuple[Any, bytes | None]] | None = None
         self._encoded: tuple[list[bytes], list[bytes | None]] | None = None
         self._arrays: tuple[pa.Array | pa.ChunkedArray, pa.Array | list[bytes | None]] | None = None
+        self._length: int
         if isinstance(table, EncodedSlice):
             self._arrays = (table.keys, table.values)
             self._length = table.rows
@@ -390,7 +389,7 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
         return EncodedSlice(keys, values, self._length)
 
     def __len__(self) -> int:
-        return int(self._length)
+        return self._length
 
     @overload
     def __getitem__(self, index: int) -> tuple[Any, bytes | None]: ...
