@@ -36,6 +36,7 @@ __all__ = [
     "BatchRows",
     "EncodedSlice",
     "Slice",
+    "WrittenFile",
     "encode_key_columns",
     "rows_from_arrow",
     "packed_values",
@@ -276,14 +277,28 @@ def warn_null_keys(spec: StoreSpec, dropped: int) -> None:
 
 
 @dataclass(frozen=True)
+class WrittenFile:
+    """A partition's batch as the SST file one copy of the partition wrote and ingested (the rocksdb
+    engine): ``data``, the file's bytes (the rows, and the engine's metadata after the batch), and that
+    copy's ``(source, batch_id, count)`` ``before`` and ``after`` the batch. A copy in the ``before`` state
+    holds the same rows, so it ingests the same bytes instead of writing the rows itself."""
+
+    data: bytes
+    before: tuple[str | None, int, int]
+    after: tuple[str | None, int, int]
+
+
+@dataclass(frozen=True)
 class EncodedSlice:
     """A partition's slice as ``BatchRows.encoded`` gives it: ``keys`` encoded (each once, in byte order),
     ``values`` packed (null: delete), and ``rows``, the ``BatchRows``' length it was made from (rows with a
-    key, before each key's last write was kept: the rows-applied count)."""
+    key, before each key's last write was kept: the rows-applied count); with ``written``, the file the copy
+    that made it wrote of the batch (a rocksdb engine's large batch)."""
 
     keys: pa.Array
     values: pa.Array
     rows: int
+    written: WrittenFile | None = None  # the file its copy wrote of it, if it wrote one
 
     @property
     def num_rows(self) -> int:
@@ -298,7 +313,7 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
     ``runtime.query.rows_from_arrow``), with ``encoded`` for engines that store keys as bytes. The slice
     is a micro-batch's, or the ``EncodedSlice`` another copy of the partition made of one."""
 
-    __slots__ = ("spec", "table", "_rows", "_encoded", "_arrays", "_length")
+    __slots__ = ("spec", "table", "_rows", "_encoded", "_arrays", "_length", "share_written", "written")
 
     def __init__(self, spec: StoreSpec, table: Slice) -> None:
         self.spec = spec
@@ -307,6 +322,10 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
         self._encoded: tuple[list[bytes], list[bytes | None]] | None = None
         self._arrays: tuple[pa.Array | pa.ChunkedArray, pa.Array | list[bytes | None]] | None = None
         self._length: int
+        # Set by whoever shares these rows: an engine that writes them as a file keeps it in ``written``
+        # (as it does the file of ``written_elsewhere`` when it ingested that one).
+        self.share_written = False
+        self.written: WrittenFile | None = None
         if isinstance(table, EncodedSlice):
             self._arrays = (table.keys, table.values)
             self._length = table.rows
@@ -387,6 +406,10 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
         keys = arrays[0].combine_chunks() if isinstance(arrays[0], pa.ChunkedArray) else arrays[0]
         values = _binary_array(arrays[1]) if isinstance(arrays[1], list) else arrays[1]
         return EncodedSlice(keys, values, self._length)
+
+    def written_elsewhere(self) -> WrittenFile | None:
+        """The file another copy of the partition wrote of these rows, if they came with one."""
+        return self.table.written if isinstance(self.table, EncodedSlice) else None
 
     def __len__(self) -> int:
         return self._length

@@ -7,6 +7,7 @@ answers batched queries: many keys in one call, one scan or count over several p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import tempfile
@@ -139,24 +140,35 @@ class QueryCore:
     ) -> list[ApplyResult]:
         started = time.perf_counter()
         results = []
+        copied: set[int] = set()  # partitions that took the file another copy wrote of the batch
         for p, table in sorted(slices.items()):
             state = self.partitions.get(p)
             if state is None:
                 raise self._unavailable(p)
             rows: Rows = BatchRows(self.spec, table) if table is not None and table.num_rows else []
-            if shared is not None:
-                shared[p] = rows.shareable() if isinstance(rows, BatchRows) else None
+            if shared is not None and isinstance(rows, BatchRows):
+                shared[p] = rows.shareable()
+                rows.share_written = True
+            elif shared is not None:
+                shared[p] = None
             with self._writing:
                 result = state.apply(source, batch_id, rows)
                 if result.state == INCOMPLETE and self._rebuilder is not None:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
+            if isinstance(rows, BatchRows) and rows.written is not None and rows.written is rows.written_elsewhere():
+                copied.add(p)
+            encoded = shared.get(p) if shared is not None else None
+            if shared is not None and encoded is not None and isinstance(rows, BatchRows) and rows.written:
+                shared[p] = dataclasses.replace(encoded, written=rows.written)
         name = self.spec.name
         for result in results:
             if result.applied:
                 self.metrics.inc("riqr_batches_applied_total", name, str(result.partition))
                 if result.rows:
                     self.metrics.inc("riqr_rows_applied_total", name, str(result.partition), amount=result.rows)
+                if result.partition in copied:
+                    self.metrics.inc("riqr_batches_ingested_from_copy_total", name, str(result.partition))
         self.metrics.observe("riqr_apply_duration_seconds", time.perf_counter() - started, name)
         return results
 

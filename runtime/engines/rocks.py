@@ -7,8 +7,10 @@ with ``0x01``; the engine's metadata lives under ``META_PREFIX`` (``0x00``), whe
 
 ``apply`` writes the rows, the new position and the new exact count in ONE ``WriteBatch``: RocksDB applies
 a batch atomically (one WAL record), so after a crash the partition has the old rows, position and count or
-the new ones. The count needs to know which keys exist already; one ``multi_get`` over the batch's keys
-(rocksdict: ``Rdict.get(list)``) answers that.
+the new ones. A batch of ``INGEST_FILE_ROWS`` rows or more goes in ONE SST file instead (``ingest/``, then
+moved into the database by RocksDB's ingestion, as atomic), and a copy of the partition that was where
+this one was can ingest the same file (``_ingest_copy``). The count needs to know which keys exist
+already; one ``multi_get`` over the batch's keys (rocksdict: ``Rdict.get(list)``) answers that.
 
 Options, kept modest for a 2-core node holding many partitions: two background jobs, 16 MiB memtables (at
 most two per partition), LZ4, a 10-bit Bloom filter for point gets, one block cache shared by every
@@ -26,6 +28,7 @@ import bisect
 import collections
 import itertools
 import shutil
+import uuid
 import weakref
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
@@ -38,14 +41,16 @@ from rocksdict import (
     Cache,
     Checkpoint,
     DBCompressionType,
+    IngestExternalFileOptions,
     Options,
     Rdict,
     RdictIter,
+    SstFileWriter,
     WriteBatch,
     WriteOptions,
 )
 
-from runtime.batchrows import BatchRows
+from runtime.batchrows import BatchRows, WrittenFile
 from runtime.config import ROCKSDB_CACHE_BYTES
 from runtime.engines.base import NONE, Position, new_directory, prepare_directory
 from runtime.engines.keycodec import KEYS_HI, KEYS_LO, META_PREFIX, KeyCodec
@@ -56,6 +61,12 @@ __all__ = ["RocksEngine"]
 
 _META = META_PREFIX + b"meta"
 _DB_DIR = "rocksdb"
+_INGEST_DIR = "ingest"  # SST files being written, before RocksDB ingests (moves) them into _DB_DIR
+# A batch of at least this many encoded rows is written as an ingested SST file, not a write batch: per
+# row, a write batch costs the memtable insert, the write-ahead log and the flush that writes the rows
+# again as an SST file later; a file ingested costs a fixed few milliseconds more (docs/design.md,
+# "Ingest", fifth pass).
+INGEST_FILE_ROWS = 50_000
 _MEMORY_PROPERTIES = (
     ("block_cache", "block-cache-usage"),
     ("block_cache_pinned", "block-cache-pinned-usage"),
@@ -95,6 +106,12 @@ def _options() -> Options:
     return options
 
 
+def _ingest_options() -> IngestExternalFileOptions:
+    options = IngestExternalFileOptions()
+    options.set_move_files(True)  # a hard link: the file is ours, in the same file system
+    return options
+
+
 class _DoneCheckpoint:
     """A checkpoint written in full by ``start_checkpoint``: ``finish`` has nothing left to do."""
 
@@ -106,7 +123,8 @@ class _DoneCheckpoint:
 
 
 class RocksEngine:
-    """A partition in its own RocksDB database; rows, position and count change in one write batch."""
+    """A partition in its own RocksDB database; rows, position and count change in one atomic write (a
+    write batch, or an ingested SST file for a large batch)."""
 
     kind = "rocksdb"
     # RocksDB iterators read a consistent view while writes go on.
@@ -116,6 +134,7 @@ class RocksEngine:
         self.schema = schema
         self.path = path
         prepare_directory(self.kind, schema, path)
+        shutil.rmtree(path / _INGEST_DIR, ignore_errors=True)  # a file a crash left before its ingestion
         self._codec = KeyCodec(schema)
         self._db: Rdict | None = Rdict(str(path / _DB_DIR), _options())
         self._write_options = WriteOptions()
@@ -264,7 +283,14 @@ class RocksEngine:
     # -- writes ------------------------------------------------------------------------------------------
 
     def apply(self, position: Position, rows: Sequence[tuple[Any, bytes | None]]) -> None:
-        """Rows, position and count in one write batch; the last write of a key wins."""
+        """Rows, position and count in one atomic write; the last write of a key wins.
+
+        A batch of ``INGEST_FILE_ROWS`` encoded rows or more is written as an SST file RocksDB ingests
+        (``_ingest``); a smaller one as a write batch. A batch another copy of the partition wrote as a file
+        (``BatchRows.written``, handed over in its ``EncodedSlice``) is that same file ingested here, when
+        this copy was where that one was before it (same position, same count)."""
+        if isinstance(rows, BatchRows) and self._ingest_copy(position, rows):
+            return
         encoded = rows.encoded() if isinstance(rows, BatchRows) else None
         if encoded is not None:
             # Keys encoded from the Arrow columns (runtime.batchrows): each once (its last write), in key order.
@@ -276,7 +302,6 @@ class RocksEngine:
             values = list(final.values())
         # The count is kept exact, so each key's old presence is read; an empty partition (a fresh store,
         # or the reset before a new source's batch 0, which re-emits the whole state) has none to read.
-        batch = WriteBatch(raw_mode=True)
         count = self._count
         existing: list[bytes | None] = []
         if encoded is None:
@@ -288,21 +313,102 @@ class RocksEngine:
             values = [values[i] for i in order]
         if count:
             existing = self._multi_get(keys)
+        # What is written, in key order: each put's value, or None for a delete of a key that exists.
+        writes: list[bytes | None] = values
         if None not in values:  # no deletes (the usual batch): every row is a put, the new keys count
-            collections.deque(map(batch.put, keys, values), maxlen=0)
             count += existing.count(None) if count else len(keys)
         else:
+            kept_keys: list[bytes] = []
+            writes = []
             for key, value, old in zip(keys, values, existing if count else itertools.repeat(None)):
                 if value is None:
-                    if old is not None:
-                        batch.delete(key)
-                        count -= 1
+                    if old is None:
+                        continue  # deleting a key that is not there writes nothing
+                    count -= 1
                 else:
-                    batch.put(key, value)
                     count += old is None
-        batch.put(_META, msgpack.packb([position.source, position.batch_id, count], use_bin_type=True))
-        self.db.write(batch, self._write_options)
+                kept_keys.append(key)
+                writes.append(value)
+            keys = kept_keys
+        meta = msgpack.packb([position.source, position.batch_id, count], use_bin_type=True)
+        if encoded is not None and len(keys) >= INGEST_FILE_ROWS:
+            assert isinstance(rows, BatchRows)
+            self._ingest(position, count, meta, keys, writes, rows)
+        else:
+            batch = WriteBatch(raw_mode=True)
+            if None in writes:
+                for key, value in zip(keys, writes):
+                    if value is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, value)
+            else:
+                collections.deque(map(batch.put, keys, writes), maxlen=0)
+            batch.put(_META, meta)
+            self.db.write(batch, self._write_options)
         self._count, self._position = count, position
+
+    def _ingest(
+        self,
+        position: Position,
+        count: int,
+        meta: bytes,
+        keys: list[bytes],
+        writes: list[bytes | None],
+        rows: BatchRows,
+    ) -> None:
+        """Write the batch as one SST file (the metadata, then each key's put, or delete where ``writes``
+        has None, in key order) and have RocksDB ingest it: atomic and durable like a synced write batch
+        (RocksDB syncs the file and its manifest), without a write batch's memtable inserts, write-ahead
+        log and later flush. With ``rows.share_written``, the file's bytes go to ``rows.written`` for the
+        partition's other copies (``_ingest_copy``)."""
+        directory = self.path / _INGEST_DIR
+        directory.mkdir(exist_ok=True)
+        path = directory / f"{position.batch_id}-{uuid.uuid4().hex}.sst"
+        try:
+            writer = SstFileWriter(_options())
+            writer.open(str(path))
+            writer[_META] = meta  # META_PREFIX (0x00) sorts before every user key (0x01...)
+            if None in writes:
+                for key, value in zip(keys, writes):
+                    if value is None:
+                        del writer[key]
+                    else:
+                        writer[key] = value
+            else:
+                collections.deque(map(writer.__setitem__, keys, writes), maxlen=0)
+            writer.finish()
+            if rows.share_written:
+                rows.written = WrittenFile(
+                    path.read_bytes(),
+                    before=(self._position.source, self._position.batch_id, self._count),
+                    after=(position.source, position.batch_id, count),
+                )
+            self.db.ingest_external_file([str(path)], _ingest_options())
+        finally:
+            path.unlink(missing_ok=True)  # moved into the database on success
+
+    def _ingest_copy(self, position: Position, rows: BatchRows) -> bool:
+        """Ingest the file another copy wrote of this batch, if it came with one and this copy was in the
+        state that copy was in (the file holds that copy's count); False when not, to apply the rows."""
+        written = rows.written_elsewhere()
+        if written is None:
+            return False
+        if written.before != (self._position.source, self._position.batch_id, self._count):
+            return False
+        if written.after[:2] != (position.source, position.batch_id):
+            return False
+        directory = self.path / _INGEST_DIR
+        directory.mkdir(exist_ok=True)
+        path = directory / f"{position.batch_id}-{uuid.uuid4().hex}.sst"
+        try:
+            path.write_bytes(written.data)
+            self.db.ingest_external_file([str(path)], _ingest_options())
+        finally:
+            path.unlink(missing_ok=True)
+        self._count, self._position = written.after[2], position
+        rows.written = written  # the batch is in this copy as that file
+        return True
 
     def reset(self, position: Position) -> None:
         """Drop every row (one range deletion) and move to ``position``, in one write batch."""

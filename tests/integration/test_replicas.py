@@ -337,13 +337,8 @@ def _every_copy(runtime: Runtime, users: list[int]) -> dict[str, list[Any]]:
     return out
 
 
-def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_when_those_are_gone(
-    runtime_ns: Runtime, store: BatchDelivery, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A rocksdb store's standbys return their slices encoded, and the actives apply those instead of
-    encoding the batch again. If those objects are gone when the actives are called (here: references
-    whose owner was killed, as a lost node takes its objects), the actives are asked again with the
-    batch's own slices: every copy ends the same."""
+def _a_lost_object() -> Any:
+    """A reference whose object is gone with its owner, as a lost node takes its objects."""
 
     @ray.remote
     class Owner:
@@ -353,9 +348,12 @@ def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_whe
     owner = Owner.remote()  # type: ignore[attr-defined]
     [gone] = ray.get(owner.hold.remote())
     ray.kill(owner, no_restart=True)
+    return gone
 
-    users = list(USERS)
-    shared: list[dict[int, Any]] = []
+
+def _observed(shared: list[dict[int, Any]], gone: Any) -> type[BatchDelivery]:
+    """A sink that records what each batch's standbys shared, and with ``lose_shared`` loses it all
+    (every reference replaced by ``gone``) before the actives are called."""
 
     class Observed(BatchDelivery):
         lose_shared = False
@@ -368,6 +366,22 @@ def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_whe
                 if self.lose_shared:
                     share.update(dict.fromkeys(share, gone))
             return results
+
+    return Observed
+
+
+def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_when_those_are_gone(
+    runtime_ns: Runtime, store: BatchDelivery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rocksdb store's standbys return their slices encoded, and the actives apply those instead of
+    encoding the batch again. If those objects are gone when the actives are called (here: references
+    whose owner was killed, as a lost node takes its objects), the actives are asked again with the
+    batch's own slices: every copy ends the same."""
+
+    gone = _a_lost_object()
+    users = list(USERS)
+    shared: list[dict[int, Any]] = []
+    Observed = _observed(shared, gone)
 
     delivery = Observed(SPEC, runtime_ns.namespace, checkpoint="unused")
     assert delivery.share_encoded_rows > len(users)  # a small batch is not shared: this one is, on purpose
@@ -389,6 +403,51 @@ def test_active_copies_apply_their_standbys_encoded_slices_or_the_batchs_own_whe
     delivery.deliver("q", 3, _batch(3, users, 3000))
     assert len(shared) == 2
     assert all(answers == [3000] * len(users) for answers in _every_copy(runtime_ns, users).values())
+
+
+def test_a_large_batch_reaches_each_active_as_the_file_its_standby_wrote(
+    runtime_ns: Runtime, store: BatchDelivery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch large enough for the rocksdb engine to write each partition's rows as an SST file: the
+    standbys hand their files over with the encoded rows, the actives on the other node ingest them (into
+    the state the files were made from), and every copy ends the same, counts included: first for new
+    keys, then for updates with the files lost on the way (the actives then write the batch's own rows)."""
+    from runtime.engines.rocks import INGEST_FILE_ROWS
+
+    shared: list[dict[int, Any]] = []
+    delivery = _observed(shared, _a_lost_object())(SPEC, runtime_ns.namespace, checkpoint="unused")
+    users = list(range(SPEC.partitions * INGEST_FILE_ROWS * 23 // 20))  # every partition's slice is large
+    sample = [*users[:: len(users) // 500], users[-1]]
+    for batch_id, lose in ((1, False), (2, True)):
+        delivery.lose_shared = lose
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="topologies.delivery"):
+            delivery.deliver("q", batch_id, _batch(batch_id, users, batch_id * 1000))
+        slices = [raycalls.get(ref, "a shared slice") for ref in shared[-1].values()] if not lose else []
+        for encoded in slices:
+            assert encoded.written is not None and encoded.written.after == ("q", batch_id, encoded.num_rows)
+        fell_back = [r.getMessage() for r in caplog.records if "encoded slices" in r.getMessage()]
+        assert len(fell_back) == (SPEC.actors if lose else 0), fell_back
+        copies = _every_copy(runtime_ns, sample)
+        assert len(copies) == SPEC.actors
+        for answers in copies.values():
+            assert answers == [batch_id * 1000] * len(sample)
+        count = http_get(f"{runtime_ns.url}/stores/replicated/approximate-num-entries")[2]
+        assert count == {"result": len(users)}
+        # Each active took its standby's file in batch 1; none could in batch 2.
+        assert _ingested_from_copy(runtime_ns) == SPEC.partitions
+
+
+def _ingested_from_copy(runtime: Runtime) -> float:
+    """The store's batches its copies took as another copy's file, summed over its query actors."""
+    view = raycalls.get(runtime.registry().view.remote(), "view")
+    total = 0.0
+    for uuid in view.tables[SPEC.name].all_owners():
+        stats = raycalls.get(ray.get_actor(uuid, namespace=runtime.namespace).stats.remote(), "stats")
+        for name, labels, value in stats["samples"]:
+            if name == "riqr_batches_ingested_from_copy_total" and dict(labels).get("store") == SPEC.name:
+                total += value
+    return total
 
 
 def _batch(batch_id: int, users: list[int], score: int) -> pa.Table:
