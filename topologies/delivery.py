@@ -16,9 +16,11 @@ to every owner over Ray, until every owner has acknowledged it.
 * In a batch of ``SHARE_ENCODED_ROWS`` or more, a rocksdb store's standby copies encode their slices (keys
   to their stored bytes, in key order, values packed) and return them, as separate objects, with their
   acknowledgement; each active copy then gets its partitions' encoded slices instead of the micro-batch's
-  and skips the encoding, about half of an apply (``runtime.batchrows``). If an active copy's call with
-  them fails for any reason (the standby's node gone with the objects, say), it is asked again with the
-  micro-batch's own slices.
+  and skips the encoding, about half of an apply (``runtime.batchrows``). A slice large enough for the
+  engine to write as an SST file comes with that file, which the active ingests as it is when it was
+  where the standby was (``runtime.engines.rocks``). If an active copy's call with them fails for any
+  reason (the standby's node gone with the objects, say), it is asked again with the micro-batch's own
+  slices.
 * Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
   with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
   from the view, in the registry, before any active copy gets the batch; if the registry cannot be told,
