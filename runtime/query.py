@@ -156,11 +156,11 @@ class QueryCore:
                 if result.state == INCOMPLETE and self._rebuilder is not None:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
-            if isinstance(rows, BatchRows) and rows.written is not None and rows.written is rows.written_elsewhere():
-                copied.add(p)
-            encoded = shared.get(p) if shared is not None else None
-            if shared is not None and encoded is not None and isinstance(rows, BatchRows) and rows.written:
-                shared[p] = dataclasses.replace(encoded, written=rows.written)
+            if isinstance(rows, BatchRows) and rows.written is not None:
+                if rows.written is rows.written_elsewhere():
+                    copied.add(p)
+                elif shared is not None and (encoded := shared.get(p)) is not None:
+                    shared[p] = dataclasses.replace(encoded, written=rows.written)  # the file goes with the rows
         name = self.spec.name
         for result in results:
             if result.applied:

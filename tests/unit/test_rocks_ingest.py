@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import msgpack
 import pyarrow as pa
 import pytest
 
@@ -160,3 +161,63 @@ def test_apply_sharing_hands_over_the_file_of_a_large_slice(tmp_path: Path, monk
         assert isinstance(shared[0], EncodedSlice) and shared[0].written is None
     finally:
         core.close()
+
+
+_CHILD = """
+import sys
+from pathlib import Path
+import pyarrow as pa
+from runtime.batchrows import BatchRows
+from runtime.catalog import StoreSpec, ValueField
+from runtime.engines import Position
+from runtime.engines.rocks import RocksEngine
+from runtime.keys import KeySchema
+
+spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=1, actors=1)
+engine = RocksEngine(spec.key, Path(sys.argv[1]))
+start = engine.position().batch_id + 1
+print("ready", flush=True)
+for i in range(start, start + 1000):
+    n = 60_000 + 1_000 * i  # batch i: keys 0 .. n-1, every value i (so the count grows by 1,000)
+    table = pa.table({"key": [f"k{j:07}" for j in range(n)], "value": [str(i)] * n})
+    engine.apply(Position("s", i), BatchRows(spec, table))
+    print("applied", i, flush=True)
+"""
+
+
+def test_a_process_killed_while_it_ingests_files_reopens_at_the_old_batch_or_the_new(tmp_path: Path) -> None:
+    """SIGKILL at random instants of a process applying large batches (each an SST file ingested): the
+    partition reopens at some batch k with exactly batch k's rows, count and position, never a mix, never
+    behind a batch the process said it applied; and the next process goes on from there."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path / "p"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    rng = random.Random(11)
+    last_said = -1
+    for _ in range(6):
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.1, 1.0))
+        os.kill(child.pid, signal.SIGKILL)
+        said = [int(line.split()[1]) for line in child.stdout.read().splitlines() if line.startswith("applied")]
+        child.wait(timeout=30)
+        last_said = max([last_said, *said])
+        engine = RocksEngine(SPEC.key, path)
+        try:
+            k = engine.position().batch_id
+            assert k >= last_said  # an apply that returned is durable
+            rows = list(engine.scan(Scan()))
+            assert engine.count() == len(rows) == (60_000 + 1_000 * k if k >= 0 else 0)
+            assert {v for _, v in rows} <= {msgpack.packb(str(k))}  # every value is batch k's
+            assert not list((path / "ingest").glob("*"))
+        finally:
+            engine.close()
+    assert last_said >= 0  # the kills did land after some batches
