@@ -22,7 +22,7 @@ import uuid
 
 from bench.faults import worker_pid
 from bench.loadgen import key_name
-from bench.stream_all import rss_mb
+from bench.stream_all import rss_parts
 
 __all__ = ["main"]
 
@@ -30,6 +30,12 @@ __all__ = ["main"]
 def disk_mb(path: str) -> float:
     done = subprocess.run(["du", "-sm", path], capture_output=True, text=True, check=False)
     return float(done.stdout.split()[0]) if done.returncode == 0 and done.stdout else float("nan")
+
+
+def memory(pid: int) -> tuple[float, float, float]:
+    """A process's resident memory in MB: all of it, its own heap (anonymous), shared memory it touched."""
+    parts = rss_parts(pid)
+    return parts["VmRSS"], parts["RssAnon"], parts["RssShmem"]
 
 
 def main() -> None:
@@ -69,7 +75,7 @@ def main() -> None:
             usage = raycalls.get(handle.engine_memory.remote(), "engine_memory")[0]
             return sum(usage.values()) / (1 << 20)
 
-        rows.append((0, rss_mb(pid), rss_mb(pid, "RssAnon"), rss_mb(pid, "RssShmem"), rocksdb_mb(), 0.0))
+        rows.append((0, *memory(pid), rocksdb_mb(), 0.0))
         started = time.monotonic()
         for batch_id, start in enumerate(range(0, args.keys, args.batch)):
             n = min(args.batch, args.keys - start)
@@ -83,9 +89,7 @@ def main() -> None:
             delivery.deliver("bench", batch_id, table)
             loaded = start + n
             if loaded % args.report == 0 or loaded == args.keys:
-                rows.append(
-                    (loaded, rss_mb(pid), rss_mb(pid, "RssAnon"), rss_mb(pid, "RssShmem"), rocksdb_mb(), disk_mb(where))
-                )
+                rows.append((loaded, *memory(pid), rocksdb_mb(), disk_mb(where)))
                 rate = loaded / (time.monotonic() - started)
                 print(f"  {loaded:>12,} keys  actor RSS {rows[-1][1]:>7.0f} MB (own heap {rows[-1][2]:>5.0f}, shared "
                       f"{rows[-1][3]:>5.0f}, rocksdb {rows[-1][4]:>5.0f})  on disk {rows[-1][5]:>7.0f} MB"
