@@ -7,9 +7,10 @@ with ``0x01``; the engine's metadata lives under ``META_PREFIX`` (``0x00``), whe
 
 ``apply`` writes the rows, the new position and the new exact count in ONE ``WriteBatch``: RocksDB applies
 a batch atomically (one WAL record), so after a crash the partition has the old rows, position and count or
-the new ones. A batch of ``INGEST_FILE_ROWS`` rows or more goes in ONE SST file instead (``ingest/``, then
-moved into the database by RocksDB's ingestion, as atomic), and a copy of the partition that was where
-this one was can ingest the same file (``_ingest_copy``). The count needs to know which keys exist
+the new ones. A large batch (``INGEST_FILE_ROWS`` rows or more, of keys encoded from Arrow) goes in as SST
+files instead: its rows in one, the metadata in another, written in ``ingest/`` and moved into the database
+by ONE ingestion, as atomic; a copy of the partition that was where this one was can ingest the same rows'
+file (``_ingest_copy``). The count needs to know which keys exist
 already; one ``multi_get`` over the batch's keys (rocksdict: ``Rdict.get(list)``) answers that.
 
 Options, kept modest for a 2-core node holding many partitions: two background jobs, 16 MiB memtables (at
@@ -134,9 +135,11 @@ class RocksEngine:
         self.schema = schema
         self.path = path
         prepare_directory(self.kind, schema, path)
-        shutil.rmtree(path / _INGEST_DIR, ignore_errors=True)  # a file a crash left before its ingestion
         self._codec = KeyCodec(schema)
         self._db: Rdict | None = Rdict(str(path / _DB_DIR), _options())
+        # Files a crash left before their ingestion; only now, with the database's lock held, so that an
+        # engine opened on a partition in use fails on the lock without touching that one's files.
+        shutil.rmtree(path / _INGEST_DIR, ignore_errors=True)
         self._write_options = WriteOptions()
         self._write_options.sync = sync
         # Live scans hold RocksDB iterators, which keep the database (and its lock) alive past close().
@@ -285,10 +288,11 @@ class RocksEngine:
     def apply(self, position: Position, rows: Sequence[tuple[Any, bytes | None]]) -> None:
         """Rows, position and count in one atomic write; the last write of a key wins.
 
-        A batch of ``INGEST_FILE_ROWS`` encoded rows or more is written as an SST file RocksDB ingests
-        (``_ingest``); a smaller one as a write batch. A batch another copy of the partition wrote as a file
-        (``BatchRows.written``, handed over in its ``EncodedSlice``) is that same file ingested here, when
-        this copy was where that one was before it (same position, same count)."""
+        A batch of ``INGEST_FILE_ROWS`` rows or more whose keys were encoded from Arrow (``BatchRows.encoded``;
+        each key once) is written as SST files RocksDB ingests (``_ingest``; always synced, whatever
+        ``sync`` says); any other batch as a write batch. A batch another copy of the partition wrote as a
+        file (``BatchRows.written``, handed over in its ``EncodedSlice``) is that same file ingested here,
+        when this copy was where that one was before it (same position, same count)."""
         if isinstance(rows, BatchRows) and self._ingest_copy(position, rows):
             return
         encoded = rows.encoded() if isinstance(rows, BatchRows) else None
@@ -313,37 +317,31 @@ class RocksEngine:
             values = [values[i] for i in order]
         if count:
             existing = self._multi_get(keys)
-        # What is written, in key order: each put's value, or None for a delete of a key that exists.
-        writes: list[bytes | None] = values
+        # Every row is written, a delete of a key that is not there too (a harmless tombstone): what is
+        # written depends on the batch alone, not on this copy's rows, which a copy ingesting another's
+        # file relies on (``_ingest_copy``). Only the count depends on the rows.
         if None not in values:  # no deletes (the usual batch): every row is a put, the new keys count
             count += existing.count(None) if count else len(keys)
         else:
-            kept_keys: list[bytes] = []
-            writes = []
-            for key, value, old in zip(keys, values, existing if count else itertools.repeat(None)):
+            for value, old in zip(values, existing if count else itertools.repeat(None)):
                 if value is None:
-                    if old is None:
-                        continue  # deleting a key that is not there writes nothing
-                    count -= 1
+                    count -= old is not None
                 else:
                     count += old is None
-                kept_keys.append(key)
-                writes.append(value)
-            keys = kept_keys
         meta = msgpack.packb([position.source, position.batch_id, count], use_bin_type=True)
         if encoded is not None and len(keys) >= INGEST_FILE_ROWS:
             assert isinstance(rows, BatchRows)
-            self._ingest(position, count, meta, keys, writes, rows)
+            self._ingest(position, count, meta, keys, values, rows)
         else:
             batch = WriteBatch(raw_mode=True)
-            if None in writes:
-                for key, value in zip(keys, writes):
+            if None in values:
+                for key, value in zip(keys, values):
                     if value is None:
                         batch.delete(key)
                     else:
                         batch.put(key, value)
             else:
-                collections.deque(map(batch.put, keys, writes), maxlen=0)
+                collections.deque(map(batch.put, keys, values), maxlen=0)
             batch.put(_META, meta)
             self.db.write(batch, self._write_options)
         self._count, self._position = count, position
@@ -354,43 +352,42 @@ class RocksEngine:
         count: int,
         meta: bytes,
         keys: list[bytes],
-        writes: list[bytes | None],
+        values: list[bytes | None],
         rows: BatchRows,
     ) -> None:
-        """Write the batch as one SST file (the metadata, then each key's put, or delete where ``writes``
-        has None, in key order) and have RocksDB ingest it: atomic and durable like a synced write batch
-        (RocksDB syncs the file and its manifest), without a write batch's memtable inserts, write-ahead
-        log and later flush. With ``rows.share_written``, the file's bytes go to ``rows.written`` for the
-        partition's other copies (``_ingest_copy``)."""
-        directory = self.path / _INGEST_DIR
-        directory.mkdir(exist_ok=True)
-        path = directory / f"{position.batch_id}-{uuid.uuid4().hex}.sst"
+        """Write the batch's rows as one SST file (each key's put, or delete where ``values`` has None, in
+        key order) and have RocksDB ingest it with the metadata (``_ingest_files``): atomic and durable
+        like a synced write batch, without a write batch's memtable inserts, write-ahead log and later
+        flush. With ``rows.share_written``, the file's bytes go to ``rows.written`` for the partition's
+        other copies (``_ingest_copy``)."""
+        rows_path, meta_path = self._ingest_paths(position)
         try:
             writer = SstFileWriter(_options())
-            writer.open(str(path))
-            writer[_META] = meta  # META_PREFIX (0x00) sorts before every user key (0x01...)
-            if None in writes:
-                for key, value in zip(keys, writes):
+            writer.open(str(rows_path))
+            if None in values:
+                for key, value in zip(keys, values):
                     if value is None:
                         del writer[key]
                     else:
                         writer[key] = value
             else:
-                collections.deque(map(writer.__setitem__, keys, writes), maxlen=0)
+                collections.deque(map(writer.__setitem__, keys, values), maxlen=0)
             writer.finish()
             if rows.share_written:
                 rows.written = WrittenFile(
-                    path.read_bytes(),
+                    rows_path.read_bytes(),
                     before=(self._position.source, self._position.batch_id, self._count),
                     after=(position.source, position.batch_id, count),
                 )
-            self.db.ingest_external_file([str(path)], _ingest_options())
+            self._ingest_files(rows_path, meta_path, meta)
         finally:
-            path.unlink(missing_ok=True)  # moved into the database on success
+            rows_path.unlink(missing_ok=True)  # moved into the database on success
+            meta_path.unlink(missing_ok=True)
 
     def _ingest_copy(self, position: Position, rows: BatchRows) -> bool:
-        """Ingest the file another copy wrote of this batch, if it came with one and this copy was in the
-        state that copy was in (the file holds that copy's count); False when not, to apply the rows."""
+        """Ingest the rows' file another copy wrote of this batch, if it came with one and this copy was in
+        the state that copy was in (same position, same count: the file's count follows from that copy's);
+        False when not, to apply the rows."""
         written = rows.written_elsewhere()
         if written is None:
             return False
@@ -398,17 +395,35 @@ class RocksEngine:
             return False
         if written.after[:2] != (position.source, position.batch_id):
             return False
-        directory = self.path / _INGEST_DIR
-        directory.mkdir(exist_ok=True)
-        path = directory / f"{position.batch_id}-{uuid.uuid4().hex}.sst"
+        rows_path, meta_path = self._ingest_paths(position)
         try:
-            path.write_bytes(written.data)
-            self.db.ingest_external_file([str(path)], _ingest_options())
+            rows_path.write_bytes(written.data)
+            meta = msgpack.packb([position.source, position.batch_id, written.after[2]], use_bin_type=True)
+            self._ingest_files(rows_path, meta_path, meta)
         finally:
-            path.unlink(missing_ok=True)
+            rows_path.unlink(missing_ok=True)
+            meta_path.unlink(missing_ok=True)
         self._count, self._position = written.after[2], position
         rows.written = written  # the batch is in this copy as that file
         return True
+
+    def _ingest_paths(self, position: Position) -> tuple[Path, Path]:
+        directory = self.path / _INGEST_DIR
+        directory.mkdir(exist_ok=True)
+        stem = f"{position.batch_id}-{uuid.uuid4().hex}"
+        return directory / f"{stem}-rows.sst", directory / f"{stem}-meta.sst"
+
+    def _ingest_files(self, rows_path: Path, meta_path: Path, meta: bytes) -> None:
+        """Ingest the rows' file and a one-key file of ``meta`` in ONE call: RocksDB adds both files to the
+        database in one manifest record, so rows, position and count change together. The metadata has a
+        file of its own because its key is in every batch's: a rows' file holding it would overlap every
+        earlier one and go to level 0, into compactions, instead of to the lowest level its keys allow
+        (for keys new to the partition, the bottom one)."""
+        writer = SstFileWriter(_options())
+        writer.open(str(meta_path))
+        writer[_META] = meta
+        writer.finish()
+        self.db.ingest_external_file([str(meta_path), str(rows_path)], _ingest_options())
 
     def reset(self, position: Position) -> None:
         """Drop every row (one range deletion) and move to ``position``, in one write batch."""

@@ -40,18 +40,52 @@ def _state(engine: RocksEngine) -> tuple[list[tuple[object, bytes]], int, Positi
     return list(engine.scan(Scan())), engine.count(), engine.position()
 
 
-def _apply_all(engine: RocksEngine, monkeypatch: pytest.MonkeyPatch, threshold: int) -> None:
+def _apply_all(engine: RocksEngine, monkeypatch: pytest.MonkeyPatch, threshold: int) -> int:
+    """Apply ``BATCHES``; returns how many went in as files."""
     monkeypatch.setattr(rocks, "INGEST_FILE_ROWS", threshold)
+    ingest = rocks.RocksEngine._ingest_files
+    calls: list[Path] = []
+
+    def counted(self: RocksEngine, rows_path: Path, meta_path: Path, meta: bytes) -> None:
+        calls.append(rows_path)
+        ingest(self, rows_path, meta_path, meta)
+
+    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", counted)
     for i, table in enumerate(BATCHES):
         engine.apply(Position("s", i), BatchRows(SPEC, table))
+    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", ingest)
+    return len(calls)
+
+
+def _files_per_level(engine: RocksEngine) -> list[int]:
+    """RocksDB's table files at each level, 0 to 6 (its ``rocksdb.levelstats``)."""
+    lines = (engine.db.property_value("rocksdb.levelstats") or "").splitlines()[2:]
+    return [int(line.split()[1]) for line in lines]
+
+
+def test_the_rows_files_of_new_keys_go_to_the_bottom_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metadata key is in every batch, so it has a file of its own: a rows' file of keys new to the
+    partition overlaps nothing and goes straight to the bottom level, never through level 0 and the
+    compactions that would rewrite the partition there."""
+    monkeypatch.setattr(rocks, "INGEST_FILE_ROWS", 1)
+    engine = RocksEngine(SPEC.key, tmp_path / "p")
+    try:
+        for i in range(6):
+            keys = [f"k{i:02}-{j:03}" for j in range(50)]
+            engine.apply(Position("s", i), BatchRows(SPEC, pa.table({"key": keys, "value": ["v"] * 50})))
+        levels = _files_per_level(engine)
+        assert len(levels) == 7 and levels[6] >= 6, levels  # every rows' file (and the first metadata one)
+        assert engine.count() == 300 and engine.position() == Position("s", 5)
+    finally:
+        engine.close()
 
 
 def test_a_batch_written_as_a_file_gives_the_state_a_write_batch_gives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     by_batch, by_file = RocksEngine(SPEC.key, tmp_path / "batch"), RocksEngine(SPEC.key, tmp_path / "file")
-    _apply_all(by_batch, monkeypatch, 10**9)
-    _apply_all(by_file, monkeypatch, 1)
+    assert _apply_all(by_batch, monkeypatch, 10**9) == 0
+    assert _apply_all(by_file, monkeypatch, 1) == len(BATCHES)
     expected = _state(by_batch)
     rows, count, position = expected
     assert count == len(rows) == 46 and position == Position("s", 2)
@@ -109,16 +143,46 @@ def test_a_copy_where_its_peer_was_ingests_the_file_the_peer_wrote(
         assert shared.written is not None
         copy.apply(Position("s", 1), BatchRows(SPEC, EncodedSlice(empty, empty, 0, written=shared.written)))
         assert _state(copy) == _state(peer)
-        # The same slice with its rows, for the next batch's position: not where the file was made, so the
-        # rows are applied (and give the same state).
+        # The same slice with its rows, for another batch than the file's: the rows are applied.
         later = RocksEngine(SPEC.key, tmp_path / "later")
         later.apply(Position("s", 0), BatchRows(SPEC, BATCHES[0]))
-        later.apply(Position("s", 1), BatchRows(SPEC, shared))
-        assert _state(later) == _state(peer)
+        took = rocks.RocksEngine._ingest_copy
+        taken: list[bool] = []
+
+        def spied(self: RocksEngine, position: Position, rows: BatchRows) -> bool:
+            taken.append(took(self, position, rows))
+            return taken[-1]
+
+        monkeypatch.setattr(rocks.RocksEngine, "_ingest_copy", spied)
+        later.apply(Position("s", 2), BatchRows(SPEC, shared))
+        assert taken == [False]
+        assert _state(later)[:2] == _state(peer)[:2] and later.position() == Position("s", 2)
         later.close()
     finally:
         copy.close()
         peer.close()
+
+
+def test_a_peers_file_deletes_every_key_the_batch_deletes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows' file holds a tombstone for every delete of the batch, not only for the keys its writer
+    held: the rows a file gives do not depend on the writer's rows (the count does, hence the check of
+    position and count before a copy takes a peer's file)."""
+    monkeypatch.setattr(rocks, "INGEST_FILE_ROWS", 1)
+    writer, taker = RocksEngine(SPEC.key, tmp_path / "writer"), RocksEngine(SPEC.key, tmp_path / "taker")
+    try:
+        writer.apply(Position("s", 0), BatchRows(SPEC, pa.table({"key": ["a"], "value": ["1"]})))
+        taker.apply(Position("s", 0), BatchRows(SPEC, pa.table({"key": ["y"], "value": ["1"]})))
+        rows = BatchRows(SPEC, pa.table({"key": ["b", "y"], "value": ["2", None]}))
+        encoded = rows.shareable()
+        rows.share_written = True
+        writer.apply(Position("s", 1), rows)
+        assert encoded is not None and rows.written is not None and writer.get("y") is None
+        empty = pa.array([], pa.binary())
+        taker.apply(Position("s", 1), BatchRows(SPEC, EncodedSlice(empty, empty, 0, written=rows.written)))
+        assert taker.get("y") is None and taker.get("b") == writer.get("b")
+    finally:
+        writer.close()
+        taker.close()
 
 
 def test_a_copy_in_another_state_applies_the_rows_not_its_peers_file(
@@ -163,21 +227,52 @@ def test_apply_sharing_hands_over_the_file_of_a_large_slice(tmp_path: Path, monk
         core.close()
 
 
+# Applies batches until killed (``run``), or dies at a fixed point of its first one: just after the rows'
+# file is written (``written``) or just after RocksDB ingested it, before the engine moves its own count
+# and position (``ingested``).
 _CHILD = """
-import sys
+import os, sys
 from pathlib import Path
 import pyarrow as pa
 from runtime.batchrows import BatchRows
 from runtime.catalog import StoreSpec, ValueField
-from runtime.engines import Position
+from runtime.engines import Position, rocks
 from runtime.engines.rocks import RocksEngine
 from runtime.keys import KeySchema
 
+mode = sys.argv[2]
+if mode == "written":
+    real_writer = rocks.SstFileWriter
+
+    class DyingWriter:
+        def __init__(self, options):
+            self.inner, self.path = real_writer(options), ""
+        def open(self, path):
+            self.path = path
+            self.inner.open(path)
+        def __setitem__(self, key, value):
+            self.inner[key] = value
+        def __delitem__(self, key):
+            del self.inner[key]
+        def finish(self):
+            self.inner.finish()
+            if self.path.endswith("-rows.sst"):
+                os._exit(9)
+
+    rocks.SstFileWriter = DyingWriter
+elif mode == "ingested":
+    real_ingest = rocks.RocksEngine._ingest_files
+
+    def dying_ingest(self, *args):
+        real_ingest(self, *args)
+        os._exit(9)
+
+    rocks.RocksEngine._ingest_files = dying_ingest
 spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=1, actors=1)
 engine = RocksEngine(spec.key, Path(sys.argv[1]))
 start = engine.position().batch_id + 1
 print("ready", flush=True)
-for i in range(start, start + 1000):
+for i in range(start, start + (1000 if mode == "run" else 1)):
     n = 60_000 + 1_000 * i  # batch i: keys 0 .. n-1, every value i (so the count grows by 1,000)
     table = pa.table({"key": [f"k{j:07}" for j in range(n)], "value": [str(i)] * n})
     engine.apply(Position("s", i), BatchRows(spec, table))
@@ -202,7 +297,9 @@ def test_a_process_killed_while_it_ingests_files_reopens_at_the_old_batch_or_the
     rng = random.Random(11)
     last_said = -1
     for _ in range(6):
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path), "run"], stdout=subprocess.PIPE, text=True, env=env
+        )
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.1, 1.0))
@@ -217,7 +314,43 @@ def test_a_process_killed_while_it_ingests_files_reopens_at_the_old_batch_or_the
             rows = list(engine.scan(Scan()))
             assert engine.count() == len(rows) == (60_000 + 1_000 * k if k >= 0 else 0)
             assert {v for _, v in rows} <= {msgpack.packb(str(k))}  # every value is batch k's
-            assert not list((path / "ingest").glob("*"))
         finally:
             engine.close()
     assert last_said >= 0  # the kills did land after some batches
+
+
+def _reopened(path: Path) -> tuple[int, int, int]:
+    """(position's batch id, count, rows) of the partition at ``path``, opened again."""
+    engine = RocksEngine(SPEC.key, path)
+    try:
+        return engine.position().batch_id, engine.count(), len(list(engine.scan(Scan())))
+    finally:
+        engine.close()
+
+
+def test_a_process_killed_at_each_step_of_an_ingestion_reopens_consistent(tmp_path: Path) -> None:
+    """The two instants a random kill rarely hits: the rows' file written but not ingested (the partition
+    reopens at the old batch, and the file is deleted), and the files ingested before the engine moved
+    its own count and position (it reopens at the new batch: the metadata came in with the rows)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    path = tmp_path / "p"
+
+    def child(mode: str) -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(path), mode], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.stdout.startswith("ready"), done.stderr
+        return done.returncode
+
+    assert child("once") == 0  # batch 0, cleanly
+    assert _reopened(path) == (0, 60_000, 60_000)
+    assert child("written") == 9  # dies in batch 1, its rows' file written
+    assert [f.name.endswith("-rows.sst") for f in (path / "ingest").iterdir()] == [True]
+    assert _reopened(path) == (0, 60_000, 60_000)  # the old batch, whole
+    assert not (path / "ingest").exists()  # removed as the engine opened
+    assert child("ingested") == 9  # dies in batch 1, just after the ingestion
+    assert _reopened(path) == (1, 61_000, 61_000)  # the new batch, whole
