@@ -354,3 +354,41 @@ def test_a_process_killed_at_each_step_of_an_ingestion_reopens_consistent(tmp_pa
     assert not (path / "ingest").exists()  # removed as the engine opened
     assert child("ingested") == 9  # dies in batch 1, just after the ingestion
     assert _reopened(path) == (1, 61_000, 61_000)  # the new batch, whole
+
+
+def test_a_batch_a_catching_up_copy_buffers_is_applied_later_sharing_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby catching up from its peer buffers the batch the sink shares with it: what it hands back
+    carries no file (it wrote none), and when the catch-up applies the buffered batch, the file it writes
+    is not read back to share with anyone (its bytes are not kept)."""
+    from runtime.partition import CATCHING_UP, SERVING
+    from tests.unit.test_rebuild import Setup, batch
+
+    monkeypatch.setattr(rocks, "INGEST_FILE_ROWS", 1)
+    s = Setup("rocksdb", tmp_path)
+    [result], shared = s.me.apply_sharing("q", 57, batch(57))
+    assert result.state == CATCHING_UP and not result.applied
+    assert isinstance(shared[0], EncodedSlice) and shared[0].written is None
+    [(_, _, buffered)] = list(s.me.partitions[0]._buffer)
+    assert isinstance(buffered, BatchRows) and not buffered.share_written
+
+    def during_the_copy() -> None:  # the snapshot is at 56: the buffered 57 is applied after it
+        s.peer_core.apply("q", 57, batch(57))
+        s.both(58)
+
+    s.peer.during_copy = during_the_copy
+    ingest = rocks.RocksEngine._ingest_files
+    files: list[Path] = []
+
+    def counted(self: RocksEngine, rows_path: Path, meta_path: Path, meta: bytes) -> None:
+        files.append(rows_path)
+        ingest(self, rows_path, meta_path, meta)
+
+    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", counted)
+    assert s.run() == "in-sync"
+    assert s.me.positions()[0] == {"source": "q", "batch_id": 58, "state": SERVING}
+    mine = [f for f in files if f.is_relative_to(tmp_path / "me")]
+    assert len(mine) == 2  # the buffered 57 and 58 went into the copy as files
+    assert buffered.written is None  # and 57's bytes were not read back to share
+    assert s.contents(s.me) == s.contents(s.peer_core)
