@@ -156,14 +156,13 @@ class QueryCore:
                 if result.state == INCOMPLETE and self._rebuilder is not None:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
-                written = rows.written if isinstance(rows, BatchRows) and result.applied else None
                 if isinstance(rows, BatchRows):
                     rows.share_written = False  # buffered to apply later, nothing is shared any more
-            if written is not None and isinstance(rows, BatchRows):
-                if written is rows.written_elsewhere():
-                    copied.add(p)
-                elif shared is not None and (encoded := shared.get(p)) is not None:
-                    shared[p] = dataclasses.replace(encoded, written=written)  # the file goes with the rows
+                    written = rows.written if result.applied else None
+                    if written is not None and written is rows.written_elsewhere():
+                        copied.add(p)
+                    elif written is not None and shared is not None and (encoded := shared.get(p)) is not None:
+                        shared[p] = dataclasses.replace(encoded, written=written)  # the file goes with the rows
         name = self.spec.name
         for result in results:
             if result.applied:

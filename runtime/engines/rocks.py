@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import itertools
 import shutil
 import uuid
 import weakref
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -105,6 +106,29 @@ def _options() -> Options:
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     options.set_block_based_table_factory(table)
     return options
+
+
+def _meta(position: Position, count: int) -> bytes:
+    """The metadata key's value: the partition's position and count."""
+    packed: bytes = msgpack.packb([position.source, position.batch_id, count], use_bin_type=True)
+    return packed
+
+
+def _write_rows(
+    put: Callable[[bytes, bytes], object],
+    delete: Callable[[bytes], object],
+    keys: list[bytes],
+    values: list[bytes | None],
+) -> None:
+    """Each key's put, or its delete where ``values`` has None, in order, into a write batch or SST file."""
+    if None in values:
+        for key, value in zip(keys, values):
+            if value is None:
+                delete(key)
+            else:
+                put(key, value)
+    else:  # no deletes (the usual batch): one C-level pass
+        collections.deque(map(put, keys, cast(list[bytes], values)), maxlen=0)
 
 
 def _ingest_options() -> IngestExternalFileOptions:
@@ -328,50 +352,28 @@ class RocksEngine:
                     count -= old is not None
                 else:
                     count += old is None
-        meta = msgpack.packb([position.source, position.batch_id, count], use_bin_type=True)
         if encoded is not None and len(keys) >= INGEST_FILE_ROWS:
             assert isinstance(rows, BatchRows)
-            self._ingest(position, count, meta, keys, values, rows)
+            self._ingest(position, count, keys, values, rows)
         else:
             batch = WriteBatch(raw_mode=True)
-            if None in values:
-                for key, value in zip(keys, values):
-                    if value is None:
-                        batch.delete(key)
-                    else:
-                        batch.put(key, value)
-            else:
-                collections.deque(map(batch.put, keys, values), maxlen=0)
-            batch.put(_META, meta)
+            _write_rows(batch.put, batch.delete, keys, values)
+            batch.put(_META, _meta(position, count))
             self.db.write(batch, self._write_options)
         self._count, self._position = count, position
 
     def _ingest(
-        self,
-        position: Position,
-        count: int,
-        meta: bytes,
-        keys: list[bytes],
-        values: list[bytes | None],
-        rows: BatchRows,
+        self, position: Position, count: int, keys: list[bytes], values: list[bytes | None], rows: BatchRows
     ) -> None:
         """Write the batch's rows as one SST file (each key's put, or delete where ``values`` has None, in
         key order) and have RocksDB ingest it with the metadata (``_ingest_files``): atomic and durable
         like a synced write batch, without a write batch's memtable inserts, write-ahead log and later
         flush. With ``rows.share_written``, the file's bytes go to ``rows.written`` for the partition's
         other copies (``_ingest_copy``)."""
-        rows_path, meta_path = self._ingest_paths(position)
-        try:
+        with self._ingest_paths(position) as (rows_path, meta_path):
             writer = SstFileWriter(_options())
             writer.open(str(rows_path))
-            if None in values:
-                for key, value in zip(keys, values):
-                    if value is None:
-                        del writer[key]
-                    else:
-                        writer[key] = value
-            else:
-                collections.deque(map(writer.__setitem__, keys, values), maxlen=0)
+            _write_rows(writer.__setitem__, writer.__delitem__, keys, values)
             writer.finish()
             if rows.share_written:
                 rows.written = WrittenFile(
@@ -379,10 +381,7 @@ class RocksEngine:
                     before=(self._position.source, self._position.batch_id, self._count),
                     after=(position.source, position.batch_id, count),
                 )
-            self._ingest_files(rows_path, meta_path, meta)
-        finally:
-            rows_path.unlink(missing_ok=True)  # moved into the database on success
-            meta_path.unlink(missing_ok=True)
+            self._ingest_files(rows_path, meta_path, position, count)
 
     def _ingest_copy(self, position: Position, rows: BatchRows) -> bool:
         """Ingest the rows' file another copy wrote of this batch, if it came with one and this copy was in
@@ -395,33 +394,37 @@ class RocksEngine:
             return False
         if written.after[:2] != (position.source, position.batch_id):
             return False
-        rows_path, meta_path = self._ingest_paths(position)
-        try:
+        count = written.after[2]
+        with self._ingest_paths(position) as (rows_path, meta_path):
             rows_path.write_bytes(written.data)
-            meta = msgpack.packb([position.source, position.batch_id, written.after[2]], use_bin_type=True)
-            self._ingest_files(rows_path, meta_path, meta)
-        finally:
-            rows_path.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
-        self._count, self._position = written.after[2], position
+            self._ingest_files(rows_path, meta_path, position, count)
+        self._count, self._position = count, position
         rows.written = written  # the batch is in this copy as that file
         return True
 
-    def _ingest_paths(self, position: Position) -> tuple[Path, Path]:
+    @contextlib.contextmanager
+    def _ingest_paths(self, position: Position) -> Iterator[tuple[Path, Path]]:
+        """Where a batch's rows' file and metadata file are written; both removed on the way out (moved
+        into the database by a successful ingestion, or left by a failed one)."""
         directory = self.path / _INGEST_DIR
         directory.mkdir(exist_ok=True)
         stem = f"{position.batch_id}-{uuid.uuid4().hex}"
-        return directory / f"{stem}-rows.sst", directory / f"{stem}-meta.sst"
+        paths = directory / f"{stem}-rows.sst", directory / f"{stem}-meta.sst"
+        try:
+            yield paths
+        finally:
+            for path in paths:
+                path.unlink(missing_ok=True)
 
-    def _ingest_files(self, rows_path: Path, meta_path: Path, meta: bytes) -> None:
-        """Ingest the rows' file and a one-key file of ``meta`` in ONE call: RocksDB adds both files to the
-        database in one manifest record, so rows, position and count change together. The metadata has a
-        file of its own because its key is in every batch's: a rows' file holding it would overlap every
-        earlier one and go to level 0, into compactions, instead of to the lowest level its keys allow
-        (for keys new to the partition, the bottom one)."""
+    def _ingest_files(self, rows_path: Path, meta_path: Path, position: Position, count: int) -> None:
+        """Ingest the rows' file and a one-key file of the metadata (``position``, ``count``) in ONE call:
+        RocksDB adds both files to the database in one manifest record, so rows, position and count change
+        together. The metadata has a file of its own because its key is in every batch's: a rows' file
+        holding it would overlap every earlier one and go to level 0, into compactions, instead of to the
+        lowest level its keys allow (for keys new to the partition, the bottom one)."""
         writer = SstFileWriter(_options())
         writer.open(str(meta_path))
-        writer[_META] = meta
+        writer[_META] = _meta(position, count)
         writer.finish()
         self.db.ingest_external_file([str(meta_path), str(rows_path)], _ingest_options())
 
@@ -429,7 +432,7 @@ class RocksEngine:
         """Drop every row (one range deletion) and move to ``position``, in one write batch."""
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(KEYS_LO, KEYS_HI)
-        batch.put(_META, msgpack.packb([position.source, position.batch_id, 0], use_bin_type=True))
+        batch.put(_META, _meta(position, 0))
         self.db.write(batch, self._write_options)
         self._count, self._position = 0, position
 

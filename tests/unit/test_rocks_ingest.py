@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pyarrow as pa
@@ -40,21 +41,23 @@ def _state(engine: RocksEngine) -> tuple[list[tuple[object, bytes]], int, Positi
     return list(engine.scan(Scan())), engine.count(), engine.position()
 
 
-def _apply_all(engine: RocksEngine, monkeypatch: pytest.MonkeyPatch, threshold: int) -> int:
-    """Apply ``BATCHES``; returns how many went in as files."""
+def _apply_all(engine: RocksEngine, monkeypatch: pytest.MonkeyPatch, threshold: int) -> None:
     monkeypatch.setattr(rocks, "INGEST_FILE_ROWS", threshold)
-    ingest = rocks.RocksEngine._ingest_files
-    calls: list[Path] = []
-
-    def counted(self: RocksEngine, rows_path: Path, meta_path: Path, meta: bytes) -> None:
-        calls.append(rows_path)
-        ingest(self, rows_path, meta_path, meta)
-
-    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", counted)
     for i, table in enumerate(BATCHES):
         engine.apply(Position("s", i), BatchRows(SPEC, table))
-    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", ingest)
-    return len(calls)
+
+
+def _ingestions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """From now on, the rows' file of every ingestion (of any engine), in order."""
+    ingest = rocks.RocksEngine._ingest_files
+    files: list[Path] = []
+
+    def counted(self: RocksEngine, rows_path: Path, *rest: Any) -> None:
+        files.append(rows_path)
+        ingest(self, rows_path, *rest)
+
+    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", counted)
+    return files
 
 
 def _files_per_level(engine: RocksEngine) -> list[int]:
@@ -84,8 +87,11 @@ def test_a_batch_written_as_a_file_gives_the_state_a_write_batch_gives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     by_batch, by_file = RocksEngine(SPEC.key, tmp_path / "batch"), RocksEngine(SPEC.key, tmp_path / "file")
-    assert _apply_all(by_batch, monkeypatch, 10**9) == 0
-    assert _apply_all(by_file, monkeypatch, 1) == len(BATCHES)
+    files = _ingestions(monkeypatch)
+    _apply_all(by_batch, monkeypatch, 10**9)
+    assert files == []
+    _apply_all(by_file, monkeypatch, 1)
+    assert len(files) == len(BATCHES)
     expected = _state(by_batch)
     rows, count, position = expected
     assert count == len(rows) == 46 and position == Position("s", 2)
@@ -378,14 +384,7 @@ def test_a_batch_a_catching_up_copy_buffers_is_applied_later_sharing_nothing(
         s.both(58)
 
     s.peer.during_copy = during_the_copy
-    ingest = rocks.RocksEngine._ingest_files
-    files: list[Path] = []
-
-    def counted(self: RocksEngine, rows_path: Path, meta_path: Path, meta: bytes) -> None:
-        files.append(rows_path)
-        ingest(self, rows_path, meta_path, meta)
-
-    monkeypatch.setattr(rocks.RocksEngine, "_ingest_files", counted)
+    files = _ingestions(monkeypatch)
     assert s.run() == "in-sync"
     assert s.me.positions()[0] == {"source": "q", "batch_id": 58, "state": SERVING}
     mine = [f for f in files if f.is_relative_to(tmp_path / "me")]
