@@ -1,6 +1,7 @@
 """Benchmark: the sink's cost over Spark's ``noop`` sink, and freshness, in one run.
 
     .venv/bin/python -m bench.ingest [--records 1000000] [--rounds 2] [--probes 12] [--rate 10000]
+        [--dead-letter-trigger '2 seconds'] [--spark-conf KEY=VALUE]
 
 Everything runs on a local Ray (riqr deployed in a namespace of its own, REST on loopback, no auth) and a
 local Spark, with the food-orders topology's queries on landing files (``riqr produce``'s format).
@@ -329,11 +330,13 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
             home = work / f"fresh-{mode}"
             write_records(home, "customer", [Record("1", "john")])
             write_records(home, "order", [Record("warm", "soup")])
+            options = TopologyOptions(
+                namespace=namespace, standbys=args.standbys, trigger=args.trigger,
+                dead_letter_trigger=args.dead_letter_trigger,
+            )  # fmt: skip
             if mode == "riqr":
-                options = TopologyOptions(namespace=namespace, standbys=args.standbys, trigger=args.trigger)
                 query = start_order_counts(spark, home, options)
             else:
-                options = TopologyOptions(namespace=namespace, standbys=args.standbys, trigger=args.trigger)
                 counts, rejects = order_counts_frame(spark, home, options)
                 options.dead_letters(home, "order", "noop-order-count", rejects)  # as the topology runs it
                 listener.watch = "bench-noop-fresh"
@@ -383,6 +386,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--standbys", type=int, default=1, help="standbys per partition (1: the two rounds)")
     parser.add_argument("--trigger", default="250 milliseconds")
+    parser.add_argument(
+        "--dead-letter-trigger", default=None, help="the dead-letter query's interval (default: the topologies' own)"
+    )
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--warmup", type=int, default=100_000, help="records of an uncounted first round")
     parser.add_argument("--skip", default="", help="comma-separated: throughput, freshness")
@@ -425,7 +431,10 @@ def main() -> None:
         except Exception:
             traceback.print_exc()
         spark_settings = settings or "as riqr sets them"
-        print(f"\ningest: standbys {args.standbys}, trigger {args.trigger}, Spark settings {spark_settings}")
+        print(
+            f"\ningest: standbys {args.standbys}, trigger {args.trigger}, dead-letter trigger "
+            f"{args.dead_letter_trigger or 'default'}, Spark settings {spark_settings}"
+        )
         if tp is not None:
             print(
                 f"{args.records:,} records, latest_by_key, medians of {args.rounds}: noop {tp['noop']:.2f} s, "

@@ -25,7 +25,8 @@ class TopologyOptions:
     """``namespace`` of the riqr runtime; ``partitions``, ``actors``, ``engine`` and ``standbys`` (None:
     1 on a multi-node cluster, else 0) and ``read_replicas`` (a copy in every HTTP verticle) of each store
     it creates; ``trigger``, the micro-batch interval
-    (None: the sink's default); ``source`` of its topics."""
+    (None: the sink's default); ``source`` of its topics; ``dead_letter_trigger``, the interval of its
+    dead-letter queries (None: ``topologies.deadletter.DEAD_LETTER_TRIGGER``'s)."""
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_PARTITIONS
@@ -35,6 +36,7 @@ class TopologyOptions:
     engine: str = DEFAULT_ENGINE
     standbys: int | None = DEFAULT_STANDBYS
     read_replicas: bool = False
+    dead_letter_trigger: str | None = None
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""
@@ -70,7 +72,12 @@ class TopologyOptions:
         for more in frames[1:]:
             bad = bad.unionByName(more)
         checkpoint = dead_letter_checkpoint(home, self.namespace, consumer, topic)
-        return [write_dead_letters(bad, home, topic, checkpoint, consumer=consumer, namespace=self.namespace)]
+        trigger = {"processingTime": self.dead_letter_trigger} if self.dead_letter_trigger else None
+        return [
+            write_dead_letters(
+                bad, home, topic, checkpoint, consumer=consumer, trigger=trigger, namespace=self.namespace
+            )
+        ]
 
 
 def checkpoint_for(home: Path, namespace: str, store: str) -> Path:

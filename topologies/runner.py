@@ -46,6 +46,7 @@ def run_topology(
         riqr_home,
     )
     from runtime.engines.base import ENGINES
+    from topologies.deadletter import DEAD_LETTER_TRIGGER
 
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
     parser.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
@@ -66,6 +67,14 @@ def run_topology(
         help="keep a copy of each store in every HTTP verticle: key lookups answered there without a Ray hop",
     )
     parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")
+    parser.add_argument(
+        "--dead-letter-trigger",
+        default=None,
+        help="micro-batch interval of each dead-letter query; default "
+        f"{DEAD_LETTER_TRIGGER['processingTime']!r} (longer: less work beside the stores' queries, fresher "
+        "answers at the median, but dead letters show later and in larger batches, which lengthen the stores' "
+        "slowest micro-batches)",
+    )
     parser.add_argument(
         "--source",
         default="files",
@@ -105,6 +114,7 @@ def run_topology(
         engine=args.engine,
         standbys=args.standbys,
         read_replicas=args.read_replicas,
+        dead_letter_trigger=args.dead_letter_trigger,
     )
 
     import ray

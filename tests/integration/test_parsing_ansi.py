@@ -156,3 +156,20 @@ def test_the_dead_letter_query_writes_what_a_topology_rejects(spark: Any, tmp_pa
     again.awaitTermination()
     assert dead_letter_count(tmp_path, "booking") == len(BOOKINGS)
     assert not [p for p in (tmp_path / "deadletter" / "booking").iterdir() if p.name.startswith(".")]
+
+
+def test_a_topology_runs_its_dead_letter_queries_at_the_trigger_it_is_given(spark: Any, tmp_path: Path) -> None:
+    from topologies.options import TopologyOptions
+
+    write_records(tmp_path, "booking", [Record(k, v) for k, v in BOOKINGS])
+    _, unreadable = read_topic_checked(spark, tmp_path, "booking")
+
+    def interval_ms(options: TopologyOptions, consumer: str) -> int:
+        [query] = options.dead_letters(tmp_path, "booking", consumer, unreadable)
+        try:
+            return int(query._jsq.streamingQuery().trigger().intervalMs())
+        finally:
+            query.stop()
+
+    assert interval_ms(TopologyOptions(namespace="dl-trigger", dead_letter_trigger="7 seconds"), "slow") == 7000
+    assert interval_ms(TopologyOptions(namespace="dl-trigger"), "default") == 2000  # DEAD_LETTER_TRIGGER
