@@ -3,6 +3,7 @@ where it reads from."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,24 @@ from runtime.config import (
 )
 from topologies.sources import FILES, SourceConfig
 
-__all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpoint"]
+__all__ = ["TopologyOptions", "DEFAULTS", "checkpoint_for", "dead_letter_checkpoint", "check_interval"]
+
+# What Spark's processing-time trigger takes (checked against Spark 4's Trigger.ProcessingTime): "2 seconds",
+# "250 milliseconds", "1 minute 30 seconds", an optional leading "interval", any case; not "10s", "5 mins"
+# or months and years.
+_AMOUNT = r"\d+(?:\.\d+)?\s+(?:week|day|hour|minute|second|millisecond|microsecond)s?"
+_INTERVAL = re.compile(rf"\s*(?:interval\s+)?{_AMOUNT}(?:\s+{_AMOUNT})*\s*", re.IGNORECASE)
+
+
+def check_interval(value: str) -> str:
+    """``value`` if Spark takes it as a micro-batch interval, else ValueError saying what it takes: a bad
+    ``--trigger`` is refused before the topology starts anything, not by Spark once its queries start."""
+    if not _INTERVAL.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an interval Spark takes: use a number and a unit, like '250 milliseconds', "
+            "'2 seconds' or '1 minute 30 seconds' (units: week, day, hour, minute, second, millisecond)"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -26,7 +44,9 @@ class TopologyOptions:
     1 on a multi-node cluster, else 0) and ``read_replicas`` (a copy in every HTTP verticle) of each store
     it creates; ``trigger``, the micro-batch interval
     (None: the sink's default); ``source`` of its topics; ``dead_letter_trigger``, the interval of its
-    dead-letter queries (None: ``topologies.deadletter.DEAD_LETTER_TRIGGER``'s)."""
+    dead-letter queries (None: ``topologies.deadletter.DEAD_LETTER_TRIGGER``'s). Both intervals are checked
+    as Spark's trigger takes them (``check_interval``): ValueError here rather than Spark's error once
+    the topology's first queries run."""
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_PARTITIONS
@@ -37,6 +57,11 @@ class TopologyOptions:
     standbys: int | None = DEFAULT_STANDBYS
     read_replicas: bool = False
     dead_letter_trigger: str | None = None
+
+    def __post_init__(self) -> None:
+        for interval in (self.trigger, self.dead_letter_trigger):
+            if interval is not None:
+                check_interval(interval)
 
     def sink(self, home: Path, store: str) -> dict[str, Any]:
         """The keyword arguments of ``materialize`` for ``store``: these options plus its checkpoint."""

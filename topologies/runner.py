@@ -66,10 +66,13 @@ def run_topology(
         action="store_true",
         help="keep a copy of each store in every HTTP verticle: key lookups answered there without a Ray hop",
     )
-    parser.add_argument("--trigger", default=None, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}")
+    parser.add_argument(
+        "--trigger", default=None, type=_interval, help=f"micro-batch interval; default {DEFAULT_TRIGGER!r}"
+    )
     parser.add_argument(
         "--dead-letter-trigger",
         default=None,
+        type=_interval,
         help="micro-batch interval of each dead-letter query; default "
         f"{DEAD_LETTER_TRIGGER['processingTime']!r} (longer: less work beside the stores' queries, fresher "
         "answers at the median, but dead letters show later and in larger batches, which lengthen the stores' "
@@ -129,6 +132,16 @@ def run_topology(
         return supervise(queries)
     finally:
         spark.stop()
+
+
+def _interval(value: str) -> str:
+    """An interval flag's value (``topologies.options.check_interval``), or argparse's usage error."""
+    from topologies.options import check_interval
+
+    try:
+        return check_interval(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def supervise(queries: Sequence[Any], *, poll: float = 0.5, stop: threading.Event | None = None) -> int:

@@ -1,0 +1,59 @@
+"""Topology options: an interval flag is checked as Spark's processing-time trigger would take it, before
+the topology starts anything (the forms below were each tried on Spark 4's ``Trigger.ProcessingTime``)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from topologies.options import TopologyOptions, check_interval
+from topologies.runner import run_topology
+
+SPARK_TAKES = [
+    "250 milliseconds",
+    "2 seconds",
+    "1 second",
+    "1 minute",
+    "1.5 seconds",
+    "interval 2 seconds",
+    "1 minute 30 seconds",
+    "0 seconds",
+    "2 SECONDS",
+    " 2 seconds ",
+    "1 hour",
+    "1 day",
+    "1 week",
+]
+SPARK_REFUSES = ["10s", "500ms", "1 min", "2seconds", "1 month", "-1 seconds", "2 secs", "5 mins", "1h", "soon", ""]
+
+
+@pytest.mark.parametrize("value", SPARK_TAKES)
+def test_an_interval_spark_takes_is_taken(value: str) -> None:
+    assert check_interval(value) == value
+    assert TopologyOptions(trigger=value, dead_letter_trigger=value).dead_letter_trigger == value
+
+
+@pytest.mark.parametrize("value", SPARK_REFUSES)
+def test_an_interval_spark_refuses_is_refused_with_the_forms_it_takes(value: str) -> None:
+    with pytest.raises(ValueError, match="'2 seconds'"):
+        check_interval(value)
+    with pytest.raises(ValueError):
+        TopologyOptions(trigger=value)
+    with pytest.raises(ValueError):
+        TopologyOptions(dead_letter_trigger=value)
+
+
+@pytest.mark.parametrize("flag", ["--trigger", "--dead-letter-trigger"])
+def test_a_topology_refuses_a_bad_interval_before_it_starts_anything(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started: list[object] = []
+    with pytest.raises(SystemExit) as exit_info:
+        run_topology(
+            argparse.ArgumentParser(prog="topology"), [flag, "5 mins"], lambda *a, **k: started.append(a) or []
+        )
+    assert exit_info.value.code == 2
+    assert started == []
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and "'5 mins' is not an interval Spark takes" in err
