@@ -157,7 +157,8 @@ class QueryCore:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
                 if isinstance(rows, BatchRows):
-                    rows.share_written = False  # buffered to apply later, nothing is shared any more
+                    # Sharing ends with this call: a batch buffered here is applied later, with nothing to share.
+                    rows.share_written = False
                     written = rows.written if result.applied else None
                     if written is not None and written is rows.written_elsewhere():
                         copied.add(p)

@@ -33,7 +33,7 @@ def check_interval(value: str) -> str:
     if not _INTERVAL.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an interval Spark takes: use a number and a unit, like '250 milliseconds', "
-            "'2 seconds' or '1 minute 30 seconds' (units: week, day, hour, minute, second, millisecond)"
+            "'2 seconds' or '1 minute 30 seconds' (units: week, day, hour, minute, second, millisecond, microsecond)"
         )
     return value
 
