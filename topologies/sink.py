@@ -38,6 +38,7 @@ from runtime.keys import KeySchema, key_type_for_spark
 from runtime.partitioner import spark_partition_sql
 from topologies.checkpoint import last_committed, last_planned, query_id, supersede
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
+from topologies.options import check_interval
 
 __all__ = ["materialize", "materialize_all", "create_stores", "store_spec_for", "plan_start", "BatchDelivery"]
 
@@ -202,12 +203,23 @@ def create_stores(namespace: str, specs: Sequence[StoreSpec]) -> None:
     raycalls.get(registry(namespace).create_stores.remote(list(specs)), f"creating stores {names}")
 
 
+def _check_arguments(trigger: str, delivery_timeout: float) -> None:
+    """ValueError for a trigger or delivery timeout ``materialize`` cannot run with, before the store is
+    created: Spark itself would refuse a bad interval only when the query starts, after the store's actors."""
+    check_interval(trigger)
+    if not delivery_timeout > 0:
+        raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
+
+
 def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
     """``materialize(df, **options)`` for each pair, in order, with every store's query actors created
     first in one round: a topology feeding several stores then waits for their actors once, and none of
     them starts while an earlier store's first micro-batch takes the CPU. Returns the queries."""
     by_namespace: dict[str, list[StoreSpec]] = {}
     for df, options in df_and_options:
+        _check_arguments(
+            options.get("trigger", DEFAULT_TRIGGER), options.get("delivery_timeout", DEFAULT_DELIVERY_TIMEOUT)
+        )
         spec = _declare(
             df, options["store"], options["key"], options.get("value"), options.get("kind", "kv"),
             options.get("window_column"), options.get("partitions", DEFAULT_PARTITIONS),
@@ -257,8 +269,10 @@ def materialize(
     one): sessions reach the store once, final, when the watermark passes their end.
 
     An owner that does not acknowledge a batch within ``delivery_timeout`` seconds (retried meanwhile)
-    fails the query.
+    fails the query. A ``trigger`` Spark would not take (``topologies.options.check_interval``) or a
+    ``delivery_timeout`` that is not positive is a ValueError before anything is created or started.
     """
+    _check_arguments(trigger, delivery_timeout)
     df, key_cols, spec = _declare(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
     )

@@ -57,3 +57,37 @@ def test_a_topology_refuses_a_bad_interval_before_it_starts_anything(
     assert started == []
     err = capsys.readouterr().err
     assert f"argument {flag}" in err and "'5 mins' is not an interval Spark takes" in err
+
+
+class _Untouchable:
+    """A DataFrame stand-in that fails the test if ``materialize`` looks at it."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"materialize used the DataFrame ({name}) before checking its arguments")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"trigger": "5 mins"}, "'5 mins' is not an interval Spark takes"),
+        ({"trigger": "10s"}, "'10s' is not an interval Spark takes"),
+        ({"delivery_timeout": 0}, "delivery_timeout must be a positive number of seconds, got 0"),
+        ({"delivery_timeout": -5.0}, "delivery_timeout must be a positive number of seconds"),
+        ({"delivery_timeout": float("nan")}, "delivery_timeout must be a positive number of seconds"),
+    ],
+)
+def test_materialize_refuses_bad_arguments_before_it_creates_anything(
+    arguments: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from topologies import sink
+
+    def no_registry(namespace: str) -> object:
+        raise AssertionError("materialize reached the registry before checking its arguments")
+
+    monkeypatch.setattr(sink, "registry", no_registry)
+    monkeypatch.setattr(sink, "create_stores", lambda *a: no_registry(""))
+    options = {"store": "s", "key": "key", "checkpoint": "/nonexistent/cp", **arguments}
+    with pytest.raises(ValueError, match=message):
+        sink.materialize(_Untouchable(), **options)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        sink.materialize_all([(_Untouchable(), options)])
