@@ -137,7 +137,11 @@ def apply_seconds(namespace: str, store: str) -> str:
     return "actors' apply " + " + ".join(out)
 
 
-def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace) -> dict[str, float]:
+def throughput(
+    spark: Any, work: Path, namespace: str, args: argparse.Namespace
+) -> tuple[dict[str, float], list[float]]:
+    """The medians of noop's runs, riqr's and the sink's own stages, and each round's ratio riqr/noop (its
+    spread shows how much of a difference between two invocations is noise)."""
     import ray
 
     from runtime.config import REGISTRY_NAME
@@ -173,7 +177,8 @@ def throughput(spark: Any, work: Path, namespace: str, args: argparse.Namespace)
             f"{apply_seconds(namespace, store)}"
         )
         ray.get(registry.drop_store.remote(store))
-    return {k: statistics.median(v) for k, v in times.items()}
+    ratios = [r / n for r, n in zip(times["riqr"], times["noop"])]
+    return {k: statistics.median(v) for k, v in times.items()}, ratios
 
 
 # -- 2. freshness -------------------------------------------------------------------------------------
@@ -436,10 +441,12 @@ def main() -> None:
             f"{args.dead_letter_trigger or 'default'}, Spark settings {spark_settings}"
         )
         if tp is not None:
+            medians, ratios = tp
             print(
-                f"{args.records:,} records, latest_by_key, medians of {args.rounds}: noop {tp['noop']:.2f} s, "
-                f"riqr {tp['riqr']:.2f} s, ratio riqr/noop {tp['riqr'] / tp['noop']:.3f}; the sink's own stages "
-                f"(split, view, rounds, report) {tp['own']:.2f} s = {tp['own'] / tp['noop']:.3f} of noop"
+                f"{args.records:,} records, latest_by_key, medians of {args.rounds}: noop {medians['noop']:.2f} s, "
+                f"riqr {medians['riqr']:.2f} s, ratio riqr/noop {medians['riqr'] / medians['noop']:.3f} (each "
+                f"round's: {', '.join(f'{r:.3f}' for r in ratios)}); the sink's own stages (split, view, rounds, "
+                f"report) {medians['own']:.2f} s = {medians['own'] / medians['noop']:.3f} of noop"
             )
         if fresh is not None:
             print(f"freshness over {args.probes} probes (order-count; written -> GET answers / -> noop batch done)")
