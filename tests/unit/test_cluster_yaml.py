@@ -19,3 +19,12 @@ def test_cluster_yaml_sets_riqr_up_on_every_node() -> None:
     assert any("scripts/setup" in c for c in config["setup_commands"])
     assert any("--head" in c for c in config["head_start_ray_commands"])
     assert any("RAY_HEAD_IP" in c for c in config["worker_start_ray_commands"])
+
+
+def test_cluster_yaml_starts_ray_with_the_virtualenv_on_path() -> None:
+    """A Ray job's entrypoint (`python -m topologies.food_orders`) is looked up on the PATH Ray started with."""
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = next(c for c in config[key] if "ray start" in c)
+        assert 'export PATH="$HOME/riqr/.venv/bin:$PATH"' in start, start
+        assert start.index("export PATH") < start.index("ray start"), start
