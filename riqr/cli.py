@@ -227,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the seed-000 food-orders example on a local Ray and Spark")
     demo.add_argument("--port", type=int, default=DEFAULT_PORT)
     demo.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to")
-    demo.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
+    demo.add_argument(
+        "--home",
+        default=None,
+        help="landing dirs, checkpoints and (unless $RIQR_DATA is set) the stores' state; "
+        "default $RIQR_HOME or ~/.riqr",
+    )
     demo.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     demo.add_argument("--ready-timeout", type=float, default=180.0)
     demo.add_argument(

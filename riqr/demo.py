@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -96,6 +97,9 @@ def run_demo(args: argparse.Namespace) -> int:
         if sub.exists():
             shutil.rmtree(sub)
     _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
+    # The stores' state follows the home too (unless $RIQR_DATA says where): the query actors read where it
+    # goes from their environment, which the Ray cluster the demo starts takes from this process.
+    os.environ.setdefault("RIQR_DATA", str(home / "state"))
 
     # Only what starting Spark needs comes before its thread starts; Ray and the verticles' modules (about
     # half a second of CPU) are imported while Spark's JVM launches.

@@ -37,7 +37,10 @@ class Demo:
 
     def __init__(self, home: Path) -> None:
         self.port = _free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO), "RIQR_DATA": str(home / "state")}
+        self.home = home
+        # No $RIQR_DATA (the session's own cluster sets one in this process): the demo keeps the stores'
+        # state under its --home, as a user running it gets.
+        env = {k: v for k, v in os.environ.items() if k != "RIQR_DATA"} | {"PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "riqr", "demo", "--port", str(self.port), "--home", str(home)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -96,6 +99,8 @@ def test_the_demo_is_ready_with_the_seed_and_spark_starts_beside_ray(demo: Demo)
     assert get(f"{base}/ready")[0] == 200
     assert seed_answers(base, token)
     assert get(f"{base}/stores/customer-v1-changelog/get/2")[0] == 401  # auth stays on
+    state = demo.home / "state" / "riqr"
+    assert state.is_dir() and any(state.iterdir()), "the stores' partitions are not under the demo's --home"
     code, left = demo.interrupt()
     assert code == 0 and not left, (left, demo.lines[-20:])
     assert "[riqr demo] stopped" in demo.lines
