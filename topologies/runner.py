@@ -50,7 +50,7 @@ def run_topology(
 
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the riqr runtime")
     parser.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
-    parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or a local cluster")
+    parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or the running local one")
     parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
     parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
@@ -58,7 +58,8 @@ def run_topology(
         "--standbys",
         type=int,
         default=DEFAULT_STANDBYS,
-        help="standby copies of each partition (on other nodes); default 1 when the cluster has more than one node",
+        help="standby copies of each partition (on other nodes); default 1 when the cluster has more than one node "
+        "and the store more than one actor, else 0",
     )
     parser.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="where each store's partitions live")
     parser.add_argument(
