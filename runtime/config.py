@@ -1,4 +1,5 @@
-"""Defaults and the few settings every part of riqr agrees on. Each default is declared here once."""
+"""Defaults and the few settings every part of riqr agrees on, each declared here once (a default only one
+module uses stays beside its use)."""
 
 from __future__ import annotations
 
