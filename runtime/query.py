@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -367,10 +368,13 @@ class QueryCore:
             self._exports.close_all()
 
     def destroy(self) -> None:
-        """Close every partition's engine and delete its data (the store or the runtime is going away)."""
+        """Close every partition's engine and delete its data (the store or the runtime is going away), the
+        directory that held it too."""
         with self._writing:
             for state in self.partitions.values():
                 state.cancel_catch_up()
                 state.engine.destroy()
         if self._exports is not None:
             self._exports.close_all()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -434,5 +434,7 @@ def down(namespace: str) -> list[str]:
     # riqr down removes the stores' state too: new actors of a later riqr up start empty and are rebuilt
     # by the topology (docs/design.md, "Durability").
     env.destroy([n for n in order if _UUID.match(n)])
+    if REGISTRY_NAME in names:
+        _call_unless_dead(namespace, REGISTRY_NAME, "forget_ingest", "deleting the registry's ingest records")
     env.kill(order)
     return order

@@ -19,7 +19,18 @@ from runtime.metrics import Metrics
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.snapshots import SnapshotPeer
 
-__all__ = ["NodeFacts", "RegistryLink", "PeerLink", "ClusterOps", "VerticleEnv", "RegistryEnv"]
+__all__ = ["NodeFacts", "RegistryLink", "PeerLink", "ClusterOps", "VerticleEnv", "RegistryEnv", "prune_empty_dirs"]
+
+
+def prune_empty_dirs(*directories: Path) -> None:
+    """Remove each of ``directories`` in turn while it is empty (a store's or a namespace's directory once
+    its last actor's data is deleted); stop at the first that is not, or is gone: another actor of the
+    node still keeps its data there, or removed it first."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 class NodeFacts(Protocol):

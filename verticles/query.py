@@ -27,7 +27,7 @@ from runtime.pages import PackedPage
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from runtime.snapshots import SnapshotOffer, SnapshotPeer
-from verticles.env import PeerLink, VerticleEnv
+from verticles.env import PeerLink, VerticleEnv, prune_empty_dirs
 
 # A large batch turns into Python rows (tuples, keys, packed values) that are freed after the apply; glibc
 # keeps the freed memory in the process unless asked to give it back, so an actor's heap kept the high-water
@@ -92,6 +92,7 @@ class QueryVerticle:
         recovered = env.restarted() or replacement
         root = env.data_dir()
         directory = None if root is None else root / spec.name / uuid
+        self._data_root = root
         # Reads in other threads get the interpreter often while a batch is applied in Python code.
         sys.setswitchinterval(0.001)
         started = time.monotonic()
@@ -179,8 +180,11 @@ class QueryVerticle:
         return self.core.stats()
 
     def destroy(self) -> None:
-        """Delete this actor's partitions from disk (its store or the runtime is going away)."""
+        """Delete this actor's partitions from disk (its store or the runtime is going away), and the
+        store's and the namespace's directories on this node if nothing else is left in them."""
         self.core.destroy()
+        if self._data_root is not None:
+            prune_empty_dirs(self._data_root / self.core.spec.name, self._data_root)
 
     def info(self) -> dict[str, Any]:
         """What this actor is, for the registry to rebuild its tables after a restart."""

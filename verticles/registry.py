@@ -46,7 +46,7 @@ from runtime.ownership import (
     table_from_placement,
 )
 from runtime.registry import RegistryState
-from verticles.env import RegistryEnv
+from verticles.env import RegistryEnv, prune_empty_dirs
 
 __all__ = ["Registry"]
 
@@ -215,6 +215,20 @@ class Registry:
             self._save_feeds()
         self._env.destroy(uuids)
         return uuids
+
+    def forget_ingest(self) -> None:
+        """The runtime is going away (``riqr down``, after its stores' data): delete the ingest records,
+        and the registry's and the namespace's directories on this node if that empties them. Nothing
+        is saved from now on."""
+        path, self._ingest_path = self._ingest_path, None
+        if path is None:
+            return
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            log.warning("could not delete the ingest records at %s", path, exc_info=True)
+            return
+        prune_empty_dirs(path.parent, path.parent.parent)
 
     def report_feeds(self, reports: Sequence[FeedReport]) -> None:
         """A topology process says how ingest of the stores it feeds goes: a batch, a failure, a stop, or

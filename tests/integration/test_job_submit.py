@@ -123,4 +123,8 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
 
     left = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
     assert left == []
+    # Nor on disk: the stores' partitions, their directories and the registry's ingest records are deleted
+    # (both nodes keep their state under the RIQR_DATA the ray_cluster fixture set).
+    data = Path(os.environ["RIQR_DATA"]) / namespace
+    assert not data.exists(), sorted(str(p.relative_to(data)) for p in data.rglob("*"))
     assert os.path.isdir(tmp_path / "checkpoints" / namespace)

@@ -541,3 +541,37 @@ def test_a_query_actor_gives_freed_memory_back_after_a_large_batch_only(monkeypa
     assert trims == [1]
     monkeypatch.undo()
     query_verticle._trim_heap()  # on glibc it trims; elsewhere it does nothing; either way no error
+
+
+@pytest.mark.parametrize("engine", ["rocksdb", "memory"])
+def test_destroying_a_runtime_leaves_nothing_of_it_on_disk(tmp_path: Path, engine: str) -> None:
+    """``riqr down``'s order on one node: every query actor deletes its data, then the registry its ingest
+    records; the store's and the namespace's directories go with the last of them, and nothing else."""
+    import pyarrow as pa
+
+    root = tmp_path / "state" / "ns"
+    neighbour = tmp_path / "state" / "other-namespace"
+    neighbour.mkdir(parents=True)
+    env = FakeEnv()
+    env.data = root
+    spec = dataclasses.replace(kv_spec("s", partitions=4, actors=2), engine=engine)
+    registry = Registry("ns", env, new_uuid=uuids())
+    registry.create_store(spec)
+    registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=0)])
+    actors = [QueryVerticle("u1", spec, [0, 2], env), QueryVerticle("u2", spec, [1, 3], env)]
+    for actor in actors:
+        actor.begin("q")
+        table = pa.table({"key": ["a", "b"], "value": ["1", "2"]})
+        actor.apply_parts("q", 0, [p for p in sorted(actor.core.partitions)], *[table for _ in actor.core.partitions])
+    assert (root / "_registry" / "ingest.json").is_file()
+    assert any((root / "s" / "u1").iterdir()) and any((root / "s" / "u2").iterdir())
+
+    actors[0].destroy()
+    assert not (root / "s" / "u1").exists() and any((root / "s" / "u2").iterdir())  # the other actor's data stays
+    actors[1].destroy()
+    assert sorted(p.name for p in root.iterdir()) == ["_registry"]
+    registry.forget_ingest()
+    assert not root.exists()
+    assert neighbour.is_dir()  # another namespace's directory is not touched
+    registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=1)])  # a late report saves nothing
+    assert not root.exists()
