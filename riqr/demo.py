@@ -99,7 +99,8 @@ def run_demo(args: argparse.Namespace) -> int:
     _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
     # The stores' state follows the home too (unless $RIQR_DATA says where): the query actors read where it
     # goes from their environment, which the Ray cluster the demo starts takes from this process.
-    os.environ.setdefault("RIQR_DATA", str(home / "state"))
+    if not os.environ.get("RIQR_DATA"):
+        os.environ["RIQR_DATA"] = str(home / "state")
 
     # Only what starting Spark needs comes before its thread starts; Ray and the verticles' modules (about
     # half a second of CPU) are imported while Spark's JVM launches.

@@ -368,13 +368,20 @@ class QueryCore:
             self._exports.close_all()
 
     def destroy(self) -> None:
-        """Close every partition's engine and delete its data (the store or the runtime is going away), the
-        directory that held it too."""
+        """Close every partition's engine and delete its data (the store or the runtime is going away), and
+        the directory that held it once nothing else is in it."""
         with self._writing:
             for state in self.partitions.values():
                 state.cancel_catch_up()
                 state.engine.destroy()
         if self._exports is not None:
             self._exports.close_all()
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory is None:
+            return
+        # Only what this core makes there: its partitions (each engine deleted its own), snapshot exports
+        # and the copies a catch-up was receiving; anything else keeps the directory.
+        leftovers = [self.directory / ".exports", *self.directory.glob(".p*.incoming-*")]
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()

@@ -225,6 +225,7 @@ class Registry:
             return
         try:
             path.unlink(missing_ok=True)
+            path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)  # a save cut short by a kill
         except OSError:
             log.warning("could not delete the ingest records at %s", path, exc_info=True)
             return

@@ -91,3 +91,16 @@ def test_materialize_refuses_bad_arguments_before_it_creates_anything(
         sink.materialize(_Untouchable(), **options)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
         sink.materialize_all([(_Untouchable(), options)])
+
+
+def test_materialize_all_checks_every_pair_before_it_creates_any_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    from topologies import sink
+
+    created: list[object] = []
+    monkeypatch.setattr(sink, "_declare", lambda *a: (None, [], object()))
+    monkeypatch.setattr(sink, "create_stores", lambda *a: created.append(a))
+    good = {"store": "a", "key": "key", "checkpoint": "/nonexistent/a"}
+    bad = {"store": "b", "key": "key", "checkpoint": "/nonexistent/b", "trigger": "10s"}
+    with pytest.raises(ValueError, match="'10s' is not an interval Spark takes"):
+        sink.materialize_all([(_Untouchable(), good), (_Untouchable(), bad)])
+    assert created == []

@@ -550,8 +550,6 @@ def test_destroying_a_runtime_leaves_nothing_of_it_on_disk(tmp_path: Path, engin
     import pyarrow as pa
 
     root = tmp_path / "state" / "ns"
-    neighbour = tmp_path / "state" / "other-namespace"
-    neighbour.mkdir(parents=True)
     env = FakeEnv()
     env.data = root
     spec = dataclasses.replace(kv_spec("s", partitions=4, actors=2), engine=engine)
@@ -565,6 +563,7 @@ def test_destroying_a_runtime_leaves_nothing_of_it_on_disk(tmp_path: Path, engin
         actor.apply_parts("q", 0, [p for p in sorted(actor.core.partitions)], *[table for _ in actor.core.partitions])
     assert (root / "_registry" / "ingest.json").is_file()
     assert any((root / "s" / "u1").iterdir()) and any((root / "s" / "u2").iterdir())
+    (root / "_registry" / ".ingest.json.tmp").write_text("{")  # a save a kill cut short
 
     actors[0].destroy()
     assert not (root / "s" / "u1").exists() and any((root / "s" / "u2").iterdir())  # the other actor's data stays
@@ -572,6 +571,19 @@ def test_destroying_a_runtime_leaves_nothing_of_it_on_disk(tmp_path: Path, engin
     assert sorted(p.name for p in root.iterdir()) == ["_registry"]
     registry.forget_ingest()
     assert not root.exists()
-    assert neighbour.is_dir()  # another namespace's directory is not touched
+    assert (tmp_path / "state").is_dir()  # the pruning stops at the namespace's directory
     registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=1)])  # a late report saves nothing
     assert not root.exists()
+
+
+def test_a_query_core_deletes_only_what_it_made_in_its_directory(tmp_path: Path) -> None:
+    from runtime.query import QueryCore
+
+    directory = tmp_path / "actor"
+    core = QueryCore(kv_spec("s", partitions=2, actors=1), [0, 1], directory=directory)
+    core.begin("q")
+    (directory / ".p0.incoming-0123abcd").mkdir()  # a catch-up's copy, cut short
+    (directory / "not-riqrs").mkdir()
+    assert {"p0", "p1"} <= {p.name for p in directory.iterdir()}
+    core.destroy()
+    assert [p.name for p in directory.iterdir()] == ["not-riqrs"]
