@@ -391,3 +391,67 @@ def test_a_batch_a_catching_up_copy_buffers_is_applied_later_sharing_nothing(
     assert len(mine) == 2  # the buffered 57 and 58 went into the copy as files
     assert buffered.written is None  # and 57's bytes were not read back to share
     assert s.contents(s.me) == s.contents(s.peer_core)
+
+
+@pytest.mark.parametrize("walk_share", [0.0, 10.0**9], ids=["walked", "multi-got"])
+@pytest.mark.parametrize("threshold", [1, 10**9], ids=["files", "write-batches"])
+def test_the_count_is_exact_whether_presence_is_walked_or_multi_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, walk_share: float, threshold: int
+) -> None:
+    """Random batches of puts and deletes (of present and absent keys) over a small key space, each
+    batch's presence read by walking the partition or by one multi-get: the count and the rows match a
+    plain dict's after every batch, and after a reopen."""
+    import random
+
+    monkeypatch.setattr(rocks, "WALK_SHARE", walk_share)
+    monkeypatch.setattr(rocks, "INGEST_FILE_ROWS", threshold)
+    walked: list[int] = []
+    present = rocks.RocksEngine._present
+    monkeypatch.setattr(
+        rocks.RocksEngine, "_present", lambda self, keys: walked.append(len(keys)) or present(self, keys)
+    )
+    rng = random.Random(11)
+    space = [f"k{i:03}" for i in range(200)]
+    model: dict[str, str] = {}
+    engine = RocksEngine(SPEC.key, tmp_path / "p")
+    try:
+        for batch_id in range(25):
+            keys = rng.sample(space, rng.choice([1, 5, 40, 150, 200]))
+            values = [None if rng.random() < 0.3 else f"v{batch_id}-{k}" for k in keys]
+            engine.apply(Position("s", batch_id), BatchRows(SPEC, pa.table({"key": keys, "value": values})))
+            for k, v in zip(keys, values):
+                if v is None:
+                    model.pop(k, None)
+                else:
+                    model[k] = v
+            assert engine.count() == len(model), batch_id
+        assert {k: msgpack.unpackb(v) for k, v in engine.scan(Scan())} == model
+        assert len(walked) >= 20  # the presence was read for every batch after the partition had rows
+    finally:
+        engine.close()
+    reopened = RocksEngine(SPEC.key, tmp_path / "p")
+    try:
+        assert reopened.count() == len(model) and reopened.position() == Position("s", 24)
+    finally:
+        reopened.close()
+
+
+def test_presence_is_walked_for_a_batch_of_many_keys_and_multi_got_for_a_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = RocksEngine(SPEC.key, tmp_path / "p")
+    multi_gets: list[int] = []
+    multi_get = rocks.RocksEngine._multi_get
+    monkeypatch.setattr(
+        rocks.RocksEngine, "_multi_get", lambda self, keys: multi_gets.append(len(keys)) or multi_get(self, keys)
+    )
+    try:
+        engine.apply(Position("s", 0), BatchRows(SPEC, pa.table({"key": KEYS, "value": ["a"] * 60})))
+        assert multi_gets == []  # an empty partition: nothing to read
+        engine.apply(Position("s", 1), BatchRows(SPEC, pa.table({"key": KEYS[:5], "value": ["b"] * 5})))
+        assert multi_gets == [5]  # 5 of 60 keys: below WALK_SHARE, one multi-get
+        engine.apply(Position("s", 2), BatchRows(SPEC, pa.table({"key": [*KEYS[10:40], "new"], "value": ["c"] * 31})))
+        assert multi_gets == [5]  # 31 of 60: walked
+        assert engine.count() == 61
+    finally:
+        engine.close()
