@@ -39,6 +39,7 @@ __all__ = [
     "FeedBook",
     "AckLog",
     "save_book",
+    "delete_book",
     "load_book",
 ]
 
@@ -265,13 +266,24 @@ def save_book(book: FeedBook, path: Path) -> None:
     """Write ``book`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed), so a
     registry killed at any instant leaves the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = _temporary(path)
     with open(tmp, "w", encoding="utf-8") as out:
         json.dump(book.to_json(), out, sort_keys=True)
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
     book.dirty = False
+
+
+def delete_book(path: Path) -> None:
+    """Delete the book saved at ``path``, and the temporary file a save cut short by a kill left beside it
+    (OSError if either cannot be deleted)."""
+    path.unlink(missing_ok=True)
+    _temporary(path).unlink(missing_ok=True)
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
 
 
 def load_book(path: Path, now: float, stale_after: float = FEED_STALE_AFTER) -> FeedBook:

@@ -33,7 +33,7 @@ from runtime import logs
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import EPOCH_WAIT_MAX, FEED_SAVE_INTERVAL, FEED_STALE_AFTER, SUSPECT_CHECK_GAP
-from runtime.feeds import FeedBook, FeedReport, load_book, save_book
+from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.ownership import (
     ActorInfo,
     ClusterView,
@@ -224,8 +224,7 @@ class Registry:
         if path is None:
             return
         try:
-            path.unlink(missing_ok=True)
-            path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)  # a save cut short by a kill
+            delete_book(path)
         except OSError:
             log.warning("could not delete the ingest records at %s", path, exc_info=True)
             return
