@@ -11,11 +11,15 @@ from runtime.config import DEFAULT_ACTORS, DEFAULT_ENGINE, DEFAULT_PARTITIONS, D
 from runtime.errors import SchemaError
 from runtime.keys import KeySchema
 
-__all__ = ["StoreSpec", "ValueField", "validate_store_name", "KINDS", "WINDOWED_KINDS"]
+__all__ = ["StoreSpec", "ValueField", "validate_store_name", "is_store_name", "KINDS", "WINDOWED_KINDS"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 KINDS = ("kv", "window", "session")
 WINDOWED_KINDS = ("window", "session")
+
+
+def is_store_name(name: str) -> bool:
+    return bool(_NAME.match(name))
 
 
 def validate_store_name(name: str) -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "ENGINES",
     "ROCKSDB_CACHE_BYTES",
     "ROCKSDB_CACHE_ENV",
+    "RECLAIM_ENV",
     "riqr_data",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_PAGE_SIZE",
@@ -66,6 +67,9 @@ DEFAULT_ENGINE = "rocksdb"
 # (read where the actor starts) changes it.
 ROCKSDB_CACHE_ENV = "RIQR_ROCKSDB_CACHE_MB"
 ROCKSDB_CACHE_BYTES = int(float(os.environ.get(ROCKSDB_CACHE_ENV, "256")) * (1 << 20))
+# How long the data of a query actor that no longer exists stays on a node's disk before that node's
+# HTTP verticle deletes it, in seconds or "off" (read where the verticle starts; ``runtime.orphans``).
+RECLAIM_ENV = "RIQR_RECLAIM_AFTER"
 # How long one request may take end to end before it is a 504.
 DEFAULT_REQUEST_TIMEOUT = 10.0
 # Entries per page a facade asks an owner for, and per page a client gets when it names no limit.

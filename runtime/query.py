@@ -27,6 +27,7 @@ from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUn
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Span, Spans
+from runtime.orphans import OwnerLock
 from runtime.pages import PackedPage, Run, cut, encode_page, merge_runs, split_run
 from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, SERVING, ApplyResult, PartitionState, Rows
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
@@ -81,6 +82,9 @@ class QueryCore:
         # iterators cannot run beside a write takes it too.
         self._writing = threading.Lock()
         self.partitions: dict[int, PartitionState] = {}
+        # Held while this process keeps its data there: a node's sweeper never deletes a directory whose
+        # lock is held (``runtime.orphans``).
+        self._owner = None if directory is None else OwnerLock.take(directory)
         for p in sorted(partitions):
             path = None if directory is None else directory / f"p{p}"
             if directory is not None:
@@ -366,6 +370,8 @@ class QueryCore:
                 state.engine.close()
         if self._exports is not None:
             self._exports.close_all()
+        if self._owner is not None:
+            self._owner.release()
 
     def destroy(self) -> None:
         """Close every partition's engine and delete its data (the store or the runtime is going away), and
@@ -378,10 +384,12 @@ class QueryCore:
             self._exports.close_all()
         if self.directory is None:
             return
-        # Only what this core makes there: its partitions (each engine deleted its own), snapshot exports
-        # and the copies a catch-up was receiving; anything else keeps the directory.
+        # Only what this core makes there: its partitions (each engine deleted its own), snapshot exports,
+        # the copies a catch-up was receiving and its owner lock; anything else keeps the directory.
         leftovers = [self.directory / ".exports", *self.directory.glob(".p*.incoming-*")]
         for path in leftovers:
             shutil.rmtree(path, ignore_errors=True)
+        if self._owner is not None:
+            self._owner.release(remove=True)
         with contextlib.suppress(OSError):
             self.directory.rmdir()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -28,10 +27,19 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime import logs, raycalls
 from runtime.catalog import StoreSpec
-from runtime.config import REGISTRY_NAME, ROCKSDB_CACHE_ENV, RuntimeConfig, facade_name, http_name, riqr_data
+from runtime.config import (
+    RECLAIM_ENV,
+    REGISTRY_NAME,
+    ROCKSDB_CACHE_ENV,
+    RuntimeConfig,
+    facade_name,
+    http_name,
+    riqr_data,
+)
 from runtime.deadline import Deadline
 from runtime.errors import OwnerUnavailable
 from runtime.metrics import Metrics
+from runtime.orphans import ACTOR_NAME
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.partition import SERVING
 from runtime.snapshots import SnapshotOffer
@@ -59,7 +67,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 _CALL_TIMEOUT = 30.0
 # Exporting a snapshot checksums every file of the partition on the peer: allow for a large one.
 _EXPORT_TIMEOUT = 300.0
@@ -84,9 +91,10 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
     "Node loss"), which chooses that node by the replicas' placement rule rather than leaving it to Ray.
     """
     strategy = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-    # The log and engine settings of whoever deploys (`RIQR_LOG_FORMAT=json riqr up`) reach every
+    # The log, engine and reclaim settings of whoever deploys (`RIQR_LOG_FORMAT=json riqr up`) reach every
     # verticle, and through the registry's environment the query actors it creates.
-    env = {k: os.environ[k] for k in (logs.LEVEL_ENV, logs.FORMAT_ENV, ROCKSDB_CACHE_ENV) if os.environ.get(k)}
+    forwarded = (logs.LEVEL_ENV, logs.FORMAT_ENV, ROCKSDB_CACHE_ENV, RECLAIM_ENV)
+    env = {k: os.environ[k] for k in forwarded if os.environ.get(k)}
     runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
     return {"name": name, "namespace": namespace, "lifetime": "detached", "num_cpus": 0, "max_restarts": -1,
             **strategy, **runtime_env, **extra}  # fmt: skip
@@ -128,6 +136,9 @@ class RayEnv:
 
     def export_metrics(self, metrics: Metrics) -> None:
         RayMetricsExporter(metrics).start()
+
+    def actor_names(self) -> set[str]:
+        return set(_named_in(self.namespace))
 
     # -- RegistryLink -----------------------------------------------------------------------------------
 
@@ -249,7 +260,7 @@ class RayEnv:
     def query_actor_infos(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for name in _named_in(self.namespace):
-            if not _UUID.match(name):
+            if not ACTOR_NAME.match(name):
                 continue
             try:
                 out.append(raycalls.get(ray.get_actor(name, namespace=self.namespace).info.remote(), "info",
@@ -433,7 +444,7 @@ def down(namespace: str) -> list[str]:
     env = RayEnv(namespace)
     # riqr down removes the stores' state too: new actors of a later riqr up start empty and are rebuilt
     # by the topology (docs/design.md, "Durability").
-    env.destroy([n for n in order if _UUID.match(n)])
+    env.destroy([n for n in order if ACTOR_NAME.match(n)])
     if REGISTRY_NAME in names:
         _call_unless_dead(namespace, REGISTRY_NAME, "forget_ingest", "deleting the registry's ingest records")
     env.kill(order)

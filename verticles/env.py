@@ -52,6 +52,11 @@ class NodeFacts(Protocol):
         """Copy this actor's ``metrics`` into Ray's metrics system from now on (``verticles.metrics``)."""
         ...
 
+    def actor_names(self) -> set[str]:
+        """The names of the namespace's actors that exist: alive, being created or restarting (Ray frees a
+        name only once its actor is dead for good)."""
+        ...
+
 
 class RegistryLink(Protocol):
     """A verticle's calls to the registry of its namespace."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from runtime.auth import AuthConfig
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name
 from runtime.facade import Facade
+from runtime.orphans import Sweeper, reclaim_after
 from runtime.ownership import ClusterView, Endpoint
 from runtime.partition import ApplyResult
 from runtime.readreplica import ReadReplica, ReadReplicas
@@ -75,10 +77,23 @@ class HttpVerticle:
         self._restart_attempts = restart_attempts
         self._restart_backoff = restart_backoff
         self.restarting: asyncio.Task[None] | None = None
+        self._sweeping = self._start_sweeper(env)
         if env.restarted():
             # Ray restarted this actor: nobody will call start(), so serve again by ourselves, on the port
             # this node had (the registry still lists it), so clients' URLs keep working.
             self.restarting = asyncio.get_event_loop().create_task(self._restart(), name="riqr-http-restart")
+
+    @staticmethod
+    def _start_sweeper(env: VerticleEnv) -> threading.Event | None:
+        """Delete, in the background, what actors that no longer exist left on this node's disk
+        (``runtime.orphans``); returns the event that stops it, or None when there is nothing to sweep."""
+        root, grace = env.data_dir(), reclaim_after()
+        if root is None or grace is None:
+            return None
+        stop = threading.Event()
+        sweeper = Sweeper(root, env.actor_names, grace)
+        threading.Thread(target=sweeper.run, args=(stop,), name="riqr-sweeper", daemon=True).start()
+        return stop
 
     async def _restart(self) -> None:
         for attempt in range(1, self._restart_attempts + 1):
@@ -162,6 +177,8 @@ class HttpVerticle:
         return None if self._runner is None else self._where()
 
     async def stop(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.set()
         if self.restarting is not None and not self.restarting.done():
             self.restarting.cancel()
         if self._runner is not None:

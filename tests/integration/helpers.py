@@ -4,13 +4,17 @@ background load whose wrong answers are counted while a test breaks things."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+from bench.faults import Ledger, read_counts, write_orders
 
 
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
@@ -114,3 +118,32 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=90)
+
+
+@contextlib.contextmanager
+def orders_under_load(home: Path, url: str) -> Iterator[Ledger]:
+    """Orders landing in ``home`` and their counts read from ``url`` in the background while the block
+    runs; the ledger records what was produced and every answer."""
+    ledger, stop = Ledger(), threading.Event()
+    threads = [
+        threading.Thread(target=write_orders, args=(home, ledger, stop), daemon=True),
+        threading.Thread(target=read_counts, args=(url, ledger, stop), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        yield ledger
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+
+def wait_for_every_order_counted(url: str, ledger: Ledger) -> None:
+    """Until every key's order count equals the orders produced for it (nothing lost, nothing extra)."""
+
+    def exactly_what_was_produced() -> bool:
+        counts = {k: http_get(f"{url}/stores/order-count/get/{k}")[2].get("response") for k in ledger.produced}
+        return counts == dict(ledger.produced)
+
+    wait_for(exactly_what_was_produced, timeout=60, what="every count equal to the orders produced")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import ray
 
-from bench.faults import Ledger, read_counts, worker_pid, write_orders
+from bench.faults import worker_pid
 from tests.integration.conftest import (
     SEED_CUSTOMERS,
     RayCluster,
@@ -26,7 +25,7 @@ from tests.integration.conftest import (
     seeded_food_orders,
     start_food_orders,
 )
-from tests.integration.helpers import http_get, wait_for
+from tests.integration.helpers import http_get, orders_under_load, wait_for, wait_for_every_order_counted
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +35,7 @@ def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: A
         url, ns = topology.runtime.url, topology.runtime.namespace
         owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
         assert len(owners) == 2
-        ledger, stop = Ledger(), threading.Event()
-        threads = [
-            threading.Thread(target=write_orders, args=(topology.home, ledger, stop), daemon=True),
-            threading.Thread(target=read_counts, args=(url, ledger, stop), daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        try:
+        with orders_under_load(topology.home, url) as ledger:
             time.sleep(2)  # load running before the first kill
             ray.kill(ray.get_actor(owners[0], namespace=ns), no_restart=False)
             wait_for(lambda: ledger.answers[200] > 50, what="answers after the first kill")
@@ -52,16 +44,7 @@ def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: A
             seen = ledger.answers[200]
             wait_for(lambda: ledger.answers[200] > seen + 50, what="answers after the SIGKILL")
             time.sleep(2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
-
-        def exactly_what_was_produced() -> bool:
-            counts = {k: http_get(f"{url}/stores/order-count/get/{k}")[2].get("response") for k in ledger.produced}
-            return counts == dict(ledger.produced)
-
-        wait_for(exactly_what_was_produced, timeout=60, what="every count equal to the orders produced")
+        wait_for_every_order_counted(url, ledger)
         assert ledger.wrong == []
         assert all(q.isActive for q in topology.queries), [q.exception() for q in topology.queries]
         assert ledger.answers[200] > 100, ledger.answers  # the load really ran (lower on a busy machine)

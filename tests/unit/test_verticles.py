@@ -4,9 +4,11 @@ the HTTP verticle serving, registering, and serving again on its old port after 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ class FakeEnv:
         self.down: set[str] = set()
         self.serving: dict[str, set[int]] = {}
         self.readers: dict[str, Any] = {}
+        self.alive_names: set[str] = set()
 
     def node_id(self) -> str:
         return "node-a"
@@ -62,6 +65,9 @@ class FakeEnv:
 
     def export_metrics(self, metrics: Any) -> None:
         self.exported.append(metrics)
+
+    def actor_names(self) -> set[str]:
+        return set(self.alive_names)
 
     def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
         self.moves.append((uuid, node_id, node_ip))
@@ -454,7 +460,6 @@ def test_a_restarted_query_actor_reopens_its_partitions_and_serves_at_once(tmp_p
 
 def test_a_restarted_query_actor_with_wiped_data_rebuilds_from_its_peer_in_the_background(tmp_path: Path) -> None:
     import shutil
-    import time
 
     import pyarrow as pa
 
@@ -515,6 +520,38 @@ async def test_a_restarted_http_verticle_serves_again_on_the_port_its_node_had()
     assert verticle.bound_port == old_port
     assert await _get(old_port, "/stores/s/get/k") == (200, {"response": "v"})
     await verticle.stop()
+
+
+async def test_the_http_verticle_sweeps_its_nodes_data_of_actors_that_no_longer_exist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RIQR_RECLAIM_AFTER", "0")
+    env = FakeEnv()
+    env.data = tmp_path
+    orphan, live = (
+        tmp_path / "s" / "0b1d9a1e-8d5e-4c1b-9a7e-2f6c3d4e5f60",
+        tmp_path / "s" / "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+    )
+    for directory in (orphan, live):
+        (directory / "p0").mkdir(parents=True)
+    env.alive_names.add(live.name)
+    verticle = HttpVerticle(_bus(), env, "127.0.0.1", 0)
+    deadline = time.monotonic() + 10
+    while orphan.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not orphan.exists() and (live / "p0").is_dir()
+    await verticle.stop()
+    assert verticle._sweeping is not None and verticle._sweeping.is_set()
+
+
+async def test_no_sweeper_runs_when_reclaiming_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIQR_RECLAIM_AFTER", "off")
+    env = FakeEnv()
+    env.data = tmp_path
+    assert HttpVerticle(_bus(), env, "127.0.0.1", 0)._sweeping is None
+    monkeypatch.setenv("RIQR_RECLAIM_AFTER", "0")
+    env.data = None  # state in memory only: nothing on disk to sweep
+    assert HttpVerticle(_bus(), env, "127.0.0.1", 0)._sweeping is None
 
 
 async def test_the_advertised_host_is_the_nodes_address_when_bound_to_every_interface() -> None:

@@ -1,0 +1,90 @@
+"""The data of query actors that no longer exist is reclaimed from the node's disk, and nothing else is:
+not the data of actors SIGKILLed and restarting under load, not another cluster's live actor's.
+
+The sweeper runs in the real HTTP verticle, every half second with a one-second grace period (the
+default is five minutes), so a restart of a few seconds spans several sweeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from bench.faults import Ledger, worker_pid
+from runtime.config import riqr_data
+from tests.integration.conftest import RayCluster, seeded_food_orders
+from tests.integration.helpers import http_get, orders_under_load, wait_for, wait_for_every_order_counted
+
+pytestmark = pytest.mark.integration
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from runtime.orphans import OwnerLock
+lock = OwnerLock.take(Path(sys.argv[1]))
+print("held" if lock.held else "not held", flush=True)
+time.sleep(600)
+"""
+
+
+def _leftovers(directory: Path) -> None:
+    (directory / "p0").mkdir(parents=True)
+    (directory / "p0" / "000042.sst").write_bytes(b"\0" * 4096)
+
+
+def _wait_for_restart(handle: Any, killed: int, ledger: Ledger) -> None:
+    wait_for(lambda: worker_pid(handle) != killed, timeout=60, what="the actor running again")
+    seen = ledger.answers[200]
+    wait_for(lambda: ledger.answers[200] > seen + 30, timeout=60, what="answers after the restart")
+
+
+def test_only_the_data_of_actors_that_no_longer_exist_is_reclaimed(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RIQR_RECLAIM_AFTER", "1")  # reaches the verticles that `up` deploys
+    with seeded_food_orders(spark, "riqr-reclaim", tmp_path, keep_running=True) as topology:
+        url, ns = topology.runtime.url, topology.runtime.namespace
+        root = riqr_data(ns)
+        owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
+        mine = {u: root / "order-count" / u for u in owners}
+        assert len(mine) == 2 and all(d.is_dir() for d in mine.values())
+        for directory in mine.values():
+            (directory / "keepsake").write_text(directory.name)  # gone if the directory was ever deleted
+        crashed = root / "order-count" / str(uuid.uuid4())  # an actor of a run that crashed
+        _leftovers(crashed)
+        foreign = root / "customers" / str(uuid.uuid4())  # another cluster's live actor on this host
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(foreign)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            _leftovers(foreign)
+
+            with orders_under_load(topology.home, url) as ledger:
+                wait_for(lambda: not crashed.exists(), timeout=30, what="the crashed actor's data reclaimed")
+                for victim in owners:  # each restart takes seconds: several sweeps see its process gone
+                    handle = ray.get_actor(victim, namespace=ns)
+                    killed = worker_pid(handle)
+                    os.kill(killed, signal.SIGKILL)
+                    _wait_for_restart(handle, killed, ledger)
+            wait_for_every_order_counted(url, ledger)
+            assert ledger.wrong == []
+            for directory in mine.values():
+                assert (directory / "keepsake").read_text() == directory.name
+            assert (foreign / "p0" / "000042.sst").is_file()  # its lock is held: never touched
+        finally:
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait()
+        wait_for(lambda: not foreign.exists(), timeout=30, what="the dead holder's data reclaimed")
+
+        # An actor dead for good (killed without restart) leaves its data behind: reclaimed too.
+        topology.stop()
+        gone = owners[0]
+        ray.kill(ray.get_actor(gone, namespace=ns), no_restart=True)
+        wait_for(lambda: not mine[gone].exists(), timeout=30, what="the data of the actor killed for good reclaimed")
+        assert (mine[owners[1]] / "keepsake").is_file()
