@@ -193,16 +193,16 @@ class Sweeper:
         names: set[str] | None = None
         orphaned: dict[Path, float] = {}
         deleted: list[Path] = []
-        for directory in self._actor_dirs():
+        for directory in list(self._actor_dirs()):
             if held(directory):
                 continue
             if names is None:
                 names = self.names()  # after the listing: an actor whose directory was listed is named by now
             if directory.name in names:
                 continue
-            since = self._since.get(directory, now)
-            if now - since < self.grace:
-                orphaned[directory] = since
+            since = self._since.get(directory)
+            if since is None or now - since < self.grace:  # always two sightings, whatever the grace
+                orphaned[directory] = now if since is None else since
                 continue
             size = _size(directory)
             try:
