@@ -95,6 +95,8 @@ CATALOG: tuple[MetricDef, ...] = (
               ("store",)),
     MetricDef("riqr_scan_entries_total", "counter", "entries returned or streamed by scans, pages and streams",
               ("store",)),
+    MetricDef("riqr_reclaimed_bytes_total", "counter",
+              "bytes of partitions of query actors that no longer exist deleted from this node's disk"),
     MetricDef("riqr_batches_applied_total", "counter", "batches applied to a partition copy (not replays)",
               ("store", "partition", "role"), QUERY),
     MetricDef("riqr_rows_applied_total", "counter", "rows (upserts and deletes) applied to a partition copy",

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from runtime.catalog import is_store_name
 from runtime.config import RECLAIM_ENV
+from runtime.metrics import Metrics
 
 __all__ = [
     "ACTOR_NAME",
@@ -164,12 +165,19 @@ class Sweeper:
     restarting); it is asked only when some directory's lock is free. ``sweep`` is called periodically."""
 
     def __init__(
-        self, root: Path, names: Callable[[], set[str]], grace: float, *, clock: Callable[[], float] = time.monotonic
+        self,
+        root: Path,
+        names: Callable[[], set[str]],
+        grace: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.root = root
         self.names = names
         self.grace = grace
         self.clock = clock
+        self.metrics = metrics  # counts the bytes deleted (``riqr_reclaimed_bytes_total``)
         self._since: dict[Path, float] = {}  # directory -> when it was first seen orphaned, in a row of sweeps
         self.reclaimed_bytes = 0
         self.reclaimed_dirs = 0
@@ -216,6 +224,8 @@ class Sweeper:
                 continue
             self.reclaimed_bytes += size
             self.reclaimed_dirs += 1
+            if self.metrics is not None:
+                self.metrics.inc("riqr_reclaimed_bytes_total", amount=size)
             deleted.append(directory)
             log.warning("deleted %s (%d bytes): the partitions of query actor %s, which no longer exists (a "
                         "crash or a stop without `riqr down` left them)", directory, size, directory.name)  # fmt: skip

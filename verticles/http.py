@@ -24,6 +24,7 @@ from runtime.auth import AuthConfig
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name
 from runtime.facade import Facade
+from runtime.metrics import Metrics
 from runtime.orphans import Sweeper, reclaim_after
 from runtime.ownership import ClusterView, Endpoint
 from runtime.partition import ApplyResult
@@ -77,21 +78,21 @@ class HttpVerticle:
         self._restart_attempts = restart_attempts
         self._restart_backoff = restart_backoff
         self.restarting: asyncio.Task[None] | None = None
-        self._sweeping = self._start_sweeper(env)
+        self._sweeping = self._start_sweeper(env, self.core.metrics)
         if env.restarted():
             # Ray restarted this actor: nobody will call start(), so serve again by ourselves, on the port
             # this node had (the registry still lists it), so clients' URLs keep working.
             self.restarting = asyncio.get_event_loop().create_task(self._restart(), name="riqr-http-restart")
 
     @staticmethod
-    def _start_sweeper(env: VerticleEnv) -> threading.Event | None:
+    def _start_sweeper(env: VerticleEnv, metrics: Metrics) -> threading.Event | None:
         """Delete, in the background, what actors that no longer exist left on this node's disk
         (``runtime.orphans``); returns the event that stops it, or None when there is nothing to sweep."""
         root, grace = env.data_dir(), reclaim_after()
         if root is None or grace is None:
             return None
         stop = threading.Event()
-        sweeper = Sweeper(root, env.actor_names, grace)
+        sweeper = Sweeper(root, env.actor_names, grace, metrics=metrics)
         threading.Thread(target=sweeper.run, args=(stop,), name="riqr-sweeper", daemon=True).start()
         return stop
 

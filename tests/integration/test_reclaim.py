@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.faults import Ledger, worker_pid
 from runtime.config import riqr_data
@@ -37,6 +39,12 @@ time.sleep(600)
 def _leftovers(directory: Path) -> None:
     (directory / "p0").mkdir(parents=True)
     (directory / "p0" / "000042.sst").write_bytes(b"\0" * 4096)
+
+
+def _reclaimed_bytes(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
+        families = text_string_to_metric_families(answer.read().decode())
+    return sum(s.value for f in families for s in f.samples if s.name == "riqr_reclaimed_bytes_total")
 
 
 def _wait_for_restart(handle: Any, killed: int, ledger: Ledger) -> None:
@@ -81,6 +89,8 @@ def test_only_the_data_of_actors_that_no_longer_exist_is_reclaimed(
             os.kill(holder.pid, signal.SIGKILL)
             holder.wait()
         wait_for(lambda: not foreign.exists(), timeout=30, what="the dead holder's data reclaimed")
+        # Counted where it was deleted: on one of the nodes (here both sweep the one disk the test nodes share).
+        assert sum(_reclaimed_bytes(u) for u in topology.runtime.endpoints.values()) >= 2 * 4096
 
         # An actor dead for good (killed without restart) leaves its data behind: reclaimed too.
         topology.stop()

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from runtime.metrics import Metrics
 from runtime.orphans import (
     DEFAULT_RECLAIM_AFTER,
     OWNER_FILE,
@@ -105,9 +106,9 @@ def test_a_lock_held_by_a_process_is_dropped_when_that_process_is_killed(tmp_pat
 
 
 def test_an_orphan_is_deleted_only_once_it_stayed_orphaned_for_the_grace_period(tmp_path: Path) -> None:
-    clock, names = Clock(), Names()
+    clock, names, metrics = Clock(), Names(), Metrics()
     orphan = actor_dir(tmp_path)
-    sweeper = Sweeper(tmp_path, names, grace=60, clock=clock)
+    sweeper = Sweeper(tmp_path, names, grace=60, clock=clock, metrics=metrics)
     assert sweeper.sweep() == []  # first seen
     clock.now += 59
     assert sweeper.sweep() == [] and orphan.is_dir()
@@ -115,6 +116,7 @@ def test_an_orphan_is_deleted_only_once_it_stayed_orphaned_for_the_grace_period(
     assert sweeper.sweep() == [orphan]
     assert not orphan.exists() and (tmp_path / "orders").is_dir()  # the store's directory is left
     assert sweeper.reclaimed_dirs == 1 and sweeper.reclaimed_bytes == 1000
+    assert metrics.value("riqr_reclaimed_bytes_total") == 1000
 
 
 def test_an_existing_actors_directory_is_never_deleted(tmp_path: Path) -> None:

@@ -534,12 +534,14 @@ async def test_the_http_verticle_sweeps_its_nodes_data_of_actors_that_no_longer_
     )
     for directory in (orphan, live):
         (directory / "p0").mkdir(parents=True)
+        (directory / "p0" / "000001.sst").write_bytes(b"r" * 500)
     env.alive_names.add(live.name)
     verticle = HttpVerticle(_bus(), env, "127.0.0.1", 0)
     deadline = time.monotonic() + 10
     while orphan.exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not orphan.exists() and (live / "p0").is_dir()
+    assert verticle.core.metrics.value("riqr_reclaimed_bytes_total") == 500  # at this node's /metrics
     await verticle.stop()
     assert verticle._sweeping is not None and verticle._sweeping.is_set()
 
