@@ -4,24 +4,29 @@ A query actor keeps its partitions in ``<data>/<namespace>/<store>/<actor uuid>`
 ``riqr down`` deletes them, but a cluster that crashed or was stopped without it leaves them behind, and
 the actors of the next ``riqr up`` get new ids: nothing will open those directories again. Each node's
 HTTP verticle sweeps its node's directory of its namespace (``Sweeper``) and deletes an actor's directory
-only when, at two sweeps at least ``grace`` seconds apart, both of these hold:
+only when, at two consecutive sweeps at least ``grace`` seconds apart, and once more just before the
+deletion, all of these hold:
 
 * **No actor of that name exists in the cluster.** Ray keeps an actor's name while it is alive, being
   created or restarting (listed by ``ray.util.list_named_actors`` through the whole restart), and frees it
   only once the actor is dead for good. So an actor that Ray is restarting, whose process is gone, keeps
   its directory however long its restart takes.
+* **The registry does not list it.** An actor whose constructor failed (a partition it could not open)
+  is dead to Ray, which does not restart it, but it still owns its partitions in the registry's table:
+  its data is what an operator would recover, so it stays. When the registry cannot be asked, nothing
+  is deleted.
 * **No process holds the directory's owner lock** (``OwnerLock``: an exclusive ``flock`` on its
   ``.owner`` file, taken by the actor when it opens its partitions and held until its process ends; the
   kernel drops it when the process dies, SIGKILL included). This guards the directories of another Ray
-  cluster on the same host that shares the data directory and namespace: their actors are not named in
-  this cluster.
+  cluster on the same host that shares the data directory and namespace, while its actors run: they
+  are not named in this cluster.
 
 The two sweeps ``grace`` apart cover what a single look could race with: an actor created between the
-listing of names and the look at its directory, a query actor that the registry re-creates under the
-same name after its node died, and another cluster's actor in the middle of its restart.
+listing of names and the look at its directory, another cluster's actor in the middle of its restart.
 
-Only directories named like an actor (a UUID) inside a directory named like a store are looked at; the
-registry's own ``_registry`` and anything else under the data directory are never touched.
+Only directories named like an actor (a UUID) inside a directory named like a store are looked at, and
+no symbolic link is followed; the registry's own ``_registry`` and anything else under the data
+directory are never touched.
 """
 
 from __future__ import annotations
@@ -63,36 +68,66 @@ ACTOR_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3
 class OwnerLock:
     """An exclusive ``flock`` on ``<directory>/.owner``, held by the process that keeps its data there.
 
-    ``take`` never fails the caller: if another process holds the lock (a previous incarnation of the
-    actor that has not quite exited), the directory is protected by that holder meanwhile and by the
-    actor's name after it; a warning says so."""
+    ``take`` never fails the caller and never waits: when the lock is busy (a sweeper's probe holds it for
+    an instant, or a previous incarnation of the actor has not quite exited), a thread keeps trying, every
+    50 ms and after ``WARN_AFTER`` seconds every second with a warning, until it has the lock or the lock
+    is released. Meanwhile the actor's name protects the directory from its own cluster's sweepers."""
 
-    def __init__(self, directory: Path, fd: int | None) -> None:
+    WARN_AFTER = 5.0
+
+    def __init__(self, directory: Path, fd: int) -> None:
         self.directory = directory
-        self._fd = fd
+        self._fd: int | None = fd
+        self._locked = False
+        self._mutex = threading.Lock()  # the descriptor: the retrying thread against ``release``
+        self._released = threading.Event()
 
     @classmethod
     def take(cls, directory: Path) -> OwnerLock:
-        fd = _open_lock_file(directory)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            log.warning("%s: another process holds its owner lock; going on without it", directory)
-            return cls(directory, None)
-        return cls(directory, fd)
+        lock = cls(directory, _open_lock_file(directory))
+        if not lock._try():
+            threading.Thread(target=lock._keep_trying, name="riqr-owner-lock", daemon=True).start()
+        return lock
+
+    def _try(self) -> bool:
+        with self._mutex:
+            if self._fd is None:
+                return False
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            self._locked = True
+            return True
+
+    def _keep_trying(self) -> None:
+        started = time.monotonic()
+        warned = False
+        while not self._released.wait(0.05 if time.monotonic() - started < self.WARN_AFTER else 1.0):
+            if self._try():
+                if warned:
+                    log.warning("%s: took its owner lock at last", self.directory)
+                return
+            if not warned and time.monotonic() - started >= self.WARN_AFTER:
+                warned = True
+                log.warning("%s: another process has held its owner lock for %gs; trying on", self.directory,
+                            self.WARN_AFTER)  # fmt: skip
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._locked
 
     def release(self, *, remove: bool = False) -> None:
-        """Let go of the lock; with ``remove``, delete the lock file first (the directory is going away)."""
-        if remove:
-            (self.directory / OWNER_FILE).unlink(missing_ok=True)
-        if self._fd is not None:
-            os.close(self._fd)  # closing the last descriptor drops the flock
-            self._fd = None
+        """Let go of the lock (or stop trying for it); with ``remove``, delete the lock file first when this
+        lock holds it (the directory is going away; a file someone else holds stays theirs)."""
+        self._released.set()
+        with self._mutex:
+            if remove and self._locked:
+                (self.directory / OWNER_FILE).unlink(missing_ok=True)
+            if self._fd is not None:
+                os.close(self._fd)  # closing the last descriptor drops the flock
+                self._fd = None
+            self._locked = False
 
 
 def _open_lock_file(directory: Path) -> int:
@@ -111,11 +146,15 @@ def _open_lock_file(directory: Path) -> int:
 
 
 def held(directory: Path) -> bool:
-    """Whether some process holds ``directory``'s owner lock (False when it has no lock file)."""
+    """Whether some process holds ``directory``'s owner lock (False when it has no lock file; True when it
+    cannot be looked at, so what cannot be checked is kept)."""
     try:
         fd = os.open(directory / OWNER_FILE, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    except OSError as err:
+        log.warning("cannot check %s's owner lock (%s); keeping it", directory, err)
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -140,6 +179,8 @@ def reclaim_after(environ: Mapping[str, str] = os.environ) -> float | None:
     if not grace >= 0 or grace == float("inf"):
         log.warning("%s=%r is not a number of seconds or 'off'; using %g", RECLAIM_ENV, raw, DEFAULT_RECLAIM_AFTER)
         return DEFAULT_RECLAIM_AFTER
+    if grace < 60:
+        log.warning("%s=%g: a grace period under a minute is meant for tests", RECLAIM_ENV, grace)
     return grace
 
 
@@ -161,8 +202,10 @@ def _size(directory: Path) -> int:
 
 class Sweeper:
     """Finds and deletes the directories of actors that no longer exist under ``root`` (a namespace's data
-    directory on this node). ``names`` lists the namespace's named actors (live, being created or
-    restarting); it is asked only when some directory's lock is free. ``sweep`` is called periodically."""
+    directory on this node). ``names`` lists the actor names that are taken: the namespace's named actors
+    (live, being created or restarting) and the query actors its registry lists; it raises when it cannot
+    tell, and is asked only when some directory's lock is free, and again before each deletion. ``sweep``
+    is called periodically (``run``)."""
 
     def __init__(
         self,
@@ -184,7 +227,7 @@ class Sweeper:
 
     def _actor_dirs(self) -> Iterator[Path]:
         try:
-            stores = [p for p in self.root.iterdir() if is_store_name(p.name) and p.is_dir()]
+            stores = [p for p in self.root.iterdir() if is_store_name(p.name) and p.is_dir() and not p.is_symlink()]
         except FileNotFoundError:
             return
         for store in stores:
@@ -196,7 +239,19 @@ class Sweeper:
                 continue
 
     def sweep(self) -> list[Path]:
-        """One pass; returns the directories it deleted."""
+        """One pass; returns the directories it deleted. A pass that fails forgets every sighting: the two
+        sightings a deletion needs are always of consecutive passes that worked."""
+        try:
+            return self._sweep()
+        except BaseException:
+            self._since = {}
+            raise
+
+    def _still_orphaned(self, directory: Path) -> bool:
+        """Looked at again just before deleting: the pass's list of names may be minutes old by now."""
+        return not held(directory) and directory.name not in self.names()
+
+    def _sweep(self) -> list[Path]:
         now = self.clock()
         names: set[str] | None = None
         orphaned: dict[Path, float] = {}
@@ -211,6 +266,8 @@ class Sweeper:
             since = self._since.get(directory)
             if since is None or now - since < self.grace:  # always two sightings, whatever the grace
                 orphaned[directory] = now if since is None else since
+                continue
+            if not self._still_orphaned(directory):
                 continue
             size = _size(directory)
             try:

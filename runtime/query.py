@@ -85,13 +85,20 @@ class QueryCore:
         # Held while this process keeps its data there: a node's sweeper never deletes a directory whose
         # lock is held (``runtime.orphans``).
         self._owner = None if directory is None else OwnerLock.take(directory)
-        for p in sorted(partitions):
-            path = None if directory is None else directory / f"p{p}"
-            if directory is not None:
-                remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
-            engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
-            lost = recovered and path is None
-            self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
+        try:
+            for p in sorted(partitions):
+                path = None if directory is None else directory / f"p{p}"
+                if directory is not None:
+                    remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
+                engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
+                lost = recovered and path is None
+                self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
+        except BaseException:
+            for state in self.partitions.values():
+                state.engine.close()
+            if self._owner is not None:
+                self._owner.release()
+            raise
         # With ``peers``, a copy that lost its state is rebuilt from a live peer (``runtime.rebuild``) in a
         # thread that ``spawn`` starts; peers copy from this core through the exports.
         self._rebuilder = (

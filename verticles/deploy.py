@@ -137,8 +137,13 @@ class RayEnv:
     def export_metrics(self, metrics: Metrics) -> None:
         RayMetricsExporter(metrics).start()
 
-    def actor_names(self) -> set[str]:
-        return set(_named_in(self.namespace))
+    def known_actors(self) -> set[str]:
+        names = set(_named_in(self.namespace))
+        view = raycalls.get(self._registry().view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+        names.update(view.actors)
+        for table in view.tables.values():
+            names.update(u for owners in table.partitions for u in (owners.active, *owners.standbys) if u is not None)
+        return names
 
     # -- RegistryLink -----------------------------------------------------------------------------------
 

@@ -52,9 +52,11 @@ class NodeFacts(Protocol):
         """Copy this actor's ``metrics`` into Ray's metrics system from now on (``verticles.metrics``)."""
         ...
 
-    def actor_names(self) -> set[str]:
-        """The names of the namespace's actors that exist: alive, being created or restarting (Ray frees a
-        name only once its actor is dead for good)."""
+    def known_actors(self) -> set[str]:
+        """The actor names that are taken in the namespace: every named actor that exists (alive, being
+        created or restarting: Ray frees a name only once its actor is dead for good) and every query actor
+        the registry lists (one whose constructor failed is dead to Ray, not to its store). Raises when the
+        registry cannot be asked."""
         ...
 
 

@@ -92,7 +92,7 @@ class HttpVerticle:
         if root is None or grace is None:
             return None
         stop = threading.Event()
-        sweeper = Sweeper(root, env.actor_names, grace, metrics=metrics)
+        sweeper = Sweeper(root, env.known_actors, grace, metrics=metrics)
         threading.Thread(target=sweeper.run, args=(stop,), name="riqr-sweeper", daemon=True).start()
         return stop
 

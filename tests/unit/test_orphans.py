@@ -65,21 +65,42 @@ def test_an_owner_lock_is_seen_by_other_descriptors_until_released(tmp_path: Pat
     assert lock.held and (directory / OWNER_FILE).is_file()
     assert held(directory)  # flock locks belong to the open file: another open of it is refused
     lock.release()
-    assert not held(directory)
+    assert not held(directory) and not lock.held
     assert (directory / OWNER_FILE).is_file()  # a plain release leaves the file: the directory stays in use
-    lock.release(remove=True)
+    again = OwnerLock.take(directory)
+    assert again.held
+    again.release(remove=True)
     assert not (directory / OWNER_FILE).exists()
     assert not held(directory)  # no lock file: nothing holds it
 
 
-def test_a_second_owner_goes_on_without_the_lock_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_busy_lock_is_taken_as_soon_as_it_is_free_with_a_warning_if_that_takes_long(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweeper's probe holds the lock for an instant, a previous incarnation of the actor until it has
+    exited: the new owner never goes on without the lock for good."""
+    monkeypatch.setattr(OwnerLock, "WARN_AFTER", 0.2)
     first = OwnerLock.take(tmp_path / "d")
     with caplog.at_level(logging.WARNING, logger="runtime.orphans"):
         second = OwnerLock.take(tmp_path / "d")
-    assert not second.held and "another process holds its owner lock" in caplog.text
-    second.release()
-    assert held(tmp_path / "d")  # releasing the one without the lock does not drop the holder's
-    first.release()
+        assert not second.held
+        _until(lambda: "another process has held its owner lock" in caplog.text)
+        second.release(remove=True)  # not its lock: the holder's file stays
+        assert (tmp_path / "d" / OWNER_FILE).is_file() and held(tmp_path / "d")
+        third = OwnerLock.take(tmp_path / "d")
+        _until(lambda: caplog.text.count("another process has held its owner lock") == 2)  # the third's too
+        first.release()
+        _until(lambda: third.held)
+    assert "took its owner lock at last" in caplog.text
+    assert held(tmp_path / "d")
+    third.release(remove=True)
+
+
+def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 HOLDER = """
@@ -276,3 +297,88 @@ def test_taking_a_lock_makes_its_directory_again_if_a_prune_removed_it_meanwhile
     monkeypatch.undo()
     assert pruned and lock.held and held(directory)
     lock.release(remove=True)
+
+
+def test_a_sweep_that_cannot_tell_which_actors_exist_deletes_nothing_and_forgets_its_sightings(
+    tmp_path: Path,
+) -> None:
+    clock, answers = Clock(), ["ok", "fail", "ok", "ok"]
+
+    def names() -> set[str]:
+        if answers.pop(0) == "fail":
+            raise RuntimeError("the registry did not answer")
+        return set()
+
+    orphan = actor_dir(tmp_path)
+    sweeper = Sweeper(tmp_path, names, grace=10, clock=clock)
+    assert sweeper.sweep() == []
+    clock.now += 10
+    with pytest.raises(RuntimeError, match="did not answer"):
+        sweeper.sweep()
+    assert orphan.is_dir()
+    clock.now += 10
+    assert sweeper.sweep() == []  # a first sighting again: the failed pass broke the run
+    assert orphan.is_dir() and answers == ["ok"]
+
+
+def test_a_directory_is_looked_at_once_more_just_before_it_is_deleted(tmp_path: Path) -> None:
+    """The pass's names may be minutes old when it comes to a directory (deleting others first): an actor
+    created under that name meanwhile keeps it."""
+    clock, calls = Clock(), []
+    directory = actor_dir(tmp_path)
+
+    def names() -> set[str]:
+        calls.append(1)
+        return {directory.name} if len(calls) == 3 else set()  # named by the time of the last look
+
+    sweeper = Sweeper(tmp_path, names, grace=0, clock=clock)
+    assert sweeper.sweep() == []
+    assert sweeper.sweep() == [] and len(calls) == 3
+    assert directory.is_dir()
+
+
+def test_a_store_directory_that_is_a_symbolic_link_is_not_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    inside = actor_dir(elsewhere)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "orders").symlink_to(elsewhere / "orders", target_is_directory=True)
+    sweeper = Sweeper(root, Names(), grace=0)
+    assert sweeper.sweep() == [] and sweeper.sweep() == []
+    assert inside.is_dir()
+
+
+def test_a_lock_that_cannot_be_looked_at_counts_as_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = actor_dir(tmp_path)
+
+    def refused(path: Any, flags: int, mode: int = 0o777) -> int:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("runtime.orphans.os.open", refused)
+    assert held(directory)
+    sweeper = Sweeper(tmp_path, Names(), grace=0)
+    assert sweeper.sweep() == [] and sweeper.sweep() == []
+    monkeypatch.undo()
+    assert directory.is_dir()
+
+
+def test_a_core_that_fails_to_open_lets_go_of_its_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime.query
+
+    directory = tmp_path / "s" / str(uuid.uuid4())
+    real_open, opened = runtime.query.open_engine, []
+
+    def open_then_fail(*args: Any, **kwargs: Any) -> Any:
+        if opened:
+            raise OSError(28, "No space left on device")
+        opened.append(1)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.query, "open_engine", open_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        QueryCore(kv_spec("s"), [0, 1], directory=directory)
+    assert not held(directory)
+    monkeypatch.undo()
+    reopened = QueryCore(kv_spec("s"), [0, 1], directory=directory)  # the first partition's engine was closed
+    assert held(directory)
+    reopened.close()

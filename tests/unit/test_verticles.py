@@ -66,7 +66,7 @@ class FakeEnv:
     def export_metrics(self, metrics: Any) -> None:
         self.exported.append(metrics)
 
-    def actor_names(self) -> set[str]:
+    def known_actors(self) -> set[str]:
         return set(self.alive_names)
 
     def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
