@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 from runtime.batchrows import BatchRows, EncodedSlice, Slice, internal_keys, packed_values, rows_from_arrow
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
-from runtime.engines import Position, open_engine
+from runtime.engines import PartitionEngine, Position, open_engine
+from runtime.engines.base import fsync_directory
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted
@@ -48,6 +50,50 @@ def _window_filter(entries: Iterator[tuple[Any, bytes]], times: TimeFilter) -> I
         end = decode_value(raw)[0] if times.end_from is not None else 0
         if times.admits(key[-1], end):
             yield key, raw
+
+
+# A partition whose data could not be opened is moved to ``p<n>.unreadable-<time>`` beside it (kept for
+# an operator until the actor's data is deleted) and starts again empty and incomplete.
+UNREADABLE = ".unreadable-"
+# Waits between attempts to open a partition before setting it aside: a failure that passes (a file the
+# previous process of the actor had not released yet) is not taken for damage.
+_OPEN_RETRIES = (0.1, 0.3, 1.0)
+
+
+def _open_partition(spec: StoreSpec, p: int, path: Path | None) -> tuple[PartitionEngine, str]:
+    """Open partition ``p``'s engine at ``path``; returns it and, when its data could not be opened after
+    a few attempts (damaged files, a database the engine refuses), the reason it was set aside: the
+    data is moved beside it, kept, and the partition opens empty. Were the actor to fail instead, Ray
+    would not restart it (an error raised in an actor's constructor ends it for good), and every partition
+    it holds would stay dark; this way only the damaged one is, and it is rebuilt from a peer or by the
+    topology's rebuild path like a wiped disk (docs/design.md, "Durability")."""
+    kind = spec.engine if path is not None else "memory"
+    error: Exception | None = None
+    for wait in (0.0, *_OPEN_RETRIES):
+        time.sleep(wait)
+        try:
+            return open_engine(kind, spec.key, path), ""
+        except Exception as err:
+            if path is None:
+                raise
+            error = err
+    assert path is not None and error is not None
+    if not path.exists():
+        raise error  # no data to set aside: the failure is not the data's
+    aside = path.with_name(f"{path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:6]}")
+    path.rename(aside)
+    fsync_directory(path.parent)
+    try:
+        engine = open_engine(kind, spec.key, path)
+    except Exception:
+        shutil.rmtree(path, ignore_errors=True)
+        aside.rename(path)  # as it was: the failure is not the data's (a full disk, say)
+        fsync_directory(path.parent)
+        raise error from None
+    reason = f"its data could not be opened ({type(error).__name__}: {error}); it was set aside as {aside.name}"
+    log.error("store %s: partition %d %s, and starts again empty", spec.name, p, reason,
+              extra={"store": spec.name, "partition": p})  # fmt: skip
+    return engine, reason
 
 
 class QueryCore:
@@ -90,9 +136,11 @@ class QueryCore:
                 path = None if directory is None else directory / f"p{p}"
                 if directory is not None:
                     remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
-                engine = open_engine(spec.engine if path is not None else "memory", spec.key, path)
+                engine, unreadable = _open_partition(spec, p, path)
                 lost = recovered and path is None
                 self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
+                if unreadable:
+                    self.partitions[p].set_incomplete(unreadable)
         except BaseException:
             for state in self.partitions.values():
                 state.engine.close()
@@ -392,8 +440,13 @@ class QueryCore:
         if self.directory is None:
             return
         # Only what this core makes there: its partitions (each engine deleted its own), snapshot exports,
-        # the copies a catch-up was receiving and its owner lock; anything else keeps the directory.
-        leftovers = [self.directory / ".exports", *self.directory.glob(".p*.incoming-*")]
+        # the copies a catch-up was receiving, partitions set aside as unreadable and its owner lock;
+        # anything else keeps the directory.
+        leftovers = [
+            self.directory / ".exports",
+            *self.directory.glob(".p*.incoming-*"),
+            *self.directory.glob(f"p*{UNREADABLE}*"),
+        ]
         for path in leftovers:
             shutil.rmtree(path, ignore_errors=True)
         if self._owner is not None:

@@ -51,6 +51,40 @@ def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: A
         assert ledger.longest_gap < 15, f"a key answered 503 for {ledger.longest_gap:.1f}s"
 
 
+def test_an_actor_whose_partition_was_damaged_restarts_and_rebuilds_that_partition_under_load(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Path
+) -> None:
+    """A disk fault in one partition's files, then the actor's process SIGKILLed: Ray restarts it, and it
+    must open. (An error in an actor's constructor ends it for good: it had taken every partition of the
+    actor dark, with its healthy ones.) The damaged copy is set aside and rebuilt from its peer."""
+    from runtime.config import riqr_data
+
+    with seeded_food_orders(spark, "riqr-damage", tmp_path, keep_running=True) as topology:
+        url, ns = topology.runtime.url, topology.runtime.namespace
+        victim = http_get(f"{url}/metadata/stores/order-count")[2]["result"][0]["actor"]
+        handle = ray.get_actor(victim, namespace=ns)
+        home = riqr_data(ns) / "order-count" / victim
+        partitions = sorted(p for p in home.iterdir() if p.name.startswith("p") and p.is_dir())
+        assert partitions, sorted(home.iterdir())
+        with orders_under_load(topology.home, url) as ledger:
+            wait_for(lambda: ledger.answers[200] > 20, what="answers before the damage")
+            killed = worker_pid(handle)
+            (partitions[0] / "rocksdb" / "CURRENT").write_bytes(b"\0damaged by the test\n")
+            os.kill(killed, signal.SIGKILL)
+            wait_for(lambda: worker_pid(handle) != killed, timeout=60, what="the actor running again")
+            wait_for(
+                lambda: all(p["state"] == "serving" for p in ray.get(handle.positions.remote()).values()),
+                timeout=60,
+                what="every partition of the restarted actor serving, the damaged one rebuilt",
+            )
+            seen = ledger.answers[200]
+            wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after the rebuild")
+        wait_for_every_order_counted(url, ledger)
+        assert ledger.wrong == []
+        assert list(home.glob(f"{partitions[0].name}.unreadable-*")), sorted(home.iterdir())  # kept aside
+        assert all(q.isActive for q in topology.queries), [q.exception() for q in topology.queries]
+
+
 def test_down_and_up_then_a_restart_on_the_old_checkpoint_rebuilds_the_stores(
     ray_cluster: RayCluster, spark: Any, tmp_path: Path
 ) -> None:

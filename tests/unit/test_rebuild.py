@@ -215,3 +215,91 @@ def test_an_overflowing_buffer_is_dropped_and_the_copy_starts_over(
     s.peer.during_copy = lambda: [s.both(57 + n) if n else s.peer_core.apply("q", 57, batch(57)) for n in range(4)]
     assert s.run() == "in-sync" and s.peer.opens == 2  # batches were dropped: the first copy was not enough
     assert s.contents(s.me) == s.contents(s.peer_core) and s.me.positions()[0]["batch_id"] == 60
+
+
+def _serving_copy(kind: str, tmp_path: Path) -> Setup:
+    """A copy that caught up from its peer, serves batch 57, and is closed as its process ends."""
+    s = Setup(kind, tmp_path)
+    s.me.apply("q", 57, batch(57))
+    s.peer.during_copy = lambda: s.peer_core.apply("q", 57, batch(57))
+    assert s.run() == "in-sync" and s.me.positions()[0]["state"] == SERVING
+    s.me.close()
+    return s
+
+
+def _damage(kind: str, partition: Path) -> None:
+    """Make the partition's files unreadable to its engine, as a disk fault would."""
+    victims = [partition / "rocksdb" / "CURRENT"] if kind == "rocksdb" else sorted(partition.glob("snapshot-*.bin"))
+    assert victims and all(v.is_file() for v in victims)
+    for victim in victims:
+        victim.write_bytes(b"\x00garbage" * 64)
+
+
+def test_a_partition_whose_data_cannot_be_opened_is_set_aside_and_rebuilt_from_its_peer(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the engine's error ended the actor's constructor, which Ray does not retry: every partition
+    of the actor went dark for good. Now only the damaged one is unavailable, and only until rebuilt."""
+    import runtime.query
+
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0, 0.0))
+    s = _serving_copy(kind, tmp_path)
+    _damage(kind, tmp_path / "me" / "p0")
+    again = s.me = s.open_copy(tmp_path / "me", recovered=True)
+    position = again.positions()[0]
+    assert position["state"] == INCOMPLETE and "could not be opened" in position["reason"]
+    [aside] = (tmp_path / "me").glob("p0.unreadable-*")
+    assert aside.name in position["reason"] and any(aside.iterdir())  # the damaged data is kept
+    with pytest.raises(PartitionUnavailable):
+        again.get_many([(0, "last")])  # a 503, never the empty store it starts again as
+    assert again.rebuild_unserved() == [0]
+    assert s.run() == "in-sync"
+    assert again.positions()[0] == {"source": "q", "batch_id": 57, "state": SERVING}
+    assert s.contents(again) == s.contents(s.peer_core)
+    again.destroy()
+    assert not (tmp_path / "me").exists()  # the set-aside copy went with the actor's data
+
+
+def test_a_partition_that_fails_to_open_once_is_opened_again_not_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runtime.query
+
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0, 0.0))
+    s = _serving_copy("rocksdb", tmp_path)
+    real_open, failures = runtime.query.open_engine, [OSError(11, "Resource temporarily unavailable")]
+
+    def open_after_a_failure(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.query, "open_engine", open_after_a_failure)
+    again = s.open_copy(tmp_path / "me", recovered=True)
+    assert again.positions()[0] == {"source": "q", "batch_id": 57, "state": SERVING}
+    assert not list((tmp_path / "me").glob("p0.unreadable-*"))
+    again.close()
+
+
+def test_when_a_fresh_partition_cannot_be_opened_either_the_data_is_put_back_and_the_error_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk fails the data's open and the fresh one's alike: the failure is not the data's."""
+    import runtime.query
+
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0,))
+    s = _serving_copy("rocksdb", tmp_path)
+    before = sorted(p.name for p in (tmp_path / "me" / "p0").iterdir())
+
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runtime.query, "open_engine", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        s.open_copy(tmp_path / "me", recovered=True)
+    assert sorted(p.name for p in (tmp_path / "me" / "p0").iterdir()) == before
+    assert not list((tmp_path / "me").glob("p0.unreadable-*"))
+    monkeypatch.undo()
+    again = s.open_copy(tmp_path / "me", recovered=True)
+    assert again.positions()[0] == {"source": "q", "batch_id": 57, "state": SERVING}
+    again.close()
