@@ -81,6 +81,7 @@ class OwnerLock:
         self._locked = False
         self._mutex = threading.Lock()  # the descriptor: the retrying thread against ``release``
         self._released = threading.Event()
+        self._taken = threading.Event()
 
     @classmethod
     def take(cls, directory: Path) -> OwnerLock:
@@ -98,6 +99,7 @@ class OwnerLock:
             except BlockingIOError:
                 return False
             self._locked = True
+            self._taken.set()
             return True
 
     def _keep_trying(self) -> None:
@@ -116,6 +118,10 @@ class OwnerLock:
     @property
     def held(self) -> bool:
         return self._locked
+
+    def wait_held(self, timeout: float) -> bool:
+        """Whether this lock holds, waiting up to ``timeout`` seconds for a busy one."""
+        return self._taken.wait(timeout) and self._locked
 
     def release(self, *, remove: bool = False) -> None:
         """Let go of the lock (or stop trying for it); with ``remove``, delete the lock file first when this

@@ -258,10 +258,6 @@ class PartitionState:
         self._buffer, self._buffered_rows, self._received = deque(), 0, None
         self.generation += 1
 
-    def set_incomplete(self, reason: str) -> None:
-        """Mark the partition incomplete for ``reason`` (durably: see ``MARKER``) until a rebuild."""
-        self._mark_incomplete(self.engine.position().batch_id, reason)
-
     def _mark_incomplete(self, batch_id: int, reason: str) -> None:
         if self.state != INCOMPLETE:
             fields = {"store": self.store or None, "partition": self.partition, "batch": batch_id}

@@ -22,8 +22,8 @@ from typing import Any
 from runtime.batchrows import BatchRows, EncodedSlice, Slice, internal_keys, packed_values, rows_from_arrow
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
-from runtime.engines import PartitionEngine, Position, open_engine
-from runtime.engines.base import fsync_directory
+from runtime.engines import NONE, EngineCorrupt, PartitionEngine, Position, open_engine
+from runtime.engines.base import fsync_directory, write_atomically
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted
@@ -31,7 +31,7 @@ from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Span, Spans
 from runtime.orphans import OwnerLock
 from runtime.pages import PackedPage, Run, cut, encode_page, merge_runs, split_run
-from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, SERVING, ApplyResult, PartitionState, Rows
+from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, MARKER, SERVING, ApplyResult, PartitionState, Rows
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
 from runtime.scan import Scan, TimeFilter
 from runtime.snapshots import SnapshotCorrupt, SnapshotExports, SnapshotOffer, describe_files, remove_leftovers
@@ -52,48 +52,84 @@ def _window_filter(entries: Iterator[tuple[Any, bytes]], times: TimeFilter) -> I
             yield key, raw
 
 
-# A partition whose data could not be opened is moved to ``p<n>.unreadable-<time>`` beside it (kept for
-# an operator until the actor's data is deleted) and starts again empty and incomplete.
+# A partition whose data is damaged is moved to ``p<n>.unreadable-<time>-<id>`` beside it (kept for an
+# operator until the actor's data is deleted) and starts again empty and incomplete.
 UNREADABLE = ".unreadable-"
-# Waits between attempts to open a partition before setting it aside: a failure that passes (a file the
-# previous process of the actor had not released yet) is not taken for damage.
+# Waits between attempts to open a partition: a failure that passes is never taken for damage.
 _OPEN_RETRIES = (0.1, 0.3, 1.0)
+# How long to wait for the actor's owner lock before setting data aside: without it, a previous process
+# of the actor may still have the partition open and write into the directory after it moved.
+_OWNER_WAIT = 5.0
 
 
-def _open_partition(spec: StoreSpec, p: int, path: Path | None) -> tuple[PartitionEngine, str]:
-    """Open partition ``p``'s engine at ``path``; returns it and, when its data could not be opened after
-    a few attempts (damaged files, a database the engine refuses), the reason it was set aside: the
-    data is moved beside it, kept, and the partition opens empty. Were the actor to fail instead, Ray
-    would not restart it (an error raised in an actor's constructor ends it for good), and every partition
-    it holds would stay dark; this way only the damaged one is, and it is rebuilt from a peer or by the
-    topology's rebuild path like a wiped disk (docs/design.md, "Durability")."""
+def _damaged(err: Exception) -> bool:
+    """Whether an engine's error at open says its files are damaged (not busy, missing or refused for
+    another reason: those are raised, as they are no reason to put the data aside)."""
+    return isinstance(err, EngineCorrupt) or str(err).startswith("Corruption:")  # RocksDB's status
+
+
+def _mark_incomplete(path: Path, reason: str) -> None:
+    """The durable mark ``PartitionState`` opens as ``incomplete`` (``runtime.partition.MARKER``)."""
+    write_atomically(path / MARKER, reason.encode("utf-8"))
+
+
+def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock | None) -> PartitionEngine:
+    """Open partition ``p``'s engine at ``path``.
+
+    When the engine says the partition's files are damaged, even after a few attempts, the data is moved
+    aside (kept), the partition opens empty and marked incomplete, and it is rebuilt like a wiped copy:
+    from a peer, or by the topology's rebuild path. Were the actor to fail instead, Ray would not
+    restart it (an error raised in an actor's constructor ends it for good), and every partition it holds
+    would stay dark. Any other error is raised as it was: a busy lock, a full disk, too many open files
+    or an engine of another kind are no damage of the data (docs/design.md, "Rebuilding a copy")."""
     kind = spec.engine if path is not None else "memory"
     error: Exception | None = None
     for wait in (0.0, *_OPEN_RETRIES):
         time.sleep(wait)
         try:
-            return open_engine(kind, spec.key, path), ""
+            engine = open_engine(kind, spec.key, path)
         except Exception as err:
             if path is None:
                 raise
             error = err
+            continue
+        if path is not None:
+            _mark_if_set_aside(path, engine)
+        return engine
     assert path is not None and error is not None
-    if not path.exists():
-        raise error  # no data to set aside: the failure is not the data's
+    if not _damaged(error) or owner is None or not owner.wait_held(_OWNER_WAIT):
+        # Not damage; or another process may still have the partition open: leave it as it is.
+        raise error
     aside = path.with_name(f"{path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:6]}")
+    reason = f"its data is damaged ({type(error).__name__}: {error}); it was set aside as {aside.name}"
     path.rename(aside)
     fsync_directory(path.parent)
     try:
         engine = open_engine(kind, spec.key, path)
+        _mark_incomplete(path, reason)
     except Exception:
-        shutil.rmtree(path, ignore_errors=True)
-        aside.rename(path)  # as it was: the failure is not the data's (a full disk, say)
-        fsync_directory(path.parent)
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            aside.rename(path)  # as it was: this failure is not the data's (a full disk, say)
+            fsync_directory(path.parent)
+        except OSError:
+            log.error("store %s: partition %d: its damaged data, set aside as %s, could not be put back", spec.name,
+                      p, aside, exc_info=True, extra={"store": spec.name, "partition": p})  # fmt: skip
         raise error from None
-    reason = f"its data could not be opened ({type(error).__name__}: {error}); it was set aside as {aside.name}"
-    log.error("store %s: partition %d %s, and starts again empty", spec.name, p, reason,
+    log.error("store %s: partition %d: %s; it starts again empty, to be rebuilt", spec.name, p, reason,
               extra={"store": spec.name, "partition": p})  # fmt: skip
-    return engine, reason
+    return engine
+
+
+def _mark_if_set_aside(path: Path, engine: PartitionEngine) -> None:
+    """A partition that opened empty beside data set aside, with no mark: the actor died between moving
+    the data and marking the fresh partition. Mark it now: unmarked, a fresh start (``begin``) would
+    make it serve empty."""
+    if engine.position() != NONE or (path / MARKER).exists():
+        return
+    aside = sorted(path.parent.glob(f"{path.name}{UNREADABLE}*"))
+    if aside:
+        _mark_incomplete(path, f"its data is damaged; it was set aside as {aside[-1].name}")
 
 
 class QueryCore:
@@ -136,11 +172,9 @@ class QueryCore:
                 path = None if directory is None else directory / f"p{p}"
                 if directory is not None:
                     remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
-                engine, unreadable = _open_partition(spec, p, path)
+                engine = _open_partition(spec, p, path, self._owner)
                 lost = recovered and path is None
                 self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
-                if unreadable:
-                    self.partitions[p].set_incomplete(unreadable)
         except BaseException:
             for state in self.partitions.values():
                 state.engine.close()

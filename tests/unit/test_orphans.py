@@ -375,6 +375,7 @@ def test_a_core_that_fails_to_open_lets_go_of_its_lock(tmp_path: Path, monkeypat
         return real_open(*args, **kwargs)
 
     monkeypatch.setattr(runtime.query, "open_engine", open_then_fail)
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0,))
     with pytest.raises(OSError, match="No space left"):
         QueryCore(kv_spec("s"), [0, 1], directory=directory)
     assert not held(directory)

@@ -247,7 +247,7 @@ def test_a_partition_whose_data_cannot_be_opened_is_set_aside_and_rebuilt_from_i
     _damage(kind, tmp_path / "me" / "p0")
     again = s.me = s.open_copy(tmp_path / "me", recovered=True)
     position = again.positions()[0]
-    assert position["state"] == INCOMPLETE and "could not be opened" in position["reason"]
+    assert position["state"] == INCOMPLETE and "is damaged" in position["reason"]
     [aside] = (tmp_path / "me").glob("p0.unreadable-*")
     assert aside.name in position["reason"] and any(aside.iterdir())  # the damaged data is kept
     with pytest.raises(PartitionUnavailable):
@@ -267,39 +267,104 @@ def test_a_partition_that_fails_to_open_once_is_opened_again_not_set_aside(
 
     monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0, 0.0))
     s = _serving_copy("rocksdb", tmp_path)
-    real_open, failures = runtime.query.open_engine, [OSError(11, "Resource temporarily unavailable")]
+    real_open = runtime.query.open_engine
+    failures: list[Exception] = [Exception("Corruption: a read that failed once"), OSError(11, "Resource busy")]
 
-    def open_after_a_failure(*args: Any, **kwargs: Any) -> Any:
+    def open_after_failures(*args: Any, **kwargs: Any) -> Any:
         if failures:
             raise failures.pop()
         return real_open(*args, **kwargs)
 
-    monkeypatch.setattr(runtime.query, "open_engine", open_after_a_failure)
+    monkeypatch.setattr(runtime.query, "open_engine", open_after_failures)
     again = s.open_copy(tmp_path / "me", recovered=True)
     assert again.positions()[0] == {"source": "q", "batch_id": 57, "state": SERVING}
     assert not list((tmp_path / "me").glob("p0.unreadable-*"))
+    again.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [OSError(11, "IO error: lock hold by another process"), OSError(24, "Too many open files"), MemoryError()],
+)
+def test_an_error_that_is_not_damage_is_raised_and_the_data_left_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    """Only the engine's word that files are damaged sets data aside: a busy lock, too many open files or
+    a lack of memory are no reason to throw a good copy out."""
+    import runtime.query
+
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0,))
+    s = _serving_copy("rocksdb", tmp_path)
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(runtime.query, "open_engine", failing)
+    with pytest.raises(type(error)):
+        s.open_copy(tmp_path / "me", recovered=True)
+    assert not list((tmp_path / "me").glob("p0.unreadable-*")) and (tmp_path / "me" / "p0" / "rocksdb").is_dir()
+
+
+def test_damaged_data_is_left_in_place_while_another_process_holds_the_actors_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A previous process of the actor that has not exited may still write into the partition: moving
+    the directory then would let it write into the fresh one."""
+    import runtime.query
+    from runtime.orphans import OwnerLock
+
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0,))
+    monkeypatch.setattr(runtime.query, "_OWNER_WAIT", 0.1)
+    s = _serving_copy("rocksdb", tmp_path)
+    _damage("rocksdb", tmp_path / "me" / "p0")
+    previous = OwnerLock.take(tmp_path / "me")  # another open file description: as another process's
+    try:
+        with pytest.raises(Exception, match="Corruption"):
+            s.open_copy(tmp_path / "me", recovered=True)
+        assert not list((tmp_path / "me").glob("p0.unreadable-*"))
+    finally:
+        previous.release()
+
+
+def test_a_crash_between_setting_data_aside_and_marking_the_fresh_partition_never_serves_empty(
+    kind: str, tmp_path: Path
+) -> None:
+    s = _serving_copy(kind, tmp_path)
+    (tmp_path / "me" / "p0").rename(tmp_path / "me" / "p0.unreadable-20261126T000000-abcdef")  # then SIGKILL
+    again = s.open_copy(tmp_path / "me", recovered=True)
+    assert again.positions()[0]["state"] == INCOMPLETE and "set aside" in again.positions()[0]["reason"]
+    assert again.begin("q2") == []  # a fresh start does not make it serve empty
+    with pytest.raises(PartitionUnavailable):
+        again.get_many([(0, "last")])
+    assert again.rebuild_unserved() == [0]
+    assert s.run() == "in-sync" and s.contents(again) == s.contents(s.peer_core)
     again.close()
 
 
 def test_when_a_fresh_partition_cannot_be_opened_either_the_data_is_put_back_and_the_error_raised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full disk fails the data's open and the fresh one's alike: the failure is not the data's."""
+    """A full disk after the damage fails the fresh partition too: the data goes back where it was."""
     import runtime.query
 
     monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0,))
     s = _serving_copy("rocksdb", tmp_path)
-    before = sorted(p.name for p in (tmp_path / "me" / "p0").iterdir())
+    _damage("rocksdb", tmp_path / "me" / "p0")
 
-    def full_disk(*args: Any, **kwargs: Any) -> Any:
-        raise OSError(28, "No space left on device")
+    def files() -> list[str]:  # but RocksDB's info logs, which each attempt to open rotates
+        return sorted(p.name for p in (tmp_path / "me" / "p0").rglob("*") if not p.name.startswith("LOG"))
 
-    monkeypatch.setattr(runtime.query, "open_engine", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    before = files()
+    real_open, opens = runtime.query.open_engine, []
+
+    def full_disk_for_a_fresh_one(*args: Any, **kwargs: Any) -> Any:
+        opens.append(1)
+        if len(opens) > 2:  # the two attempts on the damaged data go through to the engine
+            raise OSError(28, "No space left on device")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.query, "open_engine", full_disk_for_a_fresh_one)
+    with pytest.raises(Exception, match="Corruption"):
         s.open_copy(tmp_path / "me", recovered=True)
-    assert sorted(p.name for p in (tmp_path / "me" / "p0").iterdir()) == before
+    assert files() == before and "CURRENT" in before
     assert not list((tmp_path / "me").glob("p0.unreadable-*"))
-    monkeypatch.undo()
-    again = s.open_copy(tmp_path / "me", recovered=True)
-    assert again.positions()[0] == {"source": "q", "batch_id": 57, "state": SERVING}
-    again.close()
