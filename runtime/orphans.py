@@ -4,8 +4,8 @@ A query actor keeps its partitions in ``<data>/<namespace>/<store>/<actor uuid>`
 ``riqr down`` deletes them, but a cluster that crashed or was stopped without it leaves them behind, and
 the actors of the next ``riqr up`` get new ids: nothing will open those directories again. Each node's
 HTTP verticle sweeps its node's directory of its namespace (``Sweeper``) and deletes an actor's directory
-only when, at two consecutive sweeps at least ``grace`` seconds apart, and once more just before the
-deletion, all of these hold:
+only when all of these hold at every sweep over at least ``grace`` seconds (two sweeps at the least),
+and once more just before the deletion:
 
 * **No actor of that name exists in the cluster.** Ray keeps an actor's name while it is alive, being
   created or restarting (listed by ``ray.util.list_named_actors`` through the whole restart), and frees it
@@ -21,7 +21,7 @@ deletion, all of these hold:
   cluster on the same host that shares the data directory and namespace, while its actors run: they
   are not named in this cluster.
 
-The two sweeps ``grace`` apart cover what a single look could race with: an actor created between the
+Watching a directory over ``grace`` seconds covers what a single look could race with: an actor created between the
 listing of names and the look at its directory, another cluster's actor in the middle of its restart.
 
 Only directories named like an actor (a UUID) inside a directory named like a store are looked at, and
@@ -70,7 +70,7 @@ class OwnerLock:
 
     ``take`` never fails the caller and never waits: when the lock is busy (a sweeper's probe holds it for
     an instant, or a previous incarnation of the actor has not quite exited), a thread keeps trying, every
-    50 ms and after ``WARN_AFTER`` seconds every second with a warning, until it has the lock or the lock
+    50 ms, and after ``WARN_AFTER`` seconds every second after one warning, until it has the lock or the lock
     is released. Meanwhile the actor's name protects the directory from its own cluster's sweepers."""
 
     WARN_AFTER = 5.0

@@ -76,8 +76,9 @@ def _mark_incomplete(path: Path, reason: str) -> None:
 def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock | None) -> PartitionEngine:
     """Open partition ``p``'s engine at ``path``.
 
-    When the engine says the partition's files are damaged, even after a few attempts, the data is moved
-    aside (kept), the partition opens empty and marked incomplete, and it is rebuilt like a wiped copy:
+    When the engine says the partition's files are damaged, even after a few attempts, and the actor holds
+    its directory's owner lock (waited for at most ``_OWNER_WAIT``; otherwise the error is raised), the
+    data is moved aside (kept), the partition opens empty and marked incomplete, and it is rebuilt like a wiped copy:
     from a peer, or by the topology's rebuild path. Were the actor to fail instead, Ray would not
     restart it (an error raised in an actor's constructor ends it for good), and every partition it holds
     would stay dark. Any other error is raised as it was: a busy lock, a full disk, too many open files
@@ -104,10 +105,13 @@ def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock
     reason = f"its data is damaged ({type(error).__name__}: {error}); it was set aside as {aside.name}"
     path.rename(aside)
     fsync_directory(path.parent)
+    fresh: PartitionEngine | None = None
     try:
-        engine = open_engine(kind, spec.key, path)
+        fresh = open_engine(kind, spec.key, path)
         _mark_incomplete(path, reason)
     except Exception:
+        if fresh is not None:
+            fresh.close()
         try:
             shutil.rmtree(path, ignore_errors=True)
             aside.rename(path)  # as it was: this failure is not the data's (a full disk, say)
@@ -118,7 +122,7 @@ def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock
         raise error from None
     log.error("store %s: partition %d: %s; it starts again empty, to be rebuilt", spec.name, p, reason,
               extra={"store": spec.name, "partition": p})  # fmt: skip
-    return engine
+    return fresh
 
 
 def _mark_if_set_aside(path: Path, engine: PartitionEngine) -> None:
