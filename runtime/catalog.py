@@ -24,7 +24,7 @@ def is_store_name(name: str) -> bool:
 
 def validate_store_name(name: str) -> str:
     """Store names appear in URLs and actor names: letters, digits, ``.``, ``_`` and ``-``."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not is_store_name(name):
         raise SchemaError(
             f"store name {name!r} is invalid: use 1-200 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",

@@ -48,6 +48,7 @@ __all__ = [
     "LOST",
     "CATCHING_UP",
     "MARKER",
+    "write_marker",
     "BUFFER_ROWS",
 ]
 
@@ -76,6 +77,12 @@ class ApplyResult:
     rows: int
     reset: bool = False
     state: str = SERVING
+
+
+def write_marker(directory: Path, reason: str) -> None:
+    """Mark the partition in ``directory`` incomplete for ``reason``: durably, so a restart cannot make it
+    forget that its state has a hole (``PartitionState`` opens it ``incomplete``)."""
+    write_atomically(directory / MARKER, reason.encode("utf-8"))
 
 
 class PartitionState:
@@ -267,8 +274,7 @@ class PartitionState:
 
     def _write_marker(self, reason: str) -> None:
         if self._marker is not None and not self._marker.exists():
-            # Durable, so a restart cannot make the partition forget that its state has a hole.
-            write_atomically(self._marker, reason.encode("utf-8"))
+            write_marker(self._marker.parent, reason)
 
     def _clear_marker(self) -> None:
         if self._marker is not None and self._marker.exists():

@@ -23,7 +23,7 @@ from runtime.batchrows import BatchRows, EncodedSlice, Slice, internal_keys, pac
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
 from runtime.engines import NONE, EngineCorrupt, PartitionEngine, Position, open_engine
-from runtime.engines.base import fsync_directory, write_atomically
+from runtime.engines.base import fsync_directory
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted
@@ -31,7 +31,17 @@ from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Span, Spans
 from runtime.orphans import OwnerLock
 from runtime.pages import PackedPage, Run, cut, encode_page, merge_runs, split_run
-from runtime.partition import CATCHING_UP, INCOMPLETE, LOST, MARKER, SERVING, ApplyResult, PartitionState, Rows
+from runtime.partition import (
+    CATCHING_UP,
+    INCOMPLETE,
+    LOST,
+    MARKER,
+    SERVING,
+    ApplyResult,
+    PartitionState,
+    Rows,
+    write_marker,
+)
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
 from runtime.scan import Scan, TimeFilter
 from runtime.snapshots import SnapshotCorrupt, SnapshotExports, SnapshotOffer, describe_files, remove_leftovers
@@ -66,11 +76,6 @@ def _damaged(err: Exception) -> bool:
     """Whether an engine's error at open says its files are damaged (not busy, missing or refused for
     another reason: those are raised, as they are no reason to put the data aside)."""
     return isinstance(err, EngineCorrupt) or str(err).startswith("Corruption:")  # RocksDB's status
-
-
-def _mark_incomplete(path: Path, reason: str) -> None:
-    """The durable mark ``PartitionState`` opens as ``incomplete`` (``runtime.partition.MARKER``)."""
-    write_atomically(path / MARKER, reason.encode("utf-8"))
 
 
 def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock | None) -> PartitionEngine:
@@ -108,7 +113,7 @@ def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock
     fresh: PartitionEngine | None = None
     try:
         fresh = open_engine(kind, spec.key, path)
-        _mark_incomplete(path, reason)
+        write_marker(path, reason)
     except Exception:
         if fresh is not None:
             fresh.close()
@@ -133,7 +138,7 @@ def _mark_if_set_aside(path: Path, engine: PartitionEngine) -> None:
         return
     aside = sorted(path.parent.glob(f"{path.name}{UNREADABLE}*"))
     if aside:
-        _mark_incomplete(path, f"its data is damaged; it was set aside as {aside[-1].name}")
+        write_marker(path, f"its data is damaged; it was set aside as {aside[-1].name}")
 
 
 class QueryCore:

@@ -142,7 +142,7 @@ class RayEnv:
         view = raycalls.get(self._registry().view.remote(), "registry view", timeout=_CALL_TIMEOUT)
         names.update(view.actors)
         for table in view.tables.values():
-            names.update(u for owners in table.partitions for u in (owners.active, *owners.standbys) if u is not None)
+            names.update(table.all_owners())
         return names
 
     # -- RegistryLink -----------------------------------------------------------------------------------
