@@ -3,13 +3,17 @@ module uses stays beside its use)."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for the annotation: config stays free of aiohttp and jwt
     from runtime.auth import AuthConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -22,6 +26,9 @@ __all__ = [
     "ROCKSDB_CACHE_BYTES",
     "ROCKSDB_CACHE_ENV",
     "RECLAIM_ENV",
+    "RECREATE_ENV",
+    "DEFAULT_RECREATE_AFTER",
+    "seconds_setting",
     "riqr_data",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_PAGE_SIZE",
@@ -70,6 +77,12 @@ ROCKSDB_CACHE_BYTES = int(float(os.environ.get(ROCKSDB_CACHE_ENV, "256")) * (1 <
 # How long the data of a query actor that no longer exists stays on a node's disk before that node's
 # HTTP verticle deletes it, in seconds or "off" (read where the verticle starts; ``runtime.orphans``).
 RECLAIM_ENV = "RIQR_RECLAIM_AFTER"
+# How long a query actor must have been gone for good (killed without a restart, or failed in its
+# constructor) on a live node before the registry creates it again on that node, in seconds or "off"
+# (read where the registry starts; docs/design.md, "An actor gone for good"). Ray restarts an actor that
+# crashed by itself; this is for the ones it will not.
+RECREATE_ENV = "RIQR_RECREATE_AFTER"
+DEFAULT_RECREATE_AFTER = 2.0
 # How long one request may take end to end before it is a 504.
 DEFAULT_REQUEST_TIMEOUT = 10.0
 # Entries per page a facade asks an owner for, and per page a client gets when it names no limit.
@@ -128,6 +141,29 @@ def facade_name(node_id: str) -> str:
 def http_name(node_id: str) -> str:
     """The name of a node's HTTP verticle."""
     return f"riqr-http-{node_id}"
+
+
+def seconds_setting(
+    environ: Mapping[str, str], name: str, default: float, *, meant_for_tests_under: float = 0.0
+) -> float | None:
+    """A duration setting ``$name``: its seconds, None for ``off``, ``default`` when unset. A value that
+    is not a finite, non-negative number of seconds is logged and ``default`` used (a typo must not turn
+    a safety off); one under ``meant_for_tests_under`` is taken, with a warning."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    if raw.lower() == "off":
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        log.warning("%s=%r is not a number of seconds or 'off'; using %g", name, raw, default)
+        return default
+    if seconds < meant_for_tests_under:
+        log.warning("%s=%g: under %g s is meant for tests", name, seconds, meant_for_tests_under)
+    return seconds
 
 
 def riqr_home(explicit: str | os.PathLike[str] | None = None) -> Path:

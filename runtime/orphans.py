@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from runtime.catalog import is_store_name
-from runtime.config import RECLAIM_ENV
+from runtime.config import RECLAIM_ENV, seconds_setting
 from runtime.metrics import Metrics
 
 __all__ = [
@@ -173,21 +173,7 @@ def held(directory: Path) -> bool:
 def reclaim_after(environ: Mapping[str, str] = os.environ) -> float | None:
     """The grace period ``$RIQR_RECLAIM_AFTER`` asks for, in seconds (None: ``off``, no sweeping); a value
     that is not a number of seconds is reported and the default used."""
-    raw = environ.get(RECLAIM_ENV, "").strip()
-    if not raw:
-        return DEFAULT_RECLAIM_AFTER
-    if raw.lower() == "off":
-        return None
-    try:
-        grace = float(raw)
-    except ValueError:
-        grace = -1.0
-    if not grace >= 0 or grace == float("inf"):
-        log.warning("%s=%r is not a number of seconds or 'off'; using %g", RECLAIM_ENV, raw, DEFAULT_RECLAIM_AFTER)
-        return DEFAULT_RECLAIM_AFTER
-    if grace < 60:
-        log.warning("%s=%g: a grace period under a minute is meant for tests", RECLAIM_ENV, grace)
-    return grace
+    return seconds_setting(environ, RECLAIM_ENV, DEFAULT_RECLAIM_AFTER, meant_for_tests_under=60)
 
 
 def sweep_every(grace: float) -> float:

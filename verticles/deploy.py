@@ -243,6 +243,14 @@ class RayEnv:
         alive = {a["Name"] for a in ray_state.actors(actor_state_name="ALIVE").values()}
         return {u for u in uuids if u not in alive}
 
+    def vanished_actors(self, uuids: Sequence[str]) -> set[str] | None:
+        # Names are released when an actor is dead for good and kept while it restarts (measured: a
+        # restarting actor stays listed), so a missing name is an actor Ray will not bring back.
+        names = set(_named_in(self.namespace))
+        if REGISTRY_NAME not in names:  # the registry asking is alive and named: this listing is not whole
+            return None
+        return {u for u in uuids if u not in names}
+
     def serving_partitions(self, uuid: str) -> set[int]:
         try:
             handle = ray.get_actor(uuid, namespace=self.namespace)
@@ -375,12 +383,12 @@ def ensure_registry(namespace: str) -> Any:
     """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
     registry keeps its own, since ``get_if_exists`` ignores the arguments)."""
     from runtime.auth import DeploymentSecrets
-    from verticles.registry import Registry
+    from verticles.registry import Registry, recreate_after
 
     handle = (
         _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
         .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True))
-        .remote(namespace, RayEnv(namespace), secrets=DeploymentSecrets.generate())
+        .remote(namespace, RayEnv(namespace), secrets=DeploymentSecrets.generate(), recreate_after=recreate_after())
     )
     raycalls.get(handle.epoch.remote(), "starting the registry")
     return handle
@@ -441,7 +449,12 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
 
 
 def down(namespace: str) -> list[str]:
-    """Stop every riqr actor of ``namespace``: HTTP servers first, then facades, query actors, registry."""
+    """Stop every riqr actor of ``namespace``: HTTP servers first, then facades, query actors, registry.
+
+    The registry is told first to stop re-creating query actors and promoting standbys (``retire``), and
+    only then are the names listed: it would otherwise create again the query actors killed here, or one
+    it was re-creating as the listing was taken would outlive ``down``."""
+    _call_unless_dead(namespace, REGISTRY_NAME, "retire", "telling the registry that the runtime goes down")
     names = _named_in(namespace)
     for name in [n for n in names if n.startswith("riqr-http-")]:
         _call_unless_dead(namespace, name, "stop", f"stopping HTTP verticle {name}", timeout=10)

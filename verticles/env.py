@@ -109,9 +109,9 @@ class ClusterOps(Protocol):
         ...
 
     def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        """Stop query actor ``uuid`` for good wherever it is (its node is gone) and create it again, same
-        name, on ``node_id``, as a replacement (it opens its partitions as a restarted actor would and
-        rebuilds them from peers); waits until it runs and returns where it runs."""
+        """Stop query actor ``uuid`` for good wherever it is (its node is gone, or it is gone already) and
+        create it again, same name, on ``node_id``, as a replacement (it opens its partitions as a restarted
+        actor would and rebuilds them from peers); waits until it runs and returns where it runs."""
         ...
 
     def watch_nodes(self) -> None:
@@ -121,6 +121,12 @@ class ClusterOps(Protocol):
     def unavailable_actors(self, uuids: Sequence[str]) -> set[str]:
         """Those of the named query actors that Ray does not list alive (dead, restarting, being
         created): one look at Ray's actor table, not a call to each actor."""
+        ...
+
+    def vanished_actors(self, uuids: Sequence[str]) -> set[str] | None:
+        """Those of the named query actors Ray holds no actor of that name for: killed without a restart,
+        or failed in their constructor, so Ray will not bring them back (one restarting keeps its name).
+        None when Ray's answer cannot be trusted (it does not list the registry asking)."""
         ...
 
     def serving_partitions(self, uuid: str) -> set[int]:

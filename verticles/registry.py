@@ -12,27 +12,40 @@ back after a restart; live feeders also re-send their whole state with every hea
 
 About every second it checks which nodes Ray reports alive (``check_nodes``): the query actors of a node
 that died are re-created, same name, on live nodes, and rebuild their copies from peers (docs/design.md,
-"Node loss"). The same check promotes a standby wherever an active copy's actor is not alive (dead,
-restarting, being re-created), and gives the partition back to its first active once that copy serves
-again; a facade that finds an owner unreachable asks for the check at once (``suspect``). Facades learn
-of every change by waiting on ``wait_epoch`` (a long poll), so a promotion reaches them in milliseconds.
+"Node loss"). A query actor gone for good on a live node (killed without a restart, or failed in its
+constructor: Ray brings neither back) is created again on its own node, where its data is, once it has
+been gone for ``RIQR_RECREATE_AFTER`` seconds, with a growing wait between failed attempts (docs/design.md,
+"An actor gone for good"). ``retire`` (``riqr down``) stops both. The same check promotes a standby
+wherever an active copy's actor is not alive (dead, restarting, being re-created), and gives the
+partition back to its first active once that copy serves again; a facade that finds an owner
+unreachable asks for the check at once (``suspect``). Facades learn of every change by waiting on
+``wait_epoch`` (a long poll), so a promotion reaches them in milliseconds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from runtime import logs
 from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
-from runtime.config import EPOCH_WAIT_MAX, FEED_SAVE_INTERVAL, FEED_STALE_AFTER, SUSPECT_CHECK_GAP
+from runtime.config import (
+    DEFAULT_RECREATE_AFTER,
+    EPOCH_WAIT_MAX,
+    FEED_SAVE_INTERVAL,
+    FEED_STALE_AFTER,
+    RECREATE_ENV,
+    SUSPECT_CHECK_GAP,
+    seconds_setting,
+)
 from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.ownership import (
     ActorInfo,
@@ -48,7 +61,7 @@ from runtime.ownership import (
 from runtime.registry import RegistryState
 from verticles.env import RegistryEnv, prune_empty_dirs
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "recreate_after"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +69,27 @@ log = logging.getLogger(__name__)
 INGEST_FILE = Path("_registry") / "ingest.json"
 
 
+# The longest wait between two attempts at creating again an actor whose attempts failed.
+RECREATE_BACKOFF_MAX = 60.0
+
+
 def _new_uuid() -> str:
     return str(uuidlib.uuid4())
+
+
+def recreate_after(environ: Mapping[str, str] = os.environ) -> float | None:
+    """How long ``$RIQR_RECREATE_AFTER`` says a query actor must be gone for good before the registry
+    creates it again, in seconds (None: ``off``, never)."""
+    return seconds_setting(environ, RECREATE_ENV, DEFAULT_RECREATE_AFTER)
+
+
+@dataclass
+class _Gone:
+    """A query actor Ray holds no actor for, as the registry's checks have seen it."""
+
+    since: float  # seen gone at every check from this time on
+    attempts: int = 0  # failed attempts at creating it again
+    next_try: float = 0.0
 
 
 class Registry:
@@ -73,6 +105,7 @@ class Registry:
         new_uuid: Callable[[], str] = _new_uuid,
         secrets: DeploymentSecrets | None = None,
         stale_after: float = FEED_STALE_AFTER,
+        recreate_after: float | None = DEFAULT_RECREATE_AFTER,
     ) -> None:
         logs.configure_from_env()
         self.namespace = namespace
@@ -88,6 +121,11 @@ class Registry:
         # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
         self._first_active: dict[tuple[str, int], str] = {}
         self._actors_checked_at = 0.0
+        # Query actors gone for good on live nodes, and when to create them again (None: never).
+        self._recreate_after = recreate_after
+        self._gone: dict[str, _Gone] = {}
+        # ``riqr down`` is under way: nothing is re-created or promoted any more.
+        self._retired = False
         # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
         # changes with every batch, and no request routes by it).
         data = env.data_dir()
@@ -290,7 +328,7 @@ class Registry:
         """
         self._actors_checked_at = self._clock()
         view = self.state.view()
-        if not view.actors:
+        if not view.actors or self._retired:
             return {}
         down = self._env.unavailable_actors(sorted(view.actors))
         if len(down) == len(view.actors):  # Ray could not say, or nothing is up: moving helps nobody
@@ -331,15 +369,25 @@ class Registry:
                          extra={"store": store, "actor": first})  # fmt: skip
         return table
 
-    def check_nodes(self) -> list[str]:
-        """Re-create the query actors of nodes Ray reports dead on live nodes; returns their uuids.
+    def retire(self) -> None:
+        """The runtime is going down (``riqr down``, before it kills anything): from now on no check
+        re-creates a query actor or promotes a standby. Calls are taken one at a time, so a re-creation
+        under way has finished when this returns."""
+        self._retired = True
+        log.info("the runtime is going down: query actors are no longer re-created")
 
-        Each goes to the node ``replacement_node`` picks (no other copy of its partitions there while
-        another node is left), keeps its uuid, so tables and handles by name stay valid, and its move bumps
-        the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted. Nothing
-        happens while every node is alive, and an actor already moved is not moved again; one that could
-        not be re-created is tried again at the next check.
+    def check_nodes(self) -> list[str]:
+        """Re-create the query actors of nodes Ray reports dead on live nodes, and those gone for good on
+        live nodes (``_recreate_gone``); returns their uuids.
+
+        Each of a dead node goes to the node ``replacement_node`` picks (no other copy of its partitions
+        there while another node is left), keeps its uuid, so tables and handles by name stay valid, and its
+        move bumps the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted.
+        Nothing happens while every node is alive, and an actor already moved is not moved again; one that
+        could not be re-created is tried again at the next check.
         """
+        if self._retired:
+            return []
         alive = sorted(self._env.alive_nodes())
         if not alive:  # Ray could not say: never move everything on a blip
             return []
@@ -365,7 +413,57 @@ class Registry:
             self.state.actor_moved(uuid, new.node_id, new.node_ip)
             moved.append(uuid)
         try:
+            moved.extend(self._recreate_gone(alive, lost))
+        except Exception:
+            log.warning("checking for query actors gone for good failed", exc_info=True)
+        try:
             self.check_actors()
         except Exception:
             log.warning("checking the query actors failed", exc_info=True)
         return moved
+
+    def _recreate_gone(self, alive: Sequence[str], lost: Sequence[str]) -> list[str]:
+        """Create again, on its own node, each query actor of a live node that Ray holds no actor for and
+        that every check has seen so for ``recreate_after`` seconds; returns their uuids.
+
+        Ray restarts an actor that crashed (``max_restarts=-1``) and keeps its name meanwhile, so a missing
+        name is an actor Ray will not bring back: killed without a restart, or whose constructor raised.
+        Its data is on its node, so it goes back there and opens its partitions as a restarted actor does.
+        One seen back (or unlisted by Ray's answer being untrustworthy) starts over. A failed attempt waits
+        twice as long as the one before it (up to ``RECREATE_BACKOFF_MAX``): an actor whose constructor
+        keeps failing costs a registry call now and then, not a loop.
+        """
+        after = self._recreate_after
+        view = self.state.view()
+        candidates = sorted(u for u, info in view.actors.items() if info.node_id in alive and u not in lost)
+        if after is None or not candidates:
+            self._gone.clear()
+            return []
+        # None: Ray could not say. Every count starts again rather than act on that.
+        gone = self._env.vanished_actors(candidates) or set()
+        self._gone = {u: g for u, g in self._gone.items() if u in gone}
+        now = self._clock()
+        created: list[str] = []
+        for uuid in sorted(gone):
+            seen = self._gone.setdefault(uuid, _Gone(since=now))
+            if now - seen.since < after or now < seen.next_try:
+                continue
+            info = view.actors[uuid]
+            table = view.table(info.store)
+            if table is None:
+                continue
+            log.warning("query actor %s of %s has been gone for %.1fs: creating it again on node %s", uuid, info.store,
+                        now - seen.since, info.node_id, extra={"store": info.store, "actor": uuid})  # fmt: skip
+            try:
+                new = self._env.replace_query_actor(table.spec, uuid, info.partitions, info.node_id)
+            except Exception:
+                seen.attempts += 1
+                wait = min(RECREATE_BACKOFF_MAX, max(after, 1.0) * 2**seen.attempts)
+                seen.next_try = self._clock() + wait
+                log.exception("could not create query actor %s again (attempt %d); next try in %.0fs", uuid,
+                              seen.attempts, wait, extra={"store": info.store, "actor": uuid})  # fmt: skip
+                continue
+            del self._gone[uuid]
+            self.state.actor_moved(uuid, new.node_id, new.node_ip)
+            created.append(uuid)
+        return created

@@ -97,13 +97,20 @@ def test_a_get_fails_over_when_the_active_owner_is_killed(runtime_ns: Runtime) -
         ray.kill(ray.get_actor(active, namespace=runtime_ns.namespace), no_restart=True)
         # A lookup of the dead owner's partition right after the kill is answered (by the standby).
         assert store.get(7) == 70
-        load.wait_more(300, "lookups after the kill")
-        # The registry promoted the standby, and the client's own view heard of it (long poll).
+        # The registry promoted the standby, and the client's own view heard of it (long poll). (Seconds
+        # later the registry creates the killed actor again and gives it its partitions back.)
         wait_for(
             lambda: client.keys.core.view.table(SPEC.name).partitions[partition].active == standby,  # type: ignore[union-attr]
+            interval=0.02,
             what="the promotion reaching the client's view",
         )
-        load.wait_more(100, "lookups after the promotion")
+        load.wait_more(300, "lookups after the kill")
+        wait_for(
+            lambda: client.keys.core.view.table(SPEC.name).partitions[partition].active == active,  # type: ignore[union-attr]
+            timeout=60,
+            what="the actor created again and given its partition back, in the client's view",
+        )
+        load.wait_more(100, "lookups after it came back")
     assert (load.wrong, load.errors) == ([], [])
     assert [store.get(u) for u in (0, 7, 399)] == [0, 70, 3990]
     with pytest.raises(runtime.KeyNotFound):

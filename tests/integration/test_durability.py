@@ -51,6 +51,55 @@ def test_owners_killed_under_load_lose_nothing(ray_cluster: RayCluster, spark: A
         assert ledger.longest_gap < 15, f"a key answered 503 for {ledger.longest_gap:.1f}s"
 
 
+def _serving_again(namespace: str, name: str, killed: int) -> bool:
+    """Whether a new process runs query actor ``name`` and serves every partition it holds."""
+    try:
+        handle = ray.get_actor(name, namespace=namespace)
+        pid = worker_pid(handle)
+        positions: dict[int, Any] = ray.get(handle.positions.remote(), timeout=10)
+    except Exception:  # not created again yet, or still starting
+        return False
+    return pid != killed and all(p["state"] == "serving" for p in positions.values())
+
+
+def _kill_for_good_and_see_it_back(namespace: str, victim: str, ledger: Any) -> None:
+    handle = ray.get_actor(victim, namespace=namespace)
+    killed = worker_pid(handle)
+    ray.kill(handle, no_restart=True)
+    wait_for(lambda: _serving_again(namespace, victim, killed), timeout=60, what=f"{victim} created again")
+    seen = ledger.answers[200]
+    wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after it came back")
+
+
+def test_owners_killed_for_good_under_load_are_created_again_where_their_data_is_and_lose_nothing(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Path
+) -> None:
+    """``ray.kill`` without a restart, each owner in turn while orders land and counts are read: Ray will
+    not bring it back, so the registry creates it again on its node, where it opens the partitions it had
+    (a file planted in its directory is still there). Meanwhile its standby answers and the next batch
+    waits for it; the topology never fails."""
+    from runtime.config import riqr_data
+
+    with seeded_food_orders(spark, "riqr-gone", tmp_path, keep_running=True) as topology:
+        url, ns = topology.runtime.url, topology.runtime.namespace
+        owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
+        assert len(owners) == 2
+        nodes = {u: a.node_id for u, a in ray.get(topology.runtime.registry().view.remote()).actors.items()}
+        homes = {u: riqr_data(ns) / "order-count" / u for u in owners}
+        for u, home in homes.items():
+            (home / "keepsake").write_text(u)
+        with orders_under_load(topology.home, url) as ledger:
+            wait_for(lambda: ledger.answers[200] > 20, what="answers before the first kill")
+            for victim in owners:
+                _kill_for_good_and_see_it_back(ns, victim, ledger)
+        wait_for_every_order_counted(url, ledger)
+        assert ledger.wrong == []
+        assert all(q.isActive for q in topology.queries), [q.exception() for q in topology.queries]
+        view = ray.get(topology.runtime.registry().view.remote())
+        assert {u: view.actors[u].node_id for u in owners} == {u: nodes[u] for u in owners}
+        assert {u: (home / "keepsake").read_text() for u, home in homes.items()} == {u: u for u in owners}
+
+
 def test_an_actor_whose_partition_was_damaged_restarts_and_rebuilds_that_partition_under_load(
     ray_cluster: RayCluster, spark: Any, tmp_path: Path
 ) -> None:

@@ -60,11 +60,14 @@ def _ready(url: str) -> tuple[int, Any]:
 
 
 @pytest.fixture
-def fed(ray_cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[Runtime, Any]]:
-    """riqr in a fresh namespace with store ``ops`` (2 partitions on 2 actors), its sink started fresh."""
+def fed(ray_cluster: RayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Runtime, Any]]:
+    """riqr in a fresh namespace with store ``ops`` (2 partitions on 2 actors), its sink started fresh.
+    Query actors killed for good stay dead here (``RIQR_RECREATE_AFTER=off``): the probes' test needs a
+    partition that stays missing."""
     from topologies.delivery import BatchDelivery
     from verticles import deploy
 
+    monkeypatch.setenv("RIQR_RECREATE_AFTER", "off")  # read where `up` creates the registry
     runtime = deploy_runtime("riqr-ops")
     try:
         raycalls.get(runtime.registry().create_store.remote(SPEC), "creating the store")
@@ -97,7 +100,8 @@ def test_ready_flips_as_partitions_and_ingest_fail_and_recover(fed: tuple[Runtim
     delivery(_Frame({"a": "1", "b": "2", "c": "3"}), 0)
     wait_for(lambda: _ready(url)[0] == 200, timeout=30, what="/ready back to 200 after the rebuild")
 
-    # An actor killed for good: its partition is missing, and the next batch fails the ingest.
+    # An actor killed for good (and not created again: off here): its partition is missing, and the next
+    # batch fails the ingest.
     table = ray.get(runtime.registry().view.remote()).tables["ops"]
     victim, held = next(iter(table.by_owner().items()))
     ray.kill(ray.get_actor(victim, namespace=runtime.namespace), no_restart=True)

@@ -59,6 +59,7 @@ def test_only_the_data_of_actors_that_no_longer_exist_is_reclaimed(
     ray_cluster: RayCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RIQR_RECLAIM_AFTER", "1")  # reaches the verticles that `up` deploys
+    monkeypatch.setenv("RIQR_RECREATE_AFTER", "off")  # an actor killed for good stays dead (the last part)
     with seeded_food_orders(spark, "riqr-reclaim", tmp_path, keep_running=True) as topology:
         url, ns = topology.runtime.url, topology.runtime.namespace
         root = riqr_data(ns)
@@ -94,8 +95,9 @@ def test_only_the_data_of_actors_that_no_longer_exist_is_reclaimed(
         # Counted where it was deleted: on one of the nodes (here both sweep the one disk the test nodes share).
         assert sum(_reclaimed_bytes(u) for u in topology.runtime.endpoints.values()) >= 2 * 4096
 
-        # An actor dead for good (killed without restart; or one whose constructor failed, which Ray does
-        # not restart either) still owns its partitions in the registry's table: its data stays.
+        # An actor dead for good (killed without restart, or one whose constructor failed, which Ray does
+        # not restart either, and which the registry does not create again while that is off) still owns
+        # its partitions in the registry's table: its data stays.
         topology.stop()
         gone = owners[0]
         ray.kill(ray.get_actor(gone, namespace=ns), no_restart=True)

@@ -88,15 +88,29 @@ def test_a_replayed_batch_id_changes_nothing(runtime_ns: Runtime, store: BatchDe
     assert http_get(f"{url}/stores/scores/approximate-num-entries")[2] == {"result": 5}
 
 
-def test_a_dead_owner_is_a_503_with_retry_after_never_a_wrong_answer(runtime_ns: Runtime, store: BatchDelivery) -> None:
+def test_a_dead_owner_is_a_503_with_retry_after_never_a_wrong_answer_until_it_is_created_again(
+    runtime_ns: Runtime, store: BatchDelivery, spark: Any
+) -> None:
     url = runtime_ns.url
     owner = http_get(f"{url}/metadata/stores/scores/key/1")[2]["result"]
-    ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=True)
+    before = http_get(f"{url}/stores/scores/all")[2]
+    node = ray.get(runtime_ns.registry().view.remote()).actors[owner["actor"]].node_id
+    handle = ray.get_actor(owner["actor"], namespace=runtime_ns.namespace)
+    ray.kill(handle, no_restart=True)  # Ray will not restart it
     for path in ["get/1", "all", "approximate-num-entries", "range?from=0&to=1000"]:
         status, headers, body = http_get(f"{url}/stores/scores/{path}")
         assert status == 503, (path, body)
         assert int(headers["Retry-After"]) >= 1
         assert body["error"]["code"] == "owner-unavailable"
+    # The registry creates it again on its node once it has been gone for RIQR_RECREATE_AFTER (2 s), and it
+    # reopens its partitions there: the next batch waits for it, and every answer is the one it had.
+    store.deliver("query-1", 1, arrow_batch(spark, [(1, 11)]))
+    assert http_get(f"{url}/stores/scores/get/1")[2] == {"response": 11}
+    after = http_get(f"{url}/stores/scores/all")[2]
+    assert after["result"] == [
+        {"key": e["key"], "value": 11 if e["key"] == 1 else e["value"]} for e in before["result"]
+    ]
+    assert ray.get(runtime_ns.registry().view.remote()).actors[owner["actor"]].node_id == node  # where its data is
 
 
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])

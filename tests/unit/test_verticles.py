@@ -24,7 +24,7 @@ from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
 from verticles.http import HttpVerticle
 from verticles.query import QueryVerticle
-from verticles.registry import Registry
+from verticles.registry import Registry, recreate_after
 
 
 class FakeEnv:
@@ -50,6 +50,8 @@ class FakeEnv:
         self.serving: dict[str, set[int]] = {}
         self.readers: dict[str, Any] = {}
         self.alive_names: set[str] = set()
+        self.vanished: set[str] | None = set()  # query actors Ray holds no actor for (None: cannot say)
+        self.replace_calls = 0
 
     def node_id(self) -> str:
         return "node-a"
@@ -105,6 +107,7 @@ class FakeEnv:
         return out
 
     def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        self.replace_calls += 1
         if node_id in self.refuse:
             raise RuntimeError(f"cannot place on {node_id}")
         self.replaced.append((uuid, tuple(partitions), node_id))
@@ -115,6 +118,9 @@ class FakeEnv:
 
     def unavailable_actors(self, uuids: Sequence[str]) -> set[str]:
         return {u for u in uuids if u in self.down}
+
+    def vanished_actors(self, uuids: Sequence[str]) -> set[str] | None:
+        return None if self.vanished is None else {u for u in uuids if u in self.vanished}
 
     def serving_partitions(self, uuid: str) -> set[int]:
         return set(self.serving.get(uuid, ()))
@@ -282,6 +288,123 @@ def test_an_actor_that_could_not_be_re_created_is_tried_again_and_nothing_moves_
     assert registry.epoch() == epoch  # nothing moved (and node-b had no endpoint to unlist)
     env.refuse = set()
     assert registry.check_nodes() == [lost] and registry.view().actors[lost].node_id == "node-a"
+
+
+def _gone_for_good(*, after: float | None = 2.0) -> tuple[FakeEnv, Clock, Registry, str, tuple[int, ...]]:
+    """A registry over two live nodes with a store of two actors; the actor on node-b, and its partitions."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock, recreate_after=after)
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    victim = next(u for u, a in view.actors.items() if a.node_id == "node-b")
+    return env, clock, registry, victim, view.actors[victim].partitions
+
+
+def test_an_actor_gone_for_good_on_a_live_node_is_created_again_on_its_own_node_once_gone_long_enough() -> None:
+    env, clock, registry, victim, held = _gone_for_good(after=2.0)
+    assert registry.check_nodes() == [] and env.replace_calls == 0  # nothing gone: nothing done
+    env.vanished = {victim}  # killed without a restart: Ray will not bring it back
+    assert registry.check_nodes() == []  # first seen gone
+    clock.now += 1.5
+    assert registry.check_nodes() == [] and env.replace_calls == 0  # not gone for 2 s yet
+    clock.now += 0.5
+    assert registry.check_nodes() == [victim]
+    # Same uuid, same partitions, its own node (where its data is), and the table as it was.
+    assert env.replaced == [(victim, held, "node-b")]
+    assert registry.view().actors[victim].node_id == "node-b"
+    env.vanished = set()  # it runs again
+    clock.now += 5
+    assert registry.check_nodes() == [] and env.replace_calls == 1
+
+
+def test_an_actor_seen_back_starts_its_count_again_and_so_does_an_answer_ray_cannot_give() -> None:
+    env, clock, registry, victim, _ = _gone_for_good(after=2.0)
+    env.vanished = {victim}
+    registry.check_nodes()
+    clock.now += 1.5
+    env.vanished = set()  # listed again (as a restarting actor is): not gone
+    registry.check_nodes()
+    env.vanished = {victim}
+    clock.now += 1.0  # 2.5 s since first seen, but only just seen gone again
+    assert registry.check_nodes() == []
+    clock.now += 1.0
+    env.vanished = None  # Ray's listing cannot be trusted: nothing is acted on, counts start again
+    assert registry.check_nodes() == []
+    env.vanished = {victim}
+    clock.now += 5.0
+    assert registry.check_nodes() == [] and env.replace_calls == 0
+    clock.now += 2.0
+    assert registry.check_nodes() == [victim]
+
+
+def test_failed_attempts_at_creating_an_actor_again_wait_longer_and_longer() -> None:
+    env, clock, registry, victim, _ = _gone_for_good(after=2.0)
+    env.vanished = {victim}
+    env.refuse = {"node-b"}  # its constructor fails, say
+    registry.check_nodes()
+    attempts_at = []
+    for _ in range(40):
+        clock.now += 1.0
+        before = env.replace_calls
+        registry.check_nodes()
+        if env.replace_calls > before:
+            attempts_at.append(clock.now)
+    gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:])]
+    assert gaps == [4.0, 8.0, 16.0], attempts_at  # 2 s gone, then twice as long after each failure
+    assert registry.view().actors[victim].node_id == "node-b"  # nothing moved meanwhile
+    env.refuse = set()
+    clock.now += 32.0
+    assert registry.check_nodes() == [victim] and env.replaced == [(victim, env.replaced[0][1], "node-b")]
+
+
+def test_the_wait_between_failed_attempts_is_at_most_a_minute() -> None:
+    env, clock, registry, victim, _ = _gone_for_good(after=2.0)
+    env.vanished, env.refuse = {victim}, {"node-b"}
+    registry.check_nodes()
+    clock.now += 2.0
+    registry.check_nodes()
+    for _ in range(6):
+        clock.now += 60.0
+        calls = env.replace_calls
+        registry.check_nodes()
+        assert env.replace_calls == calls + 1
+
+
+def test_nothing_is_created_again_when_it_is_off_or_the_runtime_goes_down() -> None:
+    env, clock, registry, victim, _ = _gone_for_good(after=None)  # RIQR_RECREATE_AFTER=off
+    env.vanished = {victim}
+    for _ in range(5):
+        registry.check_nodes()
+        clock.now += 10
+    assert env.replace_calls == 0
+
+    env, clock, registry, victim, _ = _gone_for_good(after=0.0)
+    registry.retire()  # riqr down, before it kills the actors
+    env.vanished = {victim}
+    env.down = {victim}
+    env.nodes = ["node-a"]  # not even a node's loss
+    for _ in range(3):
+        assert registry.check_nodes() == []
+        clock.now += 10
+    assert env.replace_calls == 0
+    assert registry.check_actors() == {}  # nor a standby promoted
+    registry.suspect(victim)
+    assert env.replace_calls == 0
+
+
+def test_an_actor_of_a_dead_node_is_re_created_once_by_the_node_check_not_twice() -> None:
+    env, clock, registry, victim, held = _gone_for_good(after=0.0)
+    env.vanished = {victim}  # its name is gone too, with its node
+    env.nodes = ["node-a"]
+    assert registry.check_nodes() == [victim]
+    assert env.replaced == [(victim, held, "node-a")]  # moved by the node rule, not put back on node-b
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 2.0), ("", 2.0), ("off", None), ("Off", None), ("0", 0.0), ("30", 30.0), ("later", 2.0), ("-3", 2.0)],
+)
+def test_the_re_creation_delay_comes_from_the_environment(value: str | None, expected: float | None) -> None:
+    assert recreate_after({} if value is None else {"RIQR_RECREATE_AFTER": value}) == expected
 
 
 def test_a_down_active_is_replaced_by_its_standby_and_gets_its_partitions_back_once_it_serves() -> None:
