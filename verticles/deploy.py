@@ -419,6 +419,9 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
 
     ns = config.namespace
     cursor_key = deployment_secrets(ns).cursor_key
+    # A `riqr down` that stopped after retiring the registry (interrupted) left it running but retired:
+    # this deployment wants it re-creating actors and promoting standbys again.
+    raycalls.get(ensure_registry(ns).resume.remote(), "resuming the registry")
     env = RayEnv(ns)
     endpoints = []
     for node_id in nodes if nodes is not None else alive_nodes():
@@ -451,10 +454,12 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
 def down(namespace: str) -> list[str]:
     """Stop every riqr actor of ``namespace``: HTTP servers first, then facades, query actors, registry.
 
-    The registry is told first to stop re-creating query actors and promoting standbys (``retire``), and
-    only then are the names listed: it would otherwise create again the query actors killed here, or one
-    it was re-creating as the listing was taken would outlive ``down``."""
-    _call_unless_dead(namespace, REGISTRY_NAME, "retire", "telling the registry that the runtime goes down")
+    The registry is told first to stop re-creating query actors and promoting standbys (``retire``, which
+    waits for a re-creation under way), and only then are the names listed: it would otherwise create
+    again the query actors killed here. A query actor that appears anyway (``retire`` timed out behind
+    long re-creations) is found by a last listing, once the registry is gone, and stopped too."""
+    _call_unless_dead(namespace, REGISTRY_NAME, "retire", "telling the registry that the runtime goes down",
+                      timeout=_CHECK_TIMEOUT)  # fmt: skip
     names = _named_in(namespace)
     for name in [n for n in names if n.startswith("riqr-http-")]:
         _call_unless_dead(namespace, name, "stop", f"stopping HTTP verticle {name}", timeout=10)
@@ -466,4 +471,8 @@ def down(namespace: str) -> list[str]:
     if REGISTRY_NAME in names:
         _call_unless_dead(namespace, REGISTRY_NAME, "forget_ingest", "deleting the registry's ingest records")
     env.kill(order)
-    return order
+    late = [n for n in _named_in(namespace) if ACTOR_NAME.match(n) and n not in names]
+    if late:
+        log.warning("query actors %s were created while riqr down ran; stopping them too", late)
+        env.destroy(late)
+    return order + late

@@ -76,7 +76,8 @@ class StorePeers:
 
 class QueryVerticle:
     """Holds ``partitions`` of ``spec``; its actor name is ``uuid``. ``env`` gives the node facts and the
-    link to the registry; ``replacement``: the registry re-created it after its node died."""
+    link to the registry; ``replacement``: the registry created it again (its node died, or Ray would not
+    restart it)."""
 
     def __init__(
         self, uuid: str, spec: StoreSpec, partitions: Sequence[int], env: VerticleEnv, *, replacement: bool = False
@@ -86,9 +87,9 @@ class QueryVerticle:
         self.uuid = uuid
         self.node_id = env.node_id()
         self.node_ip = env.node_ip()
-        # A replacement (the registry re-created this actor because its node died) is a restart on
-        # another node: whatever it finds on disk is reopened, never trusted blindly (the gap rule), and
-        # what it cannot serve is rebuilt from peers.
+        # A replacement (the registry created this actor again: its node died, or Ray would not restart
+        # it) is a restart, on another node or its own: whatever it finds on disk is reopened, never
+        # trusted blindly (the gap rule), and what it cannot serve is rebuilt from peers.
         recovered = env.restarted() or replacement
         root = env.data_dir()
         directory = None if root is None else root / spec.name / uuid

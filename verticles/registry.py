@@ -80,7 +80,7 @@ def _new_uuid() -> str:
 def recreate_after(environ: Mapping[str, str] = os.environ) -> float | None:
     """How long ``$RIQR_RECREATE_AFTER`` says a query actor must be gone for good before the registry
     creates it again, in seconds (None: ``off``, never)."""
-    return seconds_setting(environ, RECREATE_ENV, DEFAULT_RECREATE_AFTER)
+    return seconds_setting(environ, RECREATE_ENV, DEFAULT_RECREATE_AFTER, meant_for_tests_under=1)
 
 
 @dataclass
@@ -88,8 +88,16 @@ class _Gone:
     """A query actor Ray holds no actor for, as the registry's checks have seen it."""
 
     since: float  # seen gone at every check from this time on
-    attempts: int = 0  # failed attempts at creating it again
-    next_try: float = 0.0
+    sightings: int = 0  # checks in a row that listed the cluster's actors and not this one
+
+
+@dataclass
+class _Failures:
+    """Failed attempts at creating a query actor again (kept when it shows up in between: an attempt
+    whose wait timed out leaves it listed while its constructor runs, then fails)."""
+
+    attempts: int
+    next_try: float
 
 
 class Registry:
@@ -124,6 +132,7 @@ class Registry:
         # Query actors gone for good on live nodes, and when to create them again (None: never).
         self._recreate_after = recreate_after
         self._gone: dict[str, _Gone] = {}
+        self._failures: dict[str, _Failures] = {}
         # ``riqr down`` is under way: nothing is re-created or promoted any more.
         self._retired = False
         # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
@@ -376,6 +385,12 @@ class Registry:
         self._retired = True
         log.info("the runtime is going down: query actors are no longer re-created")
 
+    def resume(self) -> None:
+        """``riqr up``: undo a ``retire`` whose ``riqr down`` did not finish (the registry kept running)."""
+        if self._retired:
+            self._retired = False
+            log.warning("a riqr down did not finish; the registry re-creates actors and promotes standbys again")
+
     def check_nodes(self) -> list[str]:
         """Re-create the query actors of nodes Ray reports dead on live nodes, and those gone for good on
         live nodes (``_recreate_gone``); returns their uuids.
@@ -390,6 +405,7 @@ class Registry:
             return []
         alive = sorted(self._env.alive_nodes())
         if not alive:  # Ray could not say: never move everything on a blip
+            self._gone.clear()  # nor count this check as one that saw an actor gone
             return []
         for node_id in [n for n in self.state.view().endpoints if n not in alive]:
             self.state.unregister_endpoint(node_id)
@@ -415,6 +431,7 @@ class Registry:
         try:
             moved.extend(self._recreate_gone(alive, lost))
         except Exception:
+            self._gone.clear()
             log.warning("checking for query actors gone for good failed", exc_info=True)
         try:
             self.check_actors()
@@ -424,14 +441,16 @@ class Registry:
 
     def _recreate_gone(self, alive: Sequence[str], lost: Sequence[str]) -> list[str]:
         """Create again, on its own node, each query actor of a live node that Ray holds no actor for and
-        that every check has seen so for ``recreate_after`` seconds; returns their uuids.
+        that every check has seen so, at least twice and for ``recreate_after`` seconds; returns their uuids.
 
         Ray restarts an actor that crashed (``max_restarts=-1``) and keeps its name meanwhile, so a missing
         name is an actor Ray will not bring back: killed without a restart, or whose constructor raised.
         Its data is on its node, so it goes back there and opens its partitions as a restarted actor does.
-        One seen back (or unlisted by Ray's answer being untrustworthy) starts over. A failed attempt waits
-        twice as long as the one before it (up to ``RECREATE_BACKOFF_MAX``): an actor whose constructor
-        keeps failing costs a registry call now and then, not a loop.
+        One seen back, or a check that could not list (Ray's answer untrustworthy, no live node, an
+        error), starts every count over. A failed attempt waits twice as long as the one before it (up to
+        ``RECREATE_BACKOFF_MAX``), counted across the actor showing up in between, and forgotten once an
+        attempt succeeds: an actor whose constructor keeps failing costs a registry call now and then, not
+        a loop.
         """
         after = self._recreate_after
         view = self.state.view()
@@ -442,11 +461,14 @@ class Registry:
         # None: Ray could not say. Every count starts again rather than act on that.
         gone = self._env.vanished_actors(candidates) or set()
         self._gone = {u: g for u, g in self._gone.items() if u in gone}
+        self._failures = {u: f for u, f in self._failures.items() if u in view.actors}
         now = self._clock()
         created: list[str] = []
         for uuid in sorted(gone):
             seen = self._gone.setdefault(uuid, _Gone(since=now))
-            if now - seen.since < after or now < seen.next_try:
+            seen.sightings += 1
+            failures = self._failures.get(uuid)
+            if seen.sightings < 2 or now - seen.since < after or (failures is not None and now < failures.next_try):
                 continue
             info = view.actors[uuid]
             table = view.table(info.store)
@@ -457,13 +479,14 @@ class Registry:
             try:
                 new = self._env.replace_query_actor(table.spec, uuid, info.partitions, info.node_id)
             except Exception:
-                seen.attempts += 1
-                wait = min(RECREATE_BACKOFF_MAX, max(after, 1.0) * 2**seen.attempts)
-                seen.next_try = self._clock() + wait
+                attempts = 1 if failures is None else failures.attempts + 1
+                wait = min(RECREATE_BACKOFF_MAX, max(after, 1.0) * 2**attempts)
+                self._failures[uuid] = _Failures(attempts, self._clock() + wait)
                 log.exception("could not create query actor %s again (attempt %d); next try in %.0fs", uuid,
-                              seen.attempts, wait, extra={"store": info.store, "actor": uuid})  # fmt: skip
+                              attempts, wait, extra={"store": info.store, "actor": uuid})  # fmt: skip
                 continue
             del self._gone[uuid]
+            self._failures.pop(uuid, None)
             self.state.actor_moved(uuid, new.node_id, new.node_ip)
             created.append(uuid)
         return created

@@ -391,6 +391,57 @@ def test_nothing_is_created_again_when_it_is_off_or_the_runtime_goes_down() -> N
     assert env.replace_calls == 0
 
 
+def test_the_wait_after_a_failed_attempt_holds_when_the_actor_shows_up_in_between() -> None:
+    """An attempt whose wait for the new actor timed out leaves it listed while its constructor runs;
+    when that then fails, the next attempt still waits twice as long as the last."""
+    env, clock, registry, victim, _ = _gone_for_good(after=2.0)
+    env.vanished, env.refuse = {victim}, {"node-b"}
+    attempts_at = []
+    for step in range(60):
+        env.vanished = set() if step % 7 == 3 else {victim}  # now and then listed (constructing), then gone
+        calls = env.replace_calls
+        registry.check_nodes()
+        if env.replace_calls > calls:
+            attempts_at.append(clock.now)
+        clock.now += 1.0
+    gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:])]
+    assert len(gaps) >= 3 and all(g >= w for g, w in zip(gaps, [4.0, 8.0, 16.0])), attempts_at
+
+
+def test_one_listing_is_never_acted_on_and_a_check_that_could_not_list_starts_the_count_again() -> None:
+    env, clock, registry, victim, _ = _gone_for_good(after=0.0)
+    env.vanished = {victim}
+    assert registry.check_nodes() == []  # seen gone once: not enough, whatever the delay
+    assert registry.check_nodes() == [victim]
+
+    env, clock, registry, victim, _ = _gone_for_good(after=2.0)
+    env.vanished = {victim}
+    registry.check_nodes()
+    clock.now += 1.0
+    env.nodes = []  # Ray could not say which nodes live: this check saw nothing
+    registry.check_nodes()
+    env.nodes = ["node-a", "node-b"]
+    clock.now += 1.0
+    registry.check_nodes()  # gone for 2 s, but seen again only from now
+    clock.now += 1.0
+    assert registry.check_nodes() == [] and env.replace_calls == 0
+    clock.now += 1.0
+    assert registry.check_nodes() == [victim]
+
+
+def test_riqr_up_resumes_a_registry_a_riqr_down_retired_and_did_not_stop() -> None:
+    env, clock, registry, victim, held = _gone_for_good(after=2.0)
+    registry.retire()
+    env.vanished = {victim}
+    for _ in range(3):
+        assert registry.check_nodes() == []
+        clock.now += 2.0
+    registry.resume()
+    registry.check_nodes()
+    clock.now += 2.0
+    assert registry.check_nodes() == [victim] and env.replaced == [(victim, held, "node-b")]
+
+
 def test_an_actor_of_a_dead_node_is_re_created_once_by_the_node_check_not_twice() -> None:
     env, clock, registry, victim, held = _gone_for_good(after=0.0)
     env.vanished = {victim}  # its name is gone too, with its node
