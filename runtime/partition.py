@@ -135,10 +135,16 @@ class PartitionState:
         The engine moves its position after the rows are visible, so ``before`` is a lower bound. A batch's
         rows become visible only after ``moving_to`` names it, and ``moving_to`` is cleared only after the
         position moved, so reading ``moving_to`` then the position gives an upper bound.
+
+        A read that started after a new source's reset emptied the partition, and before that source's
+        batch 0 was in (``before`` at batch -1, and the partition at batch 0 or moving to it by now), may
+        have seen the emptied partition, which is no state any reader should see (a key that was there
+        and will be again, missing): None too. (A read of a partition that ``begin`` made serve empty
+        and whose batch 0 came during the read is refused the same way; it is asked again.)
         """
         moving = self.moving_to
         after = moving if moving is not None else self.engine.position()
-        if after.source != before.source:
+        if after.source != before.source or before.batch_id < 0 <= after.batch_id:
             return None
         return (before.source, before.batch_id, after.batch_id)
 
