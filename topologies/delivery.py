@@ -109,6 +109,10 @@ class BatchDelivery:
         # report.
         self.timings: dict[str, float] = {}
         self.share_encoded_rows = SHARE_ENCODED_ROWS
+        # The partitions that no copy serves after the last batch (incomplete, or catching up with no peer
+        # to copy): batches to come cannot bring them back, so the topology rebuilds the store in place
+        # (``topologies.sink.rebuild_due``, ``topologies.runner.supervise``).
+        self.unheld: list[int] = []
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -299,8 +303,8 @@ class BatchDelivery:
         incomplete = sorted({r.partition for r in results if r.state == INCOMPLETE})
         if incomplete:
             log.warning(
-                "store %s: partitions %s missed batches and answer 503 until rebuilt: restart the topology "
-                "(it rebuilds them from a fresh checkpoint)",
+                "store %s: partitions %s missed batches and answer 503 until rebuilt (from a peer, or by a "
+                "rebuild of the store from a fresh checkpoint)",
                 self.spec.name,
                 incomplete,
                 extra={"store": self.spec.name, "batch": batch_id},
@@ -310,10 +314,11 @@ class BatchDelivery:
             log.info("store %s: partitions %s are catching up from a peer and buffered batch %d", self.spec.name,
                      catching_up, batch_id, extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
         unheld = sorted({r.partition for r in results} - {r.partition for r in results if r.state == SERVING})
+        self.unheld = unheld
         if unheld:
             log.warning(
-                "store %s: no in-sync copy of partitions %s holds batch %d; they answer 503 until rebuilt (restart "
-                "the topology if no copy comes back)",
+                "store %s: no in-sync copy of partitions %s holds batch %d; they answer 503 until rebuilt (a "
+                "topology run by `supervise` rebuilds the store in place)",
                 self.spec.name,
                 unheld,
                 batch_id,

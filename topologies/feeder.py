@@ -177,8 +177,9 @@ class Feeder:
         if report.live:
             self._ensure_beating()
 
-    def attach(self, store: str, query: QueryLike) -> None:
-        """The streaming query feeding ``store``: the heartbeat reports the feed ended when it has."""
+    def attach(self, store: str, query: QueryLike | None) -> None:
+        """The streaming query feeding ``store``: the heartbeat reports the feed ended when it has (None:
+        none for now, as while the query is started again; the feed beats on without asking one)."""
         with self._lock:
             feed = self._feeds.get(store)
             if feed is not None:

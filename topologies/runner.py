@@ -145,7 +145,7 @@ def _interval(value: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def supervise(queries: Sequence[Any], *, poll: float = 0.5, stop: threading.Event | None = None) -> int:
+def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | None = None) -> int:
     """Wait until a signal asks to stop (0) or any query ends by itself (1, naming it and why).
 
     ``stop``, when given, is a flag the caller's own signal handler set before this started (``riqr
@@ -158,6 +158,11 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5, stop: threading.Even
     Before stopping them it gives the registry the topology's last word on every store it feeds
     (``topologies.feeder.finish_all``): ``stopped`` on a signal, ``failed`` naming the query and its
     error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running.
+
+    Each poll also rebuilds in place a store whose partitions no copy serves any more
+    (``topologies.sink.rebuild_due`` and ``restart``): its query is stopped and started again on a fresh
+    checkpoint, in the place of the old one in ``queries``. A query that cannot be started again fails the
+    topology like a failed query.
     """
     stop = stop if stop is not None else threading.Event()
 
@@ -167,14 +172,15 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5, stop: threading.Even
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        failed = None
+        failed: tuple[str, BaseException | None] | None = None
         while not stop.is_set() and failed is None:
-            failed = next((q for q in queries if not q.isActive), None)
+            ended = next((q for q in queries if not q.isActive), None)
+            failed = (ended.name, ended.exception()) if ended is not None else _rebuild_in_place(queries)
             if failed is None:
                 stop.wait(poll)
-        error = None if failed is None else failed.exception()
+        error = None if failed is None else failed[1]
         why = f"{type(error).__name__}: {error}" if error is not None else "it ended without an error"
-        feeder.finish_all(None if failed is None else failed.name, why)
+        feeder.finish_all(None if failed is None else failed[0], why)
         for q in queries:
             if q.isActive:
                 q.stop()
@@ -184,6 +190,26 @@ def supervise(queries: Sequence[Any], *, poll: float = 0.5, stop: threading.Even
     if failed is None:
         log.info("topology stopped")
         return 0
-    log.error("query %s stopped: %s", failed.name, error if error is not None else "it ended without an error",
-              extra={"query": failed.name})  # fmt: skip
+    log.error("query %s stopped: %s", failed[0], error if error is not None else "it ended without an error",
+              extra={"query": failed[0]})  # fmt: skip
     return 1
+
+
+def _rebuild_in_place(queries: list[Any]) -> tuple[str, BaseException] | None:
+    """Start again, on a fresh checkpoint, each query whose store has partitions no copy serves (when
+    ``rebuild_due`` says so), in its place in ``queries``; the name and error of one that could not be."""
+    from topologies import sink
+
+    for i, query in enumerate(queries):
+        unheld = sink.rebuild_due(query.name)
+        if not unheld:
+            continue
+        log.warning("query %s: no copy serves partitions %s of its store; rebuilding the store in place (its "
+                    "query starts again on a fresh checkpoint)", query.name, unheld,
+                    extra={"query": query.name})  # fmt: skip
+        try:
+            queries[i] = sink.restart(query.name, query)
+        except Exception as err:
+            log.exception("query %s: could not be started again", query.name, extra={"query": query.name})
+            return query.name, err
+    return None

@@ -13,13 +13,21 @@ compares the checkpoint with the partitions' positions: if some partition cannot
 by the batches to come (new actors after ``riqr down``/``riqr up``, a wiped disk, a gap), the checkpoint
 is set aside and the query starts from an empty one, whose batch 0 re-emits the whole state; partitions
 that were complete keep serving their old state until it arrives. That is riqr's rebuild path.
+
+The same path runs while the topology runs: when a batch leaves a partition with no copy that serves it
+(an actor that came back with nothing to reopen and no peer to copy, a wiped or damaged copy without a
+standby), batches to come cannot bring it back, so ``topologies.runner.supervise`` stops that store's query
+and starts it again (``restart``: ``materialize`` with the same arguments, whose ``plan_start`` chooses the
+rebuild), at once the first time and then no more often than ``rebuild_due`` allows.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from runtime import raycalls
@@ -40,11 +48,58 @@ from topologies.checkpoint import last_committed, last_planned, query_id, supers
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
 from topologies.options import check_interval
 
-__all__ = ["materialize", "materialize_all", "create_stores", "store_spec_for", "plan_start", "BatchDelivery"]
+__all__ = [
+    "materialize",
+    "materialize_all",
+    "create_stores",
+    "store_spec_for",
+    "plan_start",
+    "rebuild_due",
+    "restart",
+    "BatchDelivery",
+]
 
 log = logging.getLogger(__name__)
 
 WINDOW_START_COLUMN = "window_start"
+
+# In-place rebuilds of a store whose partitions no copy serves: the first at once, each next one no sooner
+# than twice the wait before it after the last (a partition that keeps losing its copies must not make the
+# topology re-read its input over and over), up to REBUILD_WAIT_MAX.
+REBUILD_WAIT = 60.0
+REBUILD_WAIT_MAX = 1800.0
+# query name -> the delivery of the query running under it, and how to start it again.
+_RUNNING: dict[str, tuple[BatchDelivery, Callable[[], Any]]] = {}
+# query name -> when this process rebuilt it in place (time.monotonic).
+_REBUILT: dict[str, list[float]] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def rebuild_due(name: str, now: float | None = None) -> list[int]:
+    """The partitions of the store fed by query ``name`` that no copy serves, if the store should be
+    rebuilt in place now; else []. Queries that ``materialize`` did not start here have none."""
+    with _RUNNING_LOCK:
+        running = _RUNNING.get(name)
+        times = list(_REBUILT.get(name, ()))
+    if running is None or not running[0].unheld:
+        return []
+    now = time.monotonic() if now is None else now
+    if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
+        return []
+    return list(running[0].unheld)
+
+
+def restart(name: str, query: Any) -> Any:
+    """Stop ``query`` (running under ``name``) and start it again as ``materialize`` first did; returns the
+    new query. ``plan_start`` then finds the partitions no copy serves and rebuilds the store: its
+    checkpoint is set aside, and batch 0 of the new one re-emits the whole state."""
+    with _RUNNING_LOCK:
+        delivery, again = _RUNNING[name]
+        _REBUILT.setdefault(name, []).append(time.monotonic())
+    delivery.feeder.attach(delivery.spec.name, None)  # its stop is not the feed's end: no "stopped" beat
+    delivery.report(state="rebuilding", incomplete=delivery.unheld)
+    query.stop()
+    return again()
 
 
 def store_spec_for(
@@ -273,6 +328,12 @@ def materialize(
     ``delivery_timeout`` that is not positive is a ValueError before anything is created or started.
     """
     _check_arguments(trigger, delivery_timeout)
+    again = functools.partial(
+        materialize, df, store=store, key=key, value=value, checkpoint=checkpoint, kind=kind,
+        window_column=window_column, namespace=namespace, partitions=partitions, actors=actors, standbys=standbys,
+        engine=engine, trigger=trigger, output_mode=output_mode, delivery_timeout=delivery_timeout,
+        read_replicas=read_replicas,
+    )  # fmt: skip
     df, key_cols, spec = _declare(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
     )
@@ -299,6 +360,8 @@ def materialize(
     )
     delivery.report(state="rebuilding" if plan == "rebuild" else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
+    with _RUNNING_LOCK:
+        _RUNNING[name] = (delivery, again)
     if plan == "fresh":
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)

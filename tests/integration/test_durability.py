@@ -100,6 +100,70 @@ def test_owners_killed_for_good_under_load_are_created_again_where_their_data_is
         assert {u: (home / "keepsake").read_text() for u, home in homes.items()} == {u: u for u in owners}
 
 
+def test_a_store_whose_copies_were_lost_is_rebuilt_in_place_by_the_running_topology_under_load(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Path
+) -> None:
+    """No standbys: an owner's data wiped and its process restarted, so it comes back with nothing to
+    reopen and no peer to copy. The topology, run by ``supervise`` as a topology process runs, sees the
+    next batch leave those partitions without a serving copy and starts the store's query again on a
+    fresh checkpoint: batch 0 re-emits every count. Orders land and counts are read all along; nothing
+    is lost, no answer is wrong, and the topology never stops."""
+    import shutil
+    import threading
+
+    from runtime.config import riqr_data
+    from tests.integration.conftest import Topology, load_seed
+    from topologies import food_orders
+    from topologies.options import TopologyOptions
+    from topologies.runner import supervise
+    from verticles import deploy
+
+    runtime = deploy_runtime("riqr-heal")
+    url, ns = runtime.url, runtime.namespace
+    options = TopologyOptions(namespace=ns, trigger="200 milliseconds", standbys=0)
+    queries = food_orders.start(spark, tmp_path, options)
+    outcome: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def scenario() -> None:
+        try:
+            load_seed(Topology(runtime, tmp_path, queries))
+            victim = http_get(f"{url}/metadata/stores/order-count")[2]["result"][0]["actor"]
+            handle = ray.get_actor(victim, namespace=ns)
+            with orders_under_load(tmp_path, url) as ledger:
+                wait_for(lambda: ledger.answers[200] > 20, what="answers before the wipe")
+                killed = worker_pid(handle)
+                shutil.rmtree(riqr_data(ns) / "order-count" / victim)
+                ray.kill(handle, no_restart=False)  # Ray restarts it: nothing to reopen, no standby
+                wait_for(lambda: _serving_again(ns, victim, killed), timeout=90, what="its partitions rebuilt")
+                seen = ledger.answers[200]
+                wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after the rebuild")
+            wait_for_every_order_counted(url, ledger)
+            outcome["wrong"] = ledger.wrong
+            outcome["running"] = [q.name for q in queries if q.isActive]
+        except BaseException as err:  # raised in the test's thread below
+            outcome["error"] = err
+        finally:
+            stop.set()
+
+    thread = threading.Thread(target=scenario, name="scenario", daemon=True)
+    try:
+        thread.start()
+        status = supervise(queries, poll=0.2, stop=stop)  # in this (the main) thread, as a topology runs it
+        thread.join(timeout=60)
+    finally:
+        for query in spark.streams.active:
+            query.stop()
+        deploy.down(ns)
+    if "error" in outcome:
+        raise outcome["error"]
+    assert status == 0  # stopped by the test, not by a failure
+    assert outcome["wrong"] == []
+    assert len(outcome["running"]) == len(queries)  # every query ran to the end, order-count's new one too
+    superseded = list((tmp_path / "checkpoints" / ns).glob("order-count.superseded-*"))
+    assert len(superseded) == 1, sorted(tmp_path.rglob("*superseded*"))  # rebuilt once, from a fresh checkpoint
+
+
 def test_an_actor_whose_partition_was_damaged_restarts_and_rebuilds_that_partition_under_load(
     ray_cluster: RayCluster, spark: Any, tmp_path: Path
 ) -> None:

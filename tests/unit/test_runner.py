@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -51,3 +52,104 @@ def test_sigterm_stops_every_query_and_exits_0() -> None:
         timer.cancel()
     assert all(q.stopped for q in queries)
     assert signal.getsignal(signal.SIGTERM) == before  # the handlers are put back
+
+
+class FakeFeeder:
+    def __init__(self) -> None:
+        self.attached: list[tuple[str, object]] = []
+
+    def attach(self, store: str, query: object) -> None:
+        self.attached.append((store, query))
+
+
+class FakeDelivery:
+    """What ``topologies.sink.restart`` uses of a ``BatchDelivery``."""
+
+    def __init__(self, store: str) -> None:
+        self.spec = type("Spec", (), {"name": store})()
+        self.unheld: list[int] = []
+        self.feeder = FakeFeeder()
+        self.reports: list[dict[str, object]] = []
+
+    def report(self, **info: object) -> None:
+        self.reports.append(info)
+
+
+@pytest.fixture
+def running(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """An empty table of the queries ``materialize`` started in this process."""
+    from topologies import sink
+
+    table: dict[str, object] = {}
+    monkeypatch.setattr(sink, "_RUNNING", table)
+    monkeypatch.setattr(sink, "_REBUILT", {})
+    return table
+
+
+def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the_topology_runs_on(
+    running: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    from topologies import sink
+
+    old, other, delivery = FakeQuery("riqr-ns-order-count"), FakeQuery("riqr-ns-customers"), FakeDelivery("order-count")
+    started: list[FakeQuery] = []
+    asked = threading.Event()
+
+    def again() -> FakeQuery:  # materialize with the same arguments, as the sink registers it
+        new = FakeQuery("riqr-ns-order-count")
+        started.append(new)
+        delivery.unheld = []  # the new query's delivery (the same object here) has not seen a gap
+        asked.set()
+        return new
+
+    running["riqr-ns-order-count"] = (delivery, again)
+    delivery.unheld = [1, 3]
+    queries = [old, other]
+    stop = threading.Event()
+    stopper = threading.Thread(target=lambda: (asked.wait(5), time.sleep(0.05), stop.set()))
+    stopper.start()
+    with caplog.at_level(logging.WARNING):
+        assert supervise(queries, poll=0.001, stop=stop) == 0  # the topology ran on, then was asked to stop
+    stopper.join()
+    assert len(started) == 1 and old.stopped and queries[0] is started[0]  # in the old one's place
+    assert started[0].stopped and other.stopped  # the stop at the end reached the new query
+    assert delivery.feeder.attached == [("order-count", None)]  # no "stopped" beat while it starts again
+    assert delivery.reports == [{"state": "rebuilding", "incomplete": [1, 3]}]
+    assert "rebuilding the store in place" in caplog.text and "[1, 3]" in caplog.text
+    assert sink.rebuild_due("riqr-ns-order-count") == []
+
+
+def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(running: dict[str, object]) -> None:
+    from topologies import sink
+
+    delivery = FakeDelivery("s")
+    running["q"] = (delivery, lambda: FakeQuery("q"))
+    assert sink.rebuild_due("q") == [] and sink.rebuild_due("not-started-here") == []  # nothing unheld
+    delivery.unheld = [2]
+    assert sink.rebuild_due("q", now=0.0) == [2]  # the first: at once
+    sink.restart("q", FakeQuery("q"))
+    waits = []
+    for _ in range(8):
+        last = sink._REBUILT["q"][-1]
+        wait = next(w for w in range(0, 4000) if sink.rebuild_due("q", now=last + w))
+        assert sink.rebuild_due("q", now=last + wait - 1) == []
+        waits.append(wait)
+        sink._REBUILT["q"].append(last + wait)
+    assert waits == [60, 120, 240, 480, 960, 1800, 1800, 1800]
+
+
+def test_a_query_that_cannot_be_started_again_fails_the_topology(
+    running: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    delivery = FakeDelivery("s")
+    delivery.unheld = [0]
+
+    def again() -> FakeQuery:
+        raise RuntimeError("the registry is gone")
+
+    running["riqr-ns-s"] = (delivery, again)
+    healthy = FakeQuery("riqr-ns-t")
+    with caplog.at_level(logging.ERROR):
+        assert supervise([FakeQuery("riqr-ns-s"), healthy], poll=0.001) == 1
+    assert healthy.stopped
+    assert "riqr-ns-s" in caplog.text and "the registry is gone" in caplog.text
