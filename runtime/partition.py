@@ -105,6 +105,9 @@ class PartitionState:
         # The position an apply or reset in progress moves to, set before any of its rows can be seen and
         # cleared after the engine's position moved: a read that overlaps it can tell (``span``).
         self.moving_to: Position | None = None
+        # The source whose batch 0 reset this partition here (None: none did since it opened): a read
+        # that started at batch -1 of it may have seen the partition emptied (``span``).
+        self._reset_for: str | None = None
         self.reason = ""
         if self._marker is not None and self._marker.exists():
             self.state = INCOMPLETE
@@ -136,15 +139,14 @@ class PartitionState:
         rows become visible only after ``moving_to`` names it, and ``moving_to`` is cleared only after the
         position moved, so reading ``moving_to`` then the position gives an upper bound.
 
-        A read that started after a new source's reset emptied the partition, and before that source's
-        batch 0 was in (``before`` at batch -1, and the partition at batch 0 or moving to it by now), may
-        have seen the emptied partition, which is no state any reader should see (a key that was there
-        and will be again, missing): None too. (A read of a partition that ``begin`` made serve empty
-        and whose batch 0 came during the read is refused the same way; it is asked again.)
+        A read that started after a new source's batch 0 reset the partition here, and before the batch
+        was in (``before`` at batch -1 of that source), may have seen the partition emptied, which is no
+        state any reader should see (a key that was there and will be again, missing): None too. (A
+        partition that ``begin`` made serve empty is at batch -1 legitimately: its reads are answered.)
         """
         moving = self.moving_to
         after = moving if moving is not None else self.engine.position()
-        if after.source != before.source or before.batch_id < 0 <= after.batch_id:
+        if after.source != before.source or (before.batch_id < 0 and before.source == self._reset_for):
             return None
         return (before.source, before.batch_id, after.batch_id)
 
@@ -171,8 +173,13 @@ class PartitionState:
             # Batch 0 of a new source rebuilds the partition by itself: the catch-up is moot.
             log.info("partition %d: batch 0 of a new source ends its catch-up", self.partition)
             self._end_catch_up()
-        if batch_id == 0 and source != position.source:
+        if batch_id == 0 and (source != position.source or (position.batch_id < 0 and self.state != SERVING)):
+            # A new source's batch 0 (or that batch again, after a reset whose apply failed or whose actor
+            # died before it was in): the partition is rebuilt from it. It answers nothing meanwhile, and
+            # if the apply fails it stays so (never serving the emptied state).
             self.moving_to = Position(source, 0)
+            self._reset_for = source
+            self.state, self.reason = LOADING, f"it is being rebuilt from batch 0 of source {source}"
             try:
                 self.engine.reset(Position(source, -1))
                 self._clear_marker()
@@ -193,7 +200,7 @@ class PartitionState:
         self._mark_incomplete(
             batch_id,
             f"it received batch {batch_id} of source {source} while at batch {position.batch_id} of source "
-            f"{position.source}, so it missed batches; it is rebuilt when the topology restarts",
+            f"{position.source}, so it missed batches; it is rebuilt from a peer, or from the topology's input",
         )
         return ApplyResult(self.partition, False, 0, state=self.state)
 

@@ -117,7 +117,7 @@ class Rebuilder:
             if self._clock() + backoff > deadline:
                 reason = (
                     f"it lost its state and no peer could give a copy ({why}); it is rebuilt when a batch "
-                    "arrives or the topology restarts"
+                    "arrives, or from the topology's input"
                 )
                 with self.lock:
                     state.give_up(generation, reason)

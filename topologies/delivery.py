@@ -113,6 +113,9 @@ class BatchDelivery:
         # to copy): batches to come cannot bring them back, so the topology rebuilds the store in place
         # (``topologies.sink.rebuild_due``, ``topologies.runner.supervise``).
         self.unheld: list[int] = []
+        # Set when its query is being stopped to be started again (``topologies.sink.restart``): a batch the
+        # stop cancels is not the feed failing.
+        self.retired = False
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -358,7 +361,8 @@ class BatchDelivery:
             self._lap("batch", clock)  # Spark running the micro-batch's plan and collecting it as Arrow
             rows = self.deliver(self._source, batch_id, table)
         except Exception as err:
-            self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
+            if not self.retired:
+                self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
             raise
         log.info(
             "store %s: batch %d delivered, %d rows in %.0f ms",

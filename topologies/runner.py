@@ -10,7 +10,9 @@ import argparse
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from topologies import feeder
@@ -20,6 +22,19 @@ __all__ = ["run_topology"]
 log = logging.getLogger(__name__)
 
 StartFn = Callable[..., list[Any]]
+
+# A store's query stopped to be rebuilt in place is started again at once, and if that fails (the
+# registry or an owner briefly unreachable) after 2, 4, 8 and 16 s; then the topology fails.
+START_AGAIN_ATTEMPTS = 5
+START_AGAIN_WAIT = 2.0
+
+
+@dataclass
+class _Stopped:
+    """A query ``supervise`` stopped to rebuild its store in place and has not started again yet."""
+
+    attempts: int = 0
+    next_try: float = 0.0
 
 
 def run_topology(
@@ -161,8 +176,8 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
 
     Each poll also rebuilds in place a store whose partitions no copy serves any more
     (``topologies.sink.rebuild_due`` and ``restart``): its query is stopped and started again on a fresh
-    checkpoint, in the place of the old one in ``queries``. A query that cannot be started again fails the
-    topology like a failed query.
+    checkpoint, in the place of the old one in ``queries``. Starting it again is tried
+    ``START_AGAIN_ATTEMPTS`` times over about half a minute; then the topology fails as for a failed query.
     """
     stop = stop if stop is not None else threading.Event()
 
@@ -171,11 +186,12 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stopped: dict[str, _Stopped] = {}
     try:
         failed: tuple[str, BaseException | None] | None = None
         while not stop.is_set() and failed is None:
-            ended = next((q for q in queries if not q.isActive), None)
-            failed = (ended.name, ended.exception()) if ended is not None else _rebuild_in_place(queries)
+            ended = next((q for q in queries if q.name not in stopped and not q.isActive), None)
+            failed = (ended.name, ended.exception()) if ended is not None else _rebuild_in_place(queries, stopped)
             if failed is None:
                 stop.wait(poll)
         error = None if failed is None else failed[1]
@@ -195,21 +211,37 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
     return 1
 
 
-def _rebuild_in_place(queries: list[Any]) -> tuple[str, BaseException] | None:
-    """Start again, on a fresh checkpoint, each query whose store has partitions no copy serves (when
-    ``rebuild_due`` says so), in its place in ``queries``; the name and error of one that could not be."""
+def _rebuild_in_place(queries: list[Any], stopped: dict[str, _Stopped]) -> tuple[str, BaseException] | None:
+    """Stop each query whose store has partitions no copy serves (when ``rebuild_due`` says so) and start
+    it again on a fresh checkpoint, in its place in ``queries``; one whose start fails stays in ``stopped``
+    and is tried again later. Returns the name and error of one that could not be started at all."""
     from topologies import sink
 
+    now = time.monotonic()
     for i, query in enumerate(queries):
-        unheld = sink.rebuild_due(query.name)
-        if not unheld:
+        name = query.name
+        if name not in stopped:
+            unheld = sink.rebuild_due(name)
+            if not unheld:
+                continue
+            log.warning("query %s: no copy serves partitions %s of its store; rebuilding the store in place (its "
+                        "query starts again on a fresh checkpoint)", name, unheld, extra={"query": name})  # fmt: skip
+            sink.stop_for_rebuild(name, query)
+            stopped[name] = _Stopped()
+        again = stopped[name]
+        if now < again.next_try:
             continue
-        log.warning("query %s: no copy serves partitions %s of its store; rebuilding the store in place (its "
-                    "query starts again on a fresh checkpoint)", query.name, unheld,
-                    extra={"query": query.name})  # fmt: skip
         try:
-            queries[i] = sink.restart(query.name, query)
+            queries[i] = sink.start_again(name)
         except Exception as err:
-            log.exception("query %s: could not be started again", query.name, extra={"query": query.name})
-            return query.name, err
+            again.attempts += 1
+            if again.attempts >= START_AGAIN_ATTEMPTS:
+                log.exception("query %s: could not be started again", name, extra={"query": name})
+                return name, err
+            wait = START_AGAIN_WAIT * 2 ** (again.attempts - 1)
+            again.next_try = now + wait
+            log.warning("query %s: could not be started again (%s: %s); next try in %.0fs", name,
+                        type(err).__name__, err, wait, extra={"query": name})  # fmt: skip
+            continue
+        del stopped[name]
     return None

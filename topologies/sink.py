@@ -17,8 +17,10 @@ that were complete keep serving their old state until it arrives. That is riqr's
 The same path runs while the topology runs: when a batch leaves a partition with no copy that serves it
 (an actor that came back with nothing to reopen and no peer to copy, a wiped or damaged copy without a
 standby), batches to come cannot bring it back, so ``topologies.runner.supervise`` stops that store's query
-and starts it again (``restart``: ``materialize`` with the same arguments, whose ``plan_start`` chooses the
-rebuild), at once the first time and then no more often than ``rebuild_due`` allows.
+(``stop_for_rebuild``) and starts it again (``start_again``: ``materialize`` with the same arguments, whose
+``plan_start`` chooses the rebuild), at once the first time and then no more often than ``rebuild_due``
+allows. Only stores written in update mode: an append-mode store (sessions) gets from a fresh
+checkpoint's batch 0 only what the watermark has closed by then, not its whole state.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ __all__ = [
     "store_spec_for",
     "plan_start",
     "rebuild_due",
-    "restart",
+    "stop_for_rebuild",
+    "start_again",
     "BatchDelivery",
 ]
 
@@ -68,8 +71,9 @@ WINDOW_START_COLUMN = "window_start"
 # topology re-read its input over and over), up to REBUILD_WAIT_MAX.
 REBUILD_WAIT = 60.0
 REBUILD_WAIT_MAX = 1800.0
-# query name -> the delivery of the query running under it, and how to start it again.
-_RUNNING: dict[str, tuple[BatchDelivery, Callable[[], Any]]] = {}
+# query name -> the delivery of the query running under it, how to start it again, and whether its store
+# can be rebuilt in place (update mode).
+_RUNNING: dict[str, tuple[BatchDelivery, Callable[[], Any], bool]] = {}
 # query name -> when this process rebuilt it in place (time.monotonic).
 _REBUILT: dict[str, list[float]] = {}
 _RUNNING_LOCK = threading.Lock()
@@ -81,7 +85,7 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
     with _RUNNING_LOCK:
         running = _RUNNING.get(name)
         times = list(_REBUILT.get(name, ()))
-    if running is None or not running[0].unheld:
+    if running is None or not running[0].unheld or not running[2]:
         return []
     now = time.monotonic() if now is None else now
     if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
@@ -89,16 +93,26 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
     return list(running[0].unheld)
 
 
-def restart(name: str, query: Any) -> Any:
-    """Stop ``query`` (running under ``name``) and start it again as ``materialize`` first did; returns the
-    new query. ``plan_start`` then finds the partitions no copy serves and rebuilds the store: its
-    checkpoint is set aside, and batch 0 of the new one re-emits the whole state."""
+def stop_for_rebuild(name: str, query: Any) -> None:
+    """Stop ``query`` (running under ``name``) to rebuild its store in place; ``start_again`` follows. The
+    feed says ``rebuilding`` meanwhile: the query is detached from the heartbeat (its stop is not the
+    feed's end) and its delivery retired (a batch the stop cancels is not the feed failing). Waits for
+    the batch in progress, as Spark's stop does."""
     with _RUNNING_LOCK:
-        delivery, again = _RUNNING[name]
+        delivery = _RUNNING[name][0]
         _REBUILT.setdefault(name, []).append(time.monotonic())
-    delivery.feeder.attach(delivery.spec.name, None)  # its stop is not the feed's end: no "stopped" beat
+    delivery.retired = True
+    delivery.feeder.attach(delivery.spec.name, None)
     delivery.report(state="rebuilding", incomplete=delivery.unheld)
     query.stop()
+
+
+def start_again(name: str) -> Any:
+    """Start the query stopped by ``stop_for_rebuild`` as ``materialize`` first did; returns it.
+    ``plan_start`` then finds the partitions no copy serves and rebuilds the store: its checkpoint is set
+    aside, and batch 0 of the new one re-emits the whole state."""
+    with _RUNNING_LOCK:
+        again = _RUNNING[name][1]
     return again()
 
 
@@ -352,7 +366,7 @@ def materialize(
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
     query = (
         shaped.writeStream.foreachBatch(delivery)
-        .outputMode(output_mode or ("append" if kind == "session" else "update"))
+        .outputMode(output_mode or ("append" if kind == "session" else "update"))  # as `mode` below
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=trigger)
         .queryName(name)
@@ -360,8 +374,9 @@ def materialize(
     )
     delivery.report(state="rebuilding" if plan == "rebuild" else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
+    mode = output_mode or ("append" if kind == "session" else "update")
     with _RUNNING_LOCK:
-        _RUNNING[name] = (delivery, again)
+        _RUNNING[name] = (delivery, again, mode == "update")
     if plan == "fresh":
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)

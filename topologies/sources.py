@@ -101,8 +101,10 @@ def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming
     if source.kind == "files":
         directory = topic_dir(home, topic)
         directory.mkdir(parents=True, exist_ok=True)
-        if streaming:
-            reader = reader.option("maxFilesPerTrigger", 1000)
+        # No maxFilesPerTrigger: every file present goes into the next micro-batch. The rebuild path needs
+        # it (docs/design.md, "The rebuild path"): batch 0 of a fresh checkpoint resets every partition and
+        # must carry the whole state, which a cap (this was 1000 files) cut short on a topic of more files,
+        # leaving counts lower and keys missing until the next batches came.
         rows = (
             reader.schema(LANDING_SCHEMA_DDL)
             .option("mode", "PERMISSIVE")

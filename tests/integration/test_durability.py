@@ -164,6 +164,28 @@ def test_a_store_whose_copies_were_lost_is_rebuilt_in_place_by_the_running_topol
     assert len(superseded) == 1, sorted(tmp_path.rglob("*superseded*"))  # rebuilt once, from a fresh checkpoint
 
 
+def test_a_fresh_checkpoints_first_micro_batch_reads_every_file_of_the_topic(spark: Any, tmp_path: Path) -> None:
+    """The rebuild path's batch 0 resets every partition and must carry the whole state: a cap on the
+    files per micro-batch (it was 1000) left counts low and keys missing until later batches came."""
+    from runtime.landing import Record, write_records
+    from topologies.sources import read_topic
+
+    for i in range(1100):
+        write_records(tmp_path, "order", [Record(f"k{i % 7}", "dish")])
+    query = (
+        read_topic(spark, tmp_path, "order")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        batches = [p for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    assert [b["numInputRows"] for b in batches] == [1100]
+
+
 def test_an_actor_whose_partition_was_damaged_restarts_and_rebuilds_that_partition_under_load(
     ray_cluster: RayCluster, spark: Any, tmp_path: Path
 ) -> None:

@@ -126,6 +126,54 @@ def test_a_read_that_may_have_seen_a_reset_partition_empty_reflects_no_state(kin
     assert part.span(part.position()) == ("r", 0, 0) and part.engine.get("a") is not None
 
 
+def test_a_reset_whose_batch_fails_to_apply_serves_nothing_until_the_batch_comes_again(
+    kind: str, tmp_path: Path
+) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1", b="2"))
+    engine_apply = part.engine.apply
+
+    def full_disk(position: Position, batch: list[tuple[str, bytes | None]]) -> None:
+        raise OSError("No space left on device")
+
+    part.engine.apply = full_disk  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        part.apply("r", 0, rows(a="3"))
+    assert part.state == LOADING and not part.serving  # emptied by the reset: never served so
+    assert "batch 0 of source r" in part.reason
+    part.engine.apply = engine_apply  # type: ignore[method-assign]
+    result = part.apply("r", 0, rows(a="3"))  # Spark runs the failed batch again
+    assert result.applied and part.serving and part.position() == Position("r", 0)
+    assert part.engine.get("a") == b"3" and part.engine.get("b") is None
+
+
+def test_a_partition_reopened_between_a_reset_and_its_batch_takes_the_batch_when_it_comes_again(
+    kind: str, tmp_path: Path
+) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    part.apply("q", 0, rows(a="1"))
+    part.engine.reset(Position("r", -1))  # the actor died right after the reset of r's batch 0
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == LOADING
+    result = reopened.apply("r", 0, rows(a="2"))
+    assert result.applied and reopened.serving and reopened.engine.get("a") == b"2"
+    # Likewise a partition that began empty and restarted before its first batch.
+    fresh = open_partition(kind, tmp_path / "p1")
+    assert fresh.begin("s") and fresh.serving
+    fresh.engine.close()
+    again = open_partition(kind, tmp_path / "p1")
+    assert again.apply("s", 0, rows(a="9")).applied and again.serving
+
+
+def test_reads_of_a_partition_begun_empty_are_answered_while_its_first_batch_applies(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")
+    assert part.begin("s")
+    before = part.position()
+    part.moving_to = Position("s", 0)  # its batch 0 is being applied: empty or the batch, both true states
+    assert part.span(before) == ("s", -1, 0)
+
+
 def test_a_volatile_partition_of_a_restarted_actor_is_lost() -> None:
     part = PartitionState(0, open_engine("memory", SCHEMA, None), directory=None, lost=True)
     assert part.state == LOST and "not durable" in part.reason

@@ -102,7 +102,7 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
         asked.set()
         return new
 
-    running["riqr-ns-order-count"] = (delivery, again)
+    running["riqr-ns-order-count"] = (delivery, again, True)
     delivery.unheld = [1, 3]
     queries = [old, other]
     stop = threading.Event()
@@ -114,6 +114,7 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
     assert len(started) == 1 and old.stopped and queries[0] is started[0]  # in the old one's place
     assert started[0].stopped and other.stopped  # the stop at the end reached the new query
     assert delivery.feeder.attached == [("order-count", None)]  # no "stopped" beat while it starts again
+    assert delivery.retired  # a batch its stop cancels is not reported as the feed failing
     assert delivery.reports == [{"state": "rebuilding", "incomplete": [1, 3]}]
     assert "rebuilding the store in place" in caplog.text and "[1, 3]" in caplog.text
     assert sink.rebuild_due("riqr-ns-order-count") == []
@@ -123,11 +124,11 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
     from topologies import sink
 
     delivery = FakeDelivery("s")
-    running["q"] = (delivery, lambda: FakeQuery("q"))
+    running["q"] = (delivery, lambda: FakeQuery("q"), True)
     assert sink.rebuild_due("q") == [] and sink.rebuild_due("not-started-here") == []  # nothing unheld
     delivery.unheld = [2]
     assert sink.rebuild_due("q", now=0.0) == [2]  # the first: at once
-    sink.restart("q", FakeQuery("q"))
+    sink.stop_for_rebuild("q", FakeQuery("q"))
     waits = []
     for _ in range(8):
         last = sink._REBUILT["q"][-1]
@@ -138,18 +139,86 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
     assert waits == [60, 120, 240, 480, 960, 1800, 1800, 1800]
 
 
-def test_a_query_that_cannot_be_started_again_fails_the_topology(
-    running: dict[str, object], caplog: pytest.LogCaptureFixture
+def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topology(
+    running: dict[str, object], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from topologies import runner
+
+    monkeypatch.setattr(runner, "START_AGAIN_WAIT", 0.001)
     delivery = FakeDelivery("s")
     delivery.unheld = [0]
+    tries = []
 
     def again() -> FakeQuery:
+        tries.append(time.monotonic())
         raise RuntimeError("the registry is gone")
 
-    running["riqr-ns-s"] = (delivery, again)
-    healthy = FakeQuery("riqr-ns-t")
-    with caplog.at_level(logging.ERROR):
-        assert supervise([FakeQuery("riqr-ns-s"), healthy], poll=0.001) == 1
-    assert healthy.stopped
+    running["riqr-ns-s"] = (delivery, again, True)
+    old, healthy = FakeQuery("riqr-ns-s"), FakeQuery("riqr-ns-t")
+    with caplog.at_level(logging.WARNING):
+        assert supervise([old, healthy], poll=0.001) == 1
+    assert len(tries) == runner.START_AGAIN_ATTEMPTS and old.stopped and healthy.stopped
+    assert caplog.text.count("could not be started again") == runner.START_AGAIN_ATTEMPTS
     assert "riqr-ns-s" in caplog.text and "the registry is gone" in caplog.text
+
+
+def test_a_start_that_fails_for_a_moment_is_tried_again_and_the_topology_runs_on(
+    running: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from topologies import runner
+
+    monkeypatch.setattr(runner, "START_AGAIN_WAIT", 0.001)
+    delivery = FakeDelivery("s")
+    delivery.unheld = [0]
+    started: list[FakeQuery] = []
+    stop = threading.Event()
+
+    def again() -> FakeQuery:
+        if len(started) < 2:
+            started.append(FakeQuery("failed start"))
+            raise RuntimeError("an owner is restarting")
+        new = FakeQuery("riqr-ns-s")
+        started.append(new)
+        delivery.unheld = []
+        stop.set()
+        return new
+
+    running["riqr-ns-s"] = (delivery, again, True)
+    queries = [FakeQuery("riqr-ns-s"), FakeQuery("riqr-ns-t")]
+    assert supervise(queries, poll=0.001, stop=stop) == 0  # the stopped query was not taken for a failed one
+    assert len(started) == 3 and queries[0] is started[2] and started[2].stopped
+
+
+def test_an_append_mode_store_is_not_rebuilt_in_place(running: dict[str, object]) -> None:
+    from topologies import sink
+
+    delivery = FakeDelivery("sessions")
+    delivery.unheld = [1]
+    running["q"] = (delivery, lambda: FakeQuery("q"), False)  # a fresh batch 0 holds only closed sessions
+    assert sink.rebuild_due("q", now=0.0) == []
+
+
+def test_a_batch_that_fails_while_its_query_is_stopped_for_a_rebuild_is_not_the_feed_failing() -> None:
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.keys import KeySchema
+    from topologies.delivery import BatchDelivery
+
+    class Feeder:
+        def __init__(self) -> None:
+            self.updates: list[dict[str, object]] = []
+
+        def update(self, store: str, **info: object) -> None:
+            self.updates.append(info)
+
+    class Cancelled:
+        def toArrow(self) -> None:  # noqa: N802 (Spark's name)
+            raise RuntimeError("Job cancelled because SparkContext was shut down")
+
+    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2, actors=1)
+    for retired, reported in ((False, ["failed"]), (True, [])):
+        feeder = Feeder()
+        delivery = BatchDelivery(spec, "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
+        delivery._source, delivery.retired = "src", retired
+        with pytest.raises(RuntimeError, match="cancelled"):
+            delivery(Cancelled(), 4)
+        assert [u["state"] for u in feeder.updates] == reported
