@@ -135,6 +135,10 @@ class BatchDelivery:
                 raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid) from None
         return handle
 
+    def forget_handles(self) -> None:
+        """Look every owner up again at its next call (one may have been re-created under its name)."""
+        self._handles.clear()
+
     def report(self, **info: Any) -> None:
         """Tell the registry how ingest of this store goes (``runtime.feeds.FeedReport``'s fields; best
         effort: never fails or holds up a batch)."""

@@ -77,20 +77,66 @@ _RUNNING: dict[str, tuple[BatchDelivery, Callable[[], Any], bool]] = {}
 # query name -> when this process rebuilt it in place (time.monotonic).
 _REBUILT: dict[str, list[float]] = {}
 _RUNNING_LOCK = threading.Lock()
+# A store that gets no batch (no new input) is looked at this often (seconds): a copy it lost meanwhile
+# would otherwise wait for input to be noticed. Partitions seen unserved by two looks in a row count.
+PROBE_EVERY = 5.0
+# query name -> (when it was last looked at, the partitions that look found unserved).
+_PROBED: dict[str, tuple[float, list[int]]] = {}
 
 
 def rebuild_due(name: str, now: float | None = None) -> list[int]:
     """The partitions of the store fed by query ``name`` that no copy serves, if the store should be
-    rebuilt in place now; else []. Queries that ``materialize`` did not start here have none."""
+    rebuilt in place now; else []. Queries that ``materialize`` did not start here have none.
+
+    Known from the last batch (``BatchDelivery.unheld``) or, every ``PROBE_EVERY`` seconds, from the
+    copies' positions against the checkpoint (``unserved``), for a store that gets no batch."""
     with _RUNNING_LOCK:
         running = _RUNNING.get(name)
         times = list(_REBUILT.get(name, ()))
-    if running is None or not running[0].unheld or not running[2]:
+    if running is None or not running[2]:
         return []
     now = time.monotonic() if now is None else now
+    unheld = list(running[0].unheld) or _probe(name, running[0], now)
+    if not unheld:
+        return []
     if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
         return []
-    return list(running[0].unheld)
+    return unheld
+
+
+def _probe(name: str, delivery: BatchDelivery, now: float) -> list[int]:
+    """The partitions two looks in a row, ``PROBE_EVERY`` apart, found without a current serving copy;
+    [] between looks, and when a look could not tell (an owner did not answer: restarting, say)."""
+    last_at, last = _PROBED.get(name, (float("-inf"), []))
+    if now - last_at < PROBE_EVERY:
+        return []
+    try:
+        found = unserved(delivery)
+    except Exception:
+        log.debug("could not look at the copies of %s", delivery.spec.name, exc_info=True)
+        found = []
+    _PROBED[name] = (now, found)
+    return found if found and found == last else []
+
+
+def unserved(delivery: BatchDelivery) -> list[int]:
+    """The partitions of ``delivery``'s store that no copy serves at its checkpoint's source, at or past
+    its last committed batch: what ``plan_start`` would rebuild. [] before the first commit."""
+    committed = last_committed(delivery.checkpoint)
+    if committed is None:
+        return []
+    ownership = delivery.current_view().table(delivery.spec.name)
+    if ownership is None:
+        return []
+    uuids = sorted(ownership.all_owners())
+    try:
+        answers = raycalls.get(
+            [delivery.handle(u).positions.remote() for u in uuids], f"positions of {delivery.spec.name}", timeout=5
+        )
+    except Exception:
+        delivery.forget_handles()  # an owner re-created under its name since: look it up again next time
+        raise
+    return partitions_without_a_current_copy(dict(zip(uuids, answers)), query_id(delivery.checkpoint), committed)
 
 
 def stop_for_rebuild(name: str, query: Any) -> None:

@@ -147,3 +147,29 @@ def wait_for_every_order_counted(url: str, ledger: Ledger) -> None:
         return counts == dict(ledger.produced)
 
     wait_for(exactly_what_was_produced, timeout=60, what="every count equal to the orders produced")
+
+
+def supervised(queries: list[Any], scenario: Callable[[], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Run ``scenario`` in a thread while ``supervise`` runs ``queries`` in this (the main) thread, as a
+    topology process runs them, until the scenario ends. Returns supervise's exit status and what the
+    scenario returned; raises what it raised."""
+    from topologies.runner import supervise
+
+    outcome: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["result"] = scenario()
+        except BaseException as err:  # raised in the test's thread below
+            outcome["error"] = err
+        finally:
+            stop.set()
+
+    thread = threading.Thread(target=run, name="scenario", daemon=True)
+    thread.start()
+    status = supervise(queries, poll=0.2, stop=stop)
+    thread.join(timeout=60)
+    if "error" in outcome:
+        raise outcome["error"]
+    return status, outcome["result"]

@@ -25,7 +25,13 @@ from tests.integration.conftest import (
     seeded_food_orders,
     start_food_orders,
 )
-from tests.integration.helpers import http_get, orders_under_load, wait_for, wait_for_every_order_counted
+from tests.integration.helpers import (
+    http_get,
+    orders_under_load,
+    supervised,
+    wait_for,
+    wait_for_every_order_counted,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -109,54 +115,39 @@ def test_a_store_whose_copies_were_lost_is_rebuilt_in_place_by_the_running_topol
     fresh checkpoint: batch 0 re-emits every count. Orders land and counts are read all along; nothing
     is lost, no answer is wrong, and the topology never stops."""
     import shutil
-    import threading
 
     from runtime.config import riqr_data
     from tests.integration.conftest import Topology, load_seed
     from topologies import food_orders
     from topologies.options import TopologyOptions
-    from topologies.runner import supervise
     from verticles import deploy
 
     runtime = deploy_runtime("riqr-heal")
     url, ns = runtime.url, runtime.namespace
     options = TopologyOptions(namespace=ns, trigger="200 milliseconds", standbys=0)
     queries = food_orders.start(spark, tmp_path, options)
-    outcome: dict[str, Any] = {}
-    stop = threading.Event()
 
-    def scenario() -> None:
-        try:
-            load_seed(Topology(runtime, tmp_path, queries))
-            victim = http_get(f"{url}/metadata/stores/order-count")[2]["result"][0]["actor"]
-            handle = ray.get_actor(victim, namespace=ns)
-            with orders_under_load(tmp_path, url) as ledger:
-                wait_for(lambda: ledger.answers[200] > 20, what="answers before the wipe")
-                killed = worker_pid(handle)
-                shutil.rmtree(riqr_data(ns) / "order-count" / victim)
-                ray.kill(handle, no_restart=False)  # Ray restarts it: nothing to reopen, no standby
-                wait_for(lambda: _serving_again(ns, victim, killed), timeout=90, what="its partitions rebuilt")
-                seen = ledger.answers[200]
-                wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after the rebuild")
-            wait_for_every_order_counted(url, ledger)
-            outcome["wrong"] = ledger.wrong
-            outcome["running"] = [q.name for q in queries if q.isActive]
-        except BaseException as err:  # raised in the test's thread below
-            outcome["error"] = err
-        finally:
-            stop.set()
+    def scenario() -> dict[str, Any]:
+        load_seed(Topology(runtime, tmp_path, queries))
+        victim = http_get(f"{url}/metadata/stores/order-count")[2]["result"][0]["actor"]
+        handle = ray.get_actor(victim, namespace=ns)
+        with orders_under_load(tmp_path, url) as ledger:
+            wait_for(lambda: ledger.answers[200] > 20, what="answers before the wipe")
+            killed = worker_pid(handle)
+            shutil.rmtree(riqr_data(ns) / "order-count" / victim)
+            ray.kill(handle, no_restart=False)  # Ray restarts it: nothing to reopen, no standby
+            wait_for(lambda: _serving_again(ns, victim, killed), timeout=90, what="its partitions rebuilt")
+            seen = ledger.answers[200]
+            wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after the rebuild")
+        wait_for_every_order_counted(url, ledger)
+        return {"wrong": ledger.wrong, "running": [q.name for q in queries if q.isActive]}
 
-    thread = threading.Thread(target=scenario, name="scenario", daemon=True)
     try:
-        thread.start()
-        status = supervise(queries, poll=0.2, stop=stop)  # in this (the main) thread, as a topology runs it
-        thread.join(timeout=60)
+        status, outcome = supervised(queries, scenario)
     finally:
         for query in spark.streams.active:
             query.stop()
         deploy.down(ns)
-    if "error" in outcome:
-        raise outcome["error"]
     assert status == 0  # stopped by the test, not by a failure
     assert outcome["wrong"] == []
     assert len(outcome["running"]) == len(queries)  # every query ran to the end, order-count's new one too

@@ -42,18 +42,23 @@ def _serving(handle: Any, batch_id: int) -> bool:
     return all(pos["state"] == "serving" and pos["batch_id"] >= batch_id for pos in positions.values())
 
 
+def _add_node_with_its_own_disk(ray_cluster: RayCluster, data: Any) -> Any:
+    """A third node whose query actors keep their partitions under ``data``, as a real node's own disk."""
+    saved = os.environ["RIQR_DATA"]
+    os.environ["RIQR_DATA"] = str(data)  # the node inherits this environment
+    try:
+        return ray_cluster.cluster.add_node(num_cpus=1)
+    finally:
+        os.environ["RIQR_DATA"] = saved
+
+
 def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_and_batches_go_on(
     ray_cluster: RayCluster, tmp_path: Any
 ) -> None:
     from verticles import deploy
 
     runtime = deploy_runtime("riqr-node-loss")  # registry and REST API on the session's two nodes
-    saved = os.environ["RIQR_DATA"]
-    os.environ["RIQR_DATA"] = str(tmp_path / "third-node-data")  # the new node's own disk
-    try:
-        node = ray_cluster.cluster.add_node(num_cpus=1)
-    finally:
-        os.environ["RIQR_DATA"] = saved
+    node = _add_node_with_its_own_disk(ray_cluster, tmp_path / "third-node-data")
     removed = False
     try:
         ray_cluster.cluster.wait_for_nodes()
@@ -176,3 +181,73 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
         if not removed:
             ray_cluster.cluster.remove_node(node)
         deploy.down(runtime.namespace)
+
+
+def test_a_lost_nodes_partitions_without_standbys_are_rebuilt_in_place_by_the_running_topology(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Any
+) -> None:
+    """No standbys: the node holding one of each store's three actors is removed while orders land and
+    counts are read. The registry re-creates those actors on the other nodes, with nothing to reopen and
+    no peer to copy; the topology, run by ``supervise`` as a topology process runs, rebuilds both stores
+    in place from the input: order-count as its next batch finds the hole, the customer store (no new
+    input, so no batch) as its copies are looked at. No count is lost, none is wrong, the topology never
+    stops."""
+    from runtime.config import REGISTRY_NAME
+    from tests.integration.conftest import Topology, load_seed
+    from tests.integration.helpers import orders_under_load, supervised, wait_for_every_order_counted
+    from topologies import food_orders
+    from topologies.options import TopologyOptions
+    from verticles import deploy
+
+    runtime = deploy_runtime("riqr-node-heal")  # registry and REST API on the session's two nodes
+    url, ns = runtime.url, runtime.namespace
+    node = _add_node_with_its_own_disk(ray_cluster, tmp_path / "third-node-data")
+    ray_cluster.cluster.wait_for_nodes()
+    removed = False
+    home = tmp_path / "home"
+    options = TopologyOptions(namespace=ns, actors=3, trigger="200 milliseconds", standbys=0)
+    queries = food_orders.start(spark, home, options)
+
+    def view() -> Any:
+        return ray.get(ray.get_actor(REGISTRY_NAME, namespace=ns).view.remote())
+
+    def all_serving() -> bool:
+        return all(
+            all(p["state"] == "serving" for p in ray.get(ray.get_actor(u, namespace=ns).positions.remote()).values())
+            for u in view().actors
+        )
+
+    def scenario() -> dict[str, Any]:
+        nonlocal removed
+        load_seed(Topology(runtime, home, queries))
+        third = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in ray_cluster.node_ids)
+        on_third = {a.store for a in view().actors.values() if a.node_id == third}
+        assert on_third == {"order-count", "customer-v1-changelog"}, on_third  # one actor of each store
+        with orders_under_load(home, url) as ledger:
+            wait_for(lambda: ledger.answers[200] > 20, what="answers before the node goes")
+            ray_cluster.cluster.remove_node(node)
+            removed = True
+            wait_for(all_serving, timeout=120, what="every copy serving again, the lost ones rebuilt")
+            seen = ledger.answers[200]
+            wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after the rebuild")
+        wait_for_every_order_counted(url, ledger)
+        return {
+            "wrong": ledger.wrong,
+            "running": [q.name for q in queries if q.isActive],
+            "nodes": {a.node_id for a in view().actors.values()},
+        }
+
+    try:
+        status, outcome = supervised(queries, scenario)
+    finally:
+        for query in spark.streams.active:
+            query.stop()
+        if not removed:
+            ray_cluster.cluster.remove_node(node)
+        deploy.down(ns)
+    assert status == 0  # stopped by the test, not by a failure
+    assert outcome["wrong"] == []
+    assert len(outcome["running"]) == len(queries)
+    assert outcome["nodes"] <= set(ray_cluster.node_ids)  # the lost node's actors live elsewhere now
+    superseded = sorted(p.name for p in (home / "checkpoints" / ns).glob("*.superseded-*"))
+    assert [p.split(".superseded-")[0] for p in superseded] == ["customer-v1-changelog", "order-count"], superseded

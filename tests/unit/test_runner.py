@@ -83,6 +83,8 @@ def running(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     table: dict[str, object] = {}
     monkeypatch.setattr(sink, "_RUNNING", table)
     monkeypatch.setattr(sink, "_REBUILT", {})
+    monkeypatch.setattr(sink, "_PROBED", {})
+    monkeypatch.setattr(sink, "unserved", lambda delivery: [])  # no cluster to look at
     return table
 
 
@@ -222,3 +224,21 @@ def test_a_batch_that_fails_while_its_query_is_stopped_for_a_rebuild_is_not_the_
         with pytest.raises(RuntimeError, match="cancelled"):
             delivery(Cancelled(), 4)
         assert [u["state"] for u in feeder.updates] == reported
+
+
+def test_a_store_that_gets_no_batch_is_looked_at_and_rebuilt_when_two_looks_find_a_partition_unserved(
+    running: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from topologies import sink
+
+    delivery = FakeDelivery("s")  # no batch: unheld stays empty
+    running["q"] = (delivery, lambda: FakeQuery("q"), True)
+    looks: list[list[int]] = [[], [2], [2, 3], [2, 3], [2, 3]]
+    monkeypatch.setattr(sink, "unserved", lambda d: looks.pop(0))
+    assert sink.rebuild_due("q", now=0.0) == []  # looked: all served
+    assert sink.rebuild_due("q", now=1.0) == [] and len(looks) == 4  # not looked again yet
+    assert sink.rebuild_due("q", now=5.0) == []  # [2] once
+    assert sink.rebuild_due("q", now=10.0) == []  # [2, 3]: not the same as before
+    assert sink.rebuild_due("q", now=15.0) == [2, 3]  # twice in a row
+    monkeypatch.setattr(sink, "unserved", lambda d: (_ for _ in ()).throw(TimeoutError("an owner restarts")))
+    assert sink.rebuild_due("q", now=20.0) == []  # a look that could not tell counts for nothing
