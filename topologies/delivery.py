@@ -120,11 +120,18 @@ class BatchDelivery:
     # -- the cluster ----------------------------------------------------------------------------------
 
     def current_view(self, *, fresh: bool = False) -> ClusterView:
+        """The registry's view (cached while its epoch holds). Called from the batch's thread and from the
+        looks at the copies (``topologies.sink.unserved``): each caller gets the view it fetched, and the
+        cache never goes back to an older epoch than it holds."""
         reg = registry(self.namespace)
         epoch = raycalls.get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
-        if fresh or self._view is None or self._view.epoch != epoch:
-            self._view = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
-        return self._view
+        view = self._view
+        if fresh or view is None or view.epoch != epoch:
+            view = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+            cached = self._view
+            if cached is None or view.epoch >= cached.epoch:
+                self._view = view
+        return view
 
     def handle(self, uuid: str) -> Any:
         handle = self._handles.get(uuid)

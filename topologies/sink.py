@@ -73,30 +73,42 @@ REBUILD_WAIT = 60.0
 REBUILD_WAIT_MAX = 1800.0
 # query name -> the delivery of the query running under it, how to start it again, and whether its store
 # can be rebuilt in place (update mode).
-_RUNNING: dict[str, tuple[BatchDelivery, Callable[[], Any], bool]] = {}
+_RUNNING: dict[str, tuple[BatchDelivery, Callable[..., Any], bool]] = {}
 # query name -> when this process rebuilt it in place (time.monotonic).
 _REBUILT: dict[str, list[float]] = {}
 _RUNNING_LOCK = threading.Lock()
-# A store that gets no batch (no new input) is looked at this often (seconds): a copy it lost meanwhile
-# would otherwise wait for input to be noticed. Partitions seen unserved by two looks in a row count.
+# Every store a supervised topology feeds is looked at this often (seconds), in a thread of its own, so a
+# copy lost while the store gets no batch (no new input) is noticed too. A partition counts when two looks
+# in a row find it without a serving copy.
 PROBE_EVERY = 5.0
-# query name -> (when it was last looked at, the partitions that look found unserved).
-_PROBED: dict[str, tuple[float, list[int]]] = {}
+# Looks in a row that could not tell (an owner or the registry not answering) before a warning says so.
+PROBE_FAILURES_WARN = 6
+# query name -> the partitions the look before the last and the last look found unserved.
+_LOOKS: dict[str, tuple[list[int], list[int]]] = {}
+# query name -> looks in a row that could not tell.
+_FAILED_LOOKS: dict[str, int] = {}
+# query name -> when ``rebuild_due`` last asked about it (only queries a ``supervise`` runs are looked at).
+_ASKED: dict[str, float] = {}
+_LOOKER: list[threading.Thread] = []
 
 
 def rebuild_due(name: str, now: float | None = None) -> list[int]:
     """The partitions of the store fed by query ``name`` that no copy serves, if the store should be
     rebuilt in place now; else []. Queries that ``materialize`` did not start here have none.
 
-    Known from the last batch (``BatchDelivery.unheld``) or, every ``PROBE_EVERY`` seconds, from the
-    copies' positions against the checkpoint (``unserved``), for a store that gets no batch."""
+    Known from the last batch (``BatchDelivery.unheld``) or from the last two looks at the copies'
+    positions against the checkpoint (``unserved``, every ``PROBE_EVERY`` seconds in a thread of their
+    own: ``supervise``'s thread never waits for a look)."""
+    now = time.monotonic() if now is None else now
     with _RUNNING_LOCK:
         running = _RUNNING.get(name)
         times = list(_REBUILT.get(name, ()))
+        _ASKED[name] = now
+        before, last = _LOOKS.get(name, ([], []))
     if running is None or not running[2]:
         return []
-    now = time.monotonic() if now is None else now
-    unheld = list(running[0].unheld) or _probe(name, running[0], now)
+    _ensure_looker()
+    unheld = list(running[0].unheld) or sorted(set(before) & set(last))
     if not unheld:
         return []
     if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
@@ -104,19 +116,55 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
     return unheld
 
 
-def _probe(name: str, delivery: BatchDelivery, now: float) -> list[int]:
-    """The partitions two looks in a row, ``PROBE_EVERY`` apart, found without a current serving copy;
-    [] between looks, and when a look could not tell (an owner did not answer: restarting, say)."""
-    last_at, last = _PROBED.get(name, (float("-inf"), []))
-    if now - last_at < PROBE_EVERY:
-        return []
-    try:
-        found = unserved(delivery)
-    except Exception:
-        log.debug("could not look at the copies of %s", delivery.spec.name, exc_info=True)
-        found = []
-    _PROBED[name] = (now, found)
-    return found if found and found == last else []
+def record_look(name: str, found: list[int] | None) -> None:
+    """Keep what a look at query ``name``'s store found (None: it could not tell, which starts the count
+    over); warn when looks keep failing."""
+    with _RUNNING_LOCK:
+        if found is None:
+            _LOOKS.pop(name, None)
+            failures = _FAILED_LOOKS[name] = _FAILED_LOOKS.get(name, 0) + 1
+        else:
+            _LOOKS[name] = (_LOOKS.get(name, ([], []))[1], list(found))
+            _FAILED_LOOKS.pop(name, None)
+            failures = 0
+    if failures and failures % PROBE_FAILURES_WARN == 0:
+        log.warning("query %s: its store's copies could not be looked at %d times in a row (an owner or the "
+                    "registry does not answer); a lost copy is noticed only by a batch meanwhile", name, failures,
+                    extra={"query": name})  # fmt: skip
+
+
+def _look_at_all() -> None:
+    """One round of looks: every store whose query a ``supervise`` asked about lately."""
+    now = time.monotonic()
+    with _RUNNING_LOCK:
+        due = [(n, r[0]) for n, r in _RUNNING.items() if r[2] and now - _ASKED.get(n, -1e9) < 2 * PROBE_EVERY]
+    for name, delivery in due:
+        if delivery.retired:
+            continue
+        try:
+            found: list[int] | None = unserved(delivery)
+        except Exception:
+            log.debug("could not look at the copies of %s", delivery.spec.name, exc_info=True)
+            found = None
+        record_look(name, found)
+
+
+def _ensure_looker() -> None:
+    with _RUNNING_LOCK:
+        if _LOOKER and _LOOKER[0].is_alive():
+            return
+
+        def loop() -> None:
+            while True:
+                time.sleep(PROBE_EVERY)
+                try:
+                    _look_at_all()
+                except Exception:
+                    log.warning("looking at the stores' copies failed", exc_info=True)
+
+        thread = threading.Thread(target=loop, name="riqr-copy-looks", daemon=True)
+        _LOOKER[:] = [thread]
+    thread.start()
 
 
 def unserved(delivery: BatchDelivery) -> list[int]:
@@ -147,6 +195,7 @@ def stop_for_rebuild(name: str, query: Any) -> None:
     with _RUNNING_LOCK:
         delivery = _RUNNING[name][0]
         _REBUILT.setdefault(name, []).append(time.monotonic())
+        _LOOKS.pop(name, None)  # looks at the old checkpoint say nothing of the new one
     delivery.retired = True
     delivery.feeder.attach(delivery.spec.name, None)
     delivery.report(state="rebuilding", incomplete=delivery.unheld)
@@ -159,7 +208,7 @@ def start_again(name: str) -> Any:
     aside, and batch 0 of the new one re-emits the whole state."""
     with _RUNNING_LOCK:
         again = _RUNNING[name][1]
-    return again()
+    return again(_rebuilding=True)
 
 
 def store_spec_for(
@@ -365,6 +414,7 @@ def materialize(
     output_mode: str | None = None,
     delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
     read_replicas: bool = False,
+    _rebuilding: bool = False,
 ) -> Any:
     """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
 
@@ -386,6 +436,10 @@ def materialize(
     An owner that does not acknowledge a batch within ``delivery_timeout`` seconds (retried meanwhile)
     fails the query. A ``trigger`` Spark would not take (``topologies.options.check_interval``) or a
     ``delivery_timeout`` that is not positive is a ValueError before anything is created or started.
+
+    ``_rebuilding`` (``start_again``, internal): the store is being rebuilt in place, so an empty
+    checkpoint is one a failed start had already set aside, not a new store's: its partitions are not
+    told they start empty (``begin``), and they answer 503 until batch 0 is in.
     """
     _check_arguments(trigger, delivery_timeout)
     again = functools.partial(
@@ -418,12 +472,12 @@ def materialize(
         .queryName(name)
         .start()
     )
-    delivery.report(state="rebuilding" if plan == "rebuild" else "running", plan=plan)
+    delivery.report(state="rebuilding" if plan == "rebuild" or _rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     mode = output_mode or ("append" if kind == "session" else "update")
     with _RUNNING_LOCK:
         _RUNNING[name] = (delivery, again, mode == "update")
-    if plan == "fresh":
+    if plan == "fresh" and not _rebuilding:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
         log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,

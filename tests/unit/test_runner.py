@@ -70,6 +70,7 @@ class FakeDelivery:
         self.unheld: list[int] = []
         self.feeder = FakeFeeder()
         self.reports: list[dict[str, object]] = []
+        self.retired = False
 
     def report(self, **info: object) -> None:
         self.reports.append(info)
@@ -83,8 +84,10 @@ def running(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     table: dict[str, object] = {}
     monkeypatch.setattr(sink, "_RUNNING", table)
     monkeypatch.setattr(sink, "_REBUILT", {})
-    monkeypatch.setattr(sink, "_PROBED", {})
-    monkeypatch.setattr(sink, "unserved", lambda delivery: [])  # no cluster to look at
+    monkeypatch.setattr(sink, "_LOOKS", {})
+    monkeypatch.setattr(sink, "_FAILED_LOOKS", {})
+    monkeypatch.setattr(sink, "_ASKED", {})
+    monkeypatch.setattr(sink, "_ensure_looker", lambda: None)  # no thread: the tests record looks themselves
     return table
 
 
@@ -97,7 +100,7 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
     started: list[FakeQuery] = []
     asked = threading.Event()
 
-    def again() -> FakeQuery:  # materialize with the same arguments, as the sink registers it
+    def again(**_: object) -> FakeQuery:  # materialize with the same arguments, as the sink registers it
         new = FakeQuery("riqr-ns-order-count")
         started.append(new)
         delivery.unheld = []  # the new query's delivery (the same object here) has not seen a gap
@@ -126,7 +129,7 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
     from topologies import sink
 
     delivery = FakeDelivery("s")
-    running["q"] = (delivery, lambda: FakeQuery("q"), True)
+    running["q"] = (delivery, lambda **_: FakeQuery("q"), True)
     assert sink.rebuild_due("q") == [] and sink.rebuild_due("not-started-here") == []  # nothing unheld
     delivery.unheld = [2]
     assert sink.rebuild_due("q", now=0.0) == [2]  # the first: at once
@@ -151,7 +154,7 @@ def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topo
     delivery.unheld = [0]
     tries = []
 
-    def again() -> FakeQuery:
+    def again(**_: object) -> FakeQuery:
         tries.append(time.monotonic())
         raise RuntimeError("the registry is gone")
 
@@ -175,7 +178,7 @@ def test_a_start_that_fails_for_a_moment_is_tried_again_and_the_topology_runs_on
     started: list[FakeQuery] = []
     stop = threading.Event()
 
-    def again() -> FakeQuery:
+    def again(**_: object) -> FakeQuery:
         if len(started) < 2:
             started.append(FakeQuery("failed start"))
             raise RuntimeError("an owner is restarting")
@@ -196,7 +199,7 @@ def test_an_append_mode_store_is_not_rebuilt_in_place(running: dict[str, object]
 
     delivery = FakeDelivery("sessions")
     delivery.unheld = [1]
-    running["q"] = (delivery, lambda: FakeQuery("q"), False)  # a fresh batch 0 holds only closed sessions
+    running["q"] = (delivery, lambda **_: FakeQuery("q"), False)  # a fresh batch 0 holds only closed sessions
     assert sink.rebuild_due("q", now=0.0) == []
 
 
@@ -226,19 +229,46 @@ def test_a_batch_that_fails_while_its_query_is_stopped_for_a_rebuild_is_not_the_
         assert [u["state"] for u in feeder.updates] == reported
 
 
-def test_a_store_that_gets_no_batch_is_looked_at_and_rebuilt_when_two_looks_find_a_partition_unserved(
+def test_a_store_that_gets_no_batch_is_rebuilt_when_two_looks_in_a_row_find_a_partition_unserved(
+    running: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    from topologies import sink
+
+    running["q"] = (FakeDelivery("s"), lambda **_: FakeQuery("q"), True)  # no batch: unheld stays empty
+    assert sink.rebuild_due("q", now=0.0) == []
+    sink.record_look("q", [2])
+    assert sink.rebuild_due("q", now=0.0) == []  # one look
+    sink.record_look("q", [2, 3])
+    assert sink.rebuild_due("q", now=0.0) == [2]  # partition 2 in both looks
+    sink.record_look("q", None)  # a look that could not tell: the count starts over
+    sink.record_look("q", [3])
+    assert sink.rebuild_due("q", now=0.0) == []
+    with caplog.at_level(logging.WARNING):
+        for _ in range(sink.PROBE_FAILURES_WARN):
+            sink.record_look("q", None)
+    assert caplog.text.count("could not be looked at") == 1
+
+
+def test_looks_go_only_to_the_stores_a_supervise_asks_about(
     running: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from topologies import sink
 
-    delivery = FakeDelivery("s")  # no batch: unheld stays empty
-    running["q"] = (delivery, lambda: FakeQuery("q"), True)
-    looks: list[list[int]] = [[], [2], [2, 3], [2, 3], [2, 3]]
-    monkeypatch.setattr(sink, "unserved", lambda d: looks.pop(0))
-    assert sink.rebuild_due("q", now=0.0) == []  # looked: all served
-    assert sink.rebuild_due("q", now=1.0) == [] and len(looks) == 4  # not looked again yet
-    assert sink.rebuild_due("q", now=5.0) == []  # [2] once
-    assert sink.rebuild_due("q", now=10.0) == []  # [2, 3]: not the same as before
-    assert sink.rebuild_due("q", now=15.0) == [2, 3]  # twice in a row
-    monkeypatch.setattr(sink, "unserved", lambda d: (_ for _ in ()).throw(TimeoutError("an owner restarts")))
-    assert sink.rebuild_due("q", now=20.0) == []  # a look that could not tell counts for nothing
+    looked: list[str] = []
+
+    def unserved(delivery: FakeDelivery) -> list[int]:
+        looked.append(delivery.spec.name)
+        if delivery.spec.name == "broken":
+            raise TimeoutError("an owner restarts")
+        return [1]
+
+    monkeypatch.setattr(sink, "unserved", unserved)
+    for name in ("asked", "broken", "forgotten", "retired"):
+        delivery = FakeDelivery(name)
+        delivery.retired = name == "retired"
+        running[name] = (delivery, lambda **_: FakeQuery("q"), True)
+    now = time.monotonic()
+    sink._ASKED.update({"asked": now, "broken": now, "retired": now, "forgotten": now - 60})
+    sink._look_at_all()
+    assert looked == ["asked", "broken"]  # not one no supervise asked about lately, nor one being restarted
+    assert sink._LOOKS == {"asked": ([], [1])} and sink._FAILED_LOOKS == {"broken": 1}
