@@ -100,7 +100,9 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
     started: list[FakeQuery] = []
     asked = threading.Event()
 
-    def again(**_: object) -> FakeQuery:  # materialize with the same arguments, as the sink registers it
+    def again(**extra: object) -> FakeQuery:  # materialize with the same arguments, as the sink registers it
+        # ...told it rebuilds: an empty checkpoint then is one a failed start set aside, not a new store's
+        assert extra == {"_rebuilding": True}
         new = FakeQuery("riqr-ns-order-count")
         started.append(new)
         delivery.unheld = []  # the new query's delivery (the same object here) has not seen a gap
