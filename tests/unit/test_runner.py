@@ -136,6 +136,8 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
     delivery.unheld = [2]
     assert sink.rebuild_due("q", now=0.0) == [2]  # the first: at once
     sink.stop_for_rebuild("q", FakeQuery("q"))
+    assert len(sink._REBUILT["q"]) == 1
+    sink._REBUILT["q"] = [1000.0]  # a round time, so the sums below are exact (a monotonic stamp is not)
     waits = []
     for _ in range(8):
         last = sink._REBUILT["q"][-1]
