@@ -113,8 +113,8 @@ class BatchDelivery:
         # to copy): batches to come cannot bring them back, so the topology rebuilds the store in place
         # (``topologies.sink.rebuild_due``, ``topologies.runner.supervise``).
         self.unheld: list[int] = []
-        # Set when its query is being stopped to be started again (``topologies.sink.restart``): a batch the
-        # stop cancels is not the feed failing.
+        # Set when its query is being stopped to be started again (``topologies.sink.stop_for_rebuild``): a
+        # batch the stop cancels is not the feed failing.
         self.retired = False
 
     # -- the cluster ----------------------------------------------------------------------------------

@@ -175,9 +175,10 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
     error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running.
 
     Each poll also rebuilds in place a store whose partitions no copy serves any more
-    (``topologies.sink.rebuild_due`` and ``restart``): its query is stopped and started again on a fresh
-    checkpoint, in the place of the old one in ``queries``. Starting it again is tried
-    ``START_AGAIN_ATTEMPTS`` times over about half a minute; then the topology fails as for a failed query.
+    (``topologies.sink.rebuild_due``, ``stop_for_rebuild``, ``start_again``): its query is stopped and
+    started again on a fresh checkpoint, in the place of the old one in ``queries``. Starting it again is
+    tried ``START_AGAIN_ATTEMPTS`` times over about half a minute; then the topology fails as for a failed
+    query.
     """
     stop = stop if stop is not None else threading.Event()
 

@@ -173,18 +173,29 @@ def unserved(delivery: BatchDelivery) -> list[int]:
     committed = last_committed(delivery.checkpoint)
     if committed is None:
         return []
-    ownership = delivery.current_view().table(delivery.spec.name)
-    if ownership is None:
+    positions = _copies_positions(delivery, fresh=False, timeout=5)
+    if positions is None:
         return []
+    return partitions_without_a_current_copy(positions, query_id(delivery.checkpoint), committed)
+
+
+def _copies_positions(
+    delivery: BatchDelivery, *, fresh: bool, timeout: float
+) -> dict[str, Mapping[int, Mapping[str, Any]]] | None:
+    """``positions()`` of every copy of ``delivery``'s store, by actor; None if the store is not registered.
+    A failed call makes the sink look every owner up again next time (one may have been re-created under
+    its name)."""
+    ownership = delivery.current_view(fresh=fresh).table(delivery.spec.name)
+    if ownership is None:
+        return None
     uuids = sorted(ownership.all_owners())
+    what = f"positions of {delivery.spec.name}"
     try:
-        answers = raycalls.get(
-            [delivery.handle(u).positions.remote() for u in uuids], f"positions of {delivery.spec.name}", timeout=5
-        )
+        answers = raycalls.get([delivery.handle(u).positions.remote() for u in uuids], what, timeout=timeout)
     except Exception:
-        delivery.forget_handles()  # an owner re-created under its name since: look it up again next time
+        delivery.forget_handles()
         raise
-    return partitions_without_a_current_copy(dict(zip(uuids, answers)), query_id(delivery.checkpoint), committed)
+    return dict(zip(uuids, answers))
 
 
 def stop_for_rebuild(name: str, query: Any) -> None:
@@ -279,14 +290,10 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
         # partitions must not be told they start empty, or they would answer 404s until it lands.
         return "fresh" if last_planned(checkpoint) is None else "resume"
     source = query_id(checkpoint)
-    ownership = delivery.current_view(fresh=True).table(delivery.spec.name)
-    if ownership is None:
+    positions = _copies_positions(delivery, fresh=True, timeout=30)
+    if positions is None:
         raise NotConnected(f"store {delivery.spec.name!r} is not registered", store=delivery.spec.name)
-    uuids = sorted(ownership.all_owners())
-    answers = raycalls.get(
-        [delivery.handle(u).positions.remote() for u in uuids], f"positions of {delivery.spec.name}", timeout=30
-    )
-    behind = partitions_without_a_current_copy(dict(zip(uuids, answers)), source, committed)
+    behind = partitions_without_a_current_copy(positions, source, committed)
     if behind:
         log.warning(
             "store %s: partitions %s have no copy at batch %d of the checkpoint's source %s: rebuilding them "
@@ -464,9 +471,10 @@ def materialize(
     if plan == "rebuild":
         moved = supersede(checkpoint)
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
+    mode = output_mode or ("append" if kind == "session" else "update")
     query = (
         shaped.writeStream.foreachBatch(delivery)
-        .outputMode(output_mode or ("append" if kind == "session" else "update"))  # as `mode` below
+        .outputMode(mode)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=trigger)
         .queryName(name)
@@ -474,7 +482,6 @@ def materialize(
     )
     delivery.report(state="rebuilding" if plan == "rebuild" or _rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
-    mode = output_mode or ("append" if kind == "session" else "update")
     with _RUNNING_LOCK:
         _RUNNING[name] = (delivery, again, mode == "update")
     if plan == "fresh" and not _rebuilding:

@@ -9,7 +9,7 @@ import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -336,20 +336,29 @@ def test_an_actor_seen_back_starts_its_count_again_and_so_does_an_answer_ray_can
     assert registry.check_nodes() == [victim]
 
 
+def _attempt_gaps(
+    env: FakeEnv, clock: Clock, registry: Registry, victim: str, steps: int, listed: Callable[[int], bool]
+) -> list[float]:
+    """Check once a second for ``steps`` seconds, the victim listed by Ray at the steps ``listed`` says (and
+    gone at the others); the seconds between the attempts at creating it again."""
+    attempts_at = []
+    for step in range(steps):
+        clock.now += 1.0
+        env.vanished = set() if listed(step) else {victim}
+        calls = env.replace_calls
+        registry.check_nodes()
+        if env.replace_calls > calls:
+            attempts_at.append(clock.now)
+    return [b - a for a, b in zip(attempts_at, attempts_at[1:])]
+
+
 def test_failed_attempts_at_creating_an_actor_again_wait_longer_and_longer() -> None:
     env, clock, registry, victim, _ = _gone_for_good(after=2.0)
     env.vanished = {victim}
     env.refuse = {"node-b"}  # its constructor fails, say
     registry.check_nodes()
-    attempts_at = []
-    for _ in range(40):
-        clock.now += 1.0
-        before = env.replace_calls
-        registry.check_nodes()
-        if env.replace_calls > before:
-            attempts_at.append(clock.now)
-    gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:])]
-    assert gaps == [4.0, 8.0, 16.0], attempts_at  # 2 s gone, then twice as long after each failure
+    gaps = _attempt_gaps(env, clock, registry, victim, 40, lambda step: False)
+    assert gaps == [4.0, 8.0, 16.0]  # 2 s gone, then twice as long after each failure
     assert registry.view().actors[victim].node_id == "node-b"  # nothing moved meanwhile
     env.refuse = set()
     clock.now += 32.0
@@ -395,17 +404,10 @@ def test_the_wait_after_a_failed_attempt_holds_when_the_actor_shows_up_in_betwee
     """An attempt whose wait for the new actor timed out leaves it listed while its constructor runs;
     when that then fails, the next attempt still waits twice as long as the last."""
     env, clock, registry, victim, _ = _gone_for_good(after=2.0)
-    env.vanished, env.refuse = {victim}, {"node-b"}
-    attempts_at = []
-    for step in range(60):
-        env.vanished = set() if step % 7 == 3 else {victim}  # now and then listed (constructing), then gone
-        calls = env.replace_calls
-        registry.check_nodes()
-        if env.replace_calls > calls:
-            attempts_at.append(clock.now)
-        clock.now += 1.0
-    gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:])]
-    assert len(gaps) >= 3 and all(g >= w for g, w in zip(gaps, [4.0, 8.0, 16.0])), attempts_at
+    env.refuse = {"node-b"}
+    # Now and then listed (its constructor running), then gone again.
+    gaps = _attempt_gaps(env, clock, registry, victim, 60, lambda step: step % 7 == 3)
+    assert len(gaps) >= 3 and all(g >= w for g, w in zip(gaps, [4.0, 8.0, 16.0])), gaps
 
 
 def test_one_listing_is_never_acted_on_and_a_check_that_could_not_list_starts_the_count_again() -> None:
