@@ -12,6 +12,7 @@ must never wait for Spark's tasks to free a slot. Every verticle restarts foreve
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -80,6 +81,8 @@ _PROBE_TIMEOUT = 0.5
 _EPOCH_WATCHERS = 64
 # Threads of a query actor: reads go on while one thread applies a batch (docs/benchmarks.md).
 _QUERY_THREADS = 4
+# The GCS key-value namespace of what riqr keeps there (the stores' members, keyed by riqr namespace).
+_KV_NAMESPACE = "riqr"
 
 
 def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -269,6 +272,33 @@ class RayEnv:
                     log.warning("checking for dead nodes failed", exc_info=True)
 
         threading.Thread(target=watch, name="riqr-node-watch", daemon=True).start()
+
+    # The stores' members (``runtime.membership``) live in Ray's GCS key-value store: the registry is not
+    # pinned to a node, so a file on the node it ran on may not be where it restarts, while the GCS outlives
+    # every actor (Ray Serve's controller keeps its own checkpoint there the same way). The API is Ray's
+    # internal one (``ray.experimental.internal_kv``), stable across Ray 2.x.
+    def _membership_key(self) -> bytes:
+        return f"riqr/{self.namespace}/members".encode()
+
+    def load_membership(self) -> dict[str, Any] | None:
+        from ray.experimental import internal_kv
+
+        raw = internal_kv._internal_kv_get(self._membership_key(), namespace=_KV_NAMESPACE)
+        if raw is None:
+            return None
+        record: dict[str, Any] = json.loads(raw)
+        return record
+
+    def save_membership(self, record: dict[str, Any]) -> None:
+        from ray.experimental import internal_kv
+
+        data = json.dumps(record, sort_keys=True).encode()
+        internal_kv._internal_kv_put(self._membership_key(), data, overwrite=True, namespace=_KV_NAMESPACE)
+
+    def forget_membership(self) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_del(self._membership_key(), namespace=_KV_NAMESPACE)
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -469,7 +499,7 @@ def down(namespace: str) -> list[str]:
     # by the topology (docs/design.md, "Durability").
     env.destroy([n for n in order if ACTOR_NAME.match(n)])
     if REGISTRY_NAME in names:
-        _call_unless_dead(namespace, REGISTRY_NAME, "forget_ingest", "deleting the registry's ingest records")
+        _call_unless_dead(namespace, REGISTRY_NAME, "forget_records", "deleting the registry's records")
     env.kill(order)
     late = [n for n in _named_in(namespace) if ACTOR_NAME.match(n) and n not in names]
     if late:

@@ -138,6 +138,19 @@ class ClusterOps(Protocol):
         """``info()`` of every live query actor of the namespace (a restarted registry rebuilds from them)."""
         ...
 
+    def load_membership(self) -> dict[str, Any] | None:
+        """The stores' members the registry last saved (``runtime.membership``), None if it saved none;
+        raises when they cannot be read."""
+        ...
+
+    def save_membership(self, record: dict[str, Any]) -> None:
+        """Keep ``record`` where a restarted registry finds it, whichever node it restarts on."""
+        ...
+
+    def forget_membership(self) -> None:
+        """Delete the saved members (``riqr down``)."""
+        ...
+
     def http_endpoints(self) -> list[Endpoint]:
         """Where every serving HTTP verticle of the namespace listens."""
         ...

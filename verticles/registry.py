@@ -2,7 +2,8 @@
 
 A thin shell over ``runtime.registry.RegistryState``. Creating a store also creates its query actors
 (through ``ClusterOps``, which ``verticles.deploy`` implements over Ray). If the registry itself restarts,
-it rebuilds its tables from the query actors, which each know their store and partitions, and its
+it rebuilds its tables from the query actors, which each know their store and partitions, and from the
+members it saved (``runtime.membership``: the actors that cannot answer then are not forgotten), and its
 endpoints from the HTTP verticles, and starts its epoch past any value it handed out before (epochs are
 wall-clock based on a rebuild), so facades refresh.
 
@@ -47,8 +48,8 @@ from runtime.config import (
     seconds_setting,
 )
 from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
+from runtime.membership import membership_record, merge_members
 from runtime.ownership import (
-    ActorInfo,
     ClusterView,
     Endpoint,
     OwnershipTable,
@@ -141,31 +142,59 @@ class Registry:
         self._ingest_path = data / INGEST_FILE if data is not None else None
         self.feeds = FeedBook(stale_after)
         self._saved_at = clock()
+        # The members last saved (``runtime.membership``); False once ``riqr down`` deleted them.
+        self._members_saved: dict[str, Any] | None | bool = None
         if env.restarted():
             self._rebuild(int(clock() * 1000))
             self._restore_feeds(stale_after)
         else:
             self._save_feeds()  # a new deployment: records left by an earlier one in this namespace go
+        # Saved now: a new deployment's empty membership replaces an earlier one's; a rebuilt one is kept as
+        # rebuilt, remembered actors included.
+        self._save_members()
         self.state.listeners.append(self._epoch_moved)
+        self.state.listeners.append(lambda _epoch: self._save_members())
         env.watch_nodes()
 
     def _rebuild(self, epoch: int) -> None:
+        """The tables of a restarted registry: the query actors that answer, and the members it saved for
+        the ones that do not (``runtime.membership.merge_members``). Those stay members, as any dead actor
+        would: ``check_nodes`` creates them again (on their node, or elsewhere if it is gone), and until
+        then their partitions fail over to a standby or answer 503."""
         self.state = RegistryState(epoch=epoch)
-        by_store: dict[str, list[dict[str, Any]]] = {}
-        for info in self._env.query_actor_infos():
-            by_store.setdefault(info["spec"].name, []).append(info)
-        for name, members in by_store.items():
-            spec: StoreSpec = members[0]["spec"]
+        try:
+            saved = self._env.load_membership()
+        except Exception:
+            saved = None
+            log.warning("could not read the saved members; rebuilding from the live query actors alone", exc_info=True)
+        stores, remembered = merge_members(saved, self._env.query_actor_infos())
+        for name, (spec, actors) in sorted(stores.items()):
             try:
-                table = table_from_holdings(spec, {m["uuid"]: m["partitions"] for m in members})
+                table = table_from_holdings(spec, {a.uuid: a.partitions for a in actors})
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
-            actors = [ActorInfo(m["uuid"], name, m["node_id"], m["node_ip"], tuple(m["partitions"])) for m in members]
             self.state.install(table, actors)
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
-        log.warning("registry restarted; rebuilt %d stores from their query actors", len(by_store))
+        missing = f" and its saved members (not answering: {', '.join(sorted(remembered))})" if remembered else ""
+        log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(stores), missing)
+
+    def _save_members(self) -> None:
+        """Save the stores' members if they changed since the last save (on every epoch move: creation,
+        drop, an actor re-created elsewhere). Failing is logged, not raised: the change itself is made,
+        and only a restart meanwhile would miss it."""
+        if self._members_saved is False:
+            return
+        record = membership_record(self.state.view())
+        if record == self._members_saved:
+            return
+        try:
+            self._env.save_membership(record)
+        except Exception:
+            log.warning("could not save the stores' members", exc_info=True)
+            return
+        self._members_saved = record
 
     def _restore_feeds(self, stale_after: float) -> None:
         if self._ingest_path is None:
@@ -263,10 +292,15 @@ class Registry:
         self._env.destroy(uuids)
         return uuids
 
-    def forget_ingest(self) -> None:
-        """The runtime is going away (``riqr down``, after its stores' data): delete the ingest records,
-        and the registry's and the namespace's directories on this node if that empties them. Nothing
-        is saved from now on."""
+    def forget_records(self) -> None:
+        """The runtime is going away (``riqr down``, after its stores' data): delete the saved members and
+        the ingest records, and the registry's and the namespace's directories on this node if that
+        empties them. Nothing is saved from now on."""
+        self._members_saved = False
+        try:
+            self._env.forget_membership()
+        except Exception:
+            log.warning("could not delete the saved members", exc_info=True)
         path, self._ingest_path = self._ingest_path, None
         if path is None:
             return

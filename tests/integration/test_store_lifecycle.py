@@ -174,6 +174,45 @@ def test_a_restarted_registry_rebuilds_its_tables_from_the_query_actors(
     )
 
 
+def test_a_registry_restarted_while_an_owner_is_gone_for_good_remembers_it_and_creates_it_again(
+    runtime_ns: Runtime, store: BatchDelivery, spark: Any
+) -> None:
+    """The restarted registry cannot ask the dead owner what it held; it knows from the members it saved.
+    Before they were saved, the store (no standbys) was left out of the tables: 404 for every key, for good."""
+    url = runtime_ns.url
+    owner = http_get(f"{url}/metadata/stores/scores/key/1")[2]["result"]
+    before = http_get(f"{url}/stores/scores/all")[2]["result"]
+    expected = {e["key"]: e["value"] for e in before}
+    node = ray.get(runtime_ns.registry().view.remote()).actors[owner["actor"]].node_id
+    epoch_before = ray.get(runtime_ns.registry().epoch.remote())
+    ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=True)
+    ray.kill(runtime_ns.registry(), no_restart=False)
+
+    answers: dict[int, int] = {}
+
+    def back() -> bool:
+        # Every answer meanwhile is the key's value or a 503 (its owner is down): never a 404 for the store
+        # or the key, never another value.
+        ok = True
+        for key, value in expected.items():
+            status, _, body = http_get(f"{url}/stores/scores/get/{key}")
+            answers[status] = answers.get(status, 0) + 1
+            assert status in (200, 503), (key, status, body)
+            if status == 200:
+                assert body == {"response": value}, key
+            ok = ok and status == 200
+        return ok and ray.get(runtime_ns.registry().epoch.remote(), timeout=10) > epoch_before
+
+    wait_for(back, timeout=60, what="the owner created again by the restarted registry", fatal=(AssertionError,))
+    assert answers.get(503, 0) > 0  # the owner was really gone for a while
+    view = ray.get(runtime_ns.registry().view.remote())
+    assert view.actors[owner["actor"]].node_id == node  # on its node, where its data is
+    assert sorted(p for info in view.actors.values() if info.store == "scores" for p in info.partitions) == [0, 1, 2, 3]
+    store.deliver("query-1", 1, arrow_batch(spark, [(1, 11)]))
+    after = http_get(f"{url}/stores/scores/all")[2]["result"]
+    assert after == [{"key": e["key"], "value": 11 if e["key"] == 1 else e["value"]} for e in before]
+
+
 def test_a_restarted_http_verticle_serves_again_on_the_same_url(runtime_ns: Runtime, store: BatchDelivery) -> None:
     from runtime.config import http_name
 

@@ -52,6 +52,9 @@ class FakeEnv:
         self.alive_names: set[str] = set()
         self.vanished: set[str] | None = set()  # query actors Ray holds no actor for (None: cannot say)
         self.replace_calls = 0
+        self.membership: dict[str, Any] | None = None  # what the registry saved (runtime.membership)
+        self.membership_writes = 0
+        self.membership_broken = False  # loading and saving raise
 
     def node_id(self) -> str:
         return "node-a"
@@ -127,6 +130,20 @@ class FakeEnv:
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         return list(self.infos)
+
+    def load_membership(self) -> dict[str, Any] | None:
+        if self.membership_broken:
+            raise OSError("the key-value store is unreachable")
+        return self.membership
+
+    def save_membership(self, record: dict[str, Any]) -> None:
+        if self.membership_broken:
+            raise OSError("the key-value store is unreachable")
+        self.membership = record
+        self.membership_writes += 1
+
+    def forget_membership(self) -> None:
+        self.membership = None
 
     def holders(self, store: str, partition: int) -> list[str]:
         return list(self.peers)
@@ -557,6 +574,101 @@ def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles(
     assert view.actors["u2"].node_id == "node-b"
 
 
+def _infos(view: Any, *, without: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """What each query actor of ``view`` answers a restarted registry (those in ``without`` do not)."""
+    return [
+        {
+            "uuid": a.uuid,
+            "spec": view.tables[a.store].spec,
+            "partitions": list(a.partitions),
+            "node_id": a.node_id,
+            "node_ip": a.node_ip,
+        }
+        for a in view.actors.values()
+        if a.uuid not in without
+    ]
+
+
+def test_a_registry_saves_the_stores_members_when_they_change_and_only_then() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    assert env.membership == {"version": 1, "stores": {}}  # a new deployment replaces an earlier one's
+    registry.create_store(kv_spec("s", partitions=4, actors=2))
+    saved = env.membership
+    assert saved is not None and sorted(a["uuid"] for a in saved["stores"]["s"]["actors"]) == sorted(
+        registry.view().actors
+    )
+    writes = env.membership_writes
+    registry.register_endpoint("node-a", "10.0.0.1", 7400)  # the epoch moves, the members do not
+    registry.check_actors()
+    assert env.membership_writes == writes
+    victim = next(iter(registry.view().actors))
+    registry.actor_moved(victim, "node-b", "10.0.0.2")
+    assert env.membership is not None
+    assert {a["uuid"]: a["node_id"] for a in env.membership["stores"]["s"]["actors"]}[victim] == "node-b"
+    registry.drop_store("s")
+    assert env.membership == {"version": 1, "stores": {}}
+    registry.forget_records()  # riqr down
+    assert env.membership is None
+    registry.register_endpoint("node-b", "10.0.0.2", 7400)
+    assert env.membership is None  # nothing is saved after that
+
+
+def test_a_restarted_registry_remembers_the_actors_that_do_not_answer_and_creates_them_again() -> None:
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))  # no standby: one copy each
+    registry.create_store(kv_spec("t", partitions=2, actors=1, standbys=0))
+    view = registry.view()
+    victim = next(u for u, a in view.actors.items() if a.store == "s" and a.node_id == "node-b")
+    lone = next(u for u, a in view.actors.items() if a.store == "t")
+
+    # The registry restarts while `victim` and `t`'s only actor are gone for good: neither answers.
+    again = FakeEnv(restarted=True)
+    again.membership, again.infos = env.membership, _infos(view, without=(victim, lone))
+    again.vanished = {victim, lone}
+    restarted = Registry("ns", again, clock=clock)
+    rebuilt = restarted.view()
+    assert sorted(rebuilt.tables) == ["s", "t"]  # neither store is left out
+    assert rebuilt.actors[victim] == view.actors[victim] and rebuilt.actors[lone] == view.actors[lone]
+    assert sorted(p for a in rebuilt.actors.values() if a.store == "s" for p in a.partitions) == [0, 1, 2, 3]
+    assert again.membership == env.membership  # saved again as rebuilt: nothing was forgotten
+    # From there they are actors gone for good: created again on their own nodes, where their data is.
+    restarted.check_nodes()
+    clock.now += 2
+    assert sorted(restarted.check_nodes()) == sorted([victim, lone])
+    assert sorted(again.replaced) == sorted(
+        [(victim, view.actors[victim].partitions, "node-b"), (lone, view.actors[lone].partitions, "node-a")]
+    )
+
+
+def test_a_registry_restarted_with_a_node_gone_moves_that_nodes_remembered_actors_to_a_live_one() -> None:
+    """The registry's own node died with a query actor: Ray restarts it elsewhere, the dead node's actor
+    cannot answer, and the saved members say it existed, so it is re-created on a live node."""
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1))
+    on_b = next(u for u, a in view.actors.items() if a.node_id == "node-b")
+    again = FakeEnv(restarted=True, nodes=("node-a",))
+    again.membership, again.infos = env.membership, _infos(view, without=(on_b,))
+    restarted = Registry("ns", again)
+    assert restarted.check_nodes() == [on_b]
+    assert again.replaced == [(on_b, view.actors[on_b].partitions, "node-a")]
+    assert restarted.view().actors[on_b].node_id == "node-a"
+
+
+def test_a_restarted_registry_that_cannot_read_its_saved_members_rebuilds_from_the_live_actors() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    again = FakeEnv(restarted=True)
+    again.infos, again.membership_broken = _infos(view), True
+    restarted = Registry("ns", again)
+    assert restarted.view().table("s") == view.table("s")
+    restarted.create_store(kv_spec("u", partitions=2, actors=1))  # saving fails too: logged, not raised
+    assert restarted.view().table("u") is not None
+
+
 class Clock:
     def __init__(self, now: float = 1_700_000_000.0) -> None:
         self.now = now
@@ -578,10 +690,8 @@ def test_a_restarted_registry_keeps_ingest_states_and_dead_letter_totals(tmp_pat
     registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=8, dead_letters={"order": 2})])
 
     # Ray restarts the registry: tables come back from the query actors, ingest records from its file.
-    infos = [{"uuid": a.uuid, "spec": {"s": spec, "t": other}[a.store], "partitions": list(a.partitions),
-              "node_id": a.node_id, "node_ip": a.node_ip} for a in registry.view().actors.values()]  # fmt: skip
     again = FakeEnv(restarted=True)
-    again.data, again.infos = tmp_path, infos
+    again.data, again.infos = tmp_path, _infos(registry.view())
     clock.now += 30  # longer than the bound: the registry was down meanwhile
     restarted = Registry("ns", again, clock=clock, stale_after=6.0)
     ingest = restarted.status()["ingest"]
@@ -784,7 +894,7 @@ def test_destroying_a_runtime_leaves_nothing_of_it_on_disk(tmp_path: Path, engin
     assert not (root / "s" / "u1").exists() and any((root / "s" / "u2").iterdir())  # the other actor's data stays
     actors[1].destroy()
     assert sorted(p.name for p in root.iterdir()) == ["_registry"]
-    registry.forget_ingest()
+    registry.forget_records()
     assert not root.exists()
     assert (tmp_path / "state").is_dir()  # the pruning stops at the namespace's directory
     registry.report_feeds([FeedReport("s", "run-1", "running", batch_id=1)])  # a late report saves nothing

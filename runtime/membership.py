@@ -1,0 +1,145 @@
+"""Which query actors each store has: what a restarted registry cannot learn from the actors that answer.
+
+A registry that restarts rebuilds its tables from the query actors of its namespace (each knows its store,
+spec and partitions). An actor that cannot answer at that moment (killed for good, its constructor
+failing, its node just lost) used to be forgotten: it was never created again, and a store without
+standbys that had it was left out of the tables altogether, its keys answering 404 as if it had never
+existed, while the sweeper would in time delete the forgotten actor's data as orphaned. So the registry
+also saves each store's members (its spec, and every actor's uuid, node and partitions) whenever they
+change, and a restarted one adds to what the live actors say the members that did not answer. From
+there they are any dead actor: re-created on their node once gone for good, or elsewhere if the node is
+gone (docs/design.md, "A restarted registry").
+
+This module is the record and the merge (pure, tested without Ray); where the record is kept is the
+registry environment's business (``verticles.deploy.RayEnv``: Ray's GCS key-value store).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runtime.catalog import StoreSpec, ValueField
+from runtime.errors import SchemaError
+from runtime.keys import KeySchema
+from runtime.ownership import ActorInfo, ClusterView
+
+__all__ = ["MEMBERSHIP_VERSION", "membership_record", "merge_members", "spec_record", "spec_from_record"]
+
+log = logging.getLogger(__name__)
+
+MEMBERSHIP_VERSION = 1
+
+
+def spec_record(spec: StoreSpec) -> dict[str, Any]:
+    """Every field of ``spec`` as JSON-able values (``spec_from_record`` reads it back)."""
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "key": {"column": spec.key.column, "type": spec.key.type_name, "rest": [list(c) for c in spec.key.rest]},
+        "value": [[f.name, f.type_name] for f in spec.value_fields],
+        "partitions": spec.partitions,
+        "actors": spec.actors,
+        "standbys": spec.standbys,
+        "engine": spec.engine,
+        "extra": [[k, v] for k, v in spec.extra],
+        "read_replicas": spec.read_replicas,
+    }
+
+
+def spec_from_record(record: Mapping[str, Any]) -> StoreSpec:
+    """The spec ``spec_record`` wrote (``KeyError``, ``TypeError``, ``ValueError`` or ``SchemaError`` for
+    a record that is not one)."""
+    key = record["key"]
+    return StoreSpec(
+        name=record["name"],
+        key=KeySchema(key["column"], key["type"], tuple((str(c), str(t)) for c, t in key["rest"])),
+        value_fields=tuple(ValueField(str(n), str(t)) for n, t in record["value"]),
+        kind=record["kind"],
+        partitions=int(record["partitions"]),
+        actors=int(record["actors"]),
+        standbys=None if record["standbys"] is None else int(record["standbys"]),
+        engine=record["engine"],
+        extra=tuple((str(k), v) for k, v in record["extra"]),
+        read_replicas=bool(record["read_replicas"]),
+    )
+
+
+def membership_record(view: ClusterView) -> dict[str, Any]:
+    """Each store of ``view`` with its spec and its actors (uuid, node, partitions)."""
+    stores: dict[str, Any] = {}
+    for name, table in sorted(view.tables.items()):
+        members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
+        stores[name] = {
+            "spec": spec_record(table.spec),
+            "actors": [
+                {"uuid": a.uuid, "node_id": a.node_id, "node_ip": a.node_ip, "partitions": list(a.partitions)}
+                for a in members
+            ],
+        }
+    return {"version": MEMBERSHIP_VERSION, "stores": stores}
+
+
+def merge_members(
+    saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]
+) -> tuple[dict[str, tuple[StoreSpec, list[ActorInfo]]], list[str]]:
+    """The stores a restarted registry installs, each with its spec and actors, and the uuids of the
+    actors only ``saved`` knows of.
+
+    ``live`` is the ``info()`` of every query actor that answered: what they say wins (their spec,
+    partitions and node). ``saved`` (a ``membership_record``, or None) adds the actors that did not
+    answer, and the stores none of whose actors did. A saved store whose layout differs from what its live
+    actors say, or a saved entry that cannot be read, is left out and logged: the live actors are the
+    facts, the record only fills in who is missing."""
+    stores: dict[str, tuple[StoreSpec, dict[str, ActorInfo]]] = {}
+    answered: set[str] = set()
+    for info in live:
+        spec: StoreSpec = info["spec"]
+        members = stores.setdefault(spec.name, (spec, {}))[1]
+        uuid = str(info["uuid"])
+        members[uuid] = ActorInfo(uuid, spec.name, info["node_id"], info["node_ip"], tuple(info["partitions"]))
+        answered.add(uuid)
+    remembered: list[str] = []
+    entries = _saved_stores(saved)
+    for name, entry in sorted(entries.items()):
+        try:
+            spec = spec_from_record(entry["spec"])
+            actors = [
+                ActorInfo(
+                    str(a["uuid"]),
+                    spec.name,
+                    str(a["node_id"]),
+                    str(a["node_ip"]),
+                    tuple(int(p) for p in a["partitions"]),
+                )
+                for a in entry["actors"]
+            ]
+        except (KeyError, TypeError, ValueError, SchemaError) as err:
+            log.warning("the saved members of store %s are unreadable (%r); left to its live actors", name, err,
+                        extra={"store": name})  # fmt: skip
+            continue
+        if name in stores and not stores[name][0].same_layout(spec):
+            log.warning("store %s: its live query actors have another definition than the saved one; the saved "
+                        "members are ignored", name, extra={"store": name})  # fmt: skip
+            continue
+        members = stores.setdefault(name, (spec, {}))[1]
+        for actor in actors:
+            if actor.uuid not in answered and actor.uuid not in members:
+                members[actor.uuid] = actor
+                remembered.append(actor.uuid)
+    return {name: (spec, list(members.values())) for name, (spec, members) in stores.items()}, remembered
+
+
+def _saved_stores(saved: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if saved is None:
+        return {}
+    if not isinstance(saved, Mapping) or saved.get("version") != MEMBERSHIP_VERSION:
+        version = saved.get("version") if isinstance(saved, Mapping) else None
+        log.warning("the saved members are of an unknown version (%r); rebuilding from the live actors alone", version)
+        return {}
+    stores = saved.get("stores")
+    if not isinstance(stores, Mapping):
+        log.warning("the saved members are unreadable; rebuilding from the live actors alone")
+        return {}
+    return stores
