@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.catalog import StoreSpec, ValueField
@@ -25,7 +26,15 @@ from runtime.errors import SchemaError
 from runtime.keys import KeySchema
 from runtime.ownership import ActorInfo, ClusterView
 
-__all__ = ["MEMBERSHIP_VERSION", "membership_record", "merge_members", "spec_record", "spec_from_record"]
+__all__ = [
+    "MEMBERSHIP_VERSION",
+    "Merged",
+    "actor_infos",
+    "membership_record",
+    "merge_members",
+    "spec_record",
+    "spec_from_record",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +75,17 @@ def spec_from_record(record: Mapping[str, Any]) -> StoreSpec:
     )
 
 
-def membership_record(view: ClusterView) -> dict[str, Any]:
-    """Each store of ``view`` with its spec and its actors (uuid, node, partitions)."""
-    stores: dict[str, Any] = {}
+def membership_record(
+    view: ClusterView, *, retired: bool = False, carried: Mapping[str, Any] | None = None, without: str | None = None
+) -> dict[str, Any]:
+    """Each store of ``view`` (but ``without``) with its spec and its actors (uuid, node, partitions), and
+    whether the registry is retired (``riqr down`` under way: a registry restarted meanwhile stays so).
+    ``carried``: entries of an earlier record this registry could not read, kept as they were for the
+    stores it does not hold (dropping them would forget those stores' actors for good)."""
+    stores: dict[str, Any] = {name: entry for name, entry in (carried or {}).items() if name not in view.tables}
     for name, table in sorted(view.tables.items()):
+        if name == without:
+            continue
         members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
         stores[name] = {
             "spec": spec_record(table.spec),
@@ -78,20 +94,46 @@ def membership_record(view: ClusterView) -> dict[str, Any]:
                 for a in members
             ],
         }
-    return {"version": MEMBERSHIP_VERSION, "stores": stores}
+    stores.pop(without or "", None)
+    return {"version": MEMBERSHIP_VERSION, "retired": retired, "stores": stores}
 
 
-def merge_members(
-    saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]
-) -> tuple[dict[str, tuple[StoreSpec, list[ActorInfo]]], list[str]]:
-    """The stores a restarted registry installs, each with its spec and actors, and the uuids of the
-    actors only ``saved`` knows of.
+def actor_infos(view: ClusterView, without: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """What each query actor ``view`` holds (but ``without``) answers ``info()``: uuid, spec, partitions
+    and node, as ``merge_members`` takes the live actors' answers."""
+    return [
+        {
+            "uuid": a.uuid,
+            "spec": view.tables[a.store].spec,
+            "partitions": list(a.partitions),
+            "node_id": a.node_id,
+            "node_ip": a.node_ip,
+        }
+        for a in view.actors.values()
+        if a.store in view.tables and a.uuid not in without
+    ]
 
-    ``live`` is the ``info()`` of every query actor that answered: what they say wins (their spec,
-    partitions and node). ``saved`` (a ``membership_record``, or None) adds the actors that did not
-    answer, and the stores none of whose actors did. A saved store whose layout differs from what its live
-    actors say, or a saved entry that cannot be read, is left out and logged: the live actors are the
-    facts, the record only fills in who is missing."""
+
+@dataclass(frozen=True)
+class Merged:
+    """What a registry takes from the live query actors and its saved record (``merge_members``)."""
+
+    stores: dict[str, tuple[StoreSpec, list[ActorInfo]]]  # store -> its spec and every member
+    remembered: list[str]  # uuids only the record knew of (they did not answer)
+    carried: dict[str, Any]  # entries of the record that could not be read, to keep as they are
+    retired: bool  # the record says ``riqr down`` was under way
+
+
+def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]) -> Merged:
+    """The stores a restarted registry installs, each with its spec and actors; the uuids of the actors
+    only ``saved`` knows of; the saved entries it could not read; whether ``saved`` says retired.
+
+    ``live`` is the ``info()`` of every query actor that answered: their uuids, partitions and nodes are
+    facts. ``saved`` (a ``membership_record``, or None) adds the actors that did not answer, and the stores
+    none of whose actors did; its spec wins over the live actors' when the layout is the same (fields that
+    change in place, such as ``read_replicas``, are saved when they change; an actor keeps the spec it was
+    created with). A saved store whose layout differs from what its live actors say is left out and
+    logged (the live actors are the facts); a saved entry that cannot be read is logged and carried."""
     stores: dict[str, tuple[StoreSpec, dict[str, ActorInfo]]] = {}
     answered: set[str] = set()
     for info in live:
@@ -101,6 +143,7 @@ def merge_members(
         members[uuid] = ActorInfo(uuid, spec.name, info["node_id"], info["node_ip"], tuple(info["partitions"]))
         answered.add(uuid)
     remembered: list[str] = []
+    carried: dict[str, Any] = {}
     entries = _saved_stores(saved)
     for name, entry in sorted(entries.items()):
         try:
@@ -116,19 +159,28 @@ def merge_members(
                 for a in entry["actors"]
             ]
         except (KeyError, TypeError, ValueError, SchemaError) as err:
-            log.warning("the saved members of store %s are unreadable (%r); left to its live actors", name, err,
-                        extra={"store": name})  # fmt: skip
+            log.warning("the saved members of store %s are unreadable (%r); kept as they are, the store is left to "
+                        "its live actors", name, err, extra={"store": name})  # fmt: skip
+            carried[str(name)] = entry
             continue
-        if name in stores and not stores[name][0].same_layout(spec):
-            log.warning("store %s: its live query actors have another definition than the saved one; the saved "
-                        "members are ignored", name, extra={"store": name})  # fmt: skip
-            continue
+        if name in stores:
+            if not stores[name][0].same_layout(spec):
+                log.warning("store %s: its live query actors have another definition than the saved one; the "
+                            "saved members are ignored", name, extra={"store": name})  # fmt: skip
+                continue
+            stores[name] = (spec, stores[name][1])
         members = stores.setdefault(name, (spec, {}))[1]
         for actor in actors:
             if actor.uuid not in answered and actor.uuid not in members:
                 members[actor.uuid] = actor
                 remembered.append(actor.uuid)
-    return {name: (spec, list(members.values())) for name, (spec, members) in stores.items()}, remembered
+    retired = isinstance(saved, Mapping) and saved.get("version") == MEMBERSHIP_VERSION and bool(saved.get("retired"))
+    return Merged(
+        {name: (spec, list(members.values())) for name, (spec, members) in stores.items()},
+        remembered,
+        carried,
+        retired,
+    )
 
 
 def _saved_stores(saved: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -47,8 +47,9 @@ from runtime.config import (
     SUSPECT_CHECK_GAP,
     seconds_setting,
 )
+from runtime.errors import StoreNotFound, Unavailable
 from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
-from runtime.membership import membership_record, merge_members
+from runtime.membership import Merged, actor_infos, membership_record, merge_members
 from runtime.ownership import (
     ClusterView,
     Endpoint,
@@ -142,8 +143,14 @@ class Registry:
         self._ingest_path = data / INGEST_FILE if data is not None else None
         self.feeds = FeedBook(stale_after)
         self._saved_at = clock()
-        # The members last saved (``runtime.membership``); False once ``riqr down`` deleted them.
-        self._members_saved: dict[str, Any] | None | bool = None
+        # The stores' members (``runtime.membership``): the record last saved; set once ``riqr down`` deleted
+        # it (nothing is saved until a ``resume``); set while the record a restart found could not be read
+        # (nothing is saved over it until it can be: ``_save_members`` tries again); and the entries of it
+        # that could not be read, carried into every save.
+        self._members_saved: dict[str, Any] | None = None
+        self._members_off = False
+        self._members_unread = False
+        self._members_carried: dict[str, Any] = {}
         if env.restarted():
             self._rebuild(int(clock() * 1000))
             self._restore_feeds(stale_after)
@@ -160,38 +167,84 @@ class Registry:
         """The tables of a restarted registry: the query actors that answer, and the members it saved for
         the ones that do not (``runtime.membership.merge_members``). Those stay members, as any dead actor
         would: ``check_nodes`` creates them again (on their node, or elsewhere if it is gone), and until
-        then their partitions fail over to a standby or answer 503."""
+        then their partitions fail over to a standby or answer 503. A record that says ``riqr down`` was
+        under way leaves this registry retired too (``resume`` undoes it)."""
         self.state = RegistryState(epoch=epoch)
-        try:
-            saved = self._env.load_membership()
-        except Exception:
-            saved = None
-            log.warning("could not read the saved members; rebuilding from the live query actors alone", exc_info=True)
-        stores, remembered = merge_members(saved, self._env.query_actor_infos())
-        for name, (spec, actors) in sorted(stores.items()):
+        read, saved = self._load_members()
+        self._members_unread = not read
+        merged = merge_members(saved, self._env.query_actor_infos())
+        self._install_members(merged)
+        for endpoint in self._env.http_endpoints():
+            self.state.register_endpoint(endpoint)
+        missing = f" and its saved members (not answering: {', '.join(sorted(merged.remembered))})"
+        log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(merged.stores),
+                    missing if merged.remembered else "")  # fmt: skip
+
+    def _install_members(self, merged: Merged, *, only_changed: bool = False) -> None:
+        """Install the stores of ``merged`` (with ``only_changed``, those whose members differ from the
+        tables held), and take over its carried entries and its ``retired``."""
+        self._members_carried = merged.carried
+        if merged.retired and not self._retired:
+            self._retired = True
+            log.warning("the saved members say riqr down was under way: query actors are not re-created until "
+                        "riqr up")  # fmt: skip
+        view = self.state.view()
+        for name, (spec, actors) in sorted(merged.stores.items()):
+            held = view.table(name)
+            if only_changed and held is not None and set(held.all_owners()) == {a.uuid for a in actors}:
+                continue
             try:
                 table = table_from_holdings(spec, {a.uuid: a.partitions for a in actors})
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
             self.state.install(table, actors)
-        for endpoint in self._env.http_endpoints():
-            self.state.register_endpoint(endpoint)
-        missing = f" and its saved members (not answering: {', '.join(sorted(remembered))})" if remembered else ""
-        log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(stores), missing)
 
-    def _save_members(self) -> None:
-        """Save the stores' members if they changed since the last save (on every epoch move: creation,
-        drop, an actor re-created elsewhere). Failing is logged, not raised: the change itself is made,
-        and only a restart meanwhile would miss it."""
-        if self._members_saved is False:
+    def _load_members(self) -> tuple[bool, dict[str, Any] | None]:
+        """``(read, record)``: the saved members, None if there are none; ``read`` False if they could not
+        be read (logged)."""
+        try:
+            return True, self._env.load_membership()
+        except Exception:
+            log.warning("could not read the saved members; nothing is saved over them until they can be",
+                        exc_info=True)  # fmt: skip
+            return False, None
+
+    def _save_members(self, *, without: str | None = None, strict: bool = False) -> None:
+        """Save the stores' members (``without`` that store) if they changed since the last save: on every
+        epoch move (creation, drop, an actor re-created elsewhere), ``retire`` and ``resume``.
+
+        While the record a restart found could not be read, nothing is written over it: it is read again
+        first, and its members the tables lack are taken in (``_install_members``). Failing is logged, not
+        raised (the change itself is made, and only a restart meanwhile would miss it), unless ``strict``:
+        then ``Unavailable``, for a change that must not be made unsaved (``drop_store``)."""
+        if self._members_off:
             return
-        record = membership_record(self.state.view())
+        if self._members_unread:
+            read, saved = self._load_members()
+            if not read:
+                if strict:
+                    raise Unavailable(
+                        "the registry cannot read its saved members (Ray's GCS); try again", retry_after=5
+                    )
+                return
+            self._members_unread = False
+            merged = merge_members(saved, actor_infos(self.state.view()))
+            self._install_members(merged, only_changed=True)
+            if merged.remembered:
+                log.warning("read the saved members: remembering query actors %s", ", ".join(sorted(merged.remembered)))
+        view = self.state.view()
+        record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without)
         if record == self._members_saved:
             return
         try:
             self._env.save_membership(record)
-        except Exception:
+        except Exception as err:
+            if strict:
+                raise Unavailable(
+                    f"the registry could not save the stores' members ({err}); nothing was changed, try again",
+                    retry_after=5,
+                ) from err
             log.warning("could not save the stores' members", exc_info=True)
             return
         self._members_saved = record
@@ -284,7 +337,11 @@ class Registry:
         return self.state.view()
 
     def drop_store(self, name: str) -> list[str]:
-        """Forget a store, stop its actors and delete their data."""
+        """Forget a store, stop its actors and delete their data. The saved members lose it first: a drop
+        that cannot be saved is refused (``Unavailable``), so a restart never brings a dropped store back."""
+        if self.state.view().table(name) is None:
+            raise StoreNotFound(f"store {name!r} is not known", store=name)
+        self._save_members(without=name, strict=True)
         uuids = self.state.drop(name)
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
         if self.feeds.forget(name):
@@ -296,7 +353,7 @@ class Registry:
         """The runtime is going away (``riqr down``, after its stores' data): delete the saved members and
         the ingest records, and the registry's and the namespace's directories on this node if that
         empties them. Nothing is saved from now on."""
-        self._members_saved = False
+        self._members_off, self._members_saved = True, None
         try:
             self._env.forget_membership()
         except Exception:
@@ -417,12 +474,19 @@ class Registry:
         re-creates a query actor or promotes a standby. Calls are taken one at a time, so a re-creation
         under way has finished when this returns."""
         self._retired = True
+        self._save_members()  # a registry restarted while `down` runs stays retired
         log.info("the runtime is going down: query actors are no longer re-created")
 
     def resume(self) -> None:
         """``riqr up``: undo a ``retire`` whose ``riqr down`` did not finish (the registry kept running)."""
         if self._retired:
             self._retired = False
+            if self._members_off:  # that `down` got as far as deleting the records: keep them again
+                self._members_off = False
+                data = self._env.data_dir()
+                self._ingest_path = data / INGEST_FILE if data is not None else None
+                self._save_feeds()
+            self._save_members()
             log.warning("a riqr down did not finish; the registry re-creates actors and promotes standbys again")
 
     def check_nodes(self) -> list[str]:
@@ -435,6 +499,8 @@ class Registry:
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check.
         """
+        if self._members_unread:
+            self._save_members()  # reads the saved members again first
         if self._retired:
             return []
         alive = sorted(self._env.alive_nodes())

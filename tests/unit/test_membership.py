@@ -75,8 +75,9 @@ def test_the_actors_that_do_not_answer_come_from_the_record_and_the_live_ones_wi
     # u1 answers from another node (it was re-created there); u2 does not answer; t's only actor answers;
     # none of "gone"'s does.
     live = [_info(s, "u1", "c", [0, 2]), _info(t, "u3", "a", [0, 1])]
-    stores, remembered = merge_members(saved, live)
-    assert sorted(remembered) == ["u2", "u4"]
+    merged = merge_members(saved, live)
+    stores, remembered = merged.stores, merged.remembered
+    assert sorted(remembered) == ["u2", "u4"] and merged.carried == {} and not merged.retired
     assert sorted(stores) == ["gone", "s", "t"]
     spec, actors = stores["s"]
     assert spec == s
@@ -87,23 +88,45 @@ def test_the_actors_that_do_not_answer_come_from_the_record_and_the_live_ones_wi
 
 def test_without_a_record_only_the_live_actors_count() -> None:
     s = kv_spec("s", partitions=4, actors=2)
-    stores, remembered = merge_members(None, [_info(s, "u1", "a", [0, 2])])
-    assert remembered == [] and [a.uuid for a in stores["s"][1]] == ["u1"]
+    merged = merge_members(None, [_info(s, "u1", "a", [0, 2])])
+    assert merged.remembered == [] and [a.uuid for a in merged.stores["s"][1]] == ["u1"]
 
 
-def test_a_record_that_disagrees_with_the_live_actors_or_cannot_be_read_is_left_out(
+def test_a_record_that_disagrees_with_the_live_actors_is_left_out_and_one_that_cannot_be_read_is_carried(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     s = kv_spec("s", partitions=4, actors=2)
     other = dataclasses.replace(s, partitions=8)
     saved = membership_record(_view((other, {"u1": ("a", (0, 2, 4, 6)), "u9": ("b", (1, 3, 5, 7))})))
-    stores, remembered = merge_members(saved, [_info(s, "u1", "a", [0, 2])])
-    assert remembered == [] and stores["s"][0] == s and [a.uuid for a in stores["s"][1]] == ["u1"]
+    merged = merge_members(saved, [_info(s, "u1", "a", [0, 2])])
+    assert merged.remembered == [] and merged.stores["s"][0] == s and [a.uuid for a in merged.stores["s"][1]] == ["u1"]
     assert "another definition" in caplog.text
 
-    broken = {"version": 1, "stores": {"x": {"spec": {"name": "x"}, "actors": []}, "s": saved["stores"]["s"]}}
-    stores, remembered = merge_members(broken, [])
-    assert "x" not in stores and "unreadable" in caplog.text
-    assert sorted(remembered) == ["u1", "u9"]  # the readable entry still counts
+    unreadable = {"spec": {"name": "x"}, "actors": []}
+    broken = {"version": 1, "stores": {"x": unreadable, "s": saved["stores"]["s"]}}
+    merged = merge_members(broken, [])
+    assert "x" not in merged.stores and "unreadable" in caplog.text
+    assert merged.carried == {"x": unreadable}  # kept as it was, for the next saves
+    assert sorted(merged.remembered) == ["u1", "u9"]  # the readable entry still counts
+    # A record written with what could not be read carries it, and drops it once the store is held again.
+    assert membership_record(ClusterView(), carried=merged.carried)["stores"] == {"x": unreadable}
+    held = _view((kv_spec("x"), {"u5": ("a", (0, 1, 2, 3))}))
+    assert membership_record(held, carried=merged.carried)["stores"]["x"]["actors"][0]["uuid"] == "u5"
     for unknown in ({"version": 99, "stores": saved["stores"]}, {"version": 1, "stores": []}, ["not", "a", "map"]):
-        assert merge_members(unknown, []) == ({}, [])  # type: ignore[arg-type]
+        assert merge_members(unknown, []).stores == {}  # type: ignore[arg-type]
+
+
+def test_the_saved_spec_wins_where_the_layout_is_the_same_and_retired_comes_back() -> None:
+    """``read_replicas`` changes in place and is saved; an actor keeps the spec it was created with."""
+    s = kv_spec("s", partitions=4, actors=2)
+    turned_on = dataclasses.replace(s, read_replicas=True)
+    saved = membership_record(_view((turned_on, {"u1": ("a", (0, 2)), "u2": ("b", (1, 3))})), retired=True)
+    merged = merge_members(saved, [_info(s, "u1", "a", [0, 2]), _info(s, "u2", "b", [1, 3])])
+    assert merged.stores["s"][0] == turned_on and merged.retired
+    assert not merge_members(membership_record(ClusterView()), []).retired
+
+
+def test_a_record_without_a_store_leaves_it_out() -> None:
+    s, t = kv_spec("s"), kv_spec("t")
+    view = _view((s, {"u1": ("a", (0, 1, 2, 3))}), (t, {"u2": ("b", (0, 1, 2, 3))}))
+    assert sorted(membership_record(view, without="t")["stores"]) == ["s"]

@@ -17,8 +17,9 @@ import aiohttp
 import pytest
 
 from runtime.catalog import StoreSpec
-from runtime.errors import PartitionUnavailable, StoreConflict
+from runtime.errors import PartitionUnavailable, StoreConflict, Unavailable
 from runtime.feeds import FeedReport
+from runtime.membership import actor_infos
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
@@ -54,7 +55,7 @@ class FakeEnv:
         self.replace_calls = 0
         self.membership: dict[str, Any] | None = None  # what the registry saved (runtime.membership)
         self.membership_writes = 0
-        self.membership_broken = False  # loading and saving raise
+        self.load_broken = self.save_broken = False  # the key-value store fails reads, writes
 
     def node_id(self) -> str:
         return "node-a"
@@ -132,12 +133,12 @@ class FakeEnv:
         return list(self.infos)
 
     def load_membership(self) -> dict[str, Any] | None:
-        if self.membership_broken:
+        if self.load_broken:
             raise OSError("the key-value store is unreachable")
         return self.membership
 
     def save_membership(self, record: dict[str, Any]) -> None:
-        if self.membership_broken:
+        if self.save_broken:
             raise OSError("the key-value store is unreachable")
         self.membership = record
         self.membership_writes += 1
@@ -574,25 +575,11 @@ def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles(
     assert view.actors["u2"].node_id == "node-b"
 
 
-def _infos(view: Any, *, without: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """What each query actor of ``view`` answers a restarted registry (those in ``without`` do not)."""
-    return [
-        {
-            "uuid": a.uuid,
-            "spec": view.tables[a.store].spec,
-            "partitions": list(a.partitions),
-            "node_id": a.node_id,
-            "node_ip": a.node_ip,
-        }
-        for a in view.actors.values()
-        if a.uuid not in without
-    ]
-
-
 def test_a_registry_saves_the_stores_members_when_they_change_and_only_then() -> None:
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
-    assert env.membership == {"version": 1, "stores": {}}  # a new deployment replaces an earlier one's
+    # A new deployment's record replaces an earlier one's.
+    assert env.membership == {"version": 1, "retired": False, "stores": {}}
     registry.create_store(kv_spec("s", partitions=4, actors=2))
     saved = env.membership
     assert saved is not None and sorted(a["uuid"] for a in saved["stores"]["s"]["actors"]) == sorted(
@@ -607,7 +594,7 @@ def test_a_registry_saves_the_stores_members_when_they_change_and_only_then() ->
     assert env.membership is not None
     assert {a["uuid"]: a["node_id"] for a in env.membership["stores"]["s"]["actors"]}[victim] == "node-b"
     registry.drop_store("s")
-    assert env.membership == {"version": 1, "stores": {}}
+    assert env.membership == {"version": 1, "retired": False, "stores": {}}
     registry.forget_records()  # riqr down
     assert env.membership is None
     registry.register_endpoint("node-b", "10.0.0.2", 7400)
@@ -625,7 +612,7 @@ def test_a_restarted_registry_remembers_the_actors_that_do_not_answer_and_create
 
     # The registry restarts while `victim` and `t`'s only actor are gone for good: neither answers.
     again = FakeEnv(restarted=True)
-    again.membership, again.infos = env.membership, _infos(view, without=(victim, lone))
+    again.membership, again.infos = env.membership, actor_infos(view, without=(victim, lone))
     again.vanished = {victim, lone}
     restarted = Registry("ns", again, clock=clock)
     rebuilt = restarted.view()
@@ -650,23 +637,72 @@ def test_a_registry_restarted_with_a_node_gone_moves_that_nodes_remembered_actor
     view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1))
     on_b = next(u for u, a in view.actors.items() if a.node_id == "node-b")
     again = FakeEnv(restarted=True, nodes=("node-a",))
-    again.membership, again.infos = env.membership, _infos(view, without=(on_b,))
+    again.membership, again.infos = env.membership, actor_infos(view, without=(on_b,))
     restarted = Registry("ns", again)
     assert restarted.check_nodes() == [on_b]
     assert again.replaced == [(on_b, view.actors[on_b].partitions, "node-a")]
     assert restarted.view().actors[on_b].node_id == "node-a"
 
 
-def test_a_restarted_registry_that_cannot_read_its_saved_members_rebuilds_from_the_live_actors() -> None:
+def test_a_restarted_registry_that_cannot_read_its_saved_members_never_writes_over_them() -> None:
+    """Until the record can be read, the registry runs on the live actors and saves nothing; once it can,
+    the members the tables lack are taken in and the record is saved again."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    victim = next(u for u, a in view.actors.items() if a.node_id == "node-b")
+    saved = env.membership
+    again = FakeEnv(restarted=True)
+    again.membership, again.infos, again.load_broken = saved, actor_infos(view, without=(victim,)), True
+    restarted = Registry("ns", again, clock=clock)
+    assert restarted.view().table("s") is None  # a partition without a holder: left out for now
+    restarted.create_store(kv_spec("t", partitions=2, actors=1))
+    restarted.check_nodes()
+    assert again.membership == saved and again.membership_writes == 0  # nothing written over it
+    with pytest.raises(Unavailable):
+        restarted.drop_store("t")  # a drop must be saved: refused while the record cannot be read
+    assert restarted.view().table("t") is not None and again.destroyed == []
+
+    again.load_broken = False  # the GCS answers again: the next check reads it
+    restarted.check_nodes()
+    rebuilt = restarted.view()
+    assert sorted(rebuilt.tables) == ["s", "t"] and rebuilt.actors[victim] == view.actors[victim]
+    assert again.membership is not None and sorted(again.membership["stores"]) == ["s", "t"]
+
+
+def test_a_drop_that_cannot_be_saved_is_refused_and_changes_nothing() -> None:
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
+    registry.create_store(kv_spec("s", partitions=2, actors=1))
+    saved, env.save_broken = env.membership, True
+    with pytest.raises(Unavailable, match="nothing was changed"):
+        registry.drop_store("s")
+    assert registry.view().table("s") is not None and env.destroyed == [] and env.membership == saved
+    env.save_broken = False
+    assert registry.drop_store("s") and env.membership is not None and env.membership["stores"] == {}
+
+
+def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
+    env, clock = FakeEnv(), Clock()
+    env.data = tmp_path
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
     view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    registry.retire()  # `riqr down` begins, destroys the query actors...
+    assert env.membership is not None and env.membership["retired"] is True
+    # ...and Ray restarts the registry meanwhile: it must not create again the actors `down` destroyed.
     again = FakeEnv(restarted=True)
-    again.infos, again.membership_broken = _infos(view), True
-    restarted = Registry("ns", again)
-    assert restarted.view().table("s") == view.table("s")
-    restarted.create_store(kv_spec("u", partitions=2, actors=1))  # saving fails too: logged, not raised
-    assert restarted.view().table("u") is not None
+    again.membership, again.data, again.vanished = env.membership, tmp_path, set(view.actors)
+    restarted = Registry("ns", again, clock=clock)
+    restarted.check_nodes()
+    clock.now += 5
+    assert restarted.check_nodes() == [] and again.replace_calls == 0
+    restarted.forget_records()  # `down` went on, then stopped before killing the registry
+    assert again.membership is None
+    restarted.resume()  # the next `riqr up`
+    assert again.membership is not None and again.membership["retired"] is False
+    assert sorted(again.membership["stores"]) == ["s"]
+    restarted.report_feeds([FeedReport("s", "run-1", "failed", error="boom", batch_id=1)])
+    assert (tmp_path / "_registry" / "ingest.json").is_file()  # the ingest records are kept again too
 
 
 class Clock:
@@ -691,7 +727,7 @@ def test_a_restarted_registry_keeps_ingest_states_and_dead_letter_totals(tmp_pat
 
     # Ray restarts the registry: tables come back from the query actors, ingest records from its file.
     again = FakeEnv(restarted=True)
-    again.data, again.infos = tmp_path, _infos(registry.view())
+    again.data, again.infos = tmp_path, actor_infos(registry.view())
     clock.now += 30  # longer than the bound: the registry was down meanwhile
     restarted = Registry("ns", again, clock=clock, stale_after=6.0)
     ingest = restarted.status()["ingest"]
