@@ -29,7 +29,6 @@ from runtime.ownership import ActorInfo, ClusterView
 __all__ = [
     "MEMBERSHIP_VERSION",
     "Merged",
-    "actor_infos",
     "membership_record",
     "merge_members",
     "spec_record",
@@ -96,22 +95,6 @@ def membership_record(
         }
     stores.pop(without or "", None)
     return {"version": MEMBERSHIP_VERSION, "retired": retired, "stores": stores}
-
-
-def actor_infos(view: ClusterView, without: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """What each query actor ``view`` holds (but ``without``) answers ``info()``: uuid, spec, partitions
-    and node, as ``merge_members`` takes the live actors' answers."""
-    return [
-        {
-            "uuid": a.uuid,
-            "spec": view.tables[a.store].spec,
-            "partitions": list(a.partitions),
-            "node_id": a.node_id,
-            "node_ip": a.node_ip,
-        }
-        for a in view.actors.values()
-        if a.store in view.tables and a.uuid not in without
-    ]
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,7 @@ class RayEnv:
         raw = internal_kv._internal_kv_get(self._membership_key(), namespace=_KV_NAMESPACE)
         if raw is None:
             return None
-        record: dict[str, Any] = json.loads(raw)
+        record: dict[str, Any] = json.loads(raw)  # a ValueError when it cannot be decoded
         return record
 
     def save_membership(self, record: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ from runtime.config import (
 )
 from runtime.errors import StoreNotFound, Unavailable
 from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
-from runtime.membership import Merged, actor_infos, membership_record, merge_members
+from runtime.membership import membership_record, merge_members
 from runtime.ownership import (
     ClusterView,
     Endpoint,
@@ -70,6 +70,11 @@ log = logging.getLogger(__name__)
 # The ingest records' file, under the namespace's data directory (no store name starts with "_").
 INGEST_FILE = Path("_registry") / "ingest.json"
 
+
+# A restarted registry that cannot read its saved members (Ray's GCS not answering) tries again after
+# this long, then twice as long each time, up to MEMBERS_READ_WAIT_MAX seconds.
+MEMBERS_READ_WAIT = 0.5
+MEMBERS_READ_WAIT_MAX = 5.0
 
 # The longest wait between two attempts at creating again an actor whose attempts failed.
 RECREATE_BACKOFF_MAX = 60.0
@@ -116,6 +121,7 @@ class Registry:
         secrets: DeploymentSecrets | None = None,
         stale_after: float = FEED_STALE_AFTER,
         recreate_after: float | None = DEFAULT_RECREATE_AFTER,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         logs.configure_from_env()
         self.namespace = namespace
@@ -143,13 +149,12 @@ class Registry:
         self._ingest_path = data / INGEST_FILE if data is not None else None
         self.feeds = FeedBook(stale_after)
         self._saved_at = clock()
+        self._sleep = sleep
         # The stores' members (``runtime.membership``): the record last saved; set once ``riqr down`` deleted
-        # it (nothing is saved until a ``resume``); set while the record a restart found could not be read
-        # (nothing is saved over it until it can be: ``_save_members`` tries again); and the entries of it
-        # that could not be read, carried into every save.
+        # it (nothing is saved until a ``resume``); and the entries of a record read at a restart that could
+        # not be parsed, carried into every save.
         self._members_saved: dict[str, Any] | None = None
         self._members_off = False
-        self._members_unread = False
         self._members_carried: dict[str, Any] = {}
         if env.restarted():
             self._rebuild(int(clock() * 1000))
@@ -170,69 +175,52 @@ class Registry:
         then their partitions fail over to a standby or answer 503. A record that says ``riqr down`` was
         under way leaves this registry retired too (``resume`` undoes it)."""
         self.state = RegistryState(epoch=epoch)
-        read, saved = self._load_members()
-        self._members_unread = not read
+        saved = self._load_members()
+        self._members_saved = saved  # written again only where the rebuilt tables differ from it
         merged = merge_members(saved, self._env.query_actor_infos())
-        self._install_members(merged)
-        for endpoint in self._env.http_endpoints():
-            self.state.register_endpoint(endpoint)
-        missing = f" and its saved members (not answering: {', '.join(sorted(merged.remembered))})"
-        log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(merged.stores),
-                    missing if merged.remembered else "")  # fmt: skip
-
-    def _install_members(self, merged: Merged, *, only_changed: bool = False) -> None:
-        """Install the stores of ``merged`` (with ``only_changed``, those whose members differ from the
-        tables held), and take over its carried entries and its ``retired``."""
         self._members_carried = merged.carried
-        if merged.retired and not self._retired:
+        if merged.retired:
             self._retired = True
             log.warning("the saved members say riqr down was under way: query actors are not re-created until "
                         "riqr up")  # fmt: skip
-        view = self.state.view()
         for name, (spec, actors) in sorted(merged.stores.items()):
-            held = view.table(name)
-            if only_changed and held is not None and set(held.all_owners()) == {a.uuid for a in actors}:
-                continue
             try:
                 table = table_from_holdings(spec, {a.uuid: a.partitions for a in actors})
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
             self.state.install(table, actors)
+        for endpoint in self._env.http_endpoints():
+            self.state.register_endpoint(endpoint)
+        missing = f" and its saved members (not answering: {', '.join(sorted(merged.remembered))})"
+        log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(merged.stores),
+                    missing if merged.remembered else "")  # fmt: skip
 
-    def _load_members(self) -> tuple[bool, dict[str, Any] | None]:
-        """``(read, record)``: the saved members, None if there are none; ``read`` False if they could not
-        be read (logged)."""
-        try:
-            return True, self._env.load_membership()
-        except Exception:
-            log.warning("could not read the saved members; nothing is saved over them until they can be",
-                        exc_info=True)  # fmt: skip
-            return False, None
+    def _load_members(self) -> dict[str, Any] | None:
+        """The saved members (None if there are none). Waits, trying again, while Ray's GCS cannot be read:
+        a registry that went on without them would forget the actors that do not answer, then write that
+        over the record. One that cannot be decoded is logged, and the registry goes on from the live query
+        actors (its next save replaces it)."""
+        wait = MEMBERS_READ_WAIT
+        while True:
+            try:
+                return self._env.load_membership()
+            except ValueError as err:
+                log.error("the saved members cannot be decoded (%s); rebuilding from the live query actors alone", err)
+                return None
+            except Exception as err:
+                log.warning("cannot read the saved members yet (%s); trying again in %.1fs", err, wait)
+                self._sleep(wait)
+                wait = min(wait * 2, MEMBERS_READ_WAIT_MAX)
 
     def _save_members(self, *, without: str | None = None, strict: bool = False) -> None:
         """Save the stores' members (``without`` that store) if they changed since the last save: on every
-        epoch move (creation, drop, an actor re-created elsewhere), ``retire`` and ``resume``.
-
-        While the record a restart found could not be read, nothing is written over it: it is read again
-        first, and its members the tables lack are taken in (``_install_members``). Failing is logged, not
-        raised (the change itself is made, and only a restart meanwhile would miss it), unless ``strict``:
-        then ``Unavailable``, for a change that must not be made unsaved (``drop_store``)."""
+        epoch move (creation, drop, an actor re-created elsewhere), ``retire`` and ``resume``. Failing is
+        logged, not raised (the change itself is made, and only a restart before the next save would miss
+        it), unless ``strict``: then ``Unavailable``, for a change that must not be made unsaved
+        (``drop_store``)."""
         if self._members_off:
             return
-        if self._members_unread:
-            read, saved = self._load_members()
-            if not read:
-                if strict:
-                    raise Unavailable(
-                        "the registry cannot read its saved members (Ray's GCS); try again", retry_after=5
-                    )
-                return
-            self._members_unread = False
-            merged = merge_members(saved, actor_infos(self.state.view()))
-            self._install_members(merged, only_changed=True)
-            if merged.remembered:
-                log.warning("read the saved members: remembering query actors %s", ", ".join(sorted(merged.remembered)))
         view = self.state.view()
         record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without)
         if record == self._members_saved:
@@ -341,6 +329,7 @@ class Registry:
         that cannot be saved is refused (``Unavailable``), so a restart never brings a dropped store back."""
         if self.state.view().table(name) is None:
             raise StoreNotFound(f"store {name!r} is not known", store=name)
+        self._members_carried.pop(name, None)
         self._save_members(without=name, strict=True)
         uuids = self.state.drop(name)
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
@@ -499,8 +488,6 @@ class Registry:
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check.
         """
-        if self._members_unread:
-            self._save_members()  # reads the saved members again first
         if self._retired:
             return []
         alive = sorted(self._env.alive_nodes())

@@ -19,7 +19,6 @@ import pytest
 from runtime.catalog import StoreSpec
 from runtime.errors import PartitionUnavailable, StoreConflict, Unavailable
 from runtime.feeds import FeedReport
-from runtime.membership import actor_infos
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
@@ -55,7 +54,9 @@ class FakeEnv:
         self.replace_calls = 0
         self.membership: dict[str, Any] | None = None  # what the registry saved (runtime.membership)
         self.membership_writes = 0
-        self.load_broken = self.save_broken = False  # the key-value store fails reads, writes
+        self.load_failures = 0  # reads of the key-value store that fail before one succeeds
+        self.undecodable = False  # the saved record is not JSON
+        self.save_broken = False  # writes to the key-value store fail
 
     def node_id(self) -> str:
         return "node-a"
@@ -133,8 +134,11 @@ class FakeEnv:
         return list(self.infos)
 
     def load_membership(self) -> dict[str, Any] | None:
-        if self.load_broken:
+        if self.load_failures:
+            self.load_failures -= 1
             raise OSError("the key-value store is unreachable")
+        if self.undecodable:
+            raise ValueError("Expecting value: line 1 column 1 (char 0)")
         return self.membership
 
     def save_membership(self, record: dict[str, Any]) -> None:
@@ -575,6 +579,21 @@ def test_a_restarted_registry_rebuilds_from_the_query_actors_and_http_verticles(
     assert view.actors["u2"].node_id == "node-b"
 
 
+def _infos(view: Any, *, without: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """What each query actor of ``view`` answers a restarted registry (those in ``without`` do not)."""
+    return [
+        {
+            "uuid": a.uuid,
+            "spec": view.tables[a.store].spec,
+            "partitions": list(a.partitions),
+            "node_id": a.node_id,
+            "node_ip": a.node_ip,
+        }
+        for a in view.actors.values()
+        if a.uuid not in without
+    ]
+
+
 def test_a_registry_saves_the_stores_members_when_they_change_and_only_then() -> None:
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
@@ -612,7 +631,7 @@ def test_a_restarted_registry_remembers_the_actors_that_do_not_answer_and_create
 
     # The registry restarts while `victim` and `t`'s only actor are gone for good: neither answers.
     again = FakeEnv(restarted=True)
-    again.membership, again.infos = env.membership, actor_infos(view, without=(victim, lone))
+    again.membership, again.infos = env.membership, _infos(view, without=(victim, lone))
     again.vanished = {victim, lone}
     restarted = Registry("ns", again, clock=clock)
     rebuilt = restarted.view()
@@ -637,37 +656,59 @@ def test_a_registry_restarted_with_a_node_gone_moves_that_nodes_remembered_actor
     view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1))
     on_b = next(u for u, a in view.actors.items() if a.node_id == "node-b")
     again = FakeEnv(restarted=True, nodes=("node-a",))
-    again.membership, again.infos = env.membership, actor_infos(view, without=(on_b,))
+    again.membership, again.infos = env.membership, _infos(view, without=(on_b,))
     restarted = Registry("ns", again)
     assert restarted.check_nodes() == [on_b]
     assert again.replaced == [(on_b, view.actors[on_b].partitions, "node-a")]
     assert restarted.view().actors[on_b].node_id == "node-a"
 
 
-def test_a_restarted_registry_that_cannot_read_its_saved_members_never_writes_over_them() -> None:
-    """Until the record can be read, the registry runs on the live actors and saves nothing; once it can,
-    the members the tables lack are taken in and the record is saved again."""
+def test_a_restarted_registry_waits_for_its_saved_members_and_never_writes_over_them_unread() -> None:
+    """Ray's GCS not answering yet: the registry tries again, waiting longer each time, before it installs
+    anything or writes anything; then it has every member."""
     env, clock = FakeEnv(), Clock()
     registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
     view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
     victim = next(u for u, a in view.actors.items() if a.node_id == "node-b")
-    saved = env.membership
+    waits: list[float] = []
     again = FakeEnv(restarted=True)
-    again.membership, again.infos, again.load_broken = saved, actor_infos(view, without=(victim,)), True
-    restarted = Registry("ns", again, clock=clock)
-    assert restarted.view().table("s") is None  # a partition without a holder: left out for now
-    restarted.create_store(kv_spec("t", partitions=2, actors=1))
-    restarted.check_nodes()
-    assert again.membership == saved and again.membership_writes == 0  # nothing written over it
-    with pytest.raises(Unavailable):
-        restarted.drop_store("t")  # a drop must be saved: refused while the record cannot be read
-    assert restarted.view().table("t") is not None and again.destroyed == []
+    again.membership, again.infos, again.load_failures = env.membership, _infos(view, without=(victim,)), 6
+    restarted = Registry("ns", again, clock=clock, sleep=waits.append)
+    assert waits == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert restarted.view().actors[victim] == view.actors[victim]
+    assert again.membership == env.membership and again.membership_writes == 0  # nothing to change in it
 
-    again.load_broken = False  # the GCS answers again: the next check reads it
-    restarted.check_nodes()
-    rebuilt = restarted.view()
-    assert sorted(rebuilt.tables) == ["s", "t"] and rebuilt.actors[victim] == view.actors[victim]
-    assert again.membership is not None and sorted(again.membership["stores"]) == ["s", "t"]
+
+def test_a_saved_record_that_cannot_be_decoded_leaves_the_live_actors_and_is_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    again = FakeEnv(restarted=True)
+    again.infos, again.undecodable = _infos(view), True
+    restarted = Registry("ns", again, sleep=lambda _: pytest.fail("a record that is there is not waited for"))
+    assert restarted.view().table("s") == view.table("s") and "cannot be decoded" in caplog.text
+    assert again.membership == env.membership  # the next save replaced it
+
+
+def test_an_entry_that_cannot_be_parsed_is_carried_until_its_store_is_dropped() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1))
+    registry.create_store(kv_spec("t", partitions=2, actors=1))
+    assert env.membership is not None
+    record = {**env.membership, "stores": {**env.membership["stores"]}}
+    record["stores"]["t"] = {"spec": {"name": "t"}, "actors": "garbled"}
+    again = FakeEnv(restarted=True)
+    again.membership, again.infos = record, _infos(view)  # t's actor does not answer either
+    restarted = Registry("ns", again)
+    assert restarted.view().table("t") is None
+    restarted.create_store(kv_spec("u", partitions=2, actors=1))
+    assert again.membership is not None and again.membership["stores"]["t"] == record["stores"]["t"]  # carried
+    restarted.create_store(kv_spec("t", partitions=2, actors=1))  # declared again: held, so no longer carried
+    restarted.drop_store("t")
+    assert again.membership is not None and sorted(again.membership["stores"]) == ["s", "u"]
 
 
 def test_a_drop_that_cannot_be_saved_is_refused_and_changes_nothing() -> None:
@@ -727,7 +768,7 @@ def test_a_restarted_registry_keeps_ingest_states_and_dead_letter_totals(tmp_pat
 
     # Ray restarts the registry: tables come back from the query actors, ingest records from its file.
     again = FakeEnv(restarted=True)
-    again.data, again.infos = tmp_path, actor_infos(registry.view())
+    again.data, again.infos = tmp_path, _infos(registry.view())
     clock.now += 30  # longer than the bound: the registry was down meanwhile
     restarted = Registry("ns", again, clock=clock, stale_after=6.0)
     ingest = restarted.status()["ingest"]
