@@ -29,6 +29,7 @@ from runtime.ownership import ActorInfo, ClusterView
 __all__ = [
     "MEMBERSHIP_VERSION",
     "Merged",
+    "UndecodableRecord",
     "membership_record",
     "merge_members",
     "spec_record",
@@ -38,6 +39,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MEMBERSHIP_VERSION = 1
+
+
+class UndecodableRecord(Exception):
+    """The saved members are there but are not a record (not JSON): a restarted registry replaces them."""
 
 
 def spec_record(spec: StoreSpec) -> dict[str, Any]:

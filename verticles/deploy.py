@@ -39,6 +39,7 @@ from runtime.config import (
 )
 from runtime.deadline import Deadline
 from runtime.errors import OwnerUnavailable
+from runtime.membership import UndecodableRecord
 from runtime.metrics import Metrics
 from runtime.orphans import ACTOR_NAME
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
@@ -286,7 +287,10 @@ class RayEnv:
         raw = internal_kv._internal_kv_get(self._membership_key(), namespace=_KV_NAMESPACE)
         if raw is None:
             return None
-        record: dict[str, Any] = json.loads(raw)  # a ValueError when it cannot be decoded
+        try:
+            record: dict[str, Any] = json.loads(raw)
+        except ValueError as err:
+            raise UndecodableRecord(str(err)) from err
         return record
 
     def save_membership(self, record: dict[str, Any]) -> None:

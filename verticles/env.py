@@ -140,8 +140,8 @@ class ClusterOps(Protocol):
 
     def load_membership(self) -> dict[str, Any] | None:
         """The stores' members the registry last saved (``runtime.membership``), None if it saved none;
-        ``ValueError`` when they are there but cannot be decoded, any other exception when they cannot be
-        read now."""
+        ``runtime.membership.UndecodableRecord`` when they are there but cannot be decoded, any other
+        exception when they cannot be read now."""
         ...
 
     def save_membership(self, record: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ from runtime.config import (
 )
 from runtime.errors import StoreNotFound, Unavailable
 from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
-from runtime.membership import membership_record, merge_members
+from runtime.membership import UndecodableRecord, membership_record, merge_members
 from runtime.ownership import (
     ClusterView,
     Endpoint,
@@ -201,15 +201,20 @@ class Registry:
         a registry that went on without them would forget the actors that do not answer, then write that
         over the record. One that cannot be decoded is logged, and the registry goes on from the live query
         actors (its next save replaces it)."""
-        wait = MEMBERS_READ_WAIT
+        wait, tries = MEMBERS_READ_WAIT, 0
         while True:
             try:
                 return self._env.load_membership()
-            except ValueError as err:
+            except UndecodableRecord as err:
                 log.error("the saved members cannot be decoded (%s); rebuilding from the live query actors alone", err)
                 return None
             except Exception as err:
-                log.warning("cannot read the saved members yet (%s); trying again in %.1fs", err, wait)
+                tries += 1
+                # Every try while it may be a blip; then once a minute, louder: this is no blip.
+                if tries <= 5 or tries % 12 == 0:
+                    level = logging.WARNING if tries <= 5 else logging.ERROR
+                    log.log(level, "cannot read the saved members yet (%d tries: %s); the registry waits for them, "
+                            "trying again in %.1fs", tries, err, wait)  # fmt: skip
                 self._sleep(wait)
                 wait = min(wait * 2, MEMBERS_READ_WAIT_MAX)
 
@@ -468,15 +473,15 @@ class Registry:
 
     def resume(self) -> None:
         """``riqr up``: undo a ``retire`` whose ``riqr down`` did not finish (the registry kept running)."""
+        if self._members_off:  # a `down` got as far as deleting the records: keep them again
+            self._members_off = False
+            data = self._env.data_dir()
+            self._ingest_path = data / INGEST_FILE if data is not None else None
+            self._save_feeds()
         if self._retired:
             self._retired = False
-            if self._members_off:  # that `down` got as far as deleting the records: keep them again
-                self._members_off = False
-                data = self._env.data_dir()
-                self._ingest_path = data / INGEST_FILE if data is not None else None
-                self._save_feeds()
-            self._save_members()
             log.warning("a riqr down did not finish; the registry re-creates actors and promotes standbys again")
+        self._save_members()
 
     def check_nodes(self) -> list[str]:
         """Re-create the query actors of nodes Ray reports dead on live nodes, and those gone for good on
@@ -488,6 +493,7 @@ class Registry:
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check.
         """
+        self._save_members()  # a save that failed is made at the next check (nothing to do if unchanged)
         if self._retired:
             return []
         alive = sorted(self._env.alive_nodes())

@@ -19,6 +19,7 @@ import pytest
 from runtime.catalog import StoreSpec
 from runtime.errors import PartitionUnavailable, StoreConflict, Unavailable
 from runtime.feeds import FeedReport
+from runtime.membership import UndecodableRecord
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
 from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
@@ -138,7 +139,7 @@ class FakeEnv:
             self.load_failures -= 1
             raise OSError("the key-value store is unreachable")
         if self.undecodable:
-            raise ValueError("Expecting value: line 1 column 1 (char 0)")
+            raise UndecodableRecord("Expecting value: line 1 column 1 (char 0)")
         return self.membership
 
     def save_membership(self, record: dict[str, Any]) -> None:
@@ -709,6 +710,20 @@ def test_an_entry_that_cannot_be_parsed_is_carried_until_its_store_is_dropped() 
     restarted.create_store(kv_spec("t", partitions=2, actors=1))  # declared again: held, so no longer carried
     restarted.drop_store("t")
     assert again.membership is not None and sorted(again.membership["stores"]) == ["s", "u"]
+
+
+def test_a_save_that_failed_is_made_at_the_next_check_and_resume_saves_again_after_down() -> None:
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    env.save_broken = True
+    registry.create_store(kv_spec("s", partitions=2, actors=1))  # made, not saved
+    assert env.membership is not None and env.membership["stores"] == {}
+    env.save_broken = False
+    registry.check_nodes()
+    assert sorted(env.membership["stores"]) == ["s"]
+    registry.forget_records()  # a `down` that stopped after deleting the records, before retiring held
+    registry.resume()
+    assert env.membership is not None and sorted(env.membership["stores"]) == ["s"]
 
 
 def test_a_drop_that_cannot_be_saved_is_refused_and_changes_nothing() -> None:
