@@ -207,6 +207,14 @@ def _packed_string_array(column: pa.ChunkedArray) -> pa.Array:
     return packed
 
 
+def _strictly_increasing(keys: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether ``keys`` (no nulls) are in strictly increasing byte order: one vectorised comparison of
+    neighbours, a millisecond or two where the sort it spares takes 50 (250,000 keys)."""
+    if len(keys) < 2:
+        return True
+    return bool(pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py())
+
+
 def _binary_array(values: list[bytes | None]) -> pa.Array:
     """A binary Arrow array of ``values`` (None: null), built from buffers (``pa.array`` of Python objects
     would import pandas)."""
@@ -363,6 +371,11 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
             joined = _encoded_key_array(self.spec, table)
             if joined is None:
                 return None
+            if self._length == len(joined) and _strictly_increasing(joined):
+                # Already in key order, each key once, none null: what Spark hands over from a sort-based
+                # aggregation (``max_by``, as latest-value stores use) in one shuffle partition.
+                self._arrays = (joined, _packed(self.spec, table))
+                return self._arrays
             order = pc.sort_indices(joined)  # stable; nulls (null keys) last
             if self._length != len(order):
                 warn_null_keys(self.spec, len(order) - self._length)
@@ -394,6 +407,14 @@ class BatchRows(Sequence[tuple[Any, "bytes | None"]]):
             values = arrays[1] if isinstance(arrays[1], list) else arrays[1].to_pylist()
             self._encoded = (keys, values)
         return self._encoded
+
+    def has_deletes(self) -> bool:
+        """Whether a row of ``encoded`` deletes (its value is None), from the Arrow values' null count when
+        they were packed from Arrow (no look at each value)."""
+        arrays = self._encoded_arrays()
+        if arrays is None or isinstance(arrays[1], list):
+            return None in (self.encoded() or ([], []))[1]
+        return bool(arrays[1].null_count)
 
     def shareable(self) -> EncodedSlice | None:
         """The rows as an ``EncodedSlice``, for another copy of the partition to apply without encoding

@@ -128,9 +128,11 @@ def _write_rows(
     delete: Callable[[bytes], object],
     keys: list[bytes],
     values: list[bytes | None],
+    deletes: bool,
 ) -> None:
-    """Each key's put, or its delete where ``values`` has None, in order, into a write batch or SST file."""
-    if None in values:
+    """Each key's put, or its delete where ``values`` has None (``deletes``: there is one), in order, into
+    a write batch or SST file."""
+    if deletes:
         for key, value in zip(keys, values):
             if value is None:
                 delete(key)
@@ -366,11 +368,13 @@ class RocksEngine:
             order = sorted(range(len(keys)), key=keys.__getitem__)
             keys = [keys[i] for i in order]
             values = [values[i] for i in order]
+        # Whether any row deletes: known from the Arrow values' null count, else one look at the list.
+        deletes = rows.has_deletes() if encoded is not None and isinstance(rows, BatchRows) else None in values
         present = self._present(keys) if count else []
         # Every row is written, a delete of a key that is not there too (a harmless tombstone): what is
         # written depends on the batch alone, not on this copy's rows, which a copy ingesting another's
         # file relies on (``_ingest_copy``). Only the count depends on the rows.
-        if None not in values:  # no deletes (the usual batch): every row is a put, the new keys count
+        if not deletes:  # the usual batch: every row is a put, the new keys count
             count += present.count(False) if count else len(keys)
         else:
             for value, old in zip(values, present if count else itertools.repeat(False)):
@@ -380,16 +384,22 @@ class RocksEngine:
                     count += not old
         if encoded is not None and len(keys) >= INGEST_FILE_ROWS:
             assert isinstance(rows, BatchRows)
-            self._ingest(position, count, keys, values, rows)
+            self._ingest(position, count, keys, values, deletes, rows)
         else:
             batch = WriteBatch(raw_mode=True)
-            _write_rows(batch.put, batch.delete, keys, values)
+            _write_rows(batch.put, batch.delete, keys, values, deletes)
             batch.put(_META, _meta(position, count))
             self.db.write(batch, self._write_options)
         self._count, self._position = count, position
 
     def _ingest(
-        self, position: Position, count: int, keys: list[bytes], values: list[bytes | None], rows: BatchRows
+        self,
+        position: Position,
+        count: int,
+        keys: list[bytes],
+        values: list[bytes | None],
+        deletes: bool,
+        rows: BatchRows,
     ) -> None:
         """Write the batch's rows as one SST file (each key's put, or delete where ``values`` has None, in
         key order) and have RocksDB ingest it with the metadata (``_ingest_files``): atomic and durable
@@ -399,7 +409,7 @@ class RocksEngine:
         with self._ingest_paths(position) as (rows_path, meta_path):
             writer = SstFileWriter(_options())
             writer.open(str(rows_path))
-            _write_rows(writer.__setitem__, writer.__delitem__, keys, values)
+            _write_rows(writer.__setitem__, writer.__delitem__, keys, values, deletes)
             writer.finish()
             if rows.share_written:
                 rows.written = WrittenFile(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -99,6 +100,41 @@ def test_encoded_rows_keep_each_keys_last_row_in_key_order() -> None:
             encoded = BatchRows(spec, chunks).encoded()
             assert encoded is not None
             assert list(zip(*encoded)) == expected
+
+
+def test_a_slice_already_in_key_order_is_not_sorted_again_and_encodes_the_same(monkeypatch: Any) -> None:
+    """Spark hands a sort-based aggregation's output over in key order: one comparison of neighbours
+    finds it so, and the sort is skipped. A key twice, or a null key, takes the sort as before."""
+    import pyarrow.compute as pc
+
+    from runtime.codec import encode_value
+
+    spec = _spec(KeySchema("key", "string"))
+    codec = KeyCodec(spec.key)
+    keys = sorted({f"k{i}" for i in range(50)} | {"", "a", "a\x00", "żółw"}, key=codec.encode)
+    values = [None if i % 7 == 0 else f"v{i}" for i in range(len(keys))]
+    expected = [(codec.encode(k), None if v is None else encode_value(v)) for k, v in zip(keys, values)]
+    sorts = []
+    real_sort = pc.sort_indices
+    monkeypatch.setattr(pc, "sort_indices", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
+    in_order = pa.table({"key": keys, "value": values})
+    for table in (in_order, pa.Table.from_batches(in_order.to_batches(max_chunksize=7))):
+        rows = BatchRows(spec, table)
+        assert list(zip(*(rows.encoded() or ([], [])))) == expected
+        assert rows.has_deletes()
+    assert sorts == []
+    twice = pa.table({"key": ["a", "a", "b"], "value": ["1", "2", "3"]})
+    assert list(zip(*(BatchRows(spec, twice).encoded() or ([], [])))) == [
+        (codec.encode("a"), encode_value("2")),
+        (codec.encode("b"), encode_value("3")),
+    ]
+    with_null = pa.table({"key": ["a", "b", None], "value": ["1", "2", "3"]})
+    assert [k for k, _ in zip(*(BatchRows(spec, with_null).encoded() or ([], [])))] == [
+        codec.encode("a"),
+        codec.encode("b"),
+    ]
+    assert len(sorts) == 2
+    assert not BatchRows(spec, twice).has_deletes()
 
 
 def test_an_encoded_slice_applies_as_the_slice_it_was_made_of(tmp_path: Path) -> None:
