@@ -155,6 +155,7 @@ class Registry:
         # not be parsed, carried into every save.
         self._members_saved: dict[str, Any] | None = None
         self._members_off = False
+        self._members_failing = False  # the last save failed (logged once until one succeeds)
         self._members_carried: dict[str, Any] = {}
         if env.restarted():
             self._rebuild(int(clock() * 1000))
@@ -238,9 +239,13 @@ class Registry:
                     f"the registry could not save the stores' members ({err}); nothing was changed, try again",
                     retry_after=5,
                 ) from err
-            log.warning("could not save the stores' members", exc_info=True)
+            if not self._members_failing:  # once, not at every check while the GCS does not answer
+                log.warning("could not save the stores' members; trying again at every check", exc_info=True)
+            self._members_failing = True
             return
-        self._members_saved = record
+        if self._members_failing:
+            log.info("saved the stores' members again")
+        self._members_saved, self._members_failing = record, False
 
     def _restore_feeds(self, stale_after: float) -> None:
         if self._ingest_path is None:

@@ -712,12 +712,17 @@ def test_an_entry_that_cannot_be_parsed_is_carried_until_its_store_is_dropped() 
     assert again.membership is not None and sorted(again.membership["stores"]) == ["s", "u"]
 
 
-def test_a_save_that_failed_is_made_at_the_next_check_and_resume_saves_again_after_down() -> None:
+def test_a_save_that_failed_is_made_at_the_next_check_and_resume_saves_again_after_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
     env.save_broken = True
     registry.create_store(kv_spec("s", partitions=2, actors=1))  # made, not saved
+    for _ in range(3):
+        registry.check_nodes()
     assert env.membership is not None and env.membership["stores"] == {}
+    assert caplog.text.count("could not save the stores' members") == 1  # said once, not at every check
     env.save_broken = False
     registry.check_nodes()
     assert sorted(env.membership["stores"]) == ["s"]
