@@ -57,7 +57,6 @@ __all__ = [
     "store_spec_for",
     "plan_start",
     "rebuild_due",
-    "rebuild_not_needed",
     "stop_for_rebuild",
     "start_again",
     "BatchDelivery",
@@ -212,16 +211,6 @@ def stop_for_rebuild(name: str, query: Any) -> None:
     delivery.feeder.attach(delivery.spec.name, None)
     delivery.report(state="rebuilding", incomplete=delivery.unheld)
     query.stop()
-
-
-def rebuild_not_needed(name: str) -> None:
-    """The query ``stop_for_rebuild`` stopped started again without rebuilding (``plan_start`` found every
-    partition served meanwhile: a copy came back, or a peer caught it up): that stop does not count
-    toward the wait before the next rebuild (``rebuild_due``)."""
-    with _RUNNING_LOCK:
-        times = _REBUILT.get(name)
-        if times:
-            times.pop()
 
 
 def start_again(name: str) -> Any:
@@ -491,12 +480,7 @@ def materialize(
         .queryName(name)
         .start()
     )
-    if _rebuilding and plan == "resume":
-        rebuild_not_needed(name)
-        log.info("store %s: every partition is served again; its query resumes without a rebuild", store,
-                 extra={"store": store})  # fmt: skip
-    rebuilding = plan == "rebuild" or (_rebuilding and plan == "fresh")
-    delivery.report(state="rebuilding" if rebuilding else "running", plan=plan)
+    delivery.report(state="rebuilding" if plan == "rebuild" or _rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     with _RUNNING_LOCK:
         _RUNNING[name] = (delivery, again, mode == "update")

@@ -148,23 +148,6 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
     assert waits == [60, 120, 240, 480, 960, 1800, 1800, 1800]
 
 
-def test_a_stop_whose_start_again_resumed_without_a_rebuild_does_not_count_toward_the_wait(
-    running: dict[str, object],
-) -> None:
-    from topologies import sink
-
-    delivery = FakeDelivery("s")
-    running["q"] = (delivery, lambda **_: FakeQuery("q"), True)
-    delivery.unheld = [2]
-    sink.stop_for_rebuild("q", FakeQuery("q"))  # a rebuild, made
-    sink.stop_for_rebuild("q", FakeQuery("q"))  # the next one: its copies came back meanwhile
-    sink.rebuild_not_needed("q")
-    assert len(sink._REBUILT["q"]) == 1
-    first = sink._REBUILT["q"][0]
-    assert sink.rebuild_due("q", now=first + 61) == [2]  # past the wait after one rebuild (60 s), not two (120)
-    sink.rebuild_not_needed("never-stopped")  # nothing to forget: nothing happens
-
-
 def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topology(
     running: dict[str, object], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
