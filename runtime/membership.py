@@ -88,8 +88,6 @@ def membership_record(
     stores it does not hold (dropping them would forget those stores' actors for good)."""
     stores: dict[str, Any] = {name: entry for name, entry in (carried or {}).items() if name not in view.tables}
     for name, table in sorted(view.tables.items()):
-        if name == without:
-            continue
         members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
         stores[name] = {
             "spec": spec_record(table.spec),
@@ -98,7 +96,8 @@ def membership_record(
                 for a in members
             ],
         }
-    stores.pop(without or "", None)
+    if without is not None:
+        stores.pop(without, None)
     return {"version": MEMBERSHIP_VERSION, "retired": retired, "stores": stores}
 
 

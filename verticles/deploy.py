@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 import ray._private.state as ray_state  # the GCS actor table: ray.util.state needs the dashboard
+from ray.experimental import internal_kv  # the GCS key-value store (the stores' members)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime import logs, raycalls
@@ -282,8 +283,6 @@ class RayEnv:
         return f"riqr/{self.namespace}/members".encode()
 
     def load_membership(self) -> dict[str, Any] | None:
-        from ray.experimental import internal_kv
-
         raw = internal_kv._internal_kv_get(self._membership_key(), namespace=_KV_NAMESPACE)
         if raw is None:
             return None
@@ -294,14 +293,10 @@ class RayEnv:
         return record
 
     def save_membership(self, record: dict[str, Any]) -> None:
-        from ray.experimental import internal_kv
-
         data = json.dumps(record, sort_keys=True).encode()
         internal_kv._internal_kv_put(self._membership_key(), data, overwrite=True, namespace=_KV_NAMESPACE)
 
     def forget_membership(self) -> None:
-        from ray.experimental import internal_kv
-
         internal_kv._internal_kv_del(self._membership_key(), namespace=_KV_NAMESPACE)
 
     def query_actor_infos(self) -> list[dict[str, Any]]:

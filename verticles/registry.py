@@ -145,8 +145,7 @@ class Registry:
         self._retired = False
         # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
         # changes with every batch, and no request routes by it).
-        data = env.data_dir()
-        self._ingest_path = data / INGEST_FILE if data is not None else None
+        self._ingest_path = self._ingest_file()
         self.feeds = FeedBook(stale_after)
         self._saved_at = clock()
         self._sleep = sleep
@@ -168,6 +167,11 @@ class Registry:
         self.state.listeners.append(self._epoch_moved)
         self.state.listeners.append(lambda _epoch: self._save_members())
         env.watch_nodes()
+
+    def _ingest_file(self) -> Path | None:
+        """Where the ingest records are kept: under this node's data directory, if it has one."""
+        data = self._env.data_dir()
+        return data / INGEST_FILE if data is not None else None
 
     def _rebuild(self, epoch: int) -> None:
         """The tables of a restarted registry: the query actors that answer, and the members it saved for
@@ -480,8 +484,7 @@ class Registry:
         """``riqr up``: undo a ``retire`` whose ``riqr down`` did not finish (the registry kept running)."""
         if self._members_off:  # a `down` got as far as deleting the records: keep them again
             self._members_off = False
-            data = self._env.data_dir()
-            self._ingest_path = data / INGEST_FILE if data is not None else None
+            self._ingest_path = self._ingest_file()
             self._save_feeds()
         if self._retired:
             self._retired = False
@@ -498,7 +501,8 @@ class Registry:
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check.
         """
-        self._save_members()  # a save that failed is made at the next check (nothing to do if unchanged)
+        if self._members_failing:
+            self._save_members()  # a save that failed is made at the next check
         if self._retired:
             return []
         alive = sorted(self._env.alive_nodes())
