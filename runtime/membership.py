@@ -17,7 +17,7 @@ registry environment's business (``verticles.deploy.RayEnv``: Ray's GCS key-valu
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,12 +80,19 @@ def spec_from_record(record: Mapping[str, Any]) -> StoreSpec:
 
 
 def membership_record(
-    view: ClusterView, *, retired: bool = False, carried: Mapping[str, Any] | None = None, without: str | None = None
+    view: ClusterView,
+    *,
+    retired: bool = False,
+    carried: Mapping[str, Any] | None = None,
+    without: str | None = None,
+    dropping: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Each store of ``view`` (but ``without``) with its spec and its actors (uuid, node, partitions), and
     whether the registry is retired (``riqr down`` under way: a registry restarted meanwhile stays so).
     ``carried``: entries of an earlier record this registry could not read, kept as they were for the
-    stores it does not hold (dropping them would forget those stores' actors for good)."""
+    stores it does not hold (dropping them would forget those stores' actors for good). ``dropping``: the
+    uuids of query actors of dropped stores not yet destroyed (a registry restarted meanwhile destroys
+    them rather than take them back)."""
     stores: dict[str, Any] = {name: entry for name, entry in (carried or {}).items() if name not in view.tables}
     for name, table in sorted(view.tables.items()):
         members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
@@ -98,7 +105,11 @@ def membership_record(
         }
     if without is not None:
         stores.pop(without, None)
-    return {"version": MEMBERSHIP_VERSION, "retired": retired, "stores": stores}
+    record: dict[str, Any] = {"version": MEMBERSHIP_VERSION, "retired": retired, "stores": stores}
+    pending = sorted(dropping)
+    if pending:
+        record["dropping"] = pending
+    return record
 
 
 @dataclass(frozen=True)
@@ -109,21 +120,28 @@ class Merged:
     remembered: list[str]  # uuids only the record knew of (they did not answer)
     carried: dict[str, Any]  # entries of the record that could not be read, to keep as they are
     retired: bool  # the record says ``riqr down`` was under way
+    dropping: list[str]  # uuids of dropped stores' actors the record says are still to be destroyed
 
 
 def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]) -> Merged:
     """The stores a restarted registry installs, each with its spec and actors; the uuids of the actors
-    only ``saved`` knows of; the saved entries it could not read; whether ``saved`` says retired.
+    only ``saved`` knows of; the saved entries it could not read; whether ``saved`` says retired; the
+    actors ``saved`` says are being dropped.
 
     ``live`` is the ``info()`` of every query actor that answered: their uuids, partitions and nodes are
-    facts. ``saved`` (a ``membership_record``, or None) adds the actors that did not answer, and the stores
-    none of whose actors did; its spec wins over the live actors' when the layout is the same (fields that
-    change in place, such as ``read_replicas``, are saved when they change; an actor keeps the spec it was
-    created with). A saved store whose layout differs from what its live actors say is left out and
-    logged (the live actors are the facts); a saved entry that cannot be read is logged and carried."""
+    facts, except for the actors being dropped (their store's drop was saved, and the registry stopped
+    before destroying them): those are left out, to be destroyed. ``saved`` (a ``membership_record``, or
+    None) adds the actors that did not answer, and the stores none of whose actors did; its spec wins over
+    the live actors' when the layout is the same (fields that change in place, such as ``read_replicas``,
+    are saved when they change; an actor keeps the spec it was created with). A saved store whose layout
+    differs from what its live actors say is left out and logged (the live actors are the facts); a saved
+    entry that cannot be read is logged and carried."""
     stores: dict[str, tuple[StoreSpec, dict[str, ActorInfo]]] = {}
     answered: set[str] = set()
+    dropping = _saved_dropping(saved)
     for info in live:
+        if str(info["uuid"]) in dropping:
+            continue
         spec: StoreSpec = info["spec"]
         members = stores.setdefault(spec.name, (spec, {}))[1]
         uuid = str(info["uuid"])
@@ -158,7 +176,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
             stores[name] = (spec, stores[name][1])
         members = stores.setdefault(name, (spec, {}))[1]
         for actor in actors:
-            if actor.uuid not in answered and actor.uuid not in members:
+            if actor.uuid not in answered and actor.uuid not in members and actor.uuid not in dropping:
                 members[actor.uuid] = actor
                 remembered.append(actor.uuid)
     retired = isinstance(saved, Mapping) and saved.get("version") == MEMBERSHIP_VERSION and bool(saved.get("retired"))
@@ -167,7 +185,18 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         remembered,
         carried,
         retired,
+        sorted(dropping),
     )
+
+
+def _saved_dropping(saved: Mapping[str, Any] | None) -> set[str]:
+    if not isinstance(saved, Mapping) or saved.get("version") != MEMBERSHIP_VERSION:
+        return set()
+    dropping = saved.get("dropping", [])
+    if not isinstance(dropping, list) or not all(isinstance(u, str) for u in dropping):
+        log.warning("the saved list of query actors being dropped is unreadable (%r); ignored", dropping)
+        return set()
+    return set(dropping)
 
 
 def _saved_stores(saved: Mapping[str, Any] | None) -> Mapping[str, Any]:

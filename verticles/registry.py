@@ -156,6 +156,8 @@ class Registry:
         self._members_off = False
         self._members_failing = False  # the last save failed (logged once until one succeeds)
         self._members_carried: dict[str, Any] = {}
+        # Query actors of dropped stores not yet destroyed (saved in the members; ``_finish_drops``).
+        self._dropping: set[str] = set()
         if env.restarted():
             self._rebuild(int(clock() * 1000))
             self._restore_feeds(stale_after)
@@ -184,6 +186,7 @@ class Registry:
         self._members_saved = saved  # written again only where the rebuilt tables differ from it
         merged = merge_members(saved, self._env.query_actor_infos())
         self._members_carried = merged.carried
+        self._dropping = set(merged.dropping)  # destroyed at the first check (``_finish_drops``)
         if merged.retired:
             self._retired = True
             log.warning("the saved members say riqr down was under way: query actors are not re-created until "
@@ -197,6 +200,9 @@ class Registry:
             self.state.install(table, actors)
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
+        if merged.dropping:
+            log.warning("a drop was saved before its query actors were destroyed: destroying %s",
+                        ", ".join(merged.dropping))  # fmt: skip
         missing = f" and its saved members (not answering: {', '.join(sorted(merged.remembered))})"
         log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(merged.stores),
                     missing if merged.remembered else "")  # fmt: skip
@@ -223,7 +229,7 @@ class Registry:
                 self._sleep(wait)
                 wait = min(wait * 2, MEMBERS_READ_WAIT_MAX)
 
-    def _save_members(self, *, without: str | None = None, strict: bool = False) -> None:
+    def _save_members(self, *, without: str | None = None, strict: bool = False, dropping: Sequence[str] = ()) -> None:
         """Save the stores' members (``without`` that store) if they changed since the last save: on every
         epoch move (creation, drop, an actor re-created elsewhere), ``retire`` and ``resume``. Failing is
         logged, not raised (the change itself is made, and only a restart before the next save would miss
@@ -232,7 +238,8 @@ class Registry:
         if self._members_off:
             return
         view = self.state.view()
-        record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without)
+        record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without,
+                                   dropping=self._dropping.union(dropping))  # fmt: skip
         if record == self._members_saved:
             return
         try:
@@ -341,16 +348,31 @@ class Registry:
     def drop_store(self, name: str) -> list[str]:
         """Forget a store, stop its actors and delete their data. The saved members lose it first: a drop
         that cannot be saved is refused (``Unavailable``), so a restart never brings a dropped store back."""
-        if self.state.view().table(name) is None:
+        view = self.state.view()
+        if view.table(name) is None:
             raise StoreNotFound(f"store {name!r} is not known", store=name)
+        members = sorted(u for u, info in view.actors.items() if info.store == name)
         self._members_carried.pop(name, None)
-        self._save_members(without=name, strict=True)
+        # Saved with its actors marked as being dropped: a registry that stops before they are destroyed
+        # destroys them when it restarts, rather than take them back from their answers.
+        self._save_members(without=name, strict=True, dropping=members)
+        self._dropping.update(members)
         uuids = self.state.drop(name)
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
         if self.feeds.forget(name):
             self._save_feeds()
-        self._env.destroy(uuids)
+        self._finish_drops()
         return uuids
+
+    def _finish_drops(self) -> None:
+        """Destroy the query actors of dropped stores (stop them, delete their data), then save the members
+        without them. Actors already gone are no error: their data stays for the sweeper."""
+        pending = sorted(self._dropping)
+        if not pending:
+            return
+        self._env.destroy(pending)
+        self._dropping.difference_update(pending)
+        self._save_members()
 
     def forget_records(self) -> None:
         """The runtime is going away (``riqr down``, after its stores' data): delete the saved members and
@@ -501,6 +523,8 @@ class Registry:
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check.
         """
+        if self._dropping:
+            self._finish_drops()  # a drop this registry saved before it restarted
         if self._members_failing:
             self._save_members()  # a save that failed is made at the next check
         if self._retired:

@@ -130,3 +130,19 @@ def test_a_record_without_a_store_leaves_it_out() -> None:
     s, t = kv_spec("s"), kv_spec("t")
     view = _view((s, {"u1": ("a", (0, 1, 2, 3))}), (t, {"u2": ("b", (0, 1, 2, 3))}))
     assert sorted(membership_record(view, without="t")["stores"]) == ["s"]
+
+
+def test_the_actors_of_a_drop_saved_but_not_finished_are_not_taken_back() -> None:
+    """A registry saved a drop (the store gone, its actors marked) and stopped before destroying them:
+    they still answer a restarted one, which must destroy them rather than serve the store again."""
+    dropped, kept = kv_spec("d", partitions=2, actors=2), kv_spec("k", partitions=2, actors=1)
+    view = _view((dropped, {"d1": ("a", (0,)), "d2": ("b", (1,))}), (kept, {"k1": ("a", (0, 1))}))
+    record = json.loads(json.dumps(membership_record(view, without="d", dropping=["d2", "d1"])))
+    assert sorted(record["stores"]) == ["k"] and record["dropping"] == ["d1", "d2"]
+    live = [_info(dropped, "d1", "a", [0]), _info(dropped, "d2", "b", [1]), _info(kept, "k1", "a", [0, 1])]
+    merged = merge_members(record, live)
+    assert sorted(merged.stores) == ["k"] and merged.dropping == ["d1", "d2"] and merged.remembered == []
+    # Nothing pending: the key is left out, and a record without it (or an unreadable one) drops nothing.
+    assert "dropping" not in membership_record(view, dropping=iter(()))
+    assert merge_members(membership_record(view), live).dropping == []
+    assert sorted(merge_members({**record, "dropping": "d1"}, live).stores) == ["d", "k"]

@@ -743,6 +743,39 @@ def test_a_drop_that_cannot_be_saved_is_refused_and_changes_nothing() -> None:
     assert registry.drop_store("s") and env.membership is not None and env.membership["stores"] == {}
 
 
+def test_a_drop_the_registry_stopped_in_is_finished_by_the_restarted_one() -> None:
+    """The registry saved a drop, then stopped before its query actors were destroyed: they still answer
+    the restarted registry, which must destroy them (the drop's intent was saved) rather than take the
+    store back, and then save the members without them."""
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    registry.create_store(kv_spec("t", partitions=2, actors=1, standbys=0))
+    view = registry.view()
+    members = sorted(u for u, a in view.actors.items() if a.store == "s")
+
+    def dies(uuids: Sequence[str]) -> None:
+        raise RuntimeError("the registry's process is killed")
+
+    env.destroy = dies  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        registry.drop_store("s")
+    assert env.membership is not None and sorted(env.membership["stores"]) == ["t"]
+    assert env.membership["dropping"] == members
+
+    again = FakeEnv(restarted=True)
+    again.membership, again.infos = env.membership, _infos(view)  # every actor answers, s's too
+    restarted = Registry("ns", again)
+    assert sorted(restarted.view().tables) == ["t"] and set(restarted.view().actors).isdisjoint(members)
+    assert again.destroyed == []  # not in the constructor: at the first check
+    restarted.check_nodes()
+    assert sorted(again.destroyed) == members
+    assert again.membership is not None and "dropping" not in again.membership
+    assert sorted(again.membership["stores"]) == ["t"]
+    restarted.check_nodes()
+    assert sorted(again.destroyed) == members  # once
+
+
 def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
     env, clock = FakeEnv(), Clock()
     env.data = tmp_path
