@@ -190,7 +190,12 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
 
 
 def _saved_dropping(saved: Mapping[str, Any] | None) -> set[str]:
-    if not isinstance(saved, Mapping) or saved.get("version") != MEMBERSHIP_VERSION:
+    if not isinstance(saved, Mapping):
+        return set()
+    if saved.get("version") != MEMBERSHIP_VERSION:
+        if saved.get("dropping"):
+            log.error("a record of an unknown version says query actors were being dropped (%r); they are taken "
+                      "back if they answer: drop their store again", saved["dropping"])  # fmt: skip
         return set()
     dropping = saved.get("dropping", [])
     if not isinstance(dropping, list) or not all(isinstance(u, str) for u in dropping):

@@ -158,6 +158,7 @@ class Registry:
         self._members_carried: dict[str, Any] = {}
         # Query actors of dropped stores not yet destroyed (saved in the members; ``_finish_drops``).
         self._dropping: set[str] = set()
+        self._drops_failing = False
         if env.restarted():
             self._rebuild(int(clock() * 1000))
             self._restore_feeds(stale_after)
@@ -361,16 +362,26 @@ class Registry:
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
         if self.feeds.forget(name):
             self._save_feeds()
+        # The drop is made (saved, and out of the tables) whether or not destroying its actors works now.
         self._finish_drops()
         return uuids
 
     def _finish_drops(self) -> None:
         """Destroy the query actors of dropped stores (stop them, delete their data), then save the members
-        without them. Actors already gone are no error: their data stays for the sweeper."""
+        without them. Actors already gone are no error: their data stays for the sweeper. A failure is
+        logged (once until one succeeds) and tried again at the next check."""
         pending = sorted(self._dropping)
         if not pending:
             return
-        self._env.destroy(pending)
+        try:
+            self._env.destroy(pending)
+        except Exception:
+            if not self._drops_failing:
+                log.warning("could not destroy the query actors of a dropped store (%s); trying again at every "
+                            "check", ", ".join(pending), exc_info=True)  # fmt: skip
+            self._drops_failing = True
+            return
+        self._drops_failing = False
         self._dropping.difference_update(pending)
         self._save_members()
 
@@ -521,13 +532,13 @@ class Registry:
         there while another node is left), keeps its uuid, so tables and handles by name stay valid, and its
         move bumps the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted.
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
-        could not be re-created is tried again at the next check.
+        could not be re-created is tried again at the next check. Last, it destroys the actors of drops
+        not finished (a drop saved before a restart, or whose destroy failed: ``_finish_drops``).
         """
-        if self._dropping:
-            self._finish_drops()  # a drop this registry saved before it restarted
         if self._members_failing:
             self._save_members()  # a save that failed is made at the next check
         if self._retired:
+            self._finish_drops()
             return []
         alive = sorted(self._env.alive_nodes())
         if not alive:  # Ray could not say: never move everything on a blip
@@ -563,6 +574,9 @@ class Registry:
             self.check_actors()
         except Exception:
             log.warning("checking the query actors failed", exc_info=True)
+        # Last: destroying the actors of a drop that was saved before a restart, or whose destroy failed,
+        # may wait on actors that do not answer; re-creations and promotions come first.
+        self._finish_drops()
         return moved
 
     def _recreate_gone(self, alive: Sequence[str], lost: Sequence[str]) -> list[str]:

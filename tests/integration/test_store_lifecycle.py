@@ -6,6 +6,8 @@ exercise the real actors and HTTP verticles without waiting on micro-batch trigg
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,23 +216,31 @@ def test_a_registry_restarted_while_an_owner_is_gone_for_good_remembers_it_and_c
     assert after == [{"key": e["key"], "value": 11 if e["key"] == 1 else e["value"]} for e in before]
 
 
-def test_a_drop_the_registry_stopped_in_is_finished_when_it_restarts(runtime_ns: Runtime, store: BatchDelivery) -> None:
-    """``drop_store`` saves the drop (the store gone from the members, its actors marked as being dropped)
-    before it destroys anything. The registry is killed right there: the restarted one finds the actors
+def test_a_registry_killed_in_the_middle_of_a_drop_finishes_it_when_it_restarts(
+    runtime_ns: Runtime, store: BatchDelivery
+) -> None:
+    """``drop_store`` saves the drop (the store gone from the members, its actors marked as being dropped),
+    then destroys the actors one by one. The first one's process is stopped (SIGSTOP), so the registry
+    waits on it with nothing destroyed yet, and is killed right there: the restarted one finds the actors
     alive and answering, and must destroy them rather than take the store back. Before the marks, it took
     them back, and the store a user had dropped served again."""
+    from bench.faults import worker_pid
     from verticles import deploy
 
     url, namespace = runtime_ns.url, runtime_ns.namespace
     registry = runtime_ns.registry()
     members = sorted(u for u, a in ray.get(registry.view.remote()).actors.items() if a.store == SPEC.name)
     kv = deploy.RayEnv(namespace)
-    record = kv.load_membership()
-    assert record is not None and SPEC.name in record["stores"] and "dropping" not in record
-    # Exactly what drop_store saves first; the registry dies before it goes on.
-    stores = {name: entry for name, entry in record["stores"].items() if name != SPEC.name}
-    kv.save_membership({**record, "stores": stores, "dropping": members})
-    ray.kill(registry, no_restart=False)
+    pid = worker_pid(ray.get_actor(members[0], namespace=namespace))  # destroyed first: uuid order
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        dropping = registry.drop_store.remote(SPEC.name)
+        wait_for(lambda: (kv.load_membership() or {}).get("dropping") == members, what="the drop saved")
+        ray.kill(registry, no_restart=False)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(dropping, timeout=60)  # its caller sees an error, but the drop was made
 
     def destroyed() -> bool:
         # Until the drop is finished, an answer is the key's value (the drop was never acknowledged), a 503

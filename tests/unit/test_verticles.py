@@ -754,11 +754,14 @@ def test_a_drop_the_registry_stopped_in_is_finished_by_the_restarted_one() -> No
     view = registry.view()
     members = sorted(u for u, a in view.actors.items() if a.store == "s")
 
+    class Killed(BaseException):
+        """The registry's process dies right there (no ``except Exception`` of it runs)."""
+
     def dies(uuids: Sequence[str]) -> None:
-        raise RuntimeError("the registry's process is killed")
+        raise Killed
 
     env.destroy = dies  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Killed):
         registry.drop_store("s")
     assert env.membership is not None and sorted(env.membership["stores"]) == ["t"]
     assert env.membership["dropping"] == members
@@ -774,6 +777,43 @@ def test_a_drop_the_registry_stopped_in_is_finished_by_the_restarted_one() -> No
     assert sorted(again.membership["stores"]) == ["t"]
     restarted.check_nodes()
     assert sorted(again.destroyed) == members  # once
+
+
+def test_a_drop_whose_actors_cannot_be_destroyed_yet_is_made_and_finished_at_a_later_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Destroying is tried after the drop is saved and made: a failure leaves it made (the store gone,
+    its actors marked), is tried again at every check, and holds back none of the check's other work."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    view = registry.create_store(kv_spec("t", partitions=2, actors=1, standbys=0))
+    members = sorted(u for u, a in view.actors.items() if a.store == "s")
+    lone = next(u for u, a in view.actors.items() if a.store == "t")
+    tries: list[list[str]] = []
+
+    def fails(uuids: Sequence[str]) -> None:
+        tries.append(list(uuids))
+        raise RuntimeError("the GCS does not answer")
+
+    env.destroy = fails  # type: ignore[method-assign]
+    assert registry.drop_store("s") == members
+    assert registry.view().table("s") is None
+    assert env.membership is not None and env.membership["dropping"] == members
+    # t's only actor is gone for good meanwhile: the checks re-create it although the destroy keeps failing.
+    env.vanished = {lone}
+    registry.check_nodes()
+    clock.now += 2
+    assert registry.check_nodes() == [lone]
+    assert tries == [members] * 3 and caplog.text.count("could not destroy the query actors") == 1
+    # The store declared again meanwhile has new actors; only the marked ones go.
+    again = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    del env.destroy  # the FakeEnv's own again: it works
+    registry.check_nodes()
+    assert env.destroyed == members and "dropping" not in env.membership
+    assert registry.view().table("s") == again.table("s") and sorted(env.membership["stores"]) == ["s", "t"]
+    registry.check_nodes()
+    assert env.destroyed == members
 
 
 def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
