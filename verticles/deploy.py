@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -408,15 +408,18 @@ class Deployment:
     endpoints: tuple[NodeEndpoint, ...]
 
 
-def ensure_registry(namespace: str) -> Any:
+def ensure_registry(namespace: str, placement: Mapping[str, Any] | None = None) -> Any:
     """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
-    registry keeps its own, since ``get_if_exists`` ignores the arguments)."""
+    registry keeps its own, since ``get_if_exists`` ignores the arguments). A new one goes where Ray
+    places it; ``placement`` adds Ray actor options for that (``resources``: the tests use a custom
+    resource to put it on a node they remove, and on the node it restarts on)."""
     from runtime.auth import DeploymentSecrets
     from verticles.registry import Registry, recreate_after
 
+    where = dict(placement or {})
     handle = (
         _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
-        .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True))
+        .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True, **where))
         .remote(namespace, RayEnv(namespace), secrets=DeploymentSecrets.generate(), recreate_after=recreate_after())
     )
     raycalls.get(handle.epoch.remote(), "starting the registry")

@@ -12,6 +12,7 @@ import itertools
 import os
 import random
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -42,12 +43,12 @@ def _serving(handle: Any, batch_id: int) -> bool:
     return all(pos["state"] == "serving" and pos["batch_id"] >= batch_id for pos in positions.values())
 
 
-def _add_node_with_its_own_disk(ray_cluster: RayCluster, data: Any) -> Any:
-    """A third node whose query actors keep their partitions under ``data``, as a real node's own disk."""
+def _add_node_with_its_own_disk(ray_cluster: RayCluster, data: Any, **node_args: Any) -> Any:
+    """A node whose query actors keep their partitions under ``data``, as a real node's own disk."""
     saved = os.environ["RIQR_DATA"]
     os.environ["RIQR_DATA"] = str(data)  # the node inherits this environment
     try:
-        return ray_cluster.cluster.add_node(num_cpus=1)
+        return ray_cluster.cluster.add_node(num_cpus=1, **node_args)
     finally:
         os.environ["RIQR_DATA"] = saved
 
@@ -251,3 +252,126 @@ def test_a_lost_nodes_partitions_without_standbys_are_rebuilt_in_place_by_the_ru
     assert outcome["nodes"] <= set(ray_cluster.node_ids)  # the lost node's actors live elsewhere now
     superseded = sorted(p.name for p in (home / "checkpoints" / ns).glob("*.superseded-*"))
     assert [p.split(".superseded-")[0] for p in superseded] == ["customer-v1-changelog", "order-count"], superseded
+
+
+def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_members_it_saved(
+    ray_cluster: RayCluster, tmp_path: Any
+) -> None:
+    """The registry and a query actor are on one node, which is removed while reads and batches go on.
+    Ray restarts the registry on a live node, where the lost actor cannot answer it; the members it saved
+    say the actor existed, so it is re-created on a live node and catches up from its peers. Without the
+    saved members the restarted registry knew only the actors that answered: the store served on with a
+    single copy of the lost actor's partitions, for good."""
+    from runtime.config import RuntimeConfig
+    from tests.integration.conftest import Runtime
+    from verticles import deploy
+
+    namespace = f"riqr-registry-loss-{uuid.uuid4().hex[:8]}"
+    # Only the nodes with this resource can hold the registry: the third, then a fourth added later, where
+    # Ray restarts it once the third is gone. (A soft node affinity put it elsewhere in 4 of 6 tries.)
+    here = {"riqr-registry-test": 1.0}
+    node = _add_node_with_its_own_disk(ray_cluster, tmp_path / "third-node-data", resources=here)
+    fourth_node = None
+    removed = False
+
+    def node_of(handle: Any) -> str:
+        return str(ray.get(handle.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())))
+
+    try:
+        ray_cluster.cluster.wait_for_nodes()
+        third = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in ray_cluster.node_ids)
+        registry = deploy.ensure_registry(namespace, {"resources": here})
+        assert node_of(registry) == third
+        # The REST API on the session's two nodes only: its URLs outlive the third node.
+        deployment = deploy.up(
+            RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"),
+            nodes=ray_cluster.node_ids,
+        )
+        runtime = Runtime(namespace, {ep.node_id: ep.url for ep in deployment.endpoints})
+        view = raycalls.get(registry.create_store.remote(SPEC), "create_store")
+        table = view.tables[SPEC.name]
+        (lost,) = [u for u, info in view.actors.items() if info.store == SPEC.name and info.node_id == third]
+        fourth_node = _add_node_with_its_own_disk(ray_cluster, tmp_path / "fourth-node-data", resources=here)
+        ray_cluster.cluster.wait_for_nodes()
+        fourth = fourth_node.node_id
+        alive = [*ray_cluster.node_ids, fourth]
+
+        delivery = BatchDelivery(SPEC, namespace, checkpoint="unused")
+        history: dict[int, set[int]] = {u: {u} for u in USERS}
+        latest = {u: u for u in USERS}
+
+        def batch(users: list[int]) -> pa.Table:
+            return pa.table(
+                {
+                    "user": pa.array(users, pa.int64()),
+                    "score": pa.array([latest[u] for u in users], pa.int64()),
+                    PARTITION_COLUMN: pa.array([table.partition_of(u) for u in users], pa.int32()),
+                }
+            )
+
+        delivery.deliver("q", 0, batch(USERS))
+        url = runtime.url
+        wait_for(
+            lambda: http_get(f"{url}/stores/{SPEC.name}/approximate-num-entries")[2] == {"result": len(USERS)},
+            what="the store loaded and visible",
+        )
+        delivered = [0]
+        picks, choices = random.Random(5), random.Random(13)
+
+        def write() -> None:
+            # Spark's way: a batch that fails (the registry restarting) is delivered again with its id.
+            batch_id = delivered[0] + 1
+            users = picks.sample(USERS, 20)
+            for u in users:
+                latest[u] = u + batch_id * 100_000
+                history[u].add(latest[u])
+            while True:
+                try:
+                    delivery.deliver("q", batch_id, batch(users))
+                    break
+                except Exception:
+                    time.sleep(0.2)
+            delivered[0] = batch_id
+            time.sleep(0.05)
+
+        def read() -> str | None:
+            u = choices.choice(USERS)
+            status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/{u}")
+            right = status == 503 or status == 200 and body["response"] in history[u]
+            return None if right else f"{u}: {status} {body}"
+
+        def registry_view() -> Any:
+            return raycalls.get(runtime.registry().view.remote(), "view", timeout=10)
+
+        with Load() as load:
+            load.every(write)
+            load.every(read)
+            wait_for(lambda: delivered[0] >= 5, what="batches before the loss")
+            ray_cluster.cluster.remove_node(node)
+            removed = True
+            wait_for(
+                lambda: registry_view().actors[lost].node_id in alive,
+                timeout=60,
+                what="the restarted registry re-creating the lost node's actor on a live one",
+            )
+            at_move = delivered[0]
+            handle = ray.get_actor(lost, namespace=namespace)
+            wait_for(lambda: _serving(handle, at_move), timeout=40, interval=0.1, what="the re-created copies serving")
+            load.wait_more(200, what="reads and batches after the replica count is restored")
+
+        assert load.errors == [], load.errors
+        assert load.wrong == [], load.wrong[:10]
+        assert node_of(runtime.registry()) == fourth  # it did restart, on the other node that can hold it
+        final = registry_view()
+        assert sorted(u for u, info in final.actors.items() if info.store == SPEC.name) == sorted(table.all_owners())
+        for u, held in table.all_owners().items():  # every copy, the re-created one included, holds the latest
+            copy, _ = raycalls.get(ray.get_actor(u, namespace=namespace).scan.remote(held, Scan()), "scan")
+            assert {k: decode_value(v) for k, v in copy} == {
+                k: v for k, v in latest.items() if table.partition_of(k) in held
+            }
+    finally:
+        if not removed:
+            ray_cluster.cluster.remove_node(node)
+        deploy.down(namespace)
+        if fourth_node is not None:
+            ray_cluster.cluster.remove_node(fourth_node)
