@@ -173,6 +173,7 @@ class QueryCore:
         # iterators cannot run beside a write takes it too.
         self._writing = threading.Lock()
         self.partitions: dict[int, PartitionState] = {}
+        self._destroyed = False  # ``destroy`` ran: its store is being dropped (or the runtime goes down)
         # Held while this process keeps its data there: a node's sweeper never deletes a directory whose
         # lock is held (``runtime.orphans``).
         self._owner = None if directory is None else OwnerLock.take(directory)
@@ -201,6 +202,10 @@ class QueryCore:
     def _unavailable(self, p: int) -> PartitionUnavailable:
         name = self.spec.name
         state = self.partitions.get(p)
+        if state is None and self._destroyed:
+            # Until the registry kills this actor, and facades learn the drop: 503, not an error.
+            return PartitionUnavailable(f"store {name} is being dropped: partition {p} is deleted here", store=name,
+                                        partition=p, retry_after=1)  # fmt: skip
         if state is None:
             return PartitionUnavailable(f"partition {p} of store {name} is not held here", store=name, partition=p)
         message = f"partition {p} of store {name} is {state.state}: {state.reason}"
@@ -475,7 +480,9 @@ class QueryCore:
         """Close every partition's engine and delete its data (the store or the runtime is going away), and
         the directory that held it once nothing else is in it."""
         with self._writing:
-            for state in self.partitions.values():
+            # Reads that come after this answer 503 (``_unavailable``) rather than reach a deleted engine.
+            held, self.partitions, self._destroyed = self.partitions, {}, True
+            for state in held.values():
                 state.cancel_catch_up()
                 state.engine.destroy()
         if self._exports is not None:

@@ -300,14 +300,22 @@ class RayEnv:
         internal_kv._internal_kv_del(self._membership_key(), namespace=_KV_NAMESPACE)
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+        """Every query actor's ``info()``, asked of all at once and waited for within one ``_CALL_TIMEOUT``:
+        actors that cannot answer (hung, or pinned to a node that is gone) cost that once, not each."""
+        calls: list[tuple[str, Any]] = []
         for name in _named_in(self.namespace):
             if not ACTOR_NAME.match(name):
                 continue
             try:
-                out.append(raycalls.get(ray.get_actor(name, namespace=self.namespace).info.remote(), "info",
-                                        timeout=_CALL_TIMEOUT))  # fmt: skip
-            except Exception:  # an actor that cannot answer is left out; its partitions stay unassigned
+                calls.append((name, ray.get_actor(name, namespace=self.namespace).info.remote()))
+            except Exception:
+                log.warning("query actor %s could not be asked while the registry rebuilt", name, exc_info=True)
+        out: list[dict[str, Any]] = []
+        deadline = Deadline.after(_CALL_TIMEOUT)
+        for name, ref in calls:
+            try:
+                out.append(raycalls.get(ref, "info", timeout=max(0.0, deadline.remaining())))
+            except Exception:  # an actor that cannot answer is left out (the saved members remember it)
                 log.warning("query actor %s did not answer while the registry rebuilt", name, exc_info=True)
         return out
 
@@ -332,9 +340,19 @@ class RayEnv:
                 ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
 
     def destroy(self, uuids: Sequence[str]) -> None:
-        for uuid in uuids:
-            _call_unless_dead(self.namespace, uuid, "destroy", f"deleting the data of query actor {uuid}")
+        """Each actor deletes its data, then is killed. The calls go out together and are waited for within
+        one ``_CALL_TIMEOUT``, so actors that do not answer hold the caller (the registry, whose calls run
+        one at a time) that long once, not each in turn."""
+        calls = [(uuid, _submit_unless_gone(self.namespace, uuid, "destroy", _deleting(uuid))) for uuid in uuids]
+        deadline = Deadline.after(_CALL_TIMEOUT)
+        for uuid, ref in calls:
+            if ref is not None:
+                _await_unless_dead(ref, uuid, _deleting(uuid), max(0.0, deadline.remaining()))
         self.kill(uuids)
+
+
+def _deleting(uuid: str) -> str:
+    return f"deleting the data of query actor {uuid}"
 
 
 class RaySnapshotPeer:
@@ -369,13 +387,25 @@ def _call_unless_dead(namespace: str, name: str, method: str, what: str, timeout
     info, since a dead actor's data goes with it or stays on its node's disk. Anything else is a real
     failure: a warning, with the traceback when the error is not one riqr knows.
     """
+    ref = _submit_unless_gone(namespace, name, method, what)
+    if ref is not None:
+        _await_unless_dead(ref, name, what, timeout)
+
+
+def _submit_unless_gone(namespace: str, name: str, method: str, what: str) -> Any | None:
+    """``method`` of the actor ``name`` called, or None (logged at info) if Ray has no actor of that name."""
     try:
         handle = ray.get_actor(name, namespace=namespace)
     except ValueError:
         log.info("%s: the actor is gone already", what, extra={"actor": name})
-        return
+        return None
+    return getattr(handle, method).remote()
+
+
+def _await_unless_dead(ref: Any, name: str, what: str, timeout: float) -> None:
+    """Wait for a call ``_submit_unless_gone`` made: see ``_call_unless_dead``."""
     try:
-        ray.get(getattr(handle, method).remote(), timeout=timeout)
+        ray.get(ref, timeout=timeout)
     except Exception as exc:
         if raycalls.is_dead(exc):
             log.info("%s: the actor is dead already", what, extra={"actor": name})
@@ -411,8 +441,9 @@ class Deployment:
 def ensure_registry(namespace: str, placement: Mapping[str, Any] | None = None) -> Any:
     """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
     registry keeps its own, since ``get_if_exists`` ignores the arguments). A new one goes where Ray
-    places it; ``placement`` adds Ray actor options for that (``resources``: the tests use a custom
-    resource to put it on a node they remove, and on the node it restarts on)."""
+    places it; ``placement`` adds Ray actor options for that, other than its name and namespace
+    (``resources``: the tests use a custom resource to put it on a node they remove, and on the node it
+    restarts on)."""
     from runtime.auth import DeploymentSecrets
     from verticles.registry import Registry, recreate_after
 

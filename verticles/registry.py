@@ -533,7 +533,8 @@ class Registry:
         move bumps the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted.
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check. Last, it destroys the actors of drops
-        not finished (a drop saved before a restart, or whose destroy failed: ``_finish_drops``).
+        not finished (a drop saved before a restart, or whose destroy failed: ``_finish_drops``), unless Ray
+        could not list the nodes.
         """
         if self._members_failing:
             self._save_members()  # a save that failed is made at the next check

@@ -22,6 +22,7 @@ import ray
 from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
 from runtime.codec import decode_value
+from runtime.errors import Unavailable
 from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.scan import Scan
@@ -325,11 +326,14 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
             for u in users:
                 latest[u] = u + batch_id * 100_000
                 history[u].add(latest[u])
+            gives_up = time.monotonic() + 60
             while True:
                 try:
                     delivery.deliver("q", batch_id, batch(users))
                     break
-                except Exception:
+                except Unavailable:  # anything else, or a minute of this, ends the load (load.errors)
+                    if time.monotonic() > gives_up:
+                        raise
                     time.sleep(0.2)
             delivered[0] = batch_id
             time.sleep(0.05)
@@ -358,6 +362,7 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
             handle = ray.get_actor(lost, namespace=namespace)
             wait_for(lambda: _serving(handle, at_move), timeout=40, interval=0.1, what="the re-created copies serving")
             load.wait_more(200, what="reads and batches after the replica count is restored")
+            wait_for(lambda: delivered[0] >= at_move + 5, what="batches after the replica count is restored")
 
         assert load.errors == [], load.errors
         assert load.wrong == [], load.wrong[:10]
@@ -370,8 +375,13 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
                 k: v for k, v in latest.items() if table.partition_of(k) in held
             }
     finally:
-        if not removed:
-            ray_cluster.cluster.remove_node(node)
-        deploy.down(namespace)
-        if fourth_node is not None:
-            ray_cluster.cluster.remove_node(fourth_node)
+        # riqr down first: with the third node gone and no fourth, the registry could not restart anywhere.
+        try:
+            deploy.down(namespace)
+        finally:
+            try:
+                if not removed:
+                    ray_cluster.cluster.remove_node(node)
+            finally:
+                if fourth_node is not None:
+                    ray_cluster.cluster.remove_node(fourth_node)

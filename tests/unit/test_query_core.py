@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
@@ -146,3 +148,21 @@ def test_windowed_rows_keep_the_end_and_the_time_filter_runs_on_the_owner() -> N
     assert [unpack(v) for _, v in ended_late] == [[micros[5], 2]]
     started_early, _ = core.scan([0], Scan(times=TimeFilter(start_to=micros[2])))
     assert [k[1] for k, _ in started_early] == [micros[0]]
+
+
+def test_a_destroyed_core_answers_unavailable_until_it_is_killed(tmp_path: Path) -> None:
+    """``destroy`` deletes the data before the registry kills the actor; a read meanwhile (a facade that
+    has not learnt of the drop yet) is a 503, never an error from a deleted engine."""
+    core = QueryCore(kv_spec(), [0, 2], directory=tmp_path / "s" / "u1")
+    core.apply("q", 0, {0: pa.table({"key": ["a"], "value": ["A"]}), 2: None})
+    assert core.get_many([(0, "a")])[0] != [None]
+    core.destroy()
+    for read in (
+        lambda: core.get_many([(0, "a")]),
+        lambda: core.scan([0, 2], Scan()),
+        lambda: core.count([2]),
+        lambda: core.apply("q", 1, {0: None}),
+    ):
+        with pytest.raises(PartitionUnavailable, match="being dropped"):
+            read()
+    assert core.positions() == {} and not (tmp_path / "s" / "u1").exists()
