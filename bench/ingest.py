@@ -101,14 +101,42 @@ def timings_line(deliveries: list[Any]) -> str:
     return ", ".join(f"{k} {v:.2f}s" for k, v in total.items())
 
 
-def run_riqr(df: Any, store: str, checkpoint: str, namespace: str, standbys: int, trigger: str) -> float:
+def create_store(df: Any, store: str, namespace: str, standbys: int) -> None:
     import ray
 
     from runtime.config import REGISTRY_NAME
-    from topologies.sink import materialize, store_spec_for
+    from topologies.sink import store_spec_for
 
     spec = store_spec_for(df.schema, store, "key", "value", standbys=standbys)
     ray.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).create_store.remote(spec))
+
+
+def cpu_idle(window: float = 0.5) -> float:
+    """The machine's idle fraction over ``window`` seconds (/proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+
+    idle0, total0 = sample()
+    time.sleep(window)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def settle(deadline: float = 15.0, idle: float = 0.85) -> float:
+    """Wait until the machine is quiet (new query actors' processes, and the workers Ray starts after
+    them, finish starting), at most ``deadline`` seconds; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline and cpu_idle() < idle:
+        pass
+    return time.monotonic() - started
+
+
+def run_riqr(df: Any, store: str, checkpoint: str, namespace: str, standbys: int, trigger: str) -> float:
+    from topologies.sink import materialize
+
     started = time.monotonic()
     query = materialize(
         df, store=store, key="key", value="value", checkpoint=checkpoint, namespace=namespace,
@@ -158,22 +186,30 @@ def throughput(
         land(warm, "customer", args.warmup, "w")
         run_noop(spark, latest_by_key(read_topic(spark, warm, "customer")), str(work / "cp-warm-noop"), args.trigger)
         df = latest_by_key(read_topic(spark, warm, "customer"))
+        create_store(df, "warm", namespace, args.standbys)
         run_riqr(df, "warm", str(work / "cp-warm-riqr"), namespace, args.standbys, args.trigger)
         ray.get(registry.drop_store.remote("warm"))
         DELIVERIES.clear()
         say(f"warmed up on {args.warmup:,} records")
     for r in range(args.rounds):
+        # The round's store is created first, and both runs start on a quiet machine: new query actors'
+        # processes, and the idle workers Ray starts after them, take CPU for a second or two, which
+        # landed in riqr's run when the store was created just before it.
+        store = f"bulk-{r}"
+        create_store(latest_by_key(read_topic(spark, home, "customer")), store, namespace, args.standbys)
+        waited = settle()
         df = latest_by_key(read_topic(spark, home, "customer"))
         times["noop"].append(run_noop(spark, df, str(work / f"cp-noop-{r}"), args.trigger))
-        say(f"round {r + 1}: noop {times['noop'][-1]:.2f}s")
-        store = f"bulk-{r}"
+        say(f"round {r + 1}: noop {times['noop'][-1]:.2f}s (after {waited:.1f}s settling)")
+        waited = settle()
         df = latest_by_key(read_topic(spark, home, "customer"))
         times["riqr"].append(run_riqr(df, store, str(work / f"cp-riqr-{r}"), namespace, args.standbys, args.trigger))
         # The sink's own stages (everything after Spark's batch and toArrow): the part of riqr's run that
         # does not move with Spark's batch time, which varies by a second or more between runs here.
         times["own"].append(sum(v for k, v in getattr(DELIVERIES[-1], "timings", {}).items() if k != "batch"))
         say(
-            f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s; sink stages: {timings_line(DELIVERIES[-1:])}; "
+            f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s (after {waited:.1f}s settling); "
+            f"sink stages: {timings_line(DELIVERIES[-1:])}; "
             f"{apply_seconds(namespace, store)}"
         )
         ray.get(registry.drop_store.remote(store))
