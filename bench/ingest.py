@@ -9,7 +9,8 @@ local Spark, with the food-orders topology's queries on landing files (``riqr pr
 1. **Throughput.** ``--records`` records with distinct keys land as files of 100,000; the customer
    topology's query (``latest_by_key``) reads them in one go. Timed from ``start()`` to
    ``processAllAvailable()`` returning, once with Spark's ``noop`` sink and once with ``materialize`` (a
-   store created beforehand, so actor start-up is not counted), alternately for ``--rounds`` rounds.
+   store created beforehand, so actor start-up is not counted), alternately for ``--rounds`` rounds,
+   each run starting once the machine is quiet again (at least 85% idle, at most 15 s of waiting).
    Printed: medians and the ratio riqr / noop (the sink's overhead is that ratio minus 1), and the
    sink's own stages after Spark's batch (split, registry view, standby and active rounds, report) as a
    fraction of noop's run: the part of the overhead that does not move with Spark's batch time, which
