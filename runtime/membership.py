@@ -130,7 +130,8 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
 
     ``live`` is the ``info()`` of every query actor that answered: their uuids, partitions and nodes are
     facts, except for the actors being dropped (their store's drop was saved, and the registry stopped
-    before destroying them): those are left out, to be destroyed. ``saved`` (a ``membership_record``, or
+    before destroying them) and those that say they were destroyed (their data deleted, not yet killed):
+    those are left out, to be destroyed. ``saved`` (a ``membership_record``, or
     None) adds the actors that did not answer, and the stores none of whose actors did; its spec wins over
     the live actors' when the layout is the same (fields that change in place, such as ``read_replicas``,
     are saved when they change; an actor keeps the spec it was created with). A saved store whose layout
@@ -140,6 +141,8 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
     answered: set[str] = set()
     dropping = _saved_dropping(saved)
     for info in live:
+        if info.get("destroyed"):  # it deleted its data for a drop or a `down`: finish that, whatever saved says
+            dropping.add(str(info["uuid"]))
         if str(info["uuid"]) in dropping:
             continue
         spec: StoreSpec = info["spec"]

@@ -260,6 +260,8 @@ class QueryCore:
             elif shared is not None:
                 shared[p] = None
             with self._writing:
+                if self._destroyed:  # destroyed since ``state`` was looked up: its engine is deleted
+                    raise self._unavailable(p)
                 result = state.apply(source, batch_id, rows)
                 if result.state == INCOMPLETE and self._rebuilder is not None:
                     result = self._start_catch_up(state, (source, batch_id, rows))
@@ -315,6 +317,8 @@ class QueryCore:
         The engine's capture runs under the write lock (brief: a RocksDB checkpoint, or copying a memory
         partition's key and value references); writing it out and checksumming it do not.
         """
+        if self._destroyed:  # before the export directory is made again where the data was deleted
+            raise self._unavailable(partition)
         exports = self._exports
         if exports is None:
             root = self.directory / ".exports" if self.directory is not None else Path(tempfile.mkdtemp()) / "exports"
@@ -357,24 +361,42 @@ class QueryCore:
             first = self._unavailable(broken[0])
             raise type(first)(first.message, **{**first.details, "partitions": broken})
         before = {p: states[p].engine.position() for p in asked}
-        values = [states[p].engine.get(key) for p, key in items]
+        try:
+            values = [states[p].engine.get(key) for p, key in items]
+        except Exception as err:
+            raise self._read_failed(err, asked) from err
         return values, self._spans(before)
 
     def get_one(self, partition: int, key: Any) -> tuple[bytes | None, Span]:
         """``get_many`` of one key: its packed value (None when absent) and the span its read reflects."""
         state = self._partition(partition)
         before = state.engine.position()
-        value = state.engine.get(key)
+        try:
+            value = state.engine.get(key)
+        except Exception as err:
+            raise self._read_failed(err, [partition]) from err
         return value, self._spans({partition: before})[partition]
+
+    def _read_failed(self, err: Exception, partitions: Iterable[int]) -> Exception:
+        """What a read that raised answers: unavailable if ``destroy`` deleted the engines meanwhile (a 503
+        while the store is being dropped), else its own error."""
+        if self._destroyed and not isinstance(err, PartitionUnavailable):
+            return self._unavailable(min(partitions, default=0))
+        return err
 
     def _spans(self, before: Mapping[int, Position]) -> Spans:
         """The spans of reads that started at ``before``; a partition whose source changed during the
         read (a reset overlapped it) makes the call fail as unavailable, since its rows may be neither
         state."""
+        if self._destroyed:  # the engines were deleted during the read: what it saw is no answer
+            raise self._unavailable(min(before, default=0))
         spans: Spans = {}
         moved = []
         for p, position in before.items():
-            span = self.partitions[p].span(position)
+            state = self.partitions.get(p)
+            if state is None:
+                raise self._unavailable(p)
+            span = state.span(position)
             if span is None:
                 moved.append(p)
             else:
@@ -403,12 +425,15 @@ class QueryCore:
         guard = (
             self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
         )
-        with guard:
-            runs = [s.engine.scan(scan) for s in states.values()]
-            merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
-            if scan.times is not None:
-                merged = _window_filter(merged, scan.times)
-            entries = list(merged if limit is None else itertools.islice(merged, limit))
+        try:
+            with guard:
+                runs = [s.engine.scan(scan) for s in states.values()]
+                merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
+                if scan.times is not None:
+                    merged = _window_filter(merged, scan.times)
+                entries = list(merged if limit is None else itertools.islice(merged, limit))
+        except Exception as err:
+            raise self._read_failed(err, states) from err
         return entries, self._spans(before)
 
     def scan_packed(
@@ -432,8 +457,11 @@ class QueryCore:
             self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
         )
         share = max(1, max_bytes // len(states))
-        with guard:
-            reads = [s.engine.read_encoded(scan, limit, share) for s in states.values()]
+        try:
+            with guard:
+                reads = [s.engine.read_encoded(scan, limit, share) for s in states.values()]
+        except Exception as err:
+            raise self._read_failed(err, states) from err
         runs = [Run(keys, (values,), more) for keys, values, more in reads]
         bounded = [r.keys[-1] for r in runs if r.more and r.keys]
         merged = merge_runs(runs, reverse=scan.reverse)
@@ -450,7 +478,11 @@ class QueryCore:
         """How many keys ``partitions`` hold, and the span of each."""
         states = {p: self._partition(p) for p in partitions}
         before = {p: s.engine.position() for p, s in states.items()}
-        return sum(s.engine.count() for s in states.values()), self._spans(before)
+        try:
+            total = sum(s.engine.count() for s in states.values())
+        except Exception as err:
+            raise self._read_failed(err, states) from err
+        return total, self._spans(before)
 
     def positions(self) -> dict[int, dict[str, Any]]:
         """What each partition reflects: its source, last batch id applied, and state."""
@@ -475,6 +507,11 @@ class QueryCore:
             self._exports.close_all()
         if self._owner is not None:
             self._owner.release()
+
+    @property
+    def destroyed(self) -> bool:
+        """``destroy`` ran: the partitions' data is deleted (the store is being dropped, or riqr goes down)."""
+        return self._destroyed
 
     def destroy(self) -> None:
         """Close every partition's engine and delete its data (the store or the runtime is going away), and

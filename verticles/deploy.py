@@ -320,13 +320,20 @@ class RayEnv:
         return out
 
     def http_endpoints(self) -> list[Endpoint]:
-        out: list[Endpoint] = []
+        """Where each HTTP verticle listens, asked of all at once within one ``_CALL_TIMEOUT``."""
+        calls: list[tuple[str, Any]] = []
         for name in _named_in(self.namespace):
             if not name.startswith("riqr-http-"):
                 continue
             try:
-                handle = ray.get_actor(name, namespace=self.namespace)
-                where = raycalls.get(handle.where.remote(), "where", timeout=_CALL_TIMEOUT)
+                calls.append((name, ray.get_actor(name, namespace=self.namespace).where.remote()))
+            except Exception:
+                log.warning("HTTP verticle %s could not be asked while the registry rebuilt", name, exc_info=True)
+        out: list[Endpoint] = []
+        deadline = Deadline.after(_CALL_TIMEOUT)
+        for name, ref in calls:
+            try:
+                where = raycalls.get(ref, "where", timeout=max(0.0, deadline.remaining()))
             except Exception:
                 log.warning("HTTP verticle %s did not answer while the registry rebuilt", name, exc_info=True)
                 continue
@@ -399,7 +406,11 @@ def _submit_unless_gone(namespace: str, name: str, method: str, what: str) -> An
     except ValueError:
         log.info("%s: the actor is gone already", what, extra={"actor": name})
         return None
-    return getattr(handle, method).remote()
+    try:
+        return getattr(handle, method).remote()
+    except Exception:  # as a failed wait would be: logged, and the caller goes on with the others
+        log.warning("%s failed: the call could not be sent", what, exc_info=True, extra={"actor": name})
+        return None
 
 
 def _await_unless_dead(ref: Any, name: str, what: str, timeout: float) -> None:

@@ -196,4 +196,6 @@ class QueryVerticle:
             "node_id": self.node_id,
             "node_ip": self.node_ip,
             "opened_in": self.opened_in,
+            # Its data deleted, not yet killed: a restarted registry destroys it rather than take it back.
+            "destroyed": self.core.destroyed,
         }

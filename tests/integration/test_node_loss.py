@@ -22,7 +22,7 @@ import ray
 from runtime import raycalls
 from runtime.catalog import StoreSpec, ValueField
 from runtime.codec import decode_value
-from runtime.errors import Unavailable
+from runtime.errors import DeadlineExceeded, Unavailable
 from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.scan import Scan
@@ -331,7 +331,7 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
                 try:
                     delivery.deliver("q", batch_id, batch(users))
                     break
-                except Unavailable:  # anything else, or a minute of this, ends the load (load.errors)
+                except (Unavailable, DeadlineExceeded):  # the registry restarting; else, or after a minute, raise
                     if time.monotonic() > gives_up:
                         raise
                     time.sleep(0.2)

@@ -146,3 +146,14 @@ def test_the_actors_of_a_drop_saved_but_not_finished_are_not_taken_back() -> Non
     assert "dropping" not in membership_record(view, dropping=iter(()))
     assert merge_members(membership_record(view), live).dropping == []
     assert sorted(merge_members({**record, "dropping": "d1"}, live).stores) == ["d", "k"]
+
+
+def test_an_actor_that_says_it_was_destroyed_is_never_taken_back() -> None:
+    """It deleted its data for a drop or a `down` and was not killed yet; the record may not say so (no
+    marks: a registry restarted in the middle of `riqr down`, or a record of another version)."""
+    spec = kv_spec("d", partitions=2, actors=2)
+    view = _view((spec, {"d1": ("a", (0,)), "d2": ("b", (1,))}))
+    live = [{**_info(spec, "d1", "a", [0]), "destroyed": True}, _info(spec, "d2", "b", [1])]
+    merged = merge_members(membership_record(view), live)
+    assert merged.dropping == ["d1"] and merged.stores["d"][1] == [ActorInfo("d2", "d", "b", "ip-b", (1,))]
+    assert merge_members(None, [live[0]]).dropping == ["d1"] and merge_members(None, [live[0]]).stores == {}
