@@ -4,6 +4,7 @@ riqr demo [--port 7400]                    local Ray + Spark, the seed-000 food 
 riqr up [--address ADDR] [--no-auth]       deploy the verticles on a running Ray cluster (REST auth on)
 riqr token [--stores a,b] [--ttl SECONDS]  mint a bearer token for the REST API of a deployment
 riqr down [--address ADDR]                 remove them
+riqr drop STORE [--force]                  drop one store: its query actors stop, its data is deleted
 riqr status [--address ADDR] [--json]      stores, partitions, replicas, positions, lag, ingest, endpoints
 riqr query STORE get KEY                   a value; range [FROM [TO]] / prefix P / all: JSON lines
 riqr run TOPOLOGY [options]                run a topology (as ``python -m topologies.TOPOLOGY`` does)
@@ -122,17 +123,40 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _registry_endpoints(namespace: str) -> dict[str, tuple[str, int]]:
-    """Node id -> (host, port) of each node's REST API, as the registry has them."""
+def _cmd_drop(args: argparse.Namespace) -> int:
+    """Drop one store: the registry forgets it, its query actors stop and delete their data. A store a
+    running topology feeds is refused without ``--force``: that topology's next batch would fail."""
+    from runtime import raycalls
+    from runtime.feeds import LIVE_STATES
+
+    _connect_ray(args.address, args.namespace)
+    registry = _registry(args.namespace)
+    feed = raycalls.get(registry.status.remote(), "the registry's status", timeout=30)["ingest"].get(args.store)
+    if feed is not None and feed["state"] in LIVE_STATES and not args.force:
+        _say(f"riqr: store {args.store!r} is fed by a running topology (feeder {feed.get('feeder')}, "
+             f"{feed['state']}): stop it first, or drop with --force (the topology then fails at its next "
+             "batch; started again, it creates and rebuilds the store)")  # fmt: skip
+        return 2
+    uuids = raycalls.get(registry.drop_store.remote(args.store), f"dropping store {args.store}", timeout=120)
+    _say(f"dropped store {args.store}: {len(uuids)} query actors stopped, their data deleted")
+    return 0
+
+
+def _registry(namespace: str) -> Any:
+    """The registry of ``namespace`` (``NotConnected`` if riqr is not up there)."""
     import ray
 
-    from runtime import raycalls
-
     try:
-        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+        return ray.get_actor(REGISTRY_NAME, namespace=namespace)
     except ValueError:
         raise NotConnected(f"riqr is not up in namespace {namespace!r} (run riqr up first)") from None
-    view = raycalls.get(registry.view.remote(), "the registry's view", timeout=30)
+
+
+def _registry_endpoints(namespace: str) -> dict[str, tuple[str, int]]:
+    """Node id -> (host, port) of each node's REST API, as the registry has them."""
+    from runtime import raycalls
+
+    view = raycalls.get(_registry(namespace).view.remote(), "the registry's view", timeout=30)
     return {node: (ep.host, ep.port) for node, ep in view.endpoints.items()}
 
 
@@ -295,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--address", default=None)
     down.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     down.set_defaults(func=_cmd_down)
+
+    drop = sub.add_parser("drop", help="drop one store: its query actors stop and its data is deleted")
+    drop.add_argument("store")
+    drop.add_argument("--force", action="store_true", help="even while a running topology feeds it")
+    drop.add_argument("--address", default=None)
+    drop.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    drop.set_defaults(func=_cmd_drop)
 
     run = sub.add_parser(
         "run",

@@ -80,3 +80,44 @@ def test_up_reports_its_steps_as_plain_lines_off_a_terminal(ray_cluster: RayClus
         deploy.down(namespace)
     gone = _riqr("status", "--address", ray_cluster.address, "--namespace", namespace)
     assert gone.returncode == 2 and "not up" in gone.stderr
+
+
+def test_drop_refuses_a_store_a_running_topology_feeds_then_drops_it_with_force(ray_cluster: RayCluster) -> None:
+    import ray
+
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.feeds import FeedReport
+    from runtime.keys import KeySchema
+    from tests.integration.conftest import deploy_runtime
+    from tests.integration.helpers import http_get, wait_for
+    from verticles import deploy
+
+    runtime = deploy_runtime("riqr-drop")
+    where = ("--address", ray_cluster.address, "--namespace", runtime.namespace)
+    try:
+        registry = runtime.registry()
+        spec = StoreSpec("doomed", KeySchema("k", "string"), (ValueField("v", "string"),), partitions=2, actors=1)
+        view = ray.get(registry.create_store.remote(spec))
+        members = sorted(view.table("doomed").all_owners())
+        ray.get(registry.report_feeds.remote([FeedReport("doomed", "run-1", "running", batch_id=3)]))
+
+        refused = _riqr("drop", "doomed", *where)
+        assert refused.returncode == 2 and "fed by a running topology" in refused.stderr, refused.stderr
+        assert ray.get(registry.view.remote()).table("doomed") is not None  # nothing changed
+
+        done = _riqr("drop", "doomed", "--force", *where)
+        assert done.returncode == 0, done.stderr
+        assert f"dropped store doomed: {len(members)} query actors stopped" in done.stderr
+        assert ray.get(registry.view.remote()).table("doomed") is None
+        for uuid in members:
+            with pytest.raises(ValueError):
+                ray.get_actor(uuid, namespace=runtime.namespace)
+        wait_for(lambda: http_get(f"{runtime.url}/stores/doomed/all")[0] == 404, what="REST seeing the drop")
+
+        again = _riqr("drop", "doomed", *where)
+        assert again.returncode == 2 and "riqr: store 'doomed' is not known" in again.stderr, again.stderr
+        assert "Traceback" not in again.stderr
+    finally:
+        deploy.down(runtime.namespace)
+    gone = _riqr("drop", "doomed", *where)  # riqr is down in that namespace now
+    assert gone.returncode == 2 and "is not up in namespace" in gone.stderr, gone.stderr

@@ -113,3 +113,11 @@ def test_the_demo_starts_ray_without_its_dashboard_unless_asked() -> None:
     assert plain.dashboard is False and plain.no_class_archive is False
     asked = cli.build_parser().parse_args(["demo", "--dashboard", "--no-class-archive"])
     assert asked.dashboard is True and asked.no_class_archive is True
+
+
+def test_riqr_drop_takes_a_store_and_is_safe_by_default() -> None:
+    from riqr.cli import build_parser
+
+    args = build_parser().parse_args(["drop", "order-count"])
+    assert (args.store, args.force, args.namespace) == ("order-count", False, "riqr")
+    assert build_parser().parse_args(["drop", "order-count", "--force", "--namespace", "ns"]).force is True
