@@ -130,18 +130,22 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
 
     ``live`` is the ``info()`` of every query actor that answered: their uuids, partitions and nodes are
     facts, except for the actors being dropped (their store's drop was saved, and the registry stopped
-    before destroying them) and those that say they were destroyed (their data deleted, not yet killed):
-    those are left out, to be destroyed. ``saved`` (a ``membership_record``, or
-    None) adds the actors that did not answer, and the stores none of whose actors did; its spec wins over
-    the live actors' when the layout is the same (fields that change in place, such as ``read_replicas``,
-    are saved when they change; an actor keeps the spec it was created with). A saved store whose layout
-    differs from what its live actors say is left out and logged (the live actors are the facts); a saved
-    entry that cannot be read is logged and carried."""
+    before destroying them) and every actor of a store one of whose actors says it was destroyed (its data
+    deleted, not yet killed: only a drop or a `down` does that): those are left out, to be destroyed.
+    ``saved`` (a ``membership_record``, or None) adds the actors that did not answer, and the stores none of
+    whose actors did; its spec wins over the live actors' when the layout is the same (fields that change in
+    place, such as ``read_replicas``, are saved when they change; an actor keeps the spec it was created
+    with). A saved store whose layout differs from what its live actors say is left out and logged (the live
+    actors are the facts); a saved entry that cannot be read is logged and carried."""
     stores: dict[str, tuple[StoreSpec, dict[str, ActorInfo]]] = {}
     answered: set[str] = set()
     dropping = _saved_dropping(saved)
+    # Only a drop or a `down` destroys an actor: a store one of whose actors says it deleted its data is
+    # being dropped, whatever the record says (a restart in the middle of `down`, a record without marks),
+    # and all of its actors go, not only those destroyed so far.
+    doomed = {info["spec"].name for info in live if info.get("destroyed")}
     for info in live:
-        if info.get("destroyed"):  # it deleted its data for a drop or a `down`: finish that, whatever saved says
+        if info["spec"].name in doomed:
             dropping.add(str(info["uuid"]))
         if str(info["uuid"]) in dropping:
             continue
@@ -170,6 +174,9 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
             log.warning("the saved members of store %s are unreadable (%r); kept as they are, the store is left to "
                         "its live actors", name, err, extra={"store": name})  # fmt: skip
             carried[str(name)] = entry
+            continue
+        if name in doomed:
+            dropping.update(a.uuid for a in actors)
             continue
         if name in stores:
             if not stores[name][0].same_layout(spec):

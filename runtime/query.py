@@ -317,13 +317,14 @@ class QueryCore:
         The engine's capture runs under the write lock (brief: a RocksDB checkpoint, or copying a memory
         partition's key and value references); writing it out and checksumming it do not.
         """
-        if self._destroyed:  # before the export directory is made again where the data was deleted
-            raise self._unavailable(partition)
-        exports = self._exports
-        if exports is None:
-            root = self.directory / ".exports" if self.directory is not None else Path(tempfile.mkdtemp()) / "exports"
-            exports = self._exports = SnapshotExports(root)
-        token, dest = exports.new_directory()
+        with self._writing:  # with destroy's check: never an export directory made where the data was deleted
+            if self._destroyed:
+                raise self._unavailable(partition)
+            exports = self._exports
+            if exports is None:
+                root = Path(tempfile.mkdtemp()) / "exports" if self.directory is None else self.directory / ".exports"
+                exports = self._exports = SnapshotExports(root)
+            token, dest = exports.new_directory()
         try:
             with self._writing:
                 state = self._partition(partition)
@@ -364,7 +365,8 @@ class QueryCore:
         try:
             values = [states[p].engine.get(key) for p, key in items]
         except Exception as err:
-            raise self._read_failed(err, asked) from err
+            self._raise_if_destroyed(err, asked)
+            raise
         return values, self._spans(before)
 
     def get_one(self, partition: int, key: Any) -> tuple[bytes | None, Span]:
@@ -374,15 +376,15 @@ class QueryCore:
         try:
             value = state.engine.get(key)
         except Exception as err:
-            raise self._read_failed(err, [partition]) from err
+            self._raise_if_destroyed(err, [partition])
+            raise
         return value, self._spans({partition: before})[partition]
 
-    def _read_failed(self, err: Exception, partitions: Iterable[int]) -> Exception:
-        """What a read that raised answers: unavailable if ``destroy`` deleted the engines meanwhile (a 503
-        while the store is being dropped), else its own error."""
+    def _raise_if_destroyed(self, err: Exception, partitions: Iterable[int]) -> None:
+        """A read that raised ``err``: unavailable (a 503 while the store is being dropped) if ``destroy``
+        deleted the engines meanwhile; else the caller raises ``err`` as it is."""
         if self._destroyed and not isinstance(err, PartitionUnavailable):
-            return self._unavailable(min(partitions, default=0))
-        return err
+            raise self._unavailable(min(partitions, default=0)) from err
 
     def _spans(self, before: Mapping[int, Position]) -> Spans:
         """The spans of reads that started at ``before``; a partition whose source changed during the
@@ -433,7 +435,8 @@ class QueryCore:
                     merged = _window_filter(merged, scan.times)
                 entries = list(merged if limit is None else itertools.islice(merged, limit))
         except Exception as err:
-            raise self._read_failed(err, states) from err
+            self._raise_if_destroyed(err, states)
+            raise
         return entries, self._spans(before)
 
     def scan_packed(
@@ -461,7 +464,8 @@ class QueryCore:
             with guard:
                 reads = [s.engine.read_encoded(scan, limit, share) for s in states.values()]
         except Exception as err:
-            raise self._read_failed(err, states) from err
+            self._raise_if_destroyed(err, states)
+            raise
         runs = [Run(keys, (values,), more) for keys, values, more in reads]
         bounded = [r.keys[-1] for r in runs if r.more and r.keys]
         merged = merge_runs(runs, reverse=scan.reverse)
@@ -481,7 +485,8 @@ class QueryCore:
         try:
             total = sum(s.engine.count() for s in states.values())
         except Exception as err:
-            raise self._read_failed(err, states) from err
+            self._raise_if_destroyed(err, states)
+            raise
         return total, self._spans(before)
 
     def positions(self) -> dict[int, dict[str, Any]]:
@@ -519,9 +524,13 @@ class QueryCore:
         with self._writing:
             # Reads that come after this answer 503 (``_unavailable``) rather than reach a deleted engine.
             held, self.partitions, self._destroyed = self.partitions, {}, True
-            for state in held.values():
+            for p, state in held.items():
                 state.cancel_catch_up()
-                state.engine.destroy()
+                try:
+                    state.engine.destroy()
+                except Exception:  # e.g. a RocksDB scan under way in another thread: the rest still go
+                    log.warning("partition %d of %s: deleting its data failed; the sweeper reclaims what is left",
+                                p, self.spec.name, exc_info=True)  # fmt: skip
         if self._exports is not None:
             self._exports.close_all()
         if self.directory is None:

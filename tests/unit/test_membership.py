@@ -154,6 +154,9 @@ def test_an_actor_that_says_it_was_destroyed_is_never_taken_back() -> None:
     spec = kv_spec("d", partitions=2, actors=2)
     view = _view((spec, {"d1": ("a", (0,)), "d2": ("b", (1,))}))
     live = [{**_info(spec, "d1", "a", [0]), "destroyed": True}, _info(spec, "d2", "b", [1])]
-    merged = merge_members(membership_record(view), live)
-    assert merged.dropping == ["d1"] and merged.stores["d"][1] == [ActorInfo("d2", "d", "b", "ip-b", (1,))]
-    assert merge_members(None, [live[0]]).dropping == ["d1"] and merge_members(None, [live[0]]).stores == {}
+    # The whole store goes: the actors not destroyed yet too, and the saved ones that did not answer.
+    other = kv_spec("k", partitions=2, actors=1)
+    view = _view((spec, {"d1": ("a", (0,)), "d2": ("b", (1,)), "d3": ("a", (1,))}), (other, {"k1": ("a", (0, 1))}))
+    merged = merge_members(membership_record(view), [*live, _info(other, "k1", "a", [0, 1])])
+    assert merged.dropping == ["d1", "d2", "d3"] and sorted(merged.stores) == ["k"] and merged.remembered == []
+    assert merge_members(None, live).dropping == ["d1", "d2"] and merge_members(None, live).stores == {}

@@ -202,3 +202,28 @@ def test_a_read_that_a_destroy_overtakes_is_a_503(tmp_path: Path, engine: str, r
     setattr(engine_of, method, overtaken)
     with pytest.raises(PartitionUnavailable, match="being dropped"):
         reads[read]()
+
+
+def test_a_partition_whose_data_cannot_be_deleted_does_not_stop_the_others(tmp_path: Path) -> None:
+    """A RocksDB scan under way in another thread can make closing its partition raise: the other
+    partitions are deleted all the same, and the core is destroyed (its reads are 503s)."""
+    core = QueryCore(kv_spec(), [0, 2], directory=tmp_path / "s" / "u1")
+    core.apply("q", 0, {0: pa.table({"key": ["a"], "value": ["A"]}), 2: pa.table({"key": ["b"], "value": ["B"]})})
+    stuck, other = core.partitions[0].engine, core.partitions[2].engine
+
+    def busy() -> None:
+        raise ValueError("generator already executing")
+
+    stuck.destroy = busy  # type: ignore[method-assign]
+    destroyed_other = []
+    original = other.destroy
+
+    def tracked() -> None:
+        original()
+        destroyed_other.append(True)
+
+    other.destroy = tracked  # type: ignore[method-assign]
+    core.destroy()
+    assert destroyed_other == [True] and core.destroyed
+    with pytest.raises(PartitionUnavailable, match="being dropped"):
+        core.get_many([(2, "b")])
