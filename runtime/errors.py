@@ -28,6 +28,7 @@ __all__ = [
     "KeyNotFound",
     "Conflict",
     "StoreConflict",
+    "StoreInUse",
     "Unavailable",
     "PartitionUnavailable",
     "OwnerUnavailable",
@@ -180,6 +181,12 @@ class StoreConflict(Conflict):
     """A store is declared again with a definition that differs from the registered one."""
 
     code = "store-conflict"
+
+
+class StoreInUse(Conflict):
+    """A store cannot be dropped while a running topology feeds it (unless forced)."""
+
+    code = "store-in-use"
 
 
 class SchemaError(BadRequest):

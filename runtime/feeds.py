@@ -199,6 +199,14 @@ class FeedBook:
             return True
         return any(getattr(current.report, f) != getattr(report, f) for f in _SIGNIFICANT)
 
+    def live_feeder(self, store: str) -> str | None:
+        """Who feeds ``store`` if its last report is a live one (running or rebuilding), silent or not: a
+        stale feeder may be hung or cut off from the registry rather than dead. None otherwise."""
+        feed = self._feeds.get(store)
+        if feed is None or not feed.report.live:
+            return None
+        return feed.report.query or feed.report.feeder
+
     def forget(self, store: str) -> bool:
         """Drop a store's record (the store was dropped); whether there was one."""
         self._acks.pop(store, None)

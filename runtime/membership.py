@@ -140,12 +140,21 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
     stores: dict[str, tuple[StoreSpec, dict[str, ActorInfo]]] = {}
     answered: set[str] = set()
     dropping = _saved_dropping(saved)
-    # Only a drop or a `down` destroys an actor: a store one of whose actors says it deleted its data is
-    # being dropped, whatever the record says (a restart in the middle of `down`, a record without marks),
-    # and all of its actors go, not only those destroyed so far.
-    doomed = {info["spec"].name for info in live if info.get("destroyed")}
+    entries = _saved_stores(saved)
+    # Only a drop or a `down` destroys an actor: a store the record still lists with an actor that says it
+    # deleted its data is being dropped (a restart in the middle of `down`, a record without marks), and
+    # all of its actors go, not only those destroyed so far. A destroyed actor the record does not list
+    # under its store (marked, or of an earlier store of that name) goes alone: the store of that name
+    # now may be a new one.
+    doomed = {
+        info["spec"].name
+        for info in live
+        if info.get("destroyed")
+        and str(info["uuid"]) not in dropping
+        and str(info["uuid"]) in _listed(entries.get(info["spec"].name))
+    }
     for info in live:
-        if info["spec"].name in doomed:
+        if info.get("destroyed") or info["spec"].name in doomed:
             dropping.add(str(info["uuid"]))
         if str(info["uuid"]) in dropping:
             continue
@@ -156,8 +165,10 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         answered.add(uuid)
     remembered: list[str] = []
     carried: dict[str, Any] = {}
-    entries = _saved_stores(saved)
     for name, entry in sorted(entries.items()):
+        if name in doomed:
+            dropping.update(_listed(entry))
+            continue
         try:
             spec = spec_from_record(entry["spec"])
             actors = [
@@ -174,9 +185,6 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
             log.warning("the saved members of store %s are unreadable (%r); kept as they are, the store is left to "
                         "its live actors", name, err, extra={"store": name})  # fmt: skip
             carried[str(name)] = entry
-            continue
-        if name in doomed:
-            dropping.update(a.uuid for a in actors)
             continue
         if name in stores:
             if not stores[name][0].same_layout(spec):
@@ -197,6 +205,14 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         retired,
         sorted(dropping),
     )
+
+
+def _listed(entry: Any) -> set[str]:
+    """The uuids a saved store entry lists (none if it cannot be read)."""
+    try:
+        return {str(a["uuid"]) for a in entry["actors"]}
+    except (KeyError, TypeError):
+        return set()
 
 
 def _saved_dropping(saved: Mapping[str, Any] | None) -> set[str]:

@@ -47,7 +47,7 @@ from runtime.config import (
     SUSPECT_CHECK_GAP,
     seconds_setting,
 )
-from runtime.errors import StoreNotFound, Unavailable
+from runtime.errors import StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.membership import UndecodableRecord, membership_record, merge_members
 from runtime.ownership import (
@@ -346,12 +346,23 @@ class Registry:
                      extra={"store": spec.name})  # fmt: skip
         return self.state.view()
 
-    def drop_store(self, name: str) -> list[str]:
+    def drop_store(self, name: str, *, refuse_if_fed: bool = False) -> list[str]:
         """Forget a store, stop its actors and delete their data. The saved members lose it first: a drop
-        that cannot be saved is refused (``Unavailable``), so a restart never brings a dropped store back."""
+        that cannot be saved is refused (``Unavailable``), so a restart never brings a dropped store back.
+        ``refuse_if_fed`` (``riqr drop`` without ``--force``): refused (``StoreInUse``) while the store's
+        last ingest report is a live one, even a stale one, since that topology's next batch would fail."""
         view = self.state.view()
         if view.table(name) is None:
             raise StoreNotFound(f"store {name!r} is not known", store=name)
+        feeder = self.feeds.live_feeder(name) if refuse_if_fed else None
+        if feeder is not None:
+            state = self.feeds.status(self._clock())[name]["state"]  # running, rebuilding or stale
+            raise StoreInUse(
+                f"store {name!r} is fed by a running topology ({feeder}, {state}):"
+                " stop it first, or drop with --force (the topology then fails at its next batch; started again,"
+                " it creates the store again and rebuilds it)",
+                store=name,
+            )
         members = sorted(u for u, info in view.actors.items() if info.store == name)
         self._members_carried.pop(name, None)
         # Saved with its actors marked as being dropped: a registry that stops before they are destroyed

@@ -107,7 +107,7 @@ def test_drop_refuses_a_store_a_running_topology_feeds_then_drops_it_with_force(
 
         done = _riqr("drop", "doomed", "--force", *where)
         assert done.returncode == 0, done.stderr
-        assert f"dropped store doomed: {len(members)} query actors stopped" in done.stderr
+        assert f"dropped store doomed: {len(members)} query actors stopped" in done.stderr, done.stderr
         assert ray.get(registry.view.remote()).table("doomed") is None
         for uuid in members:
             with pytest.raises(ValueError):

@@ -159,4 +159,19 @@ def test_an_actor_that_says_it_was_destroyed_is_never_taken_back() -> None:
     view = _view((spec, {"d1": ("a", (0,)), "d2": ("b", (1,)), "d3": ("a", (1,))}), (other, {"k1": ("a", (0, 1))}))
     merged = merge_members(membership_record(view), [*live, _info(other, "k1", "a", [0, 1])])
     assert merged.dropping == ["d1", "d2", "d3"] and sorted(merged.stores) == ["k"] and merged.remembered == []
-    assert merge_members(None, live).dropping == ["d1", "d2"] and merge_members(None, live).stores == {}
+    # Without a record listing it, a destroyed actor goes alone: the store of that name may be a new one.
+    alone = merge_members(None, live)
+    assert alone.dropping == ["d1"] and [a.uuid for a in alone.stores["d"][1]] == ["d2"]
+
+
+def test_a_destroyed_actor_of_an_earlier_store_of_that_name_leaves_the_new_store_alone() -> None:
+    """`riqr drop x`: old1 deleted its data but was not killed yet (marked); the topology started again
+    made a new x (new1). A restart must destroy old1 only, never new1."""
+    spec = kv_spec("x", partitions=2, actors=1)
+    record = membership_record(_view((spec, {"new1": ("a", (0, 1))})), dropping=["old1"])
+    live = [{**_info(spec, "old1", "b", [0, 1]), "destroyed": True}, _info(spec, "new1", "a", [0, 1])]
+    merged = merge_members(record, live)
+    assert merged.dropping == ["old1"] and [a.uuid for a in merged.stores["x"][1]] == ["new1"]
+    # Not marked either (the record already replaced by the new store's): still only itself.
+    merged = merge_members(membership_record(_view((spec, {"new1": ("a", (0, 1))}))), live)
+    assert merged.dropping == ["old1"] and [a.uuid for a in merged.stores["x"][1]] == ["new1"]

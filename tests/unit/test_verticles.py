@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from runtime.catalog import StoreSpec
-from runtime.errors import PartitionUnavailable, StoreConflict, Unavailable
+from runtime.errors import PartitionUnavailable, StoreConflict, StoreInUse, Unavailable
 from runtime.feeds import FeedReport
 from runtime.membership import UndecodableRecord
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
@@ -814,6 +814,24 @@ def test_a_drop_whose_actors_cannot_be_destroyed_yet_is_made_and_finished_at_a_l
     assert registry.view().table("s") == again.table("s") and sorted(env.membership["stores"]) == ["s", "t"]
     registry.check_nodes()
     assert env.destroyed == members
+
+
+def test_a_drop_that_refuses_a_fed_store_refuses_a_live_feed_even_when_stale() -> None:
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock, stale_after=6.0)
+    registry.create_store(kv_spec("s", partitions=2, actors=1))
+    registry.report_feeds([FeedReport("s", "host:1:ab", "running", batch_id=3)])
+    with pytest.raises(StoreInUse, match="host:1:ab, running"):
+        registry.drop_store("s", refuse_if_fed=True)
+    clock.now += 60  # silent: stale, but it may be hung or cut off rather than dead
+    with pytest.raises(StoreInUse, match="stale"):
+        registry.drop_store("s", refuse_if_fed=True)
+    assert registry.view().table("s") is not None and env.destroyed == []
+    registry.report_feeds([FeedReport("s", "host:1:ab", "stopped", batch_id=3)])
+    assert registry.drop_store("s", refuse_if_fed=True) and registry.view().table("s") is None
+    registry.create_store(kv_spec("t", partitions=2, actors=1))
+    registry.report_feeds([FeedReport("t", "host:2:cd", "running", batch_id=0)])
+    assert registry.drop_store("t")  # forced (the default of the call; the CLI asks for the refusal)
 
 
 def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
