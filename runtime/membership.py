@@ -146,12 +146,14 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
     # all of its actors go, not only those destroyed so far. A destroyed actor the record does not list
     # under its store (marked, or of an earlier store of that name) goes alone: the store of that name
     # now may be a new one.
+    # With no readable record at all (deleted by `down` before the registry restarted, or unreadable), a
+    # destroyed actor dooms its store by name: leaving its siblings would serve a dropped store again.
     doomed = {
         info["spec"].name
         for info in live
         if info.get("destroyed")
         and str(info["uuid"]) not in dropping
-        and str(info["uuid"]) in _listed(entries.get(info["spec"].name))
+        and (not entries or str(info["uuid"]) in _listed(entries.get(info["spec"].name)))
     }
     for info in live:
         if info.get("destroyed") or info["spec"].name in doomed:
@@ -208,11 +210,11 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
 
 
 def _listed(entry: Any) -> set[str]:
-    """The uuids a saved store entry lists (none if it cannot be read)."""
-    try:
-        return {str(a["uuid"]) for a in entry["actors"]}
-    except (KeyError, TypeError):
+    """The uuids a saved store entry lists (those that can be read)."""
+    actors = entry.get("actors") if isinstance(entry, Mapping) else None
+    if not isinstance(actors, list):
         return set()
+    return {str(a["uuid"]) for a in actors if isinstance(a, Mapping) and "uuid" in a}
 
 
 def _saved_dropping(saved: Mapping[str, Any] | None) -> set[str]:

@@ -159,9 +159,8 @@ def test_an_actor_that_says_it_was_destroyed_is_never_taken_back() -> None:
     view = _view((spec, {"d1": ("a", (0,)), "d2": ("b", (1,)), "d3": ("a", (1,))}), (other, {"k1": ("a", (0, 1))}))
     merged = merge_members(membership_record(view), [*live, _info(other, "k1", "a", [0, 1])])
     assert merged.dropping == ["d1", "d2", "d3"] and sorted(merged.stores) == ["k"] and merged.remembered == []
-    # Without a record listing it, a destroyed actor goes alone: the store of that name may be a new one.
-    alone = merge_members(None, live)
-    assert alone.dropping == ["d1"] and [a.uuid for a in alone.stores["d"][1]] == ["d2"]
+    # No readable record at all (deleted by a `down`, or unreadable): the store goes whole, by its name.
+    assert merge_members(None, live).dropping == ["d1", "d2"] and merge_members(None, live).stores == {}
 
 
 def test_a_destroyed_actor_of_an_earlier_store_of_that_name_leaves_the_new_store_alone() -> None:
