@@ -300,45 +300,37 @@ class RayEnv:
         internal_kv._internal_kv_del(self._membership_key(), namespace=_KV_NAMESPACE)
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
-        """Every query actor's ``info()``, asked of all at once and waited for within one ``_CALL_TIMEOUT``:
-        actors that cannot answer (hung, or pinned to a node that is gone) cost that once, not each."""
-        calls: list[tuple[str, Any]] = []
-        for name in _named_in(self.namespace):
-            if not ACTOR_NAME.match(name):
-                continue
-            try:
-                calls.append((name, ray.get_actor(name, namespace=self.namespace).info.remote()))
-            except Exception:
-                log.warning("query actor %s could not be asked while the registry rebuilt", name, exc_info=True)
-        out: list[dict[str, Any]] = []
-        deadline = Deadline.after(_CALL_TIMEOUT)
-        for name, ref in calls:
-            try:
-                out.append(raycalls.get(ref, "info", timeout=max(0.0, deadline.remaining())))
-            except Exception:  # an actor that cannot answer is left out (the saved members remember it)
-                log.warning("query actor %s did not answer while the registry rebuilt", name, exc_info=True)
-        return out
+        """Every query actor's ``info()``; one that cannot answer (hung, or pinned to a node that is gone)
+        is left out (the saved members remember it)."""
+        names = [n for n in _named_in(self.namespace) if ACTOR_NAME.match(n)]
+        return self._ask_each(names, "info", "query actor")
 
     def http_endpoints(self) -> list[Endpoint]:
-        """Where each HTTP verticle listens, asked of all at once within one ``_CALL_TIMEOUT``."""
+        """Where each HTTP verticle listens (one that cannot answer is left out)."""
+        names = [n for n in _named_in(self.namespace) if n.startswith("riqr-http-")]
+        return [
+            Endpoint(str(where["node_id"]), str(where["host"]), int(where["port"]))
+            for where in self._ask_each(names, "where", "HTTP verticle")
+            if where is not None
+        ]
+
+    def _ask_each(self, names: Sequence[str], method: str, kind: str) -> list[Any]:
+        """The answers of the actors ``names`` to ``method``, asked of all at once and waited for within one
+        ``_CALL_TIMEOUT``, for a rebuilding registry: actors that do not answer cost that once, not each.
+        Those that cannot be asked or do not answer are logged and left out."""
         calls: list[tuple[str, Any]] = []
-        for name in _named_in(self.namespace):
-            if not name.startswith("riqr-http-"):
-                continue
+        for name in names:
             try:
-                calls.append((name, ray.get_actor(name, namespace=self.namespace).where.remote()))
+                calls.append((name, getattr(ray.get_actor(name, namespace=self.namespace), method).remote()))
             except Exception:
-                log.warning("HTTP verticle %s could not be asked while the registry rebuilt", name, exc_info=True)
-        out: list[Endpoint] = []
+                log.warning("%s %s could not be asked while the registry rebuilt", kind, name, exc_info=True)
+        out: list[Any] = []
         deadline = Deadline.after(_CALL_TIMEOUT)
         for name, ref in calls:
             try:
-                where = raycalls.get(ref, "where", timeout=max(0.0, deadline.remaining()))
+                out.append(raycalls.get(ref, method, timeout=max(0.0, deadline.remaining())))
             except Exception:
-                log.warning("HTTP verticle %s did not answer while the registry rebuilt", name, exc_info=True)
-                continue
-            if where is not None:
-                out.append(Endpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
+                log.warning("%s %s did not answer while the registry rebuilt", kind, name, exc_info=True)
         return out
 
     def kill(self, names: Sequence[str]) -> None:

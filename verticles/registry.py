@@ -202,8 +202,8 @@ class Registry:
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
         if merged.dropping:
-            log.warning("a drop was saved before its query actors were destroyed: destroying %s",
-                        ", ".join(merged.dropping))  # fmt: skip
+            log.warning("query actors of a drop or of riqr down were not destroyed before the restart: "
+                        "destroying %s", ", ".join(merged.dropping))  # fmt: skip
         missing = f" and its saved members (not answering: {', '.join(sorted(merged.remembered))})"
         log.warning("registry restarted; rebuilt %d stores from their query actors%s", len(merged.stores),
                     missing if merged.remembered else "")  # fmt: skip
@@ -356,7 +356,9 @@ class Registry:
             raise StoreNotFound(f"store {name!r} is not known", store=name)
         feeder = self.feeds.live_feeder(name) if refuse_if_fed else None
         if feeder is not None:
-            state = self.feeds.status(self._clock())[name]["state"]  # running, rebuilding or stale
+            verdict = self.feeds.verdict(name, self._clock())
+            assert verdict is not None  # the feed live_feeder found; its state: running, rebuilding or stale
+            state = verdict[0]
             raise StoreInUse(
                 f"store {name!r} is fed by a running topology ({feeder}, {state}):"
                 " stop it first, or drop with --force (the topology then fails at its next batch; started again,"
