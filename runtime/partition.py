@@ -13,7 +13,13 @@ missed one. The states:
 * ``lost``: its actor restarted and the state was not durable;
 * ``catching-up``: it lost its state and is being rebuilt from a live peer (``runtime.rebuild``): it
   buffers the batches that arrive, installs the peer's copy at some position ``p``, applies the buffered
-  batches after ``p`` in order, and serves only once it has applied every batch it received.
+  batches after ``p`` in order, and serves only once it has applied every batch it received;
+* ``rebuilding``: a new source's batch 0 reset it, but that batch does not hold the whole state: an
+  append-mode store (sessions, or windows written in append mode) gets its rows only when Spark's
+  event-time watermark closes them, and a fresh checkpoint's batch 0 runs with no watermark at all. It
+  applies the batches that follow as a serving partition would and serves from the first one whose
+  watermark reaches the one its earlier state reflected (``Hold``); a ``HELD`` marker next to its data
+  keeps it so across restarts.
 
 Only ``serving`` answers; the others are 503s that say why, never an answer from partial state.
 
@@ -22,12 +28,14 @@ Applying batch ``b`` of source ``s`` at position ``(s', b')``:
 * ``s == s'`` and ``b <= b'``: a replay (Spark re-runs a batch after a crash): a no-op;
 * ``s == s'`` and ``b == b' + 1`` while serving: applied, rows and position atomically (the engine's job);
 * ``b == 0`` of a new source (a fresh checkpoint re-emits its whole state): the partition is reset and
-  rebuilt from it, whatever it was;
+  rebuilt from it, whatever it was (and, for an append-mode store, stays ``rebuilding`` until the
+  watermark has caught up);
 * anything else is a gap: nothing is applied and the partition becomes ``incomplete``.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import os
 from collections import deque
@@ -47,7 +55,10 @@ __all__ = [
     "INCOMPLETE",
     "LOST",
     "CATCHING_UP",
+    "REBUILDING",
     "MARKER",
+    "HELD",
+    "Hold",
     "write_marker",
     "BUFFER_ROWS",
 ]
@@ -59,13 +70,35 @@ LOADING = "loading"
 INCOMPLETE = "incomplete"
 LOST = "lost"
 CATCHING_UP = "catching-up"
+REBUILDING = "rebuilding"
 
 MARKER = "INCOMPLETE"
+# Next to a ``rebuilding`` partition's data: the watermark (epoch millis) it serves from.
+HELD = "HELD"
 # Rows a catching-up partition buffers at most; past it the buffer is dropped and the catch-up starts
 # over from a fresher snapshot (memory stays bounded whatever the ingest rate and the copy's duration).
 BUFFER_ROWS = 1_000_000
 
 Rows = Sequence[tuple[Any, bytes | None]]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What the sink knows of an append-mode store's batch with an event-time watermark.
+
+    ``watermark``: the watermark Spark closed windows and sessions with in this batch (epoch millis;
+    ``batchWatermarkMs`` of its offset log entry, 0 before Spark has one). ``until``: the watermark the
+    store's earlier state reflected (its superseded checkpoint's last one; 1 when unknown, which is the
+    first batch with any watermark). A partition that this batch's source resets serves only once it has
+    applied a batch whose ``watermark`` reaches ``until``; the rows of such a store up to there are every
+    window and session that state had, and a read in between would miss some."""
+
+    watermark: int
+    until: int
+
+    @property
+    def reached(self) -> bool:
+        return self.watermark >= self.until
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,9 @@ class PartitionState:
         self.store = store  # for log lines
         self.engine = engine
         self._marker = None if directory is None else directory / MARKER
+        self._held = None if directory is None else directory / HELD
+        # While ``rebuilding``: the watermark it serves from (``Hold.until``).
+        self.hold_until: int | None = None
         # While catching up: the batches received, in order; the last one received; and a generation
         # that changes whenever a catch-up starts or is abandoned, so a stale one cannot install.
         self._buffer: deque[tuple[str, int, Rows]] = deque()
@@ -120,6 +156,8 @@ class PartitionState:
             # applied, lands here too: better a 503 for a moment than an empty store.)
             self.state = LOADING
             self.reason = "it has not received its source's first batch yet"
+        elif self._held is not None and self._held.exists():
+            self._hold(_read_held(self._held))
         else:
             self.state = SERVING
 
@@ -163,8 +201,9 @@ class PartitionState:
             return True
         return False
 
-    def apply(self, source: str, batch_id: int, rows: Rows) -> ApplyResult:
-        """Apply batch ``batch_id`` of ``source`` to this partition, by the rules in the module docstring."""
+    def apply(self, source: str, batch_id: int, rows: Rows, hold: Hold | None = None) -> ApplyResult:
+        """Apply batch ``batch_id`` of ``source`` to this partition, by the rules in the module docstring.
+        ``hold`` comes with every batch of an append-mode store with a watermark (see ``Hold``)."""
         position = self.engine.position()
         if self.state == CATCHING_UP:
             if not (batch_id == 0 and source != position.source):
@@ -181,22 +220,37 @@ class PartitionState:
             self._reset_for = source
             self.state, self.reason = LOADING, f"it is being rebuilt from batch 0 of source {source}"
             try:
+                held = hold is not None and not hold.reached
+                if held:
+                    # Before the reset: a restart after it must not find the emptied partition serving.
+                    assert hold is not None
+                    self._write_held(hold.until)
+                else:
+                    self._clear_held()
                 self.engine.reset(Position(source, -1))
                 self._clear_marker()
                 self.engine.apply(Position(source, 0), rows)
             finally:
                 self.moving_to = None
-            self.state, self.reason = SERVING, ""
-            return ApplyResult(self.partition, True, len(rows), reset=True)
+            if held:
+                assert hold is not None
+                self._hold(hold.until)
+            else:
+                self.state, self.reason, self.hold_until = SERVING, "", None
+            return ApplyResult(self.partition, True, len(rows), reset=True, state=self.state)
         if source == position.source and batch_id <= position.batch_id:
+            if self.state == REBUILDING and batch_id == position.batch_id and self._releases(hold):
+                self._release()  # the batch that reached the watermark, again: its apply was in, the release not
             return ApplyResult(self.partition, False, 0, state=self.state)
-        if self.state == SERVING and source == position.source and batch_id == position.batch_id + 1:
+        if self.state in (SERVING, REBUILDING) and source == position.source and batch_id == position.batch_id + 1:
             self.moving_to = Position(source, batch_id)
             try:
                 self.engine.apply(Position(source, batch_id), rows)
             finally:
                 self.moving_to = None
-            return ApplyResult(self.partition, True, len(rows))
+            if self.state == REBUILDING and self._releases(hold):
+                self._release()
+            return ApplyResult(self.partition, True, len(rows), state=self.state)
         self._mark_incomplete(
             batch_id,
             f"it received batch {batch_id} of source {source} while at batch {position.batch_id} of source "
@@ -278,6 +332,37 @@ class PartitionState:
         self._buffer, self._buffered_rows, self._received = deque(), 0, None
         self.generation += 1
 
+    # -- rebuilding from a new source's batch 0 until the watermark has caught up ----------------------
+
+    def _hold(self, until: int) -> None:
+        source = self.engine.position().source
+        self.state, self.hold_until = REBUILDING, until
+        self.reason = (
+            f"it is being rebuilt from source {source}, whose batch 0 has no watermark yet: it serves once a "
+            f"batch's watermark reaches {_iso(until)}, the one its earlier state reflected"
+        )
+
+    def _releases(self, hold: Hold | None) -> bool:
+        """Whether a batch with ``hold`` ends ``rebuilding``: its watermark reached the one held for (or it
+        came without one: the store is no longer fed as an append-mode store with a watermark)."""
+        return hold is None or hold.watermark >= (self.hold_until or 0)
+
+    def _release(self) -> None:
+        self._clear_held()
+        fields = {"store": self.store or None, "partition": self.partition}
+        log.info("partition %d: the rebuild's watermark reached %s; it serves again", self.partition,
+                 _iso(self.hold_until or 0), extra=fields)  # fmt: skip
+        self.state, self.reason, self.hold_until = SERVING, "", None
+
+    def _write_held(self, until: int) -> None:
+        if self._held is not None:
+            write_atomically(self._held, str(int(until)).encode("ascii"))
+
+    def _clear_held(self) -> None:
+        if self._held is not None and self._held.exists():
+            os.unlink(self._held)
+            fsync_directory(self._held.parent)
+
     def _mark_incomplete(self, batch_id: int, reason: str) -> None:
         if self.state != INCOMPLETE:
             fields = {"store": self.store or None, "partition": self.partition, "batch": batch_id}
@@ -302,4 +387,19 @@ class PartitionState:
             out["reason"] = self.reason
         if self.state == CATCHING_UP:
             out["buffered"] = len(self._buffer)
+        if self.state == REBUILDING and self.hold_until is not None:
+            out["serves_from_watermark"] = _iso(self.hold_until)
         return out
+
+
+def _read_held(path: Path) -> int:
+    """The watermark a ``HELD`` marker names; an unreadable one holds until any watermark (1 ms)."""
+    try:
+        return max(1, int(path.read_text(encoding="ascii").strip()))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return 1
+
+
+def _iso(millis: int) -> str:
+    """Epoch millis as an ISO-8601 UTC instant (how /metadata shows times)."""
+    return _dt.datetime.fromtimestamp(millis / 1000, _dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

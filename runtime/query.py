@@ -36,8 +36,10 @@ from runtime.partition import (
     INCOMPLETE,
     LOST,
     MARKER,
+    REBUILDING,
     SERVING,
     ApplyResult,
+    Hold,
     PartitionState,
     Rows,
     write_marker,
@@ -213,6 +215,8 @@ class QueryCore:
             return PartitionUnavailable(message, store=name, partition=p, retry_after=5)
         if state.state == CATCHING_UP:
             return PartitionCatchingUp(message, store=name, partition=p, retry_after=1)
+        if state.state == REBUILDING:  # serves again within a batch or two
+            return PartitionIncomplete(message, store=name, partition=p, retry_after=1)
         return PartitionIncomplete(message, store=name, partition=p, retry_after=5)
 
     def _partition(self, p: int) -> PartitionState:
@@ -226,18 +230,21 @@ class QueryCore:
         with self._writing:
             return [p for p, state in self.partitions.items() if state.begin(source)]
 
-    def apply(self, source: str, batch_id: int, slices: Mapping[int, Slice | None]) -> list[ApplyResult]:
+    def apply(
+        self, source: str, batch_id: int, slices: Mapping[int, Slice | None], hold: Hold | None = None
+    ) -> list[ApplyResult]:
         """Apply one micro-batch: ``slices`` maps each partition held here to its rows (or None): a slice
-        of the micro-batch, or the ``EncodedSlice`` another copy made of it (``runtime.batchrows``)."""
-        return self._apply(source, batch_id, slices, None)
+        of the micro-batch, or the ``EncodedSlice`` another copy made of it (``runtime.batchrows``).
+        ``hold``: the batch's watermark, for an append-mode store (``runtime.partition.Hold``)."""
+        return self._apply(source, batch_id, slices, None, hold)
 
     def apply_sharing(
-        self, source: str, batch_id: int, slices: Mapping[int, Slice | None]
+        self, source: str, batch_id: int, slices: Mapping[int, Slice | None], hold: Hold | None = None
     ) -> tuple[list[ApplyResult], dict[int, EncodedSlice | None]]:
         """``apply``, and each partition's rows as an ``EncodedSlice`` (None: no rows, or keys the encoding
         does not vectorise) for the partition's other copies to apply without encoding them again."""
         shared: dict[int, EncodedSlice | None] = {}
-        return self._apply(source, batch_id, slices, shared), shared
+        return self._apply(source, batch_id, slices, shared, hold), shared
 
     def _apply(
         self,
@@ -245,6 +252,7 @@ class QueryCore:
         batch_id: int,
         slices: Mapping[int, Slice | None],
         shared: dict[int, EncodedSlice | None] | None,
+        hold: Hold | None,
     ) -> list[ApplyResult]:
         started = time.perf_counter()
         results = []
@@ -262,7 +270,7 @@ class QueryCore:
             with self._writing:
                 if self._destroyed:  # destroyed since ``state`` was looked up: its engine is deleted
                     raise self._unavailable(p)
-                result = state.apply(source, batch_id, rows)
+                result = state.apply(source, batch_id, rows, hold)
                 if result.state == INCOMPLETE and self._rebuilder is not None:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
@@ -300,13 +308,15 @@ class QueryCore:
 
     def rebuild_unserved(self) -> list[int]:
         """Start rebuilding every partition that cannot serve (a restarted actor whose copy was wiped,
-        lost or marked incomplete); returns those partitions. Without peers, nothing happens."""
+        lost or marked incomplete); returns those partitions. Without peers, nothing happens. (A
+        ``rebuilding`` partition is complete up to its position and catches up by the batches to come;
+        no peer could give it more.)"""
         if self._rebuilder is None:
             return []
         started = []
         with self._writing:
             for p, state in self.partitions.items():
-                if state.state not in (SERVING, CATCHING_UP):
+                if state.state not in (SERVING, CATCHING_UP, REBUILDING):
                     self._start_catch_up(state, None)
                     started.append(p)
         return started

@@ -38,7 +38,7 @@ from runtime.catalog import StoreSpec
 from runtime.errors import OwnerUnavailable, PartitionUnavailable
 from runtime.monotonic import Span
 from runtime.ownership import ClusterView, ReaderCopy
-from runtime.partition import SERVING, ApplyResult
+from runtime.partition import SERVING, ApplyResult, Hold
 from runtime.query import QueryCore
 from runtime.rebuild import PeerSource
 
@@ -155,14 +155,21 @@ class ReadReplicas:
 
     # -- the sink's batches ---------------------------------------------------------------------------
 
-    def apply(self, uuid: str, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]) -> list[ApplyResult]:
+    def apply(
+        self,
+        uuid: str,
+        source: str,
+        batch_id: int,
+        slices: Mapping[int, pa.Table | None],
+        hold: Hold | None = None,
+    ) -> list[ApplyResult]:
         """Apply a batch the sink delivered to replica ``uuid`` (blocking: the verticle runs it in a worker
         thread). ``OwnerUnavailable`` when this verticle has no such replica (it restarted, or discarded it):
-        the sink then drops it from the view."""
+        the sink then drops it from the view. ``hold``: as for a query actor's copies."""
         replica = self._by_uuid.get(uuid)
         if replica is None:
             raise OwnerUnavailable(f"read replica {uuid} is not held by {self.actor}", actor=uuid)
-        results = replica.core.apply(source, batch_id, slices)
+        results = replica.core.apply(source, batch_id, slices, hold)
         replica.fed = True
         return results
 

@@ -1,7 +1,9 @@
 """What a Spark checkpoint directory says about a streaming query, and setting one aside for a rebuild.
 
 A checkpoint holds ``metadata`` (the query id, riqr's *source*: stable across restarts of the same
-checkpoint), ``offsets/<batch id>`` (the batches planned) and ``commits/<batch id>`` (the batches done).
+checkpoint), ``offsets/<batch id>`` (the batches planned, each with the event-time watermark Spark runs
+it with) and ``commits/<batch id>`` (the batches done). riqr adds ``riqr-hold-until`` to the checkpoint
+of an append-mode store's rebuild: the watermark its earlier state reflected (``runtime.partition.Hold``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,22 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from runtime.engines.base import write_atomically
 from runtime.errors import SchemaError
 
-__all__ = ["local_path", "query_id", "last_committed", "last_planned", "supersede"]
+__all__ = [
+    "local_path",
+    "query_id",
+    "last_committed",
+    "last_planned",
+    "supersede",
+    "batch_watermark",
+    "last_watermark",
+    "hold_until",
+    "keep_hold_until",
+]
+
+HOLD_FILE = "riqr-hold-until"
 
 
 def local_path(checkpoint: str) -> Path:
@@ -60,3 +75,39 @@ def supersede(checkpoint: str) -> Path:
     target = path.with_name(f"{path.name}.superseded-{stamp}")
     os.replace(path, target)
     return target
+
+
+def batch_watermark(checkpoint: str, batch_id: int) -> int | None:
+    """The event-time watermark (epoch millis) Spark runs batch ``batch_id`` with: ``batchWatermarkMs`` of
+    its offset log entry, written before the batch runs (0 until the query has one). None when the entry
+    is missing or unreadable."""
+    path = local_path(checkpoint) / "offsets" / str(batch_id)
+    try:
+        with open(path, encoding="utf-8") as f:
+            f.readline()  # the log's version, "v1"
+            return int(json.loads(f.readline())["batchWatermarkMs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def last_watermark(checkpoint: str) -> int | None:
+    """The watermark of the last batch planned in ``checkpoint`` (what a store fed from it reflects at
+    most), or None."""
+    last = last_planned(checkpoint)
+    return None if last is None else batch_watermark(checkpoint, last)
+
+
+def hold_until(checkpoint: str) -> int | None:
+    """The watermark ``keep_hold_until`` kept in ``checkpoint``, or None."""
+    try:
+        return int((local_path(checkpoint) / HOLD_FILE).read_text(encoding="ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def keep_hold_until(checkpoint: str, millis: int) -> None:
+    """Keep, in a new checkpoint about to be started, the watermark the store's earlier state reflected:
+    a restart of the query before its batches have caught up with it still knows it."""
+    path = local_path(checkpoint)
+    path.mkdir(parents=True, exist_ok=True)
+    write_atomically(path / HOLD_FILE, str(int(millis)).encode("ascii"))

@@ -21,6 +21,10 @@ to every owner over Ray, until every owner has acknowledged it.
   where the standby was (``runtime.engines.rocks``). If an active copy's call with them fails for any
   reason (the standby's node gone with the objects, say), it is asked again with the micro-batch's own
   slices.
+* An append-mode store whose query has an event-time watermark (sessions, windows in append mode) gets
+  each batch with its watermark and the one the store's earlier state reflected (``hold_until``;
+  ``runtime.partition.Hold``): a partition that a new source's batch 0 resets then serves only once the
+  watermark has caught up, since that batch holds none of the windows and sessions closed before.
 * Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
   with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
   from the view, in the registry, before any active copy gets the batch; if the registry cannot be told,
@@ -47,8 +51,8 @@ from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
 from runtime.ingest import slices_for_owners, split_by_partition
 from runtime.ownership import ClusterView, ReaderCopy
-from runtime.partition import CATCHING_UP, INCOMPLETE, SERVING
-from topologies.checkpoint import query_id
+from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
+from topologies.checkpoint import batch_watermark, query_id
 from topologies.feeder import Feeder, feeder_for
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
@@ -116,6 +120,9 @@ class BatchDelivery:
         # Set when its query is being stopped to be started again (``topologies.sink.stop_for_rebuild``): a
         # batch the stop cancels is not the feed failing.
         self.retired = False
+        # For an append-mode store with a watermark: the watermark the store's earlier state reflected
+        # (``topologies.sink.materialize`` sets it); every batch then goes with a ``Hold``. None otherwise.
+        self.hold_until: int | None = None
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -154,7 +161,17 @@ class BatchDelivery:
 
     # -- delivery -------------------------------------------------------------------------------------
 
-    def _apply_everywhere(self, source: str, batch_id: int, split: Mapping[int, Shared], rows: int) -> list[Any]:
+    def hold(self, batch_id: int) -> Hold | None:
+        """What goes with batch ``batch_id`` for a store that ``hold_until`` is set for (else None): its
+        watermark from the checkpoint's offset log (0 when it cannot be read: the partitions held then
+        wait for the next batch)."""
+        if self.hold_until is None:
+            return None
+        return Hold(batch_watermark(self.checkpoint, batch_id) or 0, self.hold_until)
+
+    def _apply_everywhere(
+        self, source: str, batch_id: int, split: Mapping[int, Shared], rows: int, hold: Hold | None = None
+    ) -> list[Any]:
         """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
         clock = time.perf_counter()
@@ -171,11 +188,15 @@ class BatchDelivery:
         for role in ("standby", "active"):
             slices = dict(split) if role == "standby" else {**split, **encoded}
             pending = slices_for_owners(ownership, slices, role)
-            sent = self._send_to_readers(readers, source, batch_id, split) if role == "standby" else {}
+            sent = self._send_to_readers(readers, source, batch_id, split, hold) if role == "standby" else {}
             if pending and role == "standby":
-                results.extend(self._apply_to(source, batch_id, pending, deadline, share=encoded if share else None))
+                results.extend(
+                    self._apply_to(source, batch_id, pending, deadline, share=encoded if share else None, hold=hold)
+                )
             elif pending:
-                results.extend(self._apply_to(source, batch_id, pending, deadline, fallback=split if encoded else None))
+                results.extend(
+                    self._apply_to(source, batch_id, pending, deadline, fallback=split if encoded else None, hold=hold)
+                )
             if sent:
                 self._settle_readers(sent, batch_id)
             if pending or sent:
@@ -183,7 +204,7 @@ class BatchDelivery:
         return results
 
     def _send_to_readers(
-        self, readers: list[ReaderCopy], source: str, batch_id: int, split: Mapping[int, Shared]
+        self, readers: list[ReaderCopy], source: str, batch_id: int, split: Mapping[int, Shared], hold: Hold | None
     ) -> dict[str, Any]:
         """Start ``apply`` on every read replica (every partition: a replica holds the whole store)."""
         partitions = list(range(self.spec.partitions))
@@ -192,7 +213,7 @@ class BatchDelivery:
         for reader in readers:
             try:
                 apply = self.handle(reader.actor).apply_replica_parts
-                sent[reader.uuid] = apply.remote(reader.uuid, source, batch_id, partitions, *tables)
+                sent[reader.uuid] = apply.remote(reader.uuid, source, batch_id, partitions, *tables, hold=hold)
             except OwnerUnavailable as err:
                 sent[reader.uuid] = err
         return sent
@@ -232,6 +253,7 @@ class BatchDelivery:
         *,
         share: dict[int, Shared] | None = None,
         fallback: Mapping[int, Shared] | None = None,
+        hold: Hold | None = None,
     ) -> list[Any]:
         """``apply`` on the given owners, retrying the ones that fail transiently until ``deadline``.
 
@@ -252,9 +274,10 @@ class BatchDelivery:
                     handle = self.handle(uuid)
                     if share is not None:
                         sharing = handle.apply_parts_sharing.options(num_returns=len(partitions) + 1)
-                        refs[uuid] = partitions, sharing.remote(source, batch_id, partitions, *tables)
+                        refs[uuid] = partitions, sharing.remote(source, batch_id, partitions, *tables, hold=hold)
                     else:
-                        refs[uuid] = partitions, handle.apply_parts.remote(source, batch_id, partitions, *tables)
+                        apply = handle.apply_parts
+                        refs[uuid] = partitions, apply.remote(source, batch_id, partitions, *tables, hold=hold)
                 except OwnerUnavailable as err:
                     failed[uuid] = err
             retry_plain: list[str] = []
@@ -305,14 +328,15 @@ class BatchDelivery:
             for uuid in failed:
                 self._handles.pop(uuid, None)  # look the actor up again: it may have been restarted
 
-    def deliver(self, source: str, batch_id: int, table: pa.Table) -> int:
-        """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``; returns rows sent."""
+    def deliver(self, source: str, batch_id: int, table: pa.Table, hold: Hold | None = None) -> int:
+        """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``, with ``hold`` (see
+        ``hold``); returns rows sent."""
         clock = time.perf_counter()
         split = split_by_partition(table, self.spec.partitions)
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}
         self._lap("split", clock)
-        results = self._apply_everywhere(source, batch_id, shared, table.num_rows)
+        results = self._apply_everywhere(source, batch_id, shared, table.num_rows, hold)
         clock = time.perf_counter()
         incomplete = sorted({r.partition for r in results if r.state == INCOMPLETE})
         if incomplete:
@@ -327,7 +351,15 @@ class BatchDelivery:
         if catching_up:
             log.info("store %s: partitions %s are catching up from a peer and buffered batch %d", self.spec.name,
                      catching_up, batch_id, extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
-        unheld = sorted({r.partition for r in results} - {r.partition for r in results if r.state == SERVING})
+        rebuilding = sorted({r.partition for r in results if r.state == REBUILDING})
+        if rebuilding and hold is not None:
+            log.info("store %s: partitions %s are rebuilt from a new source and serve once its watermark (%d at "
+                     "batch %d) reaches %d, the one their earlier state reflected", self.spec.name, rebuilding,
+                     hold.watermark, batch_id, hold.until,
+                     extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
+        # A partition rebuilding until the watermark catches up is held: the batches to come bring it up.
+        held = {r.partition for r in results if r.state in (SERVING, REBUILDING)}
+        unheld = sorted({r.partition for r in results} - held)
         self.unheld = unheld
         if unheld:
             log.warning(
@@ -370,7 +402,7 @@ class BatchDelivery:
             clock = time.perf_counter()
             table = batch_df.toArrow()
             self._lap("batch", clock)  # Spark running the micro-batch's plan and collecting it as Arrow
-            rows = self.deliver(self._source, batch_id, table)
+            rows = self.deliver(self._source, batch_id, table, self.hold(batch_id))
         except Exception as err:
             if not self.retired:
                 self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")

@@ -19,8 +19,10 @@ The same path runs while the topology runs: when a batch leaves a partition with
 standby), batches to come cannot bring it back, so ``topologies.runner.supervise`` stops that store's query
 (``stop_for_rebuild``) and starts it again (``start_again``: ``materialize`` with the same arguments, whose
 ``plan_start`` chooses the rebuild), at once the first time and then no more often than ``rebuild_due``
-allows. Only stores written in update mode: an append-mode store (sessions) gets from a fresh
-checkpoint's batch 0 only what the watermark has closed by then, not its whole state.
+allows. An append-mode store with a watermark (sessions) gets from a fresh checkpoint's batch 0 none of
+the windows and sessions the watermark had closed, only from the batches after it: its partitions reset
+by that batch stay ``rebuilding`` (503) until a batch's watermark reaches the one the superseded
+checkpoint had reached (``runtime.partition.Hold``; kept in the new checkpoint as ``riqr-hold-until``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from runtime import raycalls
@@ -45,8 +48,17 @@ from runtime.config import (
 from runtime.errors import NotConnected, SchemaError
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
 from runtime.keys import KeySchema, key_type_for_spark
+from runtime.partition import REBUILDING, SERVING
 from runtime.partitioner import spark_partition_sql
-from topologies.checkpoint import last_committed, last_planned, query_id, supersede
+from topologies.checkpoint import (
+    hold_until,
+    keep_hold_until,
+    last_committed,
+    last_planned,
+    last_watermark,
+    query_id,
+    supersede,
+)
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
 from topologies.options import check_interval
 
@@ -71,9 +83,8 @@ WINDOW_START_COLUMN = "window_start"
 # topology re-read its input over and over), up to REBUILD_WAIT_MAX.
 REBUILD_WAIT = 60.0
 REBUILD_WAIT_MAX = 1800.0
-# query name -> the delivery of the query running under it, how to start it again, and whether its store
-# can be rebuilt in place (update mode).
-_RUNNING: dict[str, tuple[BatchDelivery, Callable[..., Any], bool]] = {}
+# query name -> the delivery of the query running under it, and how to start it again.
+_RUNNING: dict[str, tuple[BatchDelivery, Callable[..., Any]]] = {}
 # query name -> when this process rebuilt it in place (time.monotonic).
 _REBUILT: dict[str, list[float]] = {}
 _RUNNING_LOCK = threading.Lock()
@@ -105,7 +116,7 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
         times = list(_REBUILT.get(name, ()))
         _ASKED[name] = now
         before, last = _LOOKS.get(name, ([], []))
-    if running is None or not running[2]:
+    if running is None:
         return []
     _ensure_looker()
     unheld = list(running[0].unheld) or sorted(set(before) & set(last))
@@ -137,7 +148,7 @@ def _look_at_all() -> None:
     """One round of looks: every store whose query a ``supervise`` asked about lately."""
     now = time.monotonic()
     with _RUNNING_LOCK:
-        due = [(n, r[0]) for n, r in _RUNNING.items() if r[2] and now - _ASKED.get(n, -1e9) < 2 * PROBE_EVERY]
+        due = [(n, r[0]) for n, r in _RUNNING.items() if now - _ASKED.get(n, -1e9) < 2 * PROBE_EVERY]
     for name, delivery in due:
         if delivery.retired:
             continue
@@ -312,13 +323,14 @@ def partitions_without_a_current_copy(
     positions: Mapping[str, Mapping[int, Mapping[str, Any]]], source: str | None, committed: int
 ) -> list[int]:
     """The partitions none of whose copies serves at ``source``, at or past batch ``committed``, given each
-    holder's ``positions()`` by actor."""
+    holder's ``positions()`` by actor. A copy ``rebuilding`` there counts: it is complete up to its
+    position and serves once the batches to come bring the watermark up (``runtime.partition``)."""
     held: set[int] = set()
     current: set[int] = set()
     for answer in positions.values():
         for p, pos in answer.items():
             held.add(p)
-            if pos["source"] == source and pos["batch_id"] >= committed and pos["state"] == "serving":
+            if pos["source"] == source and pos["batch_id"] >= committed and pos["state"] in (SERVING, REBUILDING):
                 current.add(p)
     return sorted(held - current)
 
@@ -468,10 +480,15 @@ def materialize(
     name = f"riqr-{namespace}-{store}"
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
     plan = plan_start(delivery, checkpoint)
+    mode = output_mode or ("append" if kind == "session" else "update")
+    holds = mode == "append" and _has_watermark(df)
     if plan == "rebuild":
         moved = supersede(checkpoint)
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
-    mode = output_mode or ("append" if kind == "session" else "update")
+        if holds:
+            keep_hold_until(checkpoint, superseded_watermark(moved))
+    if holds:
+        delivery.hold_until = hold_until(checkpoint) or 1
     query = (
         shaped.writeStream.foreachBatch(delivery)
         .outputMode(mode)
@@ -483,13 +500,32 @@ def materialize(
     delivery.report(state="rebuilding" if plan == "rebuild" or _rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     with _RUNNING_LOCK:
-        _RUNNING[name] = (delivery, again, mode == "update")
+        _RUNNING[name] = (delivery, again)
     if plan == "fresh" and not _rebuilding:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
         log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,
                  extra={"store": store})  # fmt: skip
     return query
+
+
+def _has_watermark(df: Any) -> bool:
+    """Whether a streaming DataFrame's plan sets an event-time watermark (``withWatermark``): then an
+    append-mode query emits its windows and sessions only as the watermark closes them, and a fresh
+    checkpoint's batch 0 (which runs with none) emits none of them."""
+    try:
+        return "EventTimeWatermark" in str(df._jdf.queryExecution().analyzed().toString())
+    except Exception as err:  # not a classic Spark DataFrame (Spark Connect has no _jdf)
+        log.warning("could not tell whether the query has a watermark (%s: %s); a rebuild of its store from a "
+                    "fresh checkpoint serves from batch 0 on", type(err).__name__, err)  # fmt: skip
+        return False
+
+
+def superseded_watermark(moved: Path) -> int:
+    """The watermark a store fed from the superseded checkpoint ``moved`` reflects at most: its last planned
+    batch's, or what it was itself still rebuilding towards if more; 1 (the first batch with a watermark)
+    when neither can be read."""
+    return max(last_watermark(str(moved)) or 1, hold_until(str(moved)) or 1)
 
 
 def _wait_for_query_id(checkpoint: str, timeout: float = 30.0) -> str:

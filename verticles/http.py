@@ -27,7 +27,7 @@ from runtime.facade import Facade
 from runtime.metrics import Metrics
 from runtime.orphans import Sweeper, reclaim_after
 from runtime.ownership import ClusterView, Endpoint
-from runtime.partition import ApplyResult
+from runtime.partition import ApplyResult, Hold
 from runtime.readreplica import ReadReplica, ReadReplicas
 from runtime.rest import build_app
 from runtime.rest.server import start_runner
@@ -138,11 +138,17 @@ class HttpVerticle:
         return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices)
 
     async def apply_replica_parts(
-        self, uuid: str, source: str, batch_id: int, partitions: Sequence[int], *tables: pa.Table | None
+        self,
+        uuid: str,
+        source: str,
+        batch_id: int,
+        partitions: Sequence[int],
+        *tables: pa.Table | None,
+        hold: Hold | None = None,
     ) -> list[ApplyResult]:
         """``apply_replica`` with each partition's slice a top-level argument (see ``QueryVerticle.apply_parts``)."""
         slices = dict(zip(partitions, tables, strict=True))
-        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices)
+        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices, hold)
 
     async def read_replicas(self) -> list[dict[str, Any]]:
         """This verticle's read replicas: store, whether they answer, each partition's position."""

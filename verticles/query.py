@@ -24,6 +24,7 @@ from runtime.catalog import StoreSpec
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Spans
 from runtime.pages import PackedPage
+from runtime.partition import Hold
 from runtime.query import ApplyResult, QueryCore
 from runtime.scan import Scan
 from runtime.snapshots import SnapshotOffer, SnapshotPeer
@@ -117,24 +118,27 @@ class QueryVerticle:
         """Where this actor runs; the registry waits on this before publishing the actor."""
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
 
-    def apply(self, source: str, batch_id: int, slices: Mapping[int, Slice | None]) -> list[ApplyResult]:
-        return _trimmed_after(self.core.apply(source, batch_id, slices))
+    def apply(
+        self, source: str, batch_id: int, slices: Mapping[int, Slice | None], hold: Hold | None = None
+    ) -> list[ApplyResult]:
+        return _trimmed_after(self.core.apply(source, batch_id, slices, hold))
 
     def apply_parts(
-        self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None
+        self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None, hold: Hold | None = None
     ) -> list[ApplyResult]:
         """``apply`` with each partition's slice a top-level argument: the sink passes large slices as
-        object references, which Ray resolves (Arrow buffers mapped from the object store, not copied)."""
-        return self.apply(source, batch_id, dict(zip(partitions, tables, strict=True)))
+        object references, which Ray resolves (Arrow buffers mapped from the object store, not copied).
+        ``hold``: the batch's watermark, for an append-mode store (``runtime.partition.Hold``)."""
+        return self.apply(source, batch_id, dict(zip(partitions, tables, strict=True)), hold)
 
     def apply_parts_sharing(
-        self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None
+        self, source: str, batch_id: int, partitions: Sequence[int], *tables: Slice | None, hold: Hold | None = None
     ) -> tuple[Any, ...]:
         """``apply_parts``, also returning each partition's rows as an ``EncodedSlice``: ``((results, the
         partitions with one), slice or None for each of ``partitions`` in order)``, as separate objects.
         The sink calls it with ``num_returns`` one more than the partitions, gets only the first, and hands
         each slice's reference to the partition's active copy (``topologies.delivery``)."""
-        results, shared = self.core.apply_sharing(source, batch_id, dict(zip(partitions, tables, strict=True)))
+        results, shared = self.core.apply_sharing(source, batch_id, dict(zip(partitions, tables, strict=True)), hold)
         _trimmed_after(results)
         encoded = sorted(p for p, table in shared.items() if table is not None)
         return ((results, encoded), *(shared.get(p) for p in partitions))

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from topologies.checkpoint import last_committed, last_planned, query_id, supersede
+from runtime.partition import Hold
+from topologies.checkpoint import (
+    batch_watermark,
+    hold_until,
+    keep_hold_until,
+    last_committed,
+    last_planned,
+    last_watermark,
+    query_id,
+    supersede,
+)
 from topologies.sink import partitions_without_a_current_copy, plan_start
 
 
@@ -70,3 +80,55 @@ def test_a_partition_needs_a_rebuild_only_when_none_of_its_copies_is_current() -
     assert partitions_without_a_current_copy(positions, "q", 7) == [2]  # incomplete proves nothing
     positions["b"][2] = _pos("q", 7)
     assert partitions_without_a_current_copy(positions, "q", 7) == []
+    positions["b"][2] = _pos("q", 7, "rebuilding")  # held for the watermark: the batches to come serve it
+    assert partitions_without_a_current_copy(positions, "q", 7) == []
+
+
+def _offsets(cp: str, batch_id: int, watermark: object) -> None:
+    entry = json.dumps({"batchWatermarkMs": watermark, "batchTimestampMs": 1, "conf": {}})
+    (Path(cp) / "offsets" / str(batch_id)).write_text(f'v1\n{entry}\n{{"logOffset":{batch_id}}}')
+
+
+def test_the_watermark_each_batch_runs_with_is_read_from_the_offset_log(tmp_path: Path) -> None:
+    cp = make(tmp_path, offsets=[0, 1, 2], commits=[0, 1])
+    _offsets(cp, 0, 0)
+    _offsets(cp, 1, 1_700_000_595_000)
+    assert (batch_watermark(cp, 0), batch_watermark(cp, 1)) == (0, 1_700_000_595_000)
+    assert batch_watermark(cp, 2) is None and batch_watermark(cp, 9) is None  # unreadable, missing: unknown
+    _offsets(cp, 2, "soon")
+    assert batch_watermark(cp, 2) is None and last_watermark(cp) is None
+    _offsets(cp, 2, 1_700_000_600_000)
+    assert last_watermark(cp) == 1_700_000_600_000  # the last batch planned, committed or not
+    assert last_watermark(str(tmp_path / "none")) is None
+
+
+def test_a_rebuild_keeps_the_watermark_its_store_reached_in_the_new_checkpoint(tmp_path: Path) -> None:
+    from topologies.sink import superseded_watermark
+
+    cp = make(tmp_path, offsets=[0, 1], commits=[0, 1])
+    _offsets(cp, 1, 5_000)
+    assert hold_until(cp) is None
+    moved = supersede(cp)
+    keep_hold_until(cp, superseded_watermark(moved))  # what materialize does for an append-mode store
+    assert hold_until(cp) == 5_000 and last_planned(cp) is None  # to Spark the new checkpoint is still empty
+    # Rebuilt again before the first rebuild caught up: the older target stands (its own batches are behind it).
+    again = supersede(cp)
+    assert superseded_watermark(again) == 5_000
+    # Nothing readable: the first batch with any watermark.
+    assert superseded_watermark(tmp_path / "nothing") == 1
+
+
+def test_a_delivery_sends_each_batch_of_a_held_store_with_its_watermark(tmp_path: Path) -> None:
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.keys import KeySchema
+    from topologies.delivery import BatchDelivery
+
+    cp = make(tmp_path, offsets=[0, 1], commits=[0])
+    _offsets(cp, 0, 0)
+    _offsets(cp, 1, 7_000)
+    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("n", "long"),))
+    delivery = BatchDelivery(spec, "ns", cp, feeder=object())  # type: ignore[arg-type]
+    assert delivery.hold(1) is None  # an update-mode store: nothing held
+    delivery.hold_until = 6_000
+    assert (delivery.hold(0), delivery.hold(1)) == (Hold(0, 6_000), Hold(7_000, 6_000))
+    assert delivery.hold(5) == Hold(0, 6_000)  # no entry to read: held until one says more

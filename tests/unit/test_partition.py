@@ -8,7 +8,7 @@ import pytest
 
 from runtime.engines import Position, open_engine
 from runtime.keys import KeySchema
-from runtime.partition import INCOMPLETE, LOADING, LOST, SERVING, PartitionState
+from runtime.partition import HELD, INCOMPLETE, LOADING, LOST, REBUILDING, SERVING, Hold, PartitionState
 
 SCHEMA = KeySchema("key", "string")
 
@@ -201,3 +201,102 @@ def test_an_apply_or_reset_names_where_it_moves_while_its_rows_may_show(kind: st
     assert seen[0][1] == ("q", 0, 1)  # the read may hold batch 1's rows: its span says so
     assert seen[1][1] is None  # a read across a reset reflects no one state
     assert part.moving_to is None and part.span(part.position()) == ("r", 0, 0)
+
+
+# -- an append-mode store's rebuild: held until the watermark catches up ---------------------------------
+
+
+def held(watermark: int, until: int = 1_000) -> Hold:
+    return Hold(watermark, until)
+
+
+def serving_old_state(kind: str, path: Path) -> PartitionState:
+    part = open_partition(kind, path)
+    part.apply("old", 0, rows(s1="3", s2="1"))  # two closed sessions
+    part.apply("old", 1, rows(s3="2"), held(900))  # a serving partition takes the hold as news only
+    assert part.serving
+    return part
+
+
+def test_a_reset_whose_batch_holds_no_closed_session_serves_only_once_the_watermark_catches_up(
+    kind: str, tmp_path: Path
+) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    reset = part.apply("new", 0, [], held(0))  # a fresh checkpoint's batch 0: no watermark, nothing closed
+    assert reset.reset and reset.applied and reset.state == REBUILDING and not part.serving
+    assert "1970-01-01T00:00:01.000Z" in part.reason  # the watermark it waits for
+    assert part.describe()["serves_from_watermark"] == "1970-01-01T00:00:01.000Z"
+    below = part.apply("new", 1, rows(s1="3"), held(999))  # some sessions, not yet all it had
+    assert below.applied and below.state == REBUILDING and not part.serving
+    caught_up = part.apply("new", 2, rows(s2="1", s3="2"), held(1_000))
+    assert caught_up.applied and caught_up.state == SERVING and part.serving
+    assert [part.engine.get(k) for k in ("s1", "s2", "s3")] == [b"3", b"1", b"2"]
+    assert not (tmp_path / "p0" / HELD).exists() and part.describe() == {
+        "source": "new",
+        "batch_id": 2,
+        "state": SERVING,
+    }
+
+
+def test_a_partition_held_for_the_watermark_stays_held_across_a_restart(kind: str, tmp_path: Path) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0, until=5_000))
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")  # its actor restarted before the watermark caught up
+    assert reopened.state == REBUILDING and reopened.hold_until == 5_000
+    assert not reopened.apply("new", 0, [], held(0, until=5_000)).applied  # Spark's replay of batch 0
+    assert reopened.state == REBUILDING
+    assert reopened.apply("new", 1, rows(s1="3"), held(5_000, until=5_000)).state == SERVING
+
+
+def test_the_batch_that_reached_the_watermark_again_releases_a_partition_that_missed_its_release(
+    kind: str, tmp_path: Path
+) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0))
+    part.apply("new", 1, rows(s1="3"), held(1_000))
+    # The release is made durable after the batch's rows: a crash in between reopens the partition held at
+    # the batch that reached the watermark, and Spark runs that batch again.
+    write_marker_held = tmp_path / "p0" / HELD
+    write_marker_held.write_text("1000")
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == REBUILDING
+    assert not reopened.apply("new", 0, [], held(0)).applied and reopened.state == REBUILDING  # an older replay
+    again = reopened.apply("new", 1, rows(s1="3"), held(1_000))
+    assert not again.applied and again.state == SERVING and not write_marker_held.exists()
+
+
+def test_a_reset_of_an_update_mode_store_or_one_already_past_the_watermark_serves_at_once(
+    kind: str, tmp_path: Path
+) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    assert part.apply("new", 0, rows(s1="3")).state == SERVING  # no hold: batch 0 re-emits the whole state
+    assert part.apply("newer", 0, rows(s1="3"), held(2_000)).state == SERVING
+    assert not (tmp_path / "p0" / HELD).exists()
+
+
+def test_a_gap_while_held_makes_the_partition_incomplete(kind: str, tmp_path: Path) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0))
+    assert part.apply("new", 3, rows(s1="3"), held(1_000)).state == INCOMPLETE
+    part.engine.close()
+    assert open_partition(kind, tmp_path / "p0").state == INCOMPLETE  # the marker that says so wins
+
+
+def test_a_held_partition_fed_without_a_hold_serves(kind: str, tmp_path: Path) -> None:
+    # Its store is fed as an update-mode store again (its topology changed): nothing to wait for.
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0))
+    assert part.apply("new", 1, rows(s1="3")).state == SERVING
+
+
+def test_an_unreadable_hold_marker_holds_until_any_watermark(kind: str, tmp_path: Path) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0))
+    part.engine.close()
+    (tmp_path / "p0" / HELD).write_bytes(b"\xff")
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == REBUILDING and reopened.hold_until == 1
+    assert reopened.apply("new", 1, [], held(0)).state == REBUILDING  # still no watermark
+    assert reopened.apply("new", 2, [], held(1)).state == SERVING

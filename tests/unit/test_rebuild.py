@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from runtime.codec import decode_value
-from runtime.errors import PartitionCatchingUp, PartitionUnavailable
-from runtime.partition import CATCHING_UP, INCOMPLETE, MARKER, SERVING
+from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
+from runtime.partition import CATCHING_UP, INCOMPLETE, MARKER, REBUILDING, SERVING, Hold
 from runtime.query import QueryCore
 from runtime.rebuild import RebuildSettings
 from runtime.scan import Scan
@@ -368,3 +368,20 @@ def test_when_a_fresh_partition_cannot_be_opened_either_the_data_is_put_back_and
         s.open_copy(tmp_path / "me", recovered=True)
     assert files() == before and "CURRENT" in before
     assert not list((tmp_path / "me").glob("p0.unreadable-*"))
+
+
+def test_a_copy_held_for_its_watermark_is_no_peer_to_copy_and_is_not_copied_over(kind: str, tmp_path: Path) -> None:
+    # A new source's batch 0 reset both copies of an append-mode store; they wait for the watermark.
+    s = Setup(kind, tmp_path)
+    for n in range(57):
+        s.me.apply("q", n, batch(n))
+    for core in (s.me, s.peer_core):
+        assert core.apply("q2", 0, {0: None}, Hold(0, 1_000))[0].state == REBUILDING
+        with pytest.raises(PartitionIncomplete, match="watermark") as raised:
+            core.get_many([(0, "last")])
+        assert raised.value.details["retry_after"] == 1
+    assert s.me.rebuild_unserved() == [] and not s.jobs  # complete up to batch 0: the batches to come bring it up
+    s.me.close()
+    other = s.open_copy(tmp_path / "other")  # a third copy with nothing, seeing a gap
+    assert other.apply("q2", 1, batch(1), Hold(500, 1_000))[0].state == CATCHING_UP
+    assert s.run() == "gave-up" and s.peer.opens >= 1  # the held peer gave no snapshot of its partial state

@@ -109,7 +109,7 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
         asked.set()
         return new
 
-    running["riqr-ns-order-count"] = (delivery, again, True)
+    running["riqr-ns-order-count"] = (delivery, again)
     delivery.unheld = [1, 3]
     queries = [old, other]
     stop = threading.Event()
@@ -131,7 +131,7 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
     from topologies import sink
 
     delivery = FakeDelivery("s")
-    running["q"] = (delivery, lambda **_: FakeQuery("q"), True)
+    running["q"] = (delivery, lambda **_: FakeQuery("q"))
     assert sink.rebuild_due("q") == [] and sink.rebuild_due("not-started-here") == []  # nothing unheld
     delivery.unheld = [2]
     assert sink.rebuild_due("q", now=0.0) == [2]  # the first: at once
@@ -162,7 +162,7 @@ def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topo
         tries.append(time.monotonic())
         raise RuntimeError("the registry is gone")
 
-    running["riqr-ns-s"] = (delivery, again, True)
+    running["riqr-ns-s"] = (delivery, again)
     old, healthy = FakeQuery("riqr-ns-s"), FakeQuery("riqr-ns-t")
     with caplog.at_level(logging.WARNING):
         assert supervise([old, healthy], poll=0.001) == 1
@@ -192,19 +192,10 @@ def test_a_start_that_fails_for_a_moment_is_tried_again_and_the_topology_runs_on
         stop.set()
         return new
 
-    running["riqr-ns-s"] = (delivery, again, True)
+    running["riqr-ns-s"] = (delivery, again)
     queries = [FakeQuery("riqr-ns-s"), FakeQuery("riqr-ns-t")]
     assert supervise(queries, poll=0.001, stop=stop) == 0  # the stopped query was not taken for a failed one
     assert len(started) == 3 and queries[0] is started[2] and started[2].stopped
-
-
-def test_an_append_mode_store_is_not_rebuilt_in_place(running: dict[str, object]) -> None:
-    from topologies import sink
-
-    delivery = FakeDelivery("sessions")
-    delivery.unheld = [1]
-    running["q"] = (delivery, lambda **_: FakeQuery("q"), False)  # a fresh batch 0 holds only closed sessions
-    assert sink.rebuild_due("q", now=0.0) == []
 
 
 def test_a_batch_that_fails_while_its_query_is_stopped_for_a_rebuild_is_not_the_feed_failing() -> None:
@@ -238,7 +229,7 @@ def test_a_store_that_gets_no_batch_is_rebuilt_when_two_looks_in_a_row_find_a_pa
 ) -> None:
     from topologies import sink
 
-    running["q"] = (FakeDelivery("s"), lambda **_: FakeQuery("q"), True)  # no batch: unheld stays empty
+    running["q"] = (FakeDelivery("s"), lambda **_: FakeQuery("q"))  # no batch: unheld stays empty
     assert sink.rebuild_due("q", now=0.0) == []
     sink.record_look("q", [2])
     assert sink.rebuild_due("q", now=0.0) == []  # one look
@@ -270,7 +261,7 @@ def test_looks_go_only_to_the_stores_a_supervise_asks_about(
     for name in ("asked", "broken", "forgotten", "retired"):
         delivery = FakeDelivery(name)
         delivery.retired = name == "retired"
-        running[name] = (delivery, lambda **_: FakeQuery("q"), True)
+        running[name] = (delivery, lambda **_: FakeQuery("q"))
     now = time.monotonic()
     sink._ASKED.update({"asked": now, "broken": now, "retired": now, "forgotten": now - 60})
     sink._look_at_all()
