@@ -129,8 +129,11 @@ class PartitionState:
         self.engine = engine
         self._marker = None if directory is None else directory / MARKER
         self._held = None if directory is None else directory / HELD
-        # While ``rebuilding``: the watermark it serves from (``Hold.until``).
+        # The watermark it serves from (``Hold.until``) while ``rebuilding``, kept while a gap has made it
+        # ``incomplete`` since: a new reset must not settle for less.
         self.hold_until: int | None = None
+        if self._held is not None and self._held.exists():
+            self.hold_until = _read_held(self._held)
         # While catching up: the batches received, in order; the last one received; and a generation
         # that changes whenever a catch-up starts or is abandoned, so a stale one cannot install.
         self._buffer: deque[tuple[str, int, Rows]] = deque()
@@ -156,8 +159,8 @@ class PartitionState:
             # applied, lands here too: better a 503 for a moment than an empty store.)
             self.state = LOADING
             self.reason = "it has not received its source's first batch yet"
-        elif self._held is not None and self._held.exists():
-            self._hold(_read_held(self._held))
+        elif self.hold_until is not None:
+            self._hold(self.hold_until)
         else:
             self.state = SERVING
 
@@ -219,22 +222,27 @@ class PartitionState:
             self.moving_to = Position(source, 0)
             self._reset_for = source
             self.state, self.reason = LOADING, f"it is being rebuilt from batch 0 of source {source}"
+            # Reset again while held (the rebuild itself rebuilt): the earlier target stands, since the
+            # state this partition is to match is still the one before the first reset.
+            until = None if hold is None else max(hold.until, self.hold_until or 0)
+            held = until is not None and hold is not None and hold.watermark < until
             try:
-                held = hold is not None and not hold.reached
                 if held:
                     # Before the reset: a restart after it must not find the emptied partition serving.
-                    assert hold is not None
-                    self._write_held(hold.until)
-                else:
-                    self._clear_held()
+                    assert until is not None
+                    self._write_held(until)
                 self.engine.reset(Position(source, -1))
                 self._clear_marker()
                 self.engine.apply(Position(source, 0), rows)
+                if not held:
+                    # Only now: a restart before batch 0 is in must not find a partial state (this one's, if it
+                    # was held) unmarked; between the reset and here it reopens ``loading`` anyway.
+                    self._clear_held()
             finally:
                 self.moving_to = None
             if held:
-                assert hold is not None
-                self._hold(hold.until)
+                assert until is not None
+                self._hold(until)
             else:
                 self.state, self.reason, self.hold_until = SERVING, "", None
             return ApplyResult(self.partition, True, len(rows), reset=True, state=self.state)
@@ -343,9 +351,11 @@ class PartitionState:
         )
 
     def _releases(self, hold: Hold | None) -> bool:
-        """Whether a batch with ``hold`` ends ``rebuilding``: its watermark reached the one held for (or it
-        came without one: the store is no longer fed as an append-mode store with a watermark)."""
-        return hold is None or hold.watermark >= (self.hold_until or 0)
+        """Whether a batch with ``hold`` ends ``rebuilding``: its watermark reached the one held for. A
+        batch without one (a sink that could not tell the query has a watermark) says nothing: the
+        partition stays held, a 503, rather than serve what may be partial; batch 0 of a new source
+        resets it."""
+        return hold is not None and hold.watermark >= (self.hold_until or 0)
 
     def _release(self) -> None:
         self._clear_held()

@@ -23,6 +23,7 @@ __all__ = [
     "last_committed",
     "last_planned",
     "supersede",
+    "newest_superseded",
     "batch_watermark",
     "last_watermark",
     "hold_until",
@@ -65,6 +66,13 @@ def last_committed(checkpoint: str) -> int | None:
 def last_planned(checkpoint: str) -> int | None:
     """The last batch id Spark planned (wrote offsets for) in this checkpoint, or None if none yet."""
     return _last_batch(checkpoint, "offsets")
+
+
+def newest_superseded(checkpoint: str) -> Path | None:
+    """The checkpoint ``supersede`` set aside last for this location, or None."""
+    path = local_path(checkpoint)
+    earlier = sorted(path.parent.glob(f"{path.name}.superseded-*"))
+    return earlier[-1] if earlier else None
 
 
 def supersede(checkpoint: str) -> Path:

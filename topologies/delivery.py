@@ -167,7 +167,12 @@ class BatchDelivery:
         wait for the next batch)."""
         if self.hold_until is None:
             return None
-        return Hold(batch_watermark(self.checkpoint, batch_id) or 0, self.hold_until)
+        watermark = batch_watermark(self.checkpoint, batch_id)
+        if watermark is None:
+            log.warning("store %s: the watermark of batch %d cannot be read from %s/offsets; partitions rebuilding "
+                        "wait for a batch whose can", self.spec.name, batch_id, self.checkpoint,
+                        extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
+        return Hold(watermark or 0, self.hold_until)
 
     def _apply_everywhere(
         self, source: str, batch_id: int, split: Mapping[int, Shared], rows: int, hold: Hold | None = None

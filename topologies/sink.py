@@ -56,6 +56,7 @@ from topologies.checkpoint import (
     last_committed,
     last_planned,
     last_watermark,
+    newest_superseded,
     query_id,
     supersede,
 )
@@ -304,7 +305,7 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     positions = _copies_positions(delivery, fresh=True, timeout=30)
     if positions is None:
         raise NotConnected(f"store {delivery.spec.name!r} is not registered", store=delivery.spec.name)
-    behind = partitions_without_a_current_copy(positions, source, committed)
+    behind = partitions_without_a_current_copy(positions, source, committed, rebuilding_current=False)
     if behind:
         log.warning(
             "store %s: partitions %s have no copy at batch %d of the checkpoint's source %s: rebuilding them "
@@ -320,17 +321,27 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
 
 
 def partitions_without_a_current_copy(
-    positions: Mapping[str, Mapping[int, Mapping[str, Any]]], source: str | None, committed: int
+    positions: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    source: str | None,
+    committed: int,
+    *,
+    rebuilding_current: bool = True,
 ) -> list[int]:
     """The partitions none of whose copies serves at ``source``, at or past batch ``committed``, given each
-    holder's ``positions()`` by actor. A copy ``rebuilding`` there counts: it is complete up to its
-    position and serves once the batches to come bring the watermark up (``runtime.partition``)."""
+    holder's ``positions()`` by actor.
+
+    With ``rebuilding_current``, a copy ``rebuilding`` there counts (the looks of a running query): it is
+    complete up to its position, and the batch Spark runs next (at once, since the watermark moved)
+    brings the watermark up (``runtime.partition``). At a start it does not (``plan_start``): a query
+    started again on that checkpoint runs no batch until new input comes, so the copy could wait for
+    good; the store is rebuilt again instead, with the same target."""
+    counted = (SERVING, REBUILDING) if rebuilding_current else (SERVING,)
     held: set[int] = set()
     current: set[int] = set()
     for answer in positions.values():
         for p, pos in answer.items():
             held.add(p)
-            if pos["source"] == source and pos["batch_id"] >= committed and pos["state"] in (SERVING, REBUILDING):
+            if pos["source"] == source and pos["batch_id"] >= committed and pos["state"] in counted:
                 current.add(p)
     return sorted(held - current)
 
@@ -481,12 +492,17 @@ def materialize(
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
     plan = plan_start(delivery, checkpoint)
     mode = output_mode or ("append" if kind == "session" else "update")
-    holds = mode == "append" and _has_watermark(df)
+    holds = mode == "append" and _has_watermark(df, default=kind == "session")
     if plan == "rebuild":
         moved = supersede(checkpoint)
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
         if holds:
             keep_hold_until(checkpoint, superseded_watermark(moved))
+    elif holds and plan == "fresh" and hold_until(checkpoint) is None:
+        # A start that set the old checkpoint aside and died before keeping its watermark: find it again.
+        earlier = newest_superseded(checkpoint)
+        if earlier is not None:
+            keep_hold_until(checkpoint, superseded_watermark(earlier))
     if holds:
         delivery.hold_until = hold_until(checkpoint) or 1
     query = (
@@ -509,16 +525,17 @@ def materialize(
     return query
 
 
-def _has_watermark(df: Any) -> bool:
+def _has_watermark(df: Any, *, default: bool) -> bool:
     """Whether a streaming DataFrame's plan sets an event-time watermark (``withWatermark``): then an
     append-mode query emits its windows and sessions only as the watermark closes them, and a fresh
-    checkpoint's batch 0 (which runs with none) emits none of them."""
+    checkpoint's batch 0 (which runs with none) emits none of them. ``default`` when the plan cannot be
+    read (a session aggregation always has one: Spark requires it)."""
     try:
         return "EventTimeWatermark" in str(df._jdf.queryExecution().analyzed().toString())
     except Exception as err:  # not a classic Spark DataFrame (Spark Connect has no _jdf)
-        log.warning("could not tell whether the query has a watermark (%s: %s); a rebuild of its store from a "
-                    "fresh checkpoint serves from batch 0 on", type(err).__name__, err)  # fmt: skip
-        return False
+        log.warning("could not tell whether the query has a watermark (%s: %s); taken as %s", type(err).__name__,
+                    err, "yes" if default else "no")  # fmt: skip
+        return default
 
 
 def superseded_watermark(moved: Path) -> int:

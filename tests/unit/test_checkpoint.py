@@ -15,6 +15,7 @@ from topologies.checkpoint import (
     last_committed,
     last_planned,
     last_watermark,
+    newest_superseded,
     query_id,
     supersede,
 )
@@ -80,8 +81,24 @@ def test_a_partition_needs_a_rebuild_only_when_none_of_its_copies_is_current() -
     assert partitions_without_a_current_copy(positions, "q", 7) == [2]  # incomplete proves nothing
     positions["b"][2] = _pos("q", 7)
     assert partitions_without_a_current_copy(positions, "q", 7) == []
-    positions["b"][2] = _pos("q", 7, "rebuilding")  # held for the watermark: the batches to come serve it
+    positions["b"][2] = _pos("q", 7, "rebuilding")  # held for the watermark: the batch Spark runs next serves it
     assert partitions_without_a_current_copy(positions, "q", 7) == []
+    # ...in a running query. A query started again runs no batch until new input: at a start it is behind.
+    assert partitions_without_a_current_copy(positions, "q", 7, rebuilding_current=False) == [2]
+
+
+def test_a_start_rebuilds_again_a_store_whose_only_current_copy_waits_for_the_watermark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from topologies import sink
+
+    cp = make(tmp_path, offsets=[0, 1], commits=[0, 1])
+    copies = {"a": {0: _pos("query-1", 1, "rebuilding")}, "b": {0: _pos("query-1", 0, "incomplete")}}
+    monkeypatch.setattr(sink, "_copies_positions", lambda *_, **__: copies)
+    delivery = type("Delivery", (), {"spec": type("Spec", (), {"name": "sessions"})()})()
+    assert plan_start(delivery, cp) == "rebuild"
+    copies["a"][0] = _pos("query-1", 1)
+    assert plan_start(delivery, cp) == "resume"
 
 
 def _offsets(cp: str, batch_id: int, watermark: object) -> None:
@@ -116,6 +133,8 @@ def test_a_rebuild_keeps_the_watermark_its_store_reached_in_the_new_checkpoint(t
     assert superseded_watermark(again) == 5_000
     # Nothing readable: the first batch with any watermark.
     assert superseded_watermark(tmp_path / "nothing") == 1
+    # A start that died between setting a checkpoint aside and keeping its watermark finds it again.
+    assert newest_superseded(cp) == again and newest_superseded(str(tmp_path / "other")) is None
 
 
 def test_a_delivery_sends_each_batch_of_a_held_store_with_its_watermark(tmp_path: Path) -> None:

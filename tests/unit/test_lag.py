@@ -14,6 +14,7 @@ from runtime.lag import Newest, lag, replica_state, with_lag
         ("standby", "serving", "in-sync"),
         ("active", "catching-up", "catching-up"),
         ("standby", "catching-up", "catching-up"),
+        ("active", "rebuilding", "catching-up"),  # from its source, until the watermark catches up
         ("standby", "incomplete", "incomplete"),
         ("active", "lost", "incomplete"),
         ("standby", "loading", "incomplete"),

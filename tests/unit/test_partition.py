@@ -284,11 +284,46 @@ def test_a_gap_while_held_makes_the_partition_incomplete(kind: str, tmp_path: Pa
     assert open_partition(kind, tmp_path / "p0").state == INCOMPLETE  # the marker that says so wins
 
 
-def test_a_held_partition_fed_without_a_hold_serves(kind: str, tmp_path: Path) -> None:
-    # Its store is fed as an update-mode store again (its topology changed): nothing to wait for.
+def test_a_held_partition_fed_without_a_hold_stays_held_until_a_new_source_resets_it(kind: str, tmp_path: Path) -> None:
+    # A batch without a hold (a sink that could not tell the query has a watermark) proves nothing.
     part = serving_old_state(kind, tmp_path / "p0")
     part.apply("new", 0, [], held(0))
-    assert part.apply("new", 1, rows(s1="3")).state == SERVING
+    assert part.apply("new", 1, rows(s1="3")).state == REBUILDING
+    assert part.apply("newer", 0, rows(s1="3", s2="1", s3="2")).state == SERVING  # an update-mode store's batch 0
+    assert not (tmp_path / "p0" / HELD).exists()
+
+
+def test_a_second_reset_while_held_keeps_the_first_target(kind: str, tmp_path: Path) -> None:
+    # The rebuild was itself rebuilt before it caught up, and its new checkpoint lost the target (the
+    # process died between setting the old one aside and keeping it): the partition remembers.
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0, until=5_000))
+    part.apply("new", 1, [], held(4_000, until=5_000))
+    part.apply("new", 2, [], held(4_000, until=5_000))
+    assert part.apply("new", 5, [], held(4_000, until=5_000)).state == INCOMPLETE  # a gap, while held
+    part.engine.close()
+    part = open_partition(kind, tmp_path / "p0")
+    assert part.state == INCOMPLETE and part.hold_until == 5_000
+    assert part.apply("newer", 0, [], held(0, until=1)).state == REBUILDING and part.hold_until == 5_000
+    assert part.apply("newer", 1, rows(s1="3"), held(3_000, until=1)).state == REBUILDING  # not partial: held
+    assert part.apply("newer", 2, rows(s2="1", s3="2"), held(5_000, until=1)).state == SERVING
+
+
+def test_a_reset_that_fails_leaves_a_held_partition_held(kind: str, tmp_path: Path) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], held(0))
+    part.apply("new", 1, rows(s1="3"), held(500))  # partial: one session of three
+
+    def fail(*_: object) -> None:
+        raise OSError("disk full")
+
+    part.engine.reset = fail  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        part.apply("newer", 0, rows(s1="3"))  # a new source's batch 0, whose reset fails (or a crash there)
+    assert (tmp_path / "p0" / HELD).exists() and not part.serving
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == REBUILDING and reopened.engine.get("s2") is None  # its partial state: not served
 
 
 def test_an_unreadable_hold_marker_holds_until_any_watermark(kind: str, tmp_path: Path) -> None:
