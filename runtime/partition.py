@@ -15,10 +15,11 @@ missed one. The states:
   buffers the batches that arrive, installs the peer's copy at some position ``p``, applies the buffered
   batches after ``p`` in order, and serves only once it has applied every batch it received;
 * ``rebuilding``: a new source's batch 0 reset it, but that batch does not hold the whole state: an
-  append-mode store (sessions, or windows written in append mode) gets its rows only when Spark's
-  event-time watermark closes them, and a fresh checkpoint's batch 0 runs with no watermark at all. It
-  applies the batches that follow as a serving partition would and serves from the first one whose
-  watermark reaches the one its earlier state reflected (``Hold``); a ``HELD`` marker next to its data
+  append-mode aggregation with a watermark (sessions, windows written in append mode) emits a row only
+  when Spark's event-time watermark closes it, and a fresh checkpoint's batch 0 runs with no watermark
+  at all. It applies the batches that follow as a serving partition would and serves from the first one
+  Spark runs with a watermark (``Hold``): that batch closes everything the input's event times close,
+  since batch 0 read all of the input (the rebuild path's rule). A ``HELD`` marker next to its data
   keeps it so across restarts.
 
 Only ``serving`` answers; the others are 503s that say why, never an answer from partial state.
@@ -28,14 +29,13 @@ Applying batch ``b`` of source ``s`` at position ``(s', b')``:
 * ``s == s'`` and ``b <= b'``: a replay (Spark re-runs a batch after a crash): a no-op;
 * ``s == s'`` and ``b == b' + 1`` while serving: applied, rows and position atomically (the engine's job);
 * ``b == 0`` of a new source (a fresh checkpoint re-emits its whole state): the partition is reset and
-  rebuilt from it, whatever it was (and, for an append-mode store, stays ``rebuilding`` until the
-  watermark has caught up);
+  rebuilt from it, whatever it was (and, for an append-mode aggregation with a watermark, stays
+  ``rebuilding`` until a batch with a watermark);
 * anything else is a gap: nothing is applied and the partition becomes ``incomplete``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import os
 from collections import deque
@@ -73,7 +73,7 @@ CATCHING_UP = "catching-up"
 REBUILDING = "rebuilding"
 
 MARKER = "INCOMPLETE"
-# Next to a ``rebuilding`` partition's data: the watermark (epoch millis) it serves from.
+# Next to a ``rebuilding`` partition's data (``Hold``).
 HELD = "HELD"
 # Rows a catching-up partition buffers at most; past it the buffer is dropped and the catch-up starts
 # over from a fresher snapshot (memory stays bounded whatever the ingest rate and the copy's duration).
@@ -84,21 +84,18 @@ Rows = Sequence[tuple[Any, bytes | None]]
 
 @dataclass(frozen=True)
 class Hold:
-    """What the sink knows of an append-mode store's batch with an event-time watermark.
+    """A batch of an append-mode aggregation with an event-time watermark, as the sink sends it.
 
-    ``watermark``: the watermark Spark closed windows and sessions with in this batch (epoch millis;
-    ``batchWatermarkMs`` of its offset log entry, 0 before Spark has one). ``until``: the watermark the
-    store's earlier state reflected (its superseded checkpoint's last one; 1 when unknown, which is the
-    first batch with any watermark). A partition that this batch's source resets serves only once it has
-    applied a batch whose ``watermark`` reaches ``until``; the rows of such a store up to there are every
-    window and session that state had, and a read in between would miss some."""
+    ``watermark``: the watermark Spark closes windows and sessions with in this batch (epoch millis:
+    ``batchWatermarkMs`` of its offset log entry; 0 before Spark has one, as in a fresh checkpoint's batch
+    0). A partition that a new source's batch 0 resets serves only from a batch with a watermark: before
+    it, its rows are none of the windows and sessions its earlier state had."""
 
     watermark: int
-    until: int
 
     @property
     def reached(self) -> bool:
-        return self.watermark >= self.until
+        return self.watermark > 0
 
 
 @dataclass(frozen=True)
@@ -129,11 +126,6 @@ class PartitionState:
         self.engine = engine
         self._marker = None if directory is None else directory / MARKER
         self._held = None if directory is None else directory / HELD
-        # The watermark it serves from (``Hold.until``) while ``rebuilding``, kept while a gap has made it
-        # ``incomplete`` since: a new reset must not settle for less.
-        self.hold_until: int | None = None
-        if self._held is not None and self._held.exists():
-            self.hold_until = _read_held(self._held)
         # While catching up: the batches received, in order; the last one received; and a generation
         # that changes whenever a catch-up starts or is abandoned, so a stale one cannot install.
         self._buffer: deque[tuple[str, int, Rows]] = deque()
@@ -159,8 +151,8 @@ class PartitionState:
             # applied, lands here too: better a 503 for a moment than an empty store.)
             self.state = LOADING
             self.reason = "it has not received its source's first batch yet"
-        elif self.hold_until is not None:
-            self._hold(self.hold_until)
+        elif self._held is not None and self._held.exists():
+            self._hold()
         else:
             self.state = SERVING
 
@@ -222,29 +214,23 @@ class PartitionState:
             self.moving_to = Position(source, 0)
             self._reset_for = source
             self.state, self.reason = LOADING, f"it is being rebuilt from batch 0 of source {source}"
-            # Reset again while held (the rebuild itself rebuilt): the earlier target stands, since the
-            # state this partition is to match is still the one before the first reset.
-            until = None if hold is None else max(hold.until, self.hold_until or 0)
-            held = until is not None and hold is not None and hold.watermark < until
+            held = hold is not None and not hold.reached
             try:
                 if held:
-                    # Before the reset: a restart after it must not find the emptied partition serving.
-                    assert until is not None
-                    self._write_held(until)
+                    self._write_held()  # before the reset: a restart after it must not find it serving
                 self.engine.reset(Position(source, -1))
+                if not held:
+                    # After the reset (a restart from here reopens it ``loading``, at batch -1), not before:
+                    # a held partition's partial state must never reopen unmarked.
+                    self._clear_held()
                 self._clear_marker()
                 self.engine.apply(Position(source, 0), rows)
-                if not held:
-                    # Only now: a restart before batch 0 is in must not find a partial state (this one's, if it
-                    # was held) unmarked; between the reset and here it reopens ``loading`` anyway.
-                    self._clear_held()
             finally:
                 self.moving_to = None
             if held:
-                assert until is not None
-                self._hold(until)
+                self._hold()
             else:
-                self.state, self.reason, self.hold_until = SERVING, "", None
+                self.state, self.reason = SERVING, ""
             return ApplyResult(self.partition, True, len(rows), reset=True, state=self.state)
         if source == position.source and batch_id <= position.batch_id:
             if self.state == REBUILDING and batch_id == position.batch_id and self._releases(hold):
@@ -340,33 +326,32 @@ class PartitionState:
         self._buffer, self._buffered_rows, self._received = deque(), 0, None
         self.generation += 1
 
-    # -- rebuilding from a new source's batch 0 until the watermark has caught up ----------------------
+    # -- rebuilding from a new source's batch 0 until a batch with a watermark ----------------------------
 
-    def _hold(self, until: int) -> None:
+    def _hold(self) -> None:
         source = self.engine.position().source
-        self.state, self.hold_until = REBUILDING, until
+        self.state = REBUILDING
         self.reason = (
-            f"it is being rebuilt from source {source}, whose batch 0 has no watermark yet: it serves once a "
-            f"batch's watermark reaches {_iso(until)}, the one its earlier state reflected"
+            f"it is being rebuilt from source {source}, whose batches so far ran with no watermark and so "
+            "closed no window or session: it serves from the first batch with one"
         )
 
     def _releases(self, hold: Hold | None) -> bool:
-        """Whether a batch with ``hold`` ends ``rebuilding``: its watermark reached the one held for. A
-        batch without one (a sink that could not tell the query has a watermark) says nothing: the
-        partition stays held, a 503, rather than serve what may be partial; batch 0 of a new source
-        resets it."""
-        return hold is not None and hold.watermark >= (self.hold_until or 0)
+        """Whether a batch with ``hold`` ends ``rebuilding``: Spark ran it with a watermark. A batch without
+        a hold (a sink that could not tell the query has a watermark) says nothing: the partition stays
+        held, a 503, rather than serve what may be partial; batch 0 of a new source resets it."""
+        return hold is not None and hold.reached
 
     def _release(self) -> None:
         self._clear_held()
         fields = {"store": self.store or None, "partition": self.partition}
-        log.info("partition %d: the rebuild's watermark reached %s; it serves again", self.partition,
-                 _iso(self.hold_until or 0), extra=fields)  # fmt: skip
-        self.state, self.reason, self.hold_until = SERVING, "", None
+        log.info("partition %d: its rebuild reached a batch with a watermark; it serves again", self.partition,
+                 extra=fields)  # fmt: skip
+        self.state, self.reason = SERVING, ""
 
-    def _write_held(self, until: int) -> None:
+    def _write_held(self) -> None:
         if self._held is not None:
-            write_atomically(self._held, str(int(until)).encode("ascii"))
+            write_atomically(self._held, b"rebuilt from a new source: serves from its first batch with a watermark")
 
     def _clear_held(self) -> None:
         if self._held is not None and self._held.exists():
@@ -397,19 +382,4 @@ class PartitionState:
             out["reason"] = self.reason
         if self.state == CATCHING_UP:
             out["buffered"] = len(self._buffer)
-        if self.state == REBUILDING and self.hold_until is not None:
-            out["serves_from_watermark"] = _iso(self.hold_until)
         return out
-
-
-def _read_held(path: Path) -> int:
-    """The watermark a ``HELD`` marker names; an unreadable one holds until any watermark (1 ms)."""
-    try:
-        return max(1, int(path.read_text(encoding="ascii").strip()))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return 1
-
-
-def _iso(millis: int) -> str:
-    """Epoch millis as an ISO-8601 UTC instant (how /metadata shows times)."""
-    return _dt.datetime.fromtimestamp(millis / 1000, _dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

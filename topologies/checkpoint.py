@@ -2,8 +2,7 @@
 
 A checkpoint holds ``metadata`` (the query id, riqr's *source*: stable across restarts of the same
 checkpoint), ``offsets/<batch id>`` (the batches planned, each with the event-time watermark Spark runs
-it with) and ``commits/<batch id>`` (the batches done). riqr adds ``riqr-hold-until`` to the checkpoint
-of an append-mode store's rebuild: the watermark its earlier state reflected (``runtime.partition.Hold``).
+it with) and ``commits/<batch id>`` (the batches done).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from runtime.engines.base import write_atomically
 from runtime.errors import SchemaError
 
 __all__ = [
@@ -25,12 +23,7 @@ __all__ = [
     "supersede",
     "newest_superseded",
     "batch_watermark",
-    "last_watermark",
-    "hold_until",
-    "keep_hold_until",
 ]
-
-HOLD_FILE = "riqr-hold-until"
 
 
 def local_path(checkpoint: str) -> Path:
@@ -96,26 +89,3 @@ def batch_watermark(checkpoint: str, batch_id: int) -> int | None:
             return int(json.loads(f.readline())["batchWatermarkMs"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def last_watermark(checkpoint: str) -> int | None:
-    """The watermark of the last batch planned in ``checkpoint`` (what a store fed from it reflects at
-    most), or None."""
-    last = last_planned(checkpoint)
-    return None if last is None else batch_watermark(checkpoint, last)
-
-
-def hold_until(checkpoint: str) -> int | None:
-    """The watermark ``keep_hold_until`` kept in ``checkpoint``, or None."""
-    try:
-        return int((local_path(checkpoint) / HOLD_FILE).read_text(encoding="ascii").strip())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-
-
-def keep_hold_until(checkpoint: str, millis: int) -> None:
-    """Keep, in a new checkpoint about to be started, the watermark the store's earlier state reflected:
-    a restart of the query before its batches have caught up with it still knows it."""
-    path = local_path(checkpoint)
-    path.mkdir(parents=True, exist_ok=True)
-    write_atomically(path / HOLD_FILE, str(int(millis)).encode("ascii"))

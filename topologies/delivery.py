@@ -21,10 +21,10 @@ to every owner over Ray, until every owner has acknowledged it.
   where the standby was (``runtime.engines.rocks``). If an active copy's call with them fails for any
   reason (the standby's node gone with the objects, say), it is asked again with the micro-batch's own
   slices.
-* An append-mode store whose query has an event-time watermark (sessions, windows in append mode) gets
-  each batch with its watermark and the one the store's earlier state reflected (``hold_until``;
-  ``runtime.partition.Hold``): a partition that a new source's batch 0 resets then serves only once the
-  watermark has caught up, since that batch holds none of the windows and sessions closed before.
+* An append-mode aggregation with an event-time watermark (sessions, windows in append mode) gets each
+  batch with its watermark (``holds``; ``runtime.partition.Hold``): a partition that a new source's batch
+  0 resets then serves only from a batch with a watermark, since batch 0 (run with none) closes none of
+  the windows and sessions the partition had.
 * Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
   with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
   from the view, in the registry, before any active copy gets the batch; if the registry cannot be told,
@@ -120,9 +120,9 @@ class BatchDelivery:
         # Set when its query is being stopped to be started again (``topologies.sink.stop_for_rebuild``): a
         # batch the stop cancels is not the feed failing.
         self.retired = False
-        # For an append-mode store with a watermark: the watermark the store's earlier state reflected
-        # (``topologies.sink.materialize`` sets it); every batch then goes with a ``Hold``. None otherwise.
-        self.hold_until: int | None = None
+        # Set for an append-mode aggregation with a watermark (``topologies.sink.materialize``): every
+        # batch then goes with a ``Hold``.
+        self.holds = False
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -162,17 +162,16 @@ class BatchDelivery:
     # -- delivery -------------------------------------------------------------------------------------
 
     def hold(self, batch_id: int) -> Hold | None:
-        """What goes with batch ``batch_id`` for a store that ``hold_until`` is set for (else None): its
-        watermark from the checkpoint's offset log (0 when it cannot be read: the partitions held then
-        wait for the next batch)."""
-        if self.hold_until is None:
+        """What goes with batch ``batch_id`` when ``holds`` (else None): its watermark from the checkpoint's
+        offset log (0 when it cannot be read: the partitions held then wait for a batch whose can)."""
+        if not self.holds:
             return None
         watermark = batch_watermark(self.checkpoint, batch_id)
         if watermark is None:
             log.warning("store %s: the watermark of batch %d cannot be read from %s/offsets; partitions rebuilding "
                         "wait for a batch whose can", self.spec.name, batch_id, self.checkpoint,
                         extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
-        return Hold(watermark or 0, self.hold_until)
+        return Hold(watermark or 0)
 
     def _apply_everywhere(
         self, source: str, batch_id: int, split: Mapping[int, Shared], rows: int, hold: Hold | None = None
@@ -358,9 +357,8 @@ class BatchDelivery:
                      catching_up, batch_id, extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
         rebuilding = sorted({r.partition for r in results if r.state == REBUILDING})
         if rebuilding and hold is not None:
-            log.info("store %s: partitions %s are rebuilt from a new source and serve once its watermark (%d at "
-                     "batch %d) reaches %d, the one their earlier state reflected", self.spec.name, rebuilding,
-                     hold.watermark, batch_id, hold.until,
+            log.info("store %s: partitions %s are rebuilt from a new source and serve from its first batch with "
+                     "a watermark (batch %d ran with none)", self.spec.name, rebuilding, batch_id,
                      extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
         # A partition rebuilding until the watermark catches up is held: the batches to come bring it up.
         held = {r.partition for r in results if r.state in (SERVING, REBUILDING)}

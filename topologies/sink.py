@@ -19,10 +19,10 @@ The same path runs while the topology runs: when a batch leaves a partition with
 standby), batches to come cannot bring it back, so ``topologies.runner.supervise`` stops that store's query
 (``stop_for_rebuild``) and starts it again (``start_again``: ``materialize`` with the same arguments, whose
 ``plan_start`` chooses the rebuild), at once the first time and then no more often than ``rebuild_due``
-allows. An append-mode store with a watermark (sessions) gets from a fresh checkpoint's batch 0 none of
-the windows and sessions the watermark had closed, only from the batches after it: its partitions reset
-by that batch stay ``rebuilding`` (503) until a batch's watermark reaches the one the superseded
-checkpoint had reached (``runtime.partition.Hold``; kept in the new checkpoint as ``riqr-hold-until``).
+allows. An append-mode aggregation with a watermark (sessions) gets from a fresh checkpoint's batch 0
+none of the windows and sessions the watermark had closed, only from the batches after it: its
+partitions reset by that batch stay ``rebuilding`` (503) until a batch that Spark runs with a watermark
+(``runtime.partition.Hold``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from runtime import raycalls
@@ -51,11 +50,8 @@ from runtime.keys import KeySchema, key_type_for_spark
 from runtime.partition import REBUILDING, SERVING
 from runtime.partitioner import spark_partition_sql
 from topologies.checkpoint import (
-    hold_until,
-    keep_hold_until,
     last_committed,
     last_planned,
-    last_watermark,
     newest_superseded,
     query_id,
     supersede,
@@ -305,7 +301,11 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     positions = _copies_positions(delivery, fresh=True, timeout=30)
     if positions is None:
         raise NotConnected(f"store {delivery.spec.name!r} is not registered", store=delivery.spec.name)
-    behind = partitions_without_a_current_copy(positions, source, committed, rebuilding_current=False)
+    # A copy ``rebuilding`` at the checkpoint waits for the next batch Spark runs: one planned and not
+    # committed runs again at the start, but with none, a query started again runs no batch until new
+    # input comes, so the copy could wait for good on an idle source; the store is rebuilt again then.
+    pending = (last_planned(checkpoint) or -1) > committed
+    behind = partitions_without_a_current_copy(positions, source, committed, rebuilding_current=pending)
     if behind:
         log.warning(
             "store %s: partitions %s have no copy at batch %d of the checkpoint's source %s: rebuilding them "
@@ -330,11 +330,9 @@ def partitions_without_a_current_copy(
     """The partitions none of whose copies serves at ``source``, at or past batch ``committed``, given each
     holder's ``positions()`` by actor.
 
-    With ``rebuilding_current``, a copy ``rebuilding`` there counts (the looks of a running query): it is
-    complete up to its position, and the batch Spark runs next (at once, since the watermark moved)
-    brings the watermark up (``runtime.partition``). At a start it does not (``plan_start``): a query
-    started again on that checkpoint runs no batch until new input comes, so the copy could wait for
-    good; the store is rebuilt again instead, with the same target."""
+    With ``rebuilding_current``, a copy ``rebuilding`` there counts: it is complete up to its position,
+    and serves from the next batch Spark runs, which a running query runs at once since the watermark
+    moved (``runtime.partition``; ``plan_start`` says when it counts at a start)."""
     counted = (SERVING, REBUILDING) if rebuilding_current else (SERVING,)
     held: set[int] = set()
     current: set[int] = set()
@@ -492,19 +490,14 @@ def materialize(
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
     plan = plan_start(delivery, checkpoint)
     mode = output_mode or ("append" if kind == "session" else "update")
-    holds = mode == "append" and _has_watermark(df, default=kind == "session")
+    delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))
     if plan == "rebuild":
         moved = supersede(checkpoint)
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
-        if holds:
-            keep_hold_until(checkpoint, superseded_watermark(moved))
-    elif holds and plan == "fresh" and hold_until(checkpoint) is None:
-        # A start that set the old checkpoint aside and died before keeping its watermark: find it again.
-        earlier = newest_superseded(checkpoint)
-        if earlier is not None:
-            keep_hold_until(checkpoint, superseded_watermark(earlier))
-    if holds:
-        delivery.hold_until = hold_until(checkpoint) or 1
+    # A fresh checkpoint where one was set aside before is a rebuild's whose start did not get as far as a
+    # batch (it failed, or its process died): its store's empty partitions are not a new store's, and must
+    # not serve empty (``begin``) while they wait for batch 0.
+    rebuilt_before = plan == "fresh" and newest_superseded(checkpoint) is not None
     query = (
         shaped.writeStream.foreachBatch(delivery)
         .outputMode(mode)
@@ -517,7 +510,7 @@ def materialize(
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     with _RUNNING_LOCK:
         _RUNNING[name] = (delivery, again)
-    if plan == "fresh" and not _rebuilding:
+    if plan == "fresh" and not _rebuilding and not rebuilt_before:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
         log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,
@@ -525,24 +518,19 @@ def materialize(
     return query
 
 
-def _has_watermark(df: Any, *, default: bool) -> bool:
-    """Whether a streaming DataFrame's plan sets an event-time watermark (``withWatermark``): then an
-    append-mode query emits its windows and sessions only as the watermark closes them, and a fresh
-    checkpoint's batch 0 (which runs with none) emits none of them. ``default`` when the plan cannot be
-    read (a session aggregation always has one: Spark requires it)."""
+def _holds_until_a_watermark(df: Any, *, default: bool) -> bool:
+    """Whether a streaming DataFrame in append mode emits its rows only as the event-time watermark closes
+    them: its plan aggregates and sets a watermark (``withWatermark``; Spark requires one for an
+    append-mode aggregation). A fresh checkpoint's batch 0 (which runs with none) emits none of them, and
+    Spark runs the next batch at once. (A stateless append-mode query emits every row as it comes, and
+    runs no batch without new input.) ``default`` when the plan cannot be read."""
     try:
-        return "EventTimeWatermark" in str(df._jdf.queryExecution().analyzed().toString())
+        plan = str(df._jdf.queryExecution().analyzed().toString())
     except Exception as err:  # not a classic Spark DataFrame (Spark Connect has no _jdf)
-        log.warning("could not tell whether the query has a watermark (%s: %s); taken as %s", type(err).__name__,
-                    err, "yes" if default else "no")  # fmt: skip
+        log.warning("could not tell whether the query aggregates under a watermark (%s: %s); taken as %s",
+                    type(err).__name__, err, "yes" if default else "no")  # fmt: skip
         return default
-
-
-def superseded_watermark(moved: Path) -> int:
-    """The watermark a store fed from the superseded checkpoint ``moved`` reflects at most: its last planned
-    batch's, or what it was itself still rebuilding towards if more; 1 (the first batch with a watermark)
-    when neither can be read."""
-    return max(last_watermark(str(moved)) or 1, hold_until(str(moved)) or 1)
+    return "EventTimeWatermark" in plan and "Aggregate" in plan
 
 
 def _wait_for_query_id(checkpoint: str, timeout: float = 30.0) -> str:

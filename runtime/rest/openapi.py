@@ -115,10 +115,6 @@ _COMPONENTS: dict[str, Any] = {
             },  # fmt: skip
             "reason": {"type": "string"},
             "buffered": {"type": "integer", "description": "batches buffered while catching up"},
-            "serves_from_watermark": {
-                "type": "string",
-                "description": "a rebuilding copy of an append-mode store: the watermark it serves from",
-            },
             "role": {"enum": ["active", "standby"]},
             "replica_state": {"enum": list(REPLICA_STATES)},
             "lag_batches": {

@@ -10,11 +10,8 @@ import pytest
 from runtime.partition import Hold
 from topologies.checkpoint import (
     batch_watermark,
-    hold_until,
-    keep_hold_until,
     last_committed,
     last_planned,
-    last_watermark,
     newest_superseded,
     query_id,
     supersede,
@@ -96,7 +93,9 @@ def test_a_start_rebuilds_again_a_store_whose_only_current_copy_waits_for_the_wa
     copies = {"a": {0: _pos("query-1", 1, "rebuilding")}, "b": {0: _pos("query-1", 0, "incomplete")}}
     monkeypatch.setattr(sink, "_copies_positions", lambda *_, **__: copies)
     delivery = type("Delivery", (), {"spec": type("Spec", (), {"name": "sessions"})()})()
-    assert plan_start(delivery, cp) == "rebuild"
+    assert plan_start(delivery, cp) == "rebuild"  # nothing pending: Spark would run no batch to release it
+    pending = make(tmp_path / "pending", offsets=[0, 1, 2], commits=[0, 1])
+    assert plan_start(delivery, pending) == "resume"  # batch 2 runs again at the start, with a watermark
     copies["a"][0] = _pos("query-1", 1)
     assert plan_start(delivery, cp) == "resume"
 
@@ -113,28 +112,17 @@ def test_the_watermark_each_batch_runs_with_is_read_from_the_offset_log(tmp_path
     assert (batch_watermark(cp, 0), batch_watermark(cp, 1)) == (0, 1_700_000_595_000)
     assert batch_watermark(cp, 2) is None and batch_watermark(cp, 9) is None  # unreadable, missing: unknown
     _offsets(cp, 2, "soon")
-    assert batch_watermark(cp, 2) is None and last_watermark(cp) is None
-    _offsets(cp, 2, 1_700_000_600_000)
-    assert last_watermark(cp) == 1_700_000_600_000  # the last batch planned, committed or not
-    assert last_watermark(str(tmp_path / "none")) is None
+    assert batch_watermark(cp, 2) is None
 
 
-def test_a_rebuild_keeps_the_watermark_its_store_reached_in_the_new_checkpoint(tmp_path: Path) -> None:
-    from topologies.sink import superseded_watermark
-
-    cp = make(tmp_path, offsets=[0, 1], commits=[0, 1])
-    _offsets(cp, 1, 5_000)
-    assert hold_until(cp) is None
-    moved = supersede(cp)
-    keep_hold_until(cp, superseded_watermark(moved))  # what materialize does for an append-mode store
-    assert hold_until(cp) == 5_000 and last_planned(cp) is None  # to Spark the new checkpoint is still empty
-    # Rebuilt again before the first rebuild caught up: the older target stands (its own batches are behind it).
-    again = supersede(cp)
-    assert superseded_watermark(again) == 5_000
-    # Nothing readable: the first batch with any watermark.
-    assert superseded_watermark(tmp_path / "nothing") == 1
-    # A start that died between setting a checkpoint aside and keeping its watermark finds it again.
-    assert newest_superseded(cp) == again and newest_superseded(str(tmp_path / "other")) is None
+def test_the_checkpoint_a_location_had_set_aside_last_is_found(tmp_path: Path) -> None:
+    cp = make(tmp_path, offsets=[0], commits=[0])
+    assert newest_superseded(cp) is None
+    first = supersede(cp)
+    make(tmp_path, offsets=[0], commits=[0])
+    second = supersede(cp)
+    assert first != second and newest_superseded(cp) == second
+    assert newest_superseded(str(tmp_path / "other")) is None
 
 
 def test_a_delivery_sends_each_batch_of_a_held_store_with_its_watermark(tmp_path: Path) -> None:
@@ -148,6 +136,6 @@ def test_a_delivery_sends_each_batch_of_a_held_store_with_its_watermark(tmp_path
     spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("n", "long"),))
     delivery = BatchDelivery(spec, "ns", cp, feeder=object())  # type: ignore[arg-type]
     assert delivery.hold(1) is None  # an update-mode store: nothing held
-    delivery.hold_until = 6_000
-    assert (delivery.hold(0), delivery.hold(1)) == (Hold(0, 6_000), Hold(7_000, 6_000))
-    assert delivery.hold(5) == Hold(0, 6_000)  # no entry to read: held until one says more
+    delivery.holds = True
+    assert (delivery.hold(0), delivery.hold(1)) == (Hold(0), Hold(7_000))
+    assert delivery.hold(5) == Hold(0)  # no entry to read: no evidence of a watermark

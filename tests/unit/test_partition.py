@@ -203,32 +203,27 @@ def test_an_apply_or_reset_names_where_it_moves_while_its_rows_may_show(kind: st
     assert part.moving_to is None and part.span(part.position()) == ("r", 0, 0)
 
 
-# -- an append-mode store's rebuild: held until the watermark catches up ---------------------------------
-
-
-def held(watermark: int, until: int = 1_000) -> Hold:
-    return Hold(watermark, until)
+# -- an append-mode aggregation's rebuild: held until a batch with a watermark -------------------------
 
 
 def serving_old_state(kind: str, path: Path) -> PartitionState:
     part = open_partition(kind, path)
     part.apply("old", 0, rows(s1="3", s2="1"))  # two closed sessions
-    part.apply("old", 1, rows(s3="2"), held(900))  # a serving partition takes the hold as news only
+    part.apply("old", 1, rows(s3="2"), Hold(900))  # a serving partition takes the hold as news only
     assert part.serving
     return part
 
 
-def test_a_reset_whose_batch_holds_no_closed_session_serves_only_once_the_watermark_catches_up(
+def test_a_reset_whose_batch_closed_no_session_serves_only_from_a_batch_with_a_watermark(
     kind: str, tmp_path: Path
 ) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
-    reset = part.apply("new", 0, [], held(0))  # a fresh checkpoint's batch 0: no watermark, nothing closed
+    reset = part.apply("new", 0, [], Hold(0))  # a fresh checkpoint's batch 0: no watermark, nothing closed
     assert reset.reset and reset.applied and reset.state == REBUILDING and not part.serving
-    assert "1970-01-01T00:00:01.000Z" in part.reason  # the watermark it waits for
-    assert part.describe()["serves_from_watermark"] == "1970-01-01T00:00:01.000Z"
-    below = part.apply("new", 1, rows(s1="3"), held(999))  # some sessions, not yet all it had
-    assert below.applied and below.state == REBUILDING and not part.serving
-    caught_up = part.apply("new", 2, rows(s2="1", s3="2"), held(1_000))
+    assert "first batch with" in part.reason and part.describe()["state"] == REBUILDING
+    unread = part.apply("new", 1, [], Hold(0))  # its watermark could not be read: no evidence
+    assert unread.applied and unread.state == REBUILDING
+    caught_up = part.apply("new", 2, rows(s1="3", s2="1", s3="2"), Hold(1_000))
     assert caught_up.applied and caught_up.state == SERVING and part.serving
     assert [part.engine.get(k) for k in ("s1", "s2", "s3")] == [b"3", b"1", b"2"]
     assert not (tmp_path / "p0" / HELD).exists() and part.describe() == {
@@ -238,48 +233,46 @@ def test_a_reset_whose_batch_holds_no_closed_session_serves_only_once_the_waterm
     }
 
 
-def test_a_partition_held_for_the_watermark_stays_held_across_a_restart(kind: str, tmp_path: Path) -> None:
+def test_a_partition_held_for_a_watermark_stays_held_across_a_restart(kind: str, tmp_path: Path) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0, until=5_000))
+    part.apply("new", 0, [], Hold(0))
     part.engine.close()
-    reopened = open_partition(kind, tmp_path / "p0")  # its actor restarted before the watermark caught up
-    assert reopened.state == REBUILDING and reopened.hold_until == 5_000
-    assert not reopened.apply("new", 0, [], held(0, until=5_000)).applied  # Spark's replay of batch 0
+    reopened = open_partition(kind, tmp_path / "p0")  # its actor restarted before batch 1
     assert reopened.state == REBUILDING
-    assert reopened.apply("new", 1, rows(s1="3"), held(5_000, until=5_000)).state == SERVING
+    assert not reopened.apply("new", 0, [], Hold(0)).applied  # Spark's replay of batch 0
+    assert reopened.state == REBUILDING
+    assert reopened.apply("new", 1, rows(s1="3"), Hold(5_000)).state == SERVING
 
 
-def test_the_batch_that_reached_the_watermark_again_releases_a_partition_that_missed_its_release(
+def test_the_batch_with_a_watermark_again_releases_a_partition_that_missed_its_release(
     kind: str, tmp_path: Path
 ) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0))
-    part.apply("new", 1, rows(s1="3"), held(1_000))
+    part.apply("new", 0, [], Hold(0))
+    part.apply("new", 1, rows(s1="3"), Hold(1_000))
     # The release is made durable after the batch's rows: a crash in between reopens the partition held at
-    # the batch that reached the watermark, and Spark runs that batch again.
-    write_marker_held = tmp_path / "p0" / HELD
-    write_marker_held.write_text("1000")
+    # the batch with the watermark, and Spark runs that batch again.
+    held = tmp_path / "p0" / HELD
+    held.write_text("held")
     part.engine.close()
     reopened = open_partition(kind, tmp_path / "p0")
     assert reopened.state == REBUILDING
-    assert not reopened.apply("new", 0, [], held(0)).applied and reopened.state == REBUILDING  # an older replay
-    again = reopened.apply("new", 1, rows(s1="3"), held(1_000))
-    assert not again.applied and again.state == SERVING and not write_marker_held.exists()
+    assert not reopened.apply("new", 0, [], Hold(0)).applied and reopened.state == REBUILDING  # an older replay
+    again = reopened.apply("new", 1, rows(s1="3"), Hold(1_000))
+    assert not again.applied and again.state == SERVING and not held.exists()
 
 
-def test_a_reset_of_an_update_mode_store_or_one_already_past_the_watermark_serves_at_once(
-    kind: str, tmp_path: Path
-) -> None:
+def test_a_reset_of_an_update_mode_store_or_with_a_watermark_serves_at_once(kind: str, tmp_path: Path) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
     assert part.apply("new", 0, rows(s1="3")).state == SERVING  # no hold: batch 0 re-emits the whole state
-    assert part.apply("newer", 0, rows(s1="3"), held(2_000)).state == SERVING
+    assert part.apply("newer", 0, rows(s1="3"), Hold(2_000)).state == SERVING
     assert not (tmp_path / "p0" / HELD).exists()
 
 
 def test_a_gap_while_held_makes_the_partition_incomplete(kind: str, tmp_path: Path) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0))
-    assert part.apply("new", 3, rows(s1="3"), held(1_000)).state == INCOMPLETE
+    part.apply("new", 0, [], Hold(0))
+    assert part.apply("new", 3, rows(s1="3"), Hold(1_000)).state == INCOMPLETE
     part.engine.close()
     assert open_partition(kind, tmp_path / "p0").state == INCOMPLETE  # the marker that says so wins
 
@@ -287,36 +280,21 @@ def test_a_gap_while_held_makes_the_partition_incomplete(kind: str, tmp_path: Pa
 def test_a_held_partition_fed_without_a_hold_stays_held_until_a_new_source_resets_it(kind: str, tmp_path: Path) -> None:
     # A batch without a hold (a sink that could not tell the query has a watermark) proves nothing.
     part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0))
+    part.apply("new", 0, [], Hold(0))
     assert part.apply("new", 1, rows(s1="3")).state == REBUILDING
-    assert part.apply("newer", 0, rows(s1="3", s2="1", s3="2")).state == SERVING  # an update-mode store's batch 0
+    assert part.apply("newer", 0, [], Hold(0)).state == REBUILDING  # rebuilt again, before it caught up
+    assert part.apply("newest", 0, rows(s1="3", s2="1", s3="2")).state == SERVING  # an update-mode batch 0
     assert not (tmp_path / "p0" / HELD).exists()
 
 
-def test_a_second_reset_while_held_keeps_the_first_target(kind: str, tmp_path: Path) -> None:
-    # The rebuild was itself rebuilt before it caught up, and its new checkpoint lost the target (the
-    # process died between setting the old one aside and keeping it): the partition remembers.
-    part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0, until=5_000))
-    part.apply("new", 1, [], held(4_000, until=5_000))
-    part.apply("new", 2, [], held(4_000, until=5_000))
-    assert part.apply("new", 5, [], held(4_000, until=5_000)).state == INCOMPLETE  # a gap, while held
-    part.engine.close()
-    part = open_partition(kind, tmp_path / "p0")
-    assert part.state == INCOMPLETE and part.hold_until == 5_000
-    assert part.apply("newer", 0, [], held(0, until=1)).state == REBUILDING and part.hold_until == 5_000
-    assert part.apply("newer", 1, rows(s1="3"), held(3_000, until=1)).state == REBUILDING  # not partial: held
-    assert part.apply("newer", 2, rows(s2="1", s3="2"), held(5_000, until=1)).state == SERVING
+def fail(*_: object) -> None:
+    raise OSError("disk full")
 
 
 def test_a_reset_that_fails_leaves_a_held_partition_held(kind: str, tmp_path: Path) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0))
-    part.apply("new", 1, rows(s1="3"), held(500))  # partial: one session of three
-
-    def fail(*_: object) -> None:
-        raise OSError("disk full")
-
+    part.apply("new", 0, [], Hold(0))
+    part.apply("new", 1, rows(s1="3"), Hold(0))  # partial: one session of three
     part.engine.reset = fail  # type: ignore[method-assign]
     with pytest.raises(OSError):
         part.apply("newer", 0, rows(s1="3"))  # a new source's batch 0, whose reset fails (or a crash there)
@@ -326,12 +304,35 @@ def test_a_reset_that_fails_leaves_a_held_partition_held(kind: str, tmp_path: Pa
     assert reopened.state == REBUILDING and reopened.engine.get("s2") is None  # its partial state: not served
 
 
-def test_an_unreadable_hold_marker_holds_until_any_watermark(kind: str, tmp_path: Path) -> None:
+def test_a_reset_without_a_hold_whose_batch_fails_is_taken_again(kind: str, tmp_path: Path) -> None:
+    # Held, then reset by an update-mode batch 0 that fails after the reset (a crash there): the partition
+    # reopens at batch -1, loading, and takes the batch when Spark runs it again, serving.
     part = serving_old_state(kind, tmp_path / "p0")
-    part.apply("new", 0, [], held(0))
+    part.apply("new", 0, [], Hold(0))
+    apply = part.engine.apply
+    part.engine.apply = fail  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        part.apply("newer", 0, rows(s1="3", s2="1", s3="2"))
+    part.engine.apply = apply  # type: ignore[method-assign]
     part.engine.close()
-    (tmp_path / "p0" / HELD).write_bytes(b"\xff")
     reopened = open_partition(kind, tmp_path / "p0")
-    assert reopened.state == REBUILDING and reopened.hold_until == 1
-    assert reopened.apply("new", 1, [], held(0)).state == REBUILDING  # still no watermark
-    assert reopened.apply("new", 2, [], held(1)).state == SERVING
+    assert reopened.state == LOADING
+    assert reopened.apply("newer", 0, rows(s1="3", s2="1", s3="2")).state == SERVING
+
+
+def test_a_reset_without_a_hold_that_dies_right_after_its_batch_serves_on_reopening(kind: str, tmp_path: Path) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.apply("new", 0, [], Hold(0))
+    apply = part.engine.apply
+
+    def apply_then_die(*args: object) -> None:
+        apply(*args)  # type: ignore[arg-type]
+        raise OSError("the process dies here")
+
+    part.engine.apply = apply_then_die  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        part.apply("newer", 0, rows(s1="3", s2="1", s3="2"))  # an update-mode batch 0: its rows are whole
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == SERVING  # not held for a watermark no batch of this store will bring
+    assert not reopened.apply("newer", 0, rows(s1="3", s2="1", s3="2")).applied  # Spark's replay: a no-op

@@ -376,12 +376,12 @@ def test_a_copy_held_for_its_watermark_is_no_peer_to_copy_and_is_not_copied_over
     for n in range(57):
         s.me.apply("q", n, batch(n))
     for core in (s.me, s.peer_core):
-        assert core.apply("q2", 0, {0: None}, Hold(0, 1_000))[0].state == REBUILDING
+        assert core.apply("q2", 0, {0: None}, Hold(0))[0].state == REBUILDING
         with pytest.raises(PartitionIncomplete, match="watermark") as raised:
             core.get_many([(0, "last")])
         assert raised.value.details["retry_after"] == 1
     assert s.me.rebuild_unserved() == [] and not s.jobs  # complete up to batch 0: the batches to come bring it up
     s.me.close()
     other = s.open_copy(tmp_path / "other")  # a third copy with nothing, seeing a gap
-    assert other.apply("q2", 1, batch(1), Hold(500, 1_000))[0].state == CATCHING_UP
+    assert other.apply("q2", 1, batch(1), Hold(500))[0].state == CATCHING_UP
     assert s.run() == "gave-up" and s.peer.opens >= 1  # the held peer gave no snapshot of its partial state
