@@ -55,7 +55,7 @@ REPLICA_STATES = (ACTIVE, IN_SYNC, CATCHING_UP, INCOMPLETE, UNAVAILABLE)
 # A partition's own states (runtime.partition), and the replica state each maps to.
 _BY_PARTITION_STATE = {
     "catching-up": CATCHING_UP,
-    "rebuilding": CATCHING_UP,  # from its source's batches, until the watermark catches up
+    "rebuilding": CATCHING_UP,  # from its source's batches, until a batch with a watermark
     "incomplete": INCOMPLETE,
     "lost": INCOMPLETE,
     "loading": INCOMPLETE,

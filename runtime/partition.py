@@ -190,6 +190,7 @@ class PartitionState:
             self.moving_to = Position(source, -1)
             try:
                 self.engine.reset(Position(source, -1))
+                self._clear_held()  # left by a held reset that died before it was in: nothing to wait for
             finally:
                 self.moving_to = None
             self.state, self.reason = SERVING, ""
@@ -234,7 +235,7 @@ class PartitionState:
             return ApplyResult(self.partition, True, len(rows), reset=True, state=self.state)
         if source == position.source and batch_id <= position.batch_id:
             if self.state == REBUILDING and batch_id == position.batch_id and self._releases(hold):
-                self._release()  # the batch that reached the watermark, again: its apply was in, the release not
+                self._release()  # the batch with a watermark, again: its apply was in, the release not
             return ApplyResult(self.partition, False, 0, state=self.state)
         if self.state in (SERVING, REBUILDING) and source == position.source and batch_id == position.batch_id + 1:
             self.moving_to = Position(source, batch_id)

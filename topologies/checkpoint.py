@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from runtime.engines.base import write_atomically
 from runtime.errors import SchemaError
 
 __all__ = [
@@ -21,7 +22,9 @@ __all__ = [
     "last_committed",
     "last_planned",
     "supersede",
-    "newest_superseded",
+    "mark_rebuild_pending",
+    "rebuild_pending",
+    "rebuild_delivered",
     "batch_watermark",
 ]
 
@@ -61,11 +64,27 @@ def last_planned(checkpoint: str) -> int | None:
     return _last_batch(checkpoint, "offsets")
 
 
-def newest_superseded(checkpoint: str) -> Path | None:
-    """The checkpoint ``supersede`` set aside last for this location, or None."""
+def _pending_path(checkpoint: str) -> Path:
     path = local_path(checkpoint)
-    earlier = sorted(path.parent.glob(f"{path.name}.superseded-*"))
-    return earlier[-1] if earlier else None
+    return path.with_name(f"{path.name}.rebuild-pending")
+
+
+def mark_rebuild_pending(checkpoint: str) -> None:
+    """Say, beside ``checkpoint``, that a rebuild is about to set it aside: until its first batch is
+    delivered (``rebuild_delivered``), an empty checkpoint there is that rebuild's, not a new store's."""
+    path = _pending_path(checkpoint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, b"a rebuild set the checkpoint aside; its first batch is not delivered yet")
+
+
+def rebuild_pending(checkpoint: str) -> bool:
+    """Whether a rebuild of ``checkpoint``'s store has not delivered its first batch yet."""
+    return _pending_path(checkpoint).exists()
+
+
+def rebuild_delivered(checkpoint: str) -> None:
+    """The rebuild's first batch is delivered: forget ``mark_rebuild_pending`` (idempotent)."""
+    _pending_path(checkpoint).unlink(missing_ok=True)
 
 
 def supersede(checkpoint: str) -> Path:

@@ -52,7 +52,7 @@ from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, Riq
 from runtime.ingest import slices_for_owners, split_by_partition
 from runtime.ownership import ClusterView, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
-from topologies.checkpoint import batch_watermark, query_id
+from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
@@ -123,6 +123,8 @@ class BatchDelivery:
         # Set for an append-mode aggregation with a watermark (``topologies.sink.materialize``): every
         # batch then goes with a ``Hold``.
         self.holds = False
+        # Set while a rebuild has delivered no batch yet (``topologies.checkpoint.mark_rebuild_pending``).
+        self.rebuild_pending = False
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -360,7 +362,7 @@ class BatchDelivery:
             log.info("store %s: partitions %s are rebuilt from a new source and serve from its first batch with "
                      "a watermark (batch %d ran with none)", self.spec.name, rebuilding, batch_id,
                      extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
-        # A partition rebuilding until the watermark catches up is held: the batches to come bring it up.
+        # A partition rebuilding until a batch with a watermark is held: the batches to come bring it up.
         held = {r.partition for r in results if r.state in (SERVING, REBUILDING)}
         unheld = sorted({r.partition for r in results} - held)
         self.unheld = unheld
@@ -406,6 +408,9 @@ class BatchDelivery:
             table = batch_df.toArrow()
             self._lap("batch", clock)  # Spark running the micro-batch's plan and collecting it as Arrow
             rows = self.deliver(self._source, batch_id, table, self.hold(batch_id))
+            if self.rebuild_pending:
+                rebuild_delivered(self.checkpoint)
+                self.rebuild_pending = False
         except Exception as err:
             if not self.retired:
                 self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")

@@ -7,7 +7,8 @@ Stores:
   30 seconds without an order. Spark emits a session once the watermark passes its end (append mode, the
   only mode Spark allows for sessions), so a session appears in the store when it is over.
 
-Both read the ``order`` topic; late records more than ``--watermark`` behind the newest are dropped.
+Both read the ``order`` topic; a record more than ``--watermark`` behind the newest is dropped once the
+watermark has passed the end of the window (or session) it would fall in.
 
     ray job submit --working-dir . -- python -m topologies.food_orders_windowed --namespace riqr
 """

@@ -52,8 +52,9 @@ from runtime.partitioner import spark_partition_sql
 from topologies.checkpoint import (
     last_committed,
     last_planned,
-    newest_superseded,
+    mark_rebuild_pending,
     query_id,
+    rebuild_pending,
     supersede,
 )
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
@@ -492,12 +493,13 @@ def materialize(
     mode = output_mode or ("append" if kind == "session" else "update")
     delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))
     if plan == "rebuild":
+        # Said first: a start that dies after the swap leaves an empty checkpoint, which the next start
+        # must not take for a new store's (``begin`` would make the partitions that lost their state serve
+        # empty); the delivery of the first batch forgets it.
+        mark_rebuild_pending(checkpoint)
         moved = supersede(checkpoint)
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
-    # A fresh checkpoint where one was set aside before is a rebuild's whose start did not get as far as a
-    # batch (it failed, or its process died): its store's empty partitions are not a new store's, and must
-    # not serve empty (``begin``) while they wait for batch 0.
-    rebuilt_before = plan == "fresh" and newest_superseded(checkpoint) is not None
+    delivery.rebuild_pending = plan == "rebuild" or rebuild_pending(checkpoint)
     query = (
         shaped.writeStream.foreachBatch(delivery)
         .outputMode(mode)
@@ -510,7 +512,7 @@ def materialize(
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     with _RUNNING_LOCK:
         _RUNNING[name] = (delivery, again)
-    if plan == "fresh" and not _rebuilding and not rebuilt_before:
+    if plan == "fresh" and not _rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
         log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,

@@ -12,8 +12,10 @@ from topologies.checkpoint import (
     batch_watermark,
     last_committed,
     last_planned,
-    newest_superseded,
+    mark_rebuild_pending,
     query_id,
+    rebuild_delivered,
+    rebuild_pending,
     supersede,
 )
 from topologies.sink import partitions_without_a_current_copy, plan_start
@@ -115,14 +117,15 @@ def test_the_watermark_each_batch_runs_with_is_read_from_the_offset_log(tmp_path
     assert batch_watermark(cp, 2) is None
 
 
-def test_the_checkpoint_a_location_had_set_aside_last_is_found(tmp_path: Path) -> None:
+def test_a_rebuild_is_pending_from_before_its_checkpoint_is_set_aside_until_its_first_batch(tmp_path: Path) -> None:
     cp = make(tmp_path, offsets=[0], commits=[0])
-    assert newest_superseded(cp) is None
-    first = supersede(cp)
-    make(tmp_path, offsets=[0], commits=[0])
-    second = supersede(cp)
-    assert first != second and newest_superseded(cp) == second
-    assert newest_superseded(str(tmp_path / "other")) is None
+    assert not rebuild_pending(cp)
+    mark_rebuild_pending(cp)
+    supersede(cp)  # ...and the start dies here: the next one finds an empty checkpoint, and knows
+    assert rebuild_pending(cp) and last_planned(cp) is None
+    rebuild_delivered(cp)
+    rebuild_delivered(cp)  # idempotent
+    assert not rebuild_pending(cp)
 
 
 def test_a_delivery_sends_each_batch_of_a_held_store_with_its_watermark(tmp_path: Path) -> None:

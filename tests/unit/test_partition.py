@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,16 @@ def fail(*_: object) -> None:
     raise OSError("disk full")
 
 
+def dying_after(apply: Callable[..., None]) -> Callable[..., None]:
+    """``apply``, then the process dies: its batch is in, nothing after it ran."""
+
+    def apply_then_die(*args: object) -> None:
+        apply(*args)
+        raise OSError("the process dies here")
+
+    return apply_then_die
+
+
 def test_a_reset_that_fails_leaves_a_held_partition_held(kind: str, tmp_path: Path) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
     part.apply("new", 0, [], Hold(0))
@@ -323,16 +334,35 @@ def test_a_reset_without_a_hold_whose_batch_fails_is_taken_again(kind: str, tmp_
 def test_a_reset_without_a_hold_that_dies_right_after_its_batch_serves_on_reopening(kind: str, tmp_path: Path) -> None:
     part = serving_old_state(kind, tmp_path / "p0")
     part.apply("new", 0, [], Hold(0))
-    apply = part.engine.apply
-
-    def apply_then_die(*args: object) -> None:
-        apply(*args)  # type: ignore[arg-type]
-        raise OSError("the process dies here")
-
-    part.engine.apply = apply_then_die  # type: ignore[method-assign]
+    part.engine.apply = dying_after(part.engine.apply)  # type: ignore[method-assign]
     with pytest.raises(OSError):
         part.apply("newer", 0, rows(s1="3", s2="1", s3="2"))  # an update-mode batch 0: its rows are whole
     part.engine.close()
     reopened = open_partition(kind, tmp_path / "p0")
     assert reopened.state == SERVING  # not held for a watermark no batch of this store will bring
     assert not reopened.apply("newer", 0, rows(s1="3", s2="1", s3="2")).applied  # Spark's replay: a no-op
+
+
+def test_a_held_reset_that_dies_after_its_batch_reopens_held(kind: str, tmp_path: Path) -> None:
+    part = serving_old_state(kind, tmp_path / "p0")
+    part.engine.apply = dying_after(part.engine.apply)  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        part.apply("new", 0, [], Hold(0))
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == REBUILDING  # its empty batch 0 is in: not served
+    assert reopened.apply("new", 1, rows(s1="3", s2="1", s3="2"), Hold(1_000)).state == SERVING
+
+
+def test_begin_forgets_a_hold_left_by_a_reset_that_died_before_its_batch(kind: str, tmp_path: Path) -> None:
+    part = open_partition(kind, tmp_path / "p0")  # never loaded
+    part.engine.reset = fail  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        part.apply("new", 0, [], Hold(0))  # HELD written, then the reset dies
+    part.engine.close()
+    reopened = open_partition(kind, tmp_path / "p0")
+    assert reopened.state == LOADING and reopened.begin("fresh")  # a new store's start after all
+    assert not (tmp_path / "p0" / HELD).exists()
+    assert reopened.apply("fresh", 0, rows(a="1")).state == SERVING  # an update-mode store's first batch
+    reopened.engine.close()
+    assert open_partition(kind, tmp_path / "p0").serving  # not held for a watermark that never comes
