@@ -499,7 +499,7 @@ def materialize(
         mark_rebuild_pending(checkpoint)
         moved = supersede(checkpoint)
         log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
-    delivery.rebuild_pending = plan == "rebuild" or rebuild_pending(checkpoint)
+    delivery.rebuild_pending = rebuild_pending(checkpoint)
     query = (
         shaped.writeStream.foreachBatch(delivery)
         .outputMode(mode)

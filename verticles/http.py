@@ -132,10 +132,10 @@ class HttpVerticle:
         self.replicas.published(replica, epoch)
 
     async def apply_replica(
-        self, uuid: str, source: str, batch_id: int, slices: Mapping[int, pa.Table | None]
+        self, uuid: str, source: str, batch_id: int, slices: Mapping[int, pa.Table | None], hold: Hold | None = None
     ) -> list[ApplyResult]:
         """The sink delivers a batch to read replica ``uuid`` (applied in a worker thread, so lookups go on)."""
-        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices)
+        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices, hold)
 
     async def apply_replica_parts(
         self,
@@ -147,8 +147,7 @@ class HttpVerticle:
         hold: Hold | None = None,
     ) -> list[ApplyResult]:
         """``apply_replica`` with each partition's slice a top-level argument (see ``QueryVerticle.apply_parts``)."""
-        slices = dict(zip(partitions, tables, strict=True))
-        return await asyncio.to_thread(self.replicas.apply, uuid, source, batch_id, slices, hold)
+        return await self.apply_replica(uuid, source, batch_id, dict(zip(partitions, tables, strict=True)), hold)
 
     async def read_replicas(self) -> list[dict[str, Any]]:
         """This verticle's read replicas: store, whether they answer, each partition's position."""
