@@ -1,6 +1,6 @@
 """Benchmark: what Spark itself costs per micro-batch of the order-count query, under settings to compare.
 
-    .venv/bin/python -m bench.spark_batch [--batches 15] [--configs default,partitions2,...]
+    .venv/bin/python -m bench.spark_batch [--batches 15] [--configs default,partitions2,...] [--load 10000]
 
 No Ray, no riqr sink: the order-count query of food-orders (orders left-joined with the customer snapshot,
 counted by key, with its dead-letter query, as the topology runs it) into Spark's ``noop`` sink at the
@@ -12,6 +12,11 @@ medians, and the median from writing the file to the batch's progress event.
 
 Freshness at the default trigger is about one trigger interval's wait plus this batch time (plus the
 sink's delivery), so this says which settings can bring it down, without the sink in the way.
+
+With ``--load R``, ``R`` records/s of other keys land beside the probes (``bench/ingest.py``'s writer: a
+file of ``R/10`` records every 100 ms), the loaded case of freshness: the durations are then the medians
+of every batch that ended while the probes ran, and written -> progress is not printed (a probe's file
+can land after the listing of the batch that ends next).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.ingest import Writer
 from runtime.landing import Record, write_records
 
 # Settings applied with spark.conf.set before the query starts (and reset after).
@@ -54,7 +60,7 @@ def say(text: str) -> None:
     print(f"  {text}", file=sys.stderr, flush=True)
 
 
-def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: str) -> dict[str, float]:
+def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: str, load: int = 0) -> dict[str, float]:
     from pyspark.sql.streaming import StreamingQueryListener
 
     from topologies.food_orders import order_counts_frame
@@ -107,16 +113,17 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
         with cond:
             ended.clear()
         lags = []
-        for i in range(batches):
-            with cond:
-                seen = len(ended)
-            written = time.monotonic()
-            write_records(home, "order", [Record(f"probe{i}", "soup")])
-            with cond:
-                if not cond.wait_for(lambda seen=seen: len(ended) > seen, timeout=60):  # type: ignore[misc]
-                    raise SystemExit(f"{name}: no batch after 60 s")
-                lags.append(ended[seen][0] - written)
-            time.sleep(0.13 + 0.05 * (i % 5))
+        with Writer(home, load):
+            for i in range(batches):
+                with cond:
+                    seen = len(ended)
+                written = time.monotonic()
+                write_records(home, "order", [Record(f"probe{i}", "soup")])
+                with cond:
+                    if not cond.wait_for(lambda seen=seen: len(ended) > seen, timeout=60):  # type: ignore[misc]
+                        raise SystemExit(f"{name}: no batch after 60 s")
+                    lags.append(ended[seen][0] - written)
+                time.sleep(0.13 + 0.05 * (i % 5))
         for q in spark.streams.active:
             q.stop()
     finally:
@@ -128,7 +135,7 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
                 spark.conf.set(k, v)
     stages = sorted({k for _, d in ended for k in d})
     out = {k: float(statistics.median(d.get(k, 0) for _, d in ended)) for k in stages}
-    out["written->progress"] = statistics.median(lags) * 1000
+    out["written->progress"] = float("nan") if load else statistics.median(lags) * 1000
     return out
 
 
@@ -139,6 +146,7 @@ def main() -> None:
     parser.add_argument("--trigger", default="250 milliseconds")
     parser.add_argument("--rounds", type=int, default=1, help="run the configurations in turn this many times")
     parser.add_argument("--warmup", type=int, default=5, help="batches of an uncounted first run (JVM warm-up)")
+    parser.add_argument("--load", type=int, default=0, help="records/s of other keys landing beside the probes")
     args = parser.parse_args()
     from topologies.spark import spark_session
 
@@ -152,13 +160,17 @@ def main() -> None:
         for r in range(args.rounds):
             for name in names:
                 tag = f"{name}-{r}"
-                results.setdefault(name, []).append(run(spark, work, tag, name, args.batches, args.trigger))
+                results.setdefault(name, []).append(run(spark, work, tag, name, args.batches, args.trigger, args.load))
                 say(f"{tag}: " + ", ".join(f"{k} {v:.0f}" for k, v in results[name][-1].items()))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     keys = ["triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets"]
-    print(f"\nSpark per micro-batch of order-count into noop, medians over {args.batches} batches (ms), {args.trigger}")
+    load = f", {args.load} records/s beside" if args.load else ""
+    print(
+        f"\nSpark per micro-batch of order-count into noop, medians over {args.batches} probes (ms), "
+        f"{args.trigger}{load}"
+    )
     print(f"{'config':<18}" + "".join(f"{k:>17}" for k in [*keys, "written->progress"]))
     for name, runs in results.items():
         row = [statistics.median(r.get(k, 0.0) for r in runs) for k in [*keys, "written->progress"]]
