@@ -168,8 +168,8 @@ def main() -> None:
     keys = ["triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets"]
     load = f", {args.load} records/s beside" if args.load else ""
     print(
-        f"\nSpark per micro-batch of order-count into noop, medians over {args.batches} probes (ms), "
-        f"{args.trigger}{load}"
+        "\nSpark per micro-batch of order-count into noop, medians of the batches that ended while "
+        f"{args.batches} probes ran (ms), {args.trigger}{load}"
     )
     print(f"{'config':<18}" + "".join(f"{k:>17}" for k in [*keys, "written->progress"]))
     for name, runs in results.items():
