@@ -489,7 +489,9 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     # this deployment wants it re-creating actors and promoting standbys again.
     raycalls.get(ensure_registry(ns).resume.remote(), "resuming the registry")
     env = RayEnv(ns)
-    endpoints = []
+    # Every node's verticles are created first and waited for together: each is a new worker process
+    # (seconds to start and import), so the nodes start side by side rather than one after the other.
+    starting = []
     for node_id in nodes if nodes is not None else alive_nodes():
         bus = RayBus(ns, config.request_timeout)
         facade = (
@@ -511,8 +513,11 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
                 cursor_key=cursor_key,
             )  # fmt: skip
         )
-        where = raycalls.get(http.start.remote(), f"starting the REST API on node {node_id}")
-        raycalls.get(facade.ready.remote(), f"starting the facade on node {node_id}")
+        starting.append((node_id, http.start.remote(), facade.ready.remote()))
+    endpoints = []
+    for node_id, serving, ready in starting:
+        where = raycalls.get(serving, f"starting the REST API on node {node_id}")
+        raycalls.get(ready, f"starting the facade on node {node_id}")
         endpoints.append(NodeEndpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
     return Deployment(ns, tuple(endpoints))
 
