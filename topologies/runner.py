@@ -102,6 +102,12 @@ def run_topology(
     )
     parser.add_argument("--kafka-bootstrap", default=None, help="Kafka bootstrap servers, for the Kafka sources")
     parser.add_argument("--starting-offsets", default="earliest", choices=["earliest", "latest"])
+    parser.add_argument(
+        "--no-class-archive",
+        action="store_true",
+        help="load Spark's classes from its jars even if `riqr demo` left a class archive (~/.cache/riqr) that "
+        "makes the driver JVM start faster",
+    )
     from runtime import logs
 
     parser.add_argument("--log-level", default=None, help="debug, info, warning, error; default $RIQR_LOG_LEVEL, info")
@@ -138,10 +144,11 @@ def run_topology(
 
     import ray
 
-    from topologies.spark import spark_session
+    from topologies.spark import shared_archive_options, spark_session
 
     ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
-    spark = spark_session(args.master, app_name=parser.prog)
+    archive = () if args.no_class_archive else shared_archive_options()
+    spark = spark_session(args.master, app_name=parser.prog, java_options=archive)
     try:
         queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})

@@ -1,8 +1,11 @@
 """The SparkSession riqr's topologies run on: ``local[*]`` by default, any master by configuration.
 
-``class_archive`` is for short local runs (``riqr demo``): the driver JVM maps the classes an earlier run
-loaded from a class data sharing archive (the JDK's AppCDS) instead of loading and verifying them again
-from Spark's jars, which measured as most of the JVM's start-up CPU (docs/benchmarks.md, "Demo start-up").
+``class_archive``: the driver JVM maps the classes an earlier run loaded from a class data sharing archive
+(the JDK's AppCDS) instead of loading and verifying them again from Spark's jars, which measured as most of
+the JVM's start-up CPU (docs/benchmarks.md, "Demo start-up"). ``riqr demo`` writes one when it stops and
+uses it; a topology process uses one that is there (``shared_archive_options``), so a topology started
+again after a crash feeds its stores again sooner, but never writes one: it may run for weeks and be
+killed at any point, and the archive is a cache of the machine, made by a short run that stops cleanly.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ __all__ = [
     "local_shuffle_partitions",
     "ClassArchive",
     "class_archive",
+    "shared_archive_options",
     "class_cache_dir",
     "stop_jvm",
     "jars_fingerprint",
@@ -194,6 +198,14 @@ def prune_archives(directory: Path, *, keep: Path, now: float | None = None) -> 
     return deleted
 
 
+_QUIET = ("-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+
+def _archive_path(cache: Path | None) -> Path:
+    directory = cache if cache is not None else class_cache_dir()
+    return directory / f"spark-classes-{_archive_key()}.jsa"
+
+
 def class_archive(cache: Path | None = None) -> ClassArchive:
     """The class archive of this machine's pyspark and java under ``cache`` (``class_cache_dir()``): used
     when it exists, else created by this run's JVM when it exits.
@@ -201,14 +213,20 @@ def class_archive(cache: Path | None = None) -> ClassArchive:
     The JVM validates an archive before mapping it (same JVM build, same jars): one that does not match is
     ignored and the JVM loads its classes as usual, so a stale archive costs time, never correctness. Its
     notes about that (and about classes it cannot archive) are silenced."""
-    directory = cache if cache is not None else class_cache_dir()
-    path = directory / f"spark-classes-{_archive_key()}.jsa"
-    quiet = ("-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+    path = _archive_path(cache)
     if path.is_file():
-        return ClassArchive(path, (f"-XX:SharedArchiveFile={path}", *quiet), None)
-    directory.mkdir(parents=True, exist_ok=True)
-    creating = directory / f".{path.name}.{os.getpid()}.tmp"
-    return ClassArchive(path, (f"-XX:ArchiveClassesAtExit={creating}", *quiet), creating)
+        return ClassArchive(path, (f"-XX:SharedArchiveFile={path}", *_QUIET), None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    creating = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    return ClassArchive(path, (f"-XX:ArchiveClassesAtExit={creating}", *_QUIET), creating)
+
+
+def shared_archive_options(cache: Path | None = None) -> tuple[str, ...]:
+    """The driver JVM options that map the class archive under ``cache`` (``class_cache_dir()``) if one was
+    written (by ``riqr demo``), else none: nothing is created. As with ``class_archive``, the JVM ignores an
+    archive that does not match its build and jars, so a stale one costs time, never correctness."""
+    path = _archive_path(cache)
+    return (f"-XX:SharedArchiveFile={path}", *_QUIET) if path.is_file() else ()
 
 
 def stop_jvm(spark: Any, timeout: float = 60.0) -> None:

@@ -1,11 +1,12 @@
-"""``riqr demo``'s class archive for Spark's driver JVM: used when there, else written by the JVM at exit
-and moved into place only when complete (``topologies.spark``; no JVM started here)."""
+"""The class archive for Spark's driver JVM: ``riqr demo`` uses it when there, else has the JVM write it at
+exit and moves it into place only when complete; a topology process only uses one (``topologies.spark``;
+no JVM started here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from topologies.spark import class_archive
+from topologies.spark import class_archive, shared_archive_options
 
 
 def test_the_first_run_writes_the_archive_and_later_runs_map_it(tmp_path: Path) -> None:
@@ -19,6 +20,19 @@ def test_the_first_run_writes_the_archive_and_later_runs_map_it(tmp_path: Path) 
     assert later.warm and later.path == first.path and later.creating is None
     assert f"-XX:SharedArchiveFile={first.path}" in later.options
     assert not later.publish()  # nothing to move
+
+
+def test_a_topology_process_maps_an_archive_that_is_there_and_never_writes_one(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert shared_archive_options(cache) == ()
+    assert not cache.exists()  # nothing made, not even the directory
+    demo = class_archive(cache)
+    assert demo.creating is not None
+    demo.creating.write_bytes(b"classes")
+    assert demo.publish()
+    options = shared_archive_options(cache)
+    assert f"-XX:SharedArchiveFile={demo.path}" in options and "-Xshare:auto" in options
+    assert options == class_archive(cache).options
 
 
 def test_a_jvm_that_left_no_archive_or_an_empty_one_publishes_nothing(tmp_path: Path) -> None:
