@@ -198,14 +198,17 @@ def http_get(url: str, timeout: float = 30.0) -> tuple[int, Any]:
         return 599, repr(err)
 
 
-def read_counts(url: str, ledger: Ledger, stop: threading.Event, reader: int = 0) -> None:
-    """GET the order counts of random keys until ``stop``, recording every answer in ``ledger``."""
+def read_counts(url: str, ledger: Ledger, stop: threading.Event, reader: int = 0, pause: float = 0.0) -> None:
+    """GET the order counts of random keys until ``stop``, recording every answer in ``ledger``; one after
+    the other, ``pause`` seconds apart."""
     rng = random.Random(11 + reader)
     while not stop.is_set():
         key = rng.choice(KEYS)
         started = time.monotonic()
         status, body = http_get(f"{url}/stores/order-count/get/{key}")
         ledger.record(key, status, body, started=started, ended=time.monotonic(), reader=reader)
+        if pause:
+            stop.wait(pause)
 
 
 def worker_pid(handle: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import threading
 import time
@@ -121,13 +122,14 @@ class Load:
 
 
 @contextlib.contextmanager
-def orders_under_load(home: Path, url: str) -> Iterator[Ledger]:
+def orders_under_load(home: Path, url: str, read_pause: float = 0.0) -> Iterator[Ledger]:
     """Orders landing in ``home`` and their counts read from ``url`` in the background while the block
-    runs; the ledger records what was produced and every answer."""
+    runs; the ledger records what was produced and every answer. The reader sends its GETs one after the
+    other, ``read_pause`` seconds apart (none: as fast as the runtime answers)."""
     ledger, stop = Ledger(), threading.Event()
     threads = [
         threading.Thread(target=write_orders, args=(home, ledger, stop), daemon=True),
-        threading.Thread(target=read_counts, args=(url, ledger, stop), daemon=True),
+        threading.Thread(target=read_counts, args=(url, ledger, stop, 0, read_pause), daemon=True),
     ]
     for t in threads:
         t.start()
@@ -173,3 +175,53 @@ def supervised(queries: list[Any], scenario: Callable[[], dict[str, Any]]) -> tu
     if "error" in outcome:
         raise outcome["error"]
     return status, outcome["result"]
+
+
+# Event times of the session and window tests: seconds after T0.
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def at(seconds: float) -> int:
+    return int((T0 + dt.timedelta(seconds=seconds)).timestamp() * 1000)
+
+
+def iso(seconds: float) -> str:
+    """As answers show it."""
+    return (T0 + dt.timedelta(seconds=seconds)).isoformat()
+
+
+def session_triples(body: Any) -> list[tuple[str, str, int]]:
+    return [(x["window"]["start"], x["window"]["end"], x["value"]) for x in body["result"]]
+
+
+class SessionReader:
+    """Reads a session store's answers for ``keys`` over REST in a loop, keeping every answer that is neither
+    the expected one nor a 503: a rebuild must never show a store missing sessions it had."""
+
+    def __init__(
+        self, url: str, store: str, expected: dict[str, list[tuple[str, str, int]]], pause: float = 0.002
+    ) -> None:
+        self.url, self.store, self.expected, self.pause = url, store, expected, pause
+        self.wrong: list[tuple[str, int, Any]] = []
+        self.answers = {200: 0, 503: 0}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for key, sessions in self.expected.items():
+                status, _, body = http_get(f"{self.url}/stores/{self.store}/sessions/{key}")
+                got = session_triples(body) if status == 200 else None
+                if status in self.answers:
+                    self.answers[status] += 1
+                if status != 503 and got != sessions:
+                    self.wrong.append((key, status, got if status == 200 else body))
+            self.stop.wait(self.pause)
+
+    def __enter__(self) -> SessionReader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,21 +17,10 @@ import pytest
 import runtime
 from runtime.landing import Record, write_records
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
-from tests.integration.helpers import http_get, wait_for
+from tests.integration.helpers import T0, SessionReader, at, http_get, iso, session_triples, wait_for
 from topologies.options import TopologyOptions
 
 pytestmark = pytest.mark.integration
-
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
-
-
-def at(seconds: float) -> int:
-    return int((T0 + dt.timedelta(seconds=seconds)).timestamp() * 1000)
-
-
-def iso(seconds: float) -> str:
-    """As answers show it."""
-    return (T0 + dt.timedelta(seconds=seconds)).isoformat()
 
 
 def z(seconds: float) -> str:
@@ -125,41 +113,6 @@ def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Pat
     finally:
         for q in queries:
             q.stop()
-
-
-def session_triples(body: Any) -> list[tuple[str, str, int]]:
-    return [(x["window"]["start"], x["window"]["end"], x["value"]) for x in body["result"]]
-
-
-class SessionReader:
-    """Reads a session store's answers for ``keys`` over REST in a loop, keeping every answer that is neither
-    the expected one nor a 503: a rebuild must never show a store missing sessions it had."""
-
-    def __init__(self, url: str, store: str, expected: dict[str, list[tuple[str, str, int]]]) -> None:
-        self.url, self.store, self.expected = url, store, expected
-        self.wrong: list[tuple[str, int, Any]] = []
-        self.answers = {200: 0, 503: 0}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            for key, sessions in self.expected.items():
-                status, _, body = http_get(f"{self.url}/stores/{self.store}/sessions/{key}")
-                got = session_triples(body) if status == 200 else None
-                if status in self.answers:
-                    self.answers[status] += 1
-                if status != 503 and got != sessions:
-                    self.wrong.append((key, status, got if status == 200 else body))
-            time.sleep(0.002)
-
-    def __enter__(self) -> SessionReader:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
 
 
 def test_a_session_store_rebuilt_from_a_fresh_checkpoint_never_shows_fewer_sessions(

@@ -1,0 +1,302 @@
+"""A topology process killed with SIGKILL under load, its Python driver and Spark's JVM at once, and started
+again on its checkpoint: no acknowledged record is lost, none is counted twice, and no answer is wrong
+meanwhile (a 503 is honest; a count that goes backwards, exceeds what was produced, or a store showing fewer
+sessions than it had is not).
+
+The topologies run as their users run them: ``python -m topologies.<name>`` in a process of its own (what
+``ray job submit`` starts), joined to the session's Ray cluster, with a Spark of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.startup import alive, descendants
+from riqr.demo import SEED_CUSTOMERS as SEED_CUSTOMERS_LINES
+from riqr.demo import SEED_ORDERS as SEED_ORDERS_LINES
+from runtime.landing import Record, write_records
+from tests.integration.conftest import REPO, SEED_ORDER_COUNTS, RayCluster, Runtime, deploy_runtime, produce
+from tests.integration.helpers import (
+    SessionReader,
+    at,
+    http_get,
+    iso,
+    orders_under_load,
+    session_triples,
+    wait_for,
+    wait_for_every_order_counted,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class TopologyDied(AssertionError):
+    """The topology process ended by itself: every wait on it ends at once, with its log."""
+
+
+class TopologyProcess:
+    """``python -m topologies.<module>`` on the session's cluster, in a process group of its own (the Python
+    driver and Spark's JVM below it), its output in a log file kept for a failed test."""
+
+    def __init__(self, module: str, cluster: RayCluster, runtime: Runtime, home: Path, *flags: str) -> None:
+        self.argv = [sys.executable, "-m", f"topologies.{module}", "--address", cluster.address,
+                     "--namespace", runtime.namespace, "--home", str(home), "--master", "local[2]", *flags]  # fmt: skip
+        self.logs = home / "topology-logs"
+        self.logs.mkdir(exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0
+
+    def start(self, *flags: str) -> None:
+        assert self.proc is None or self.proc.poll() is not None
+        self.started += 1
+        with open(self.logs / f"run-{self.started}.log", "wb") as out:
+            self.proc = subprocess.Popen(
+                [*self.argv, *flags], stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                env=os.environ | {"PYTHONPATH": str(REPO)},
+            )  # fmt: skip
+
+    def sigkill(self) -> None:
+        """SIGKILL the whole process group at once (no handler runs, no last word to the registry), and make
+        sure Spark's JVM went with it."""
+        assert self.proc is not None and self.proc.poll() is None, self.log()
+        tree = descendants(self.proc.pid)
+        assert tree, "the topology process started no JVM"
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(timeout=30) == -signal.SIGKILL
+        wait_for(lambda: not any(alive(p) for p in tree), timeout=30, what="the topology's JVM gone")
+
+    def running(self) -> bool:
+        """True while the process started last runs; raises ``TopologyDied`` if it ended by itself."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise TopologyDied(f"the topology process exited with {self.proc.returncode}:\n{self.log()}")
+        return True
+
+    def wait_for(self, condition: Callable[[], Any], what: str, **kwargs: Any) -> Any:
+        """``wait_for(condition)`` that ends at once, with the process's log, if the topology died."""
+        return wait_for(lambda: self.running() and condition(), what=what, fatal=(TopologyDied,), **kwargs)
+
+    def log(self) -> str:
+        return (self.logs / f"run-{self.started}.log").read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        """SIGTERM, as ``ray job stop`` sends it: the topology stops its queries and Spark; anything of it
+        still alive 90 s later is SIGKILLed."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=90)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def runtime_ns(ray_cluster: RayCluster) -> Iterator[Runtime]:
+    from verticles import deploy
+
+    runtime = deploy_runtime("riqr-kill9")
+    yield runtime
+    deploy.down(runtime.namespace)
+
+
+def _caught_up(url: str, produced: dict[str, int]) -> Callable[[], bool]:
+    """Whether every key's count has reached what was produced for it at the time this was made: the
+    topology running now has fed everything produced before."""
+
+    def check() -> bool:
+        for key, count in produced.items():
+            status, _, body = http_get(f"{url}/stores/order-count/get/{key}")
+            if status != 200 or body["response"] < count:
+                return False
+        return True
+
+    return check
+
+
+def _split_batches(namespace: str, owners: list[str]) -> dict[str, dict[int, int]] | None:
+    """Each owner's copies and their batch ids, if some owner holds copies at different batches: a batch
+    is being delivered (standbys get it first, then actives; every copy gets every batch id). Each owner
+    answers from one consistent look at its own copies."""
+    import ray
+
+    handles = [ray.get_actor(name, namespace=namespace) for name in owners]
+    answers: list[dict[int, dict[str, Any]]] = ray.get([h.positions.remote() for h in handles], timeout=10)
+    batches = {name: {p: pos["batch_id"] for p, pos in a.items()} for name, a in zip(owners, answers)}
+    return batches if any(len(set(b.values())) > 1 for b in batches.values()) else None
+
+
+def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpoint_lose_nothing(
+    ray_cluster: RayCluster, runtime_ns: Runtime, tmp_path: Path
+) -> None:
+    """The topology SIGKILLed twice while orders land every 0.3 s and counts are read: once the moment a
+    batch is seen half delivered (some copies have it, others not yet), once at a random moment. Spark
+    plays the interrupted batch again on restart and the copies that had it skip it: no answer is wrong
+    meanwhile, and at the end every count is exactly what was produced."""
+    url, ns = runtime_ns.url, runtime_ns.namespace
+    topology = TopologyProcess("food_orders", ray_cluster, runtime_ns, tmp_path, "--trigger", "200 milliseconds")
+    rng = random.Random(3)
+    try:
+        topology.start()
+        produce(tmp_path, "customer", SEED_CUSTOMERS_LINES)
+        produce(tmp_path, "order", SEED_ORDERS_LINES)
+        topology.wait_for(_caught_up(url, SEED_ORDER_COUNTS), timeout=180, what="the seed's orders counted")
+        owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
+        with orders_under_load(tmp_path, url, read_pause=0.02) as ledger:
+
+            def caught_up_and_restart(kill_when: Callable[[], Callable[[], Any]], what: str) -> Any:
+                """Once every order produced so far is counted, SIGKILL the topology when ``kill_when()``'s
+                condition holds, and start it again; returns what the condition saw, and the copies'
+                batches right after the kill if they were split."""
+                with ledger.lock:
+                    produced = dict(ledger.produced)
+                topology.wait_for(_caught_up(url, produced), timeout=180, what="every order produced before")
+                seen = topology.wait_for(kill_when(), timeout=120, interval=0.005, what=what)
+                topology.sigkill()
+                after = _split_batches(ns, owners)  # still split: the kill fell inside the batch's delivery
+                time.sleep(rng.uniform(0.0, 1.0))  # orders land while no topology runs
+                topology.start()
+                return seen, after
+
+            split, left_split = caught_up_and_restart(
+                lambda: lambda: _split_batches(ns, owners), "a batch half delivered"
+            )
+
+            def after_a_random_pause() -> Callable[[], bool]:
+                moment = time.monotonic() + rng.uniform(0.2, 1.5)
+                return lambda: time.monotonic() >= moment
+
+            caught_up_and_restart(after_a_random_pause, "a random moment")
+            with ledger.lock:
+                produced = dict(ledger.produced)
+            topology.wait_for(_caught_up(url, produced), timeout=180, what="the last topology process feeding")
+        wait_for_every_order_counted(url, ledger)
+        assert ledger.wrong == []
+        assert ledger.answers[200] > 50, ledger.answers  # the reads ran all along
+        print(f"killed with copies at {split}; right after the kill: {left_split}")
+        # Every store of the topology came back: the customers' store too, fed by another query.
+        assert http_get(f"{url}/stores/customer-v1-changelog/approximate-num-entries")[2] == {"result": 7}
+        # The feed is the last process's, running; the killed ones had no last word to say.
+        catalog = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}
+        assert catalog["order-count"]["ingest"]["state"] == "running", catalog["order-count"]
+    finally:
+        topology.stop()
+
+
+SESSIONS = "order-sessions"
+
+
+def _session_load(home: Path, stop: threading.Event, written: list[int]) -> None:
+    """An order for a key of its own every 0.5 s, 40 s of event time after the last: each its own session,
+    closed once a later order moves the watermark past its end."""
+    while not stop.is_set():
+        i = len(written)
+        write_records(home, "order", [Record(f"load-{i:04d}", "dish", at(700 + 40 * i))])
+        written.append(i)
+        stop.wait(0.5)
+
+
+def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_between_its_first_batches(
+    ray_cluster: RayCluster, spark: Any, runtime_ns: Runtime, tmp_path: Path
+) -> None:
+    """A fresh checkpoint's batch 0 resets a session store's partitions but runs with no watermark, so they
+    answer 503 until a batch that has one. The topology is SIGKILLed in that window, after Spark committed
+    batch 0, while orders land and sessions are read. Started again, it finds the partitions still waiting
+    for a watermark that its restarted query will not bring without new input, and rebuilds the store once
+    more from a fresh checkpoint (``topologies.sink.plan_start``): the store never showed fewer sessions than
+    it had, and lost none of the orders that landed meanwhile."""
+    from topologies.checkpoint import last_committed
+    from topologies.food_orders_windowed import order_sessions
+    from topologies.options import TopologyOptions, checkpoint_for
+    from topologies.sink import materialize
+
+    url = runtime_ns.url
+    write_records(tmp_path, "order", [Record("alice", "pizza", at(0)), Record("alice", "soup", at(10)),
+                                      Record("bob", "pasta", at(20)), Record("alice", "salad", at(70))])  # fmt: skip
+    write_records(tmp_path, "order", [Record("carol", "tea", at(600))])  # moves the watermark on
+    expected = {"alice": [(iso(0), iso(40), 2), (iso(70), iso(100), 1)], "bob": [(iso(20), iso(50), 1)]}
+
+    def sessions(key: str) -> Any:
+        status, _, body = http_get(f"{url}/stores/{SESSIONS}/sessions/{key}")
+        return session_triples(body) if status == 200 else None
+
+    # The store first fed by a query in this process (no JVM to start), as the topology's would.
+    orders = TopologyOptions(namespace=runtime_ns.namespace).read(spark, tmp_path, "order")[0]
+    first = materialize(order_sessions(orders, watermark="5 seconds"), store=SESSIONS, key="key", value="orders",
+                        kind="session", namespace=runtime_ns.namespace, checkpoint=str(tmp_path / "first"),
+                        trigger="200 milliseconds")  # fmt: skip
+    try:
+        wait_for(lambda: all(sessions(k) == v for k, v in expected.items()), what="the closed sessions")
+    finally:
+        first.stop()
+
+    # The topology's own checkpoint does not exist yet: its batch 0 resets the store's partitions. With a
+    # 30 s trigger, Spark runs batch 1 at the next whole 30 s of the clock, 0-30 s after batch 0.
+    topology = TopologyProcess("food_orders_windowed", ray_cluster, runtime_ns, tmp_path, "--watermark", "5 seconds")
+    checkpoint = checkpoint_for(tmp_path, runtime_ns.namespace, SESSIONS)
+
+    def batch_0_done() -> str | None:
+        """Where the new checkpoint is: "window" while Spark has committed batch 0 and the store's partitions
+        wait for a watermark (503), "missed" once batch 1 ran, None before."""
+        committed = last_committed(str(checkpoint))
+        if committed == 0 and sessions("alice") is None:
+            return "window"
+        return "missed" if (committed or 0) >= 1 else None
+
+    stop, written = threading.Event(), list[int]()
+    loader = threading.Thread(target=_session_load, args=(tmp_path, stop, written), daemon=True)
+    try:
+        loader.start()
+        with SessionReader(url, SESSIONS, expected, pause=0.02) as reader:
+            for attempt in range(3):
+                topology.start("--trigger", "30 seconds")
+                seen = topology.wait_for(batch_0_done, timeout=180, interval=0.02, what="batch 0 of the new checkpoint")
+                if seen == "window":
+                    topology.sigkill()
+                    break
+                topology.stop()  # and the checkpoint set aside: the next run starts from a fresh one again
+                shutil.move(checkpoint, checkpoint.with_name(f"{SESSIONS}.missed-{attempt}"))
+            else:
+                pytest.fail("batch 1 came too soon after batch 0 to be seen between them, three times")
+            assert last_committed(str(checkpoint)) == 0  # killed between batch 0 and batch 1
+            topology.start("--trigger", "500 milliseconds")
+
+            def rebuilt() -> bool:
+                superseded = list(checkpoint.parent.glob(f"{SESSIONS}.superseded-*"))
+                return bool(superseded) and all(sessions(k) == v for k, v in expected.items())
+
+            topology.wait_for(rebuilt, timeout=180, what="the sessions again after the restarted topology's rebuild")
+            time.sleep(0.5)  # and they stay
+        stop.set()
+        loader.join(10)
+        assert reader.wrong == []
+        assert reader.answers[503] > 0 and reader.answers[200] > 0  # the reads overlapped the rebuilds
+
+        # Nothing that landed while the topology was down or rebuilding is lost: every load order but the
+        # newest few (whose sessions the watermark has not closed yet) is a closed session of one order.
+        last = written[-1]
+        closed = [i for i in written if at(700 + 40 * i) + 30_000 + 5_000 < at(700 + 40 * last)]
+
+        def every_load_session() -> bool:
+            return all(sessions(f"load-{i:04d}") == [(iso(700 + 40 * i), iso(730 + 40 * i), 1)] for i in closed)
+
+        topology.wait_for(every_load_session, timeout=120, what="a closed session for every load order")
+        assert len(closed) > 5, written
+    finally:
+        stop.set()
+        topology.stop()
