@@ -376,7 +376,9 @@ class BatchDelivery:
                 extra={"store": self.spec.name, "batch": batch_id},
             )
         self.report(
-            state="running",
+            # Partitions reset by a new source's batch 0 and waiting for a batch with a watermark: the feed
+            # is still rebuilding the store (``GET /stores`` said ``running`` while they answered 503).
+            state="rebuilding" if rebuilding else "running",
             batch_id=batch_id,
             source=source,
             rows=table.num_rows,

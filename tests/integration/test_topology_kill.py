@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -48,12 +47,14 @@ class TopologyDied(AssertionError):
 
 
 class TopologyProcess:
-    """``python -m topologies.<module>`` on the session's cluster, in a process group of its own (the Python
-    driver and Spark's JVM below it), its output in a log file kept for a failed test."""
+    """``python -m <module>`` (a topology's ``main``) on the session's cluster, in a process group of its
+    own (the Python driver and Spark's JVM below it), its output in a log file kept for a failed test."""
 
     def __init__(self, module: str, cluster: RayCluster, runtime: Runtime, home: Path, *flags: str) -> None:
-        self.argv = [sys.executable, "-m", f"topologies.{module}", "--address", cluster.address,
-                     "--namespace", runtime.namespace, "--home", str(home), "--master", "local[2]", *flags]  # fmt: skip
+        # Dead letters every 10 s rather than 2: fewer micro-batches beside the store's on two cores.
+        self.argv = [sys.executable, "-m", module, "--address", cluster.address, "--namespace", runtime.namespace,
+                     "--home", str(home), "--master", "local[2]", "--dead-letter-trigger", "10 seconds",
+                     *flags]  # fmt: skip
         self.logs = home / "topology-logs"
         self.logs.mkdir(exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -144,13 +145,14 @@ def _split_batches(namespace: str, owners: list[str]) -> dict[str, dict[int, int
 def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpoint_lose_nothing(
     ray_cluster: RayCluster, runtime_ns: Runtime, tmp_path: Path
 ) -> None:
-    """The topology SIGKILLed twice while orders land every 0.3 s and counts are read: once the moment a
-    batch is seen half delivered (some copies have it, others not yet), once at a random moment. Spark
-    plays the interrupted batch again on restart and the copies that had it skip it: no answer is wrong
-    meanwhile, and at the end every count is exactly what was produced."""
+    """The topology SIGKILLed while orders land every 0.3 s and counts are read, the moment a batch is seen
+    half delivered (some copies have it, others not yet). Spark plays the interrupted batch again on
+    restart and the copies that had it skip it: no answer is wrong meanwhile, and at the end every count is
+    exactly what was produced."""
     url, ns = runtime_ns.url, runtime_ns.namespace
-    topology = TopologyProcess("food_orders", ray_cluster, runtime_ns, tmp_path, "--trigger", "200 milliseconds")
-    rng = random.Random(3)
+    topology = TopologyProcess(
+        "topologies.food_orders", ray_cluster, runtime_ns, tmp_path, "--trigger", "200 milliseconds"
+    )
     try:
         topology.start()
         produce(tmp_path, "customer", SEED_CUSTOMERS_LINES)
@@ -158,33 +160,18 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
         topology.wait_for(_caught_up(url, SEED_ORDER_COUNTS), timeout=180, what="the seed's orders counted")
         owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
         with orders_under_load(tmp_path, url, read_pause=0.02) as ledger:
-
-            def caught_up_and_restart(kill_when: Callable[[], Callable[[], Any]], what: str) -> Any:
-                """Once every order produced so far is counted, SIGKILL the topology when ``kill_when()``'s
-                condition holds, and start it again; returns what the condition saw, and the copies'
-                batches right after the kill if they were split."""
-                with ledger.lock:
-                    produced = dict(ledger.produced)
-                topology.wait_for(_caught_up(url, produced), timeout=180, what="every order produced before")
-                seen = topology.wait_for(kill_when(), timeout=120, interval=0.005, what=what)
-                topology.sigkill()
-                after = _split_batches(ns, owners)  # still split: the kill fell inside the batch's delivery
-                time.sleep(rng.uniform(0.0, 1.0))  # orders land while no topology runs
-                topology.start()
-                return seen, after
-
-            split, left_split = caught_up_and_restart(
-                lambda: lambda: _split_batches(ns, owners), "a batch half delivered"
-            )
-
-            def after_a_random_pause() -> Callable[[], bool]:
-                moment = time.monotonic() + rng.uniform(0.2, 1.5)
-                return lambda: time.monotonic() >= moment
-
-            caught_up_and_restart(after_a_random_pause, "a random moment")
             with ledger.lock:
                 produced = dict(ledger.produced)
-            topology.wait_for(_caught_up(url, produced), timeout=180, what="the last topology process feeding")
+            topology.wait_for(_caught_up(url, produced), timeout=180, what="every order produced before counted")
+            split = topology.wait_for(lambda: _split_batches(ns, owners), timeout=120, interval=0.005,
+                                      what="a batch half delivered")  # fmt: skip
+            topology.sigkill()
+            left_split = _split_batches(ns, owners)  # still split: the kill fell inside the batch's delivery
+            time.sleep(0.5)  # orders land while no topology runs
+            topology.start()
+            with ledger.lock:
+                produced = dict(ledger.produced)
+            topology.wait_for(_caught_up(url, produced), timeout=180, what="the restarted topology feeding")
         wait_for_every_order_counted(url, ledger)
         assert ledger.wrong == []
         assert ledger.answers[200] > 50, ledger.answers  # the reads ran all along
@@ -247,7 +234,8 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
 
     # The topology's own checkpoint does not exist yet: its batch 0 resets the store's partitions. With a
     # 30 s trigger, Spark runs batch 1 at the next whole 30 s of the clock, 0-30 s after batch 0.
-    topology = TopologyProcess("food_orders_windowed", ray_cluster, runtime_ns, tmp_path, "--watermark", "5 seconds")
+    topology = TopologyProcess("tests.integration.session_topology", ray_cluster, runtime_ns, tmp_path,
+                               "--watermark", "5 seconds")  # fmt: skip
     checkpoint = checkpoint_for(tmp_path, runtime_ns.namespace, SESSIONS)
 
     def batch_0_done() -> str | None:
@@ -257,6 +245,9 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         if committed == 0 and sessions("alice") is None:
             return "window"
         return "missed" if (committed or 0) >= 1 else None
+
+    def ingest_state() -> str:
+        return str({s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[SESSIONS]["ingest"]["state"])
 
     stop, written = threading.Event(), list[int]()
     loader = threading.Thread(target=_session_load, args=(tmp_path, stop, written), daemon=True)
@@ -268,6 +259,9 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
                 seen = topology.wait_for(batch_0_done, timeout=180, interval=0.02, what="batch 0 of the new checkpoint")
                 if seen == "window":
                     topology.sigkill()
+                    # The feed said so while the partitions waited (its last report before the kill; the
+                    # registry calls it stale 6 s after the last heartbeat).
+                    wait_for(lambda: ingest_state() == "rebuilding", timeout=5, what="the feed rebuilding")
                     break
                 topology.stop()  # and the checkpoint set aside: the next run starts from a fresh one again
                 shutil.move(checkpoint, checkpoint.with_name(f"{SESSIONS}.missed-{attempt}"))
@@ -281,6 +275,8 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
                 return bool(superseded) and all(sessions(k) == v for k, v in expected.items())
 
             topology.wait_for(rebuilt, timeout=180, what="the sessions again after the restarted topology's rebuild")
+
+            topology.wait_for(lambda: ingest_state() == "running", timeout=30, what="the feed running again")
             time.sleep(0.5)  # and they stay
         stop.set()
         loader.join(10)

@@ -1,0 +1,46 @@
+"""The session store of ``topologies.food_orders_windowed`` alone, run as a topology process by the real
+``run_topology`` (its flags, Ray, Spark, ``supervise``), for tests/integration/test_topology_kill.py: a
+JVM with half the queries starts and runs its first batches in less time on two cores.
+
+    python -m tests.integration.session_topology --namespace NS --home HOME [--watermark "5 seconds"] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from topologies.options import TopologyOptions
+
+
+def start(spark: Any, home: Path, options: TopologyOptions, *, watermark: str) -> list[Any]:
+    """The session store's query, then its dead-letter query."""
+    from topologies.food_orders_windowed import ORDER_SESSIONS_STORE, order_sessions
+    from topologies.sink import materialize
+
+    records, rejects = options.read(spark, home, "order")
+    dead_letters = options.dead_letters(home, "order", ORDER_SESSIONS_STORE, rejects)
+    sessions = materialize(
+        order_sessions(records, watermark=watermark),
+        store=ORDER_SESSIONS_STORE,
+        key="key",
+        value="orders",
+        kind="session",
+        **options.sink(home, ORDER_SESSIONS_STORE),
+    )
+    return [sessions, *dead_letters]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from topologies.runner import run_topology
+
+    parser = argparse.ArgumentParser(prog="python -m tests.integration.session_topology")
+    parser.add_argument("--watermark", default="10 seconds", help="how late an order may arrive")
+    return run_topology(parser, argv, start, lambda args: {"watermark": args.watermark})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
