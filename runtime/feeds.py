@@ -46,7 +46,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RUNNING = "running"
-REBUILDING = "rebuilding"  # running, from a fresh checkpoint that re-emits the whole state
+# running, from a fresh checkpoint that re-emits the whole state (and while partitions reset by a new
+# checkpoint's batch 0 wait for a batch with a watermark)
+REBUILDING = "rebuilding"
 STOPPED = "stopped"  # ended on purpose (SIGTERM, ray job stop, query.stop())
 FAILED = "failed"  # a batch or a query failed; ``error`` says why
 STALE = "stale"  # the registry's verdict: a live feed it has not heard from within the bound

@@ -207,7 +207,7 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
     for a watermark that its restarted query will not bring without new input, and rebuilds the store once
     more from a fresh checkpoint (``topologies.sink.plan_start``): the store never showed fewer sessions than
     it had, and lost none of the orders that landed meanwhile."""
-    from topologies.checkpoint import last_committed
+    from topologies.checkpoint import last_committed, last_planned
     from topologies.food_orders_windowed import order_sessions
     from topologies.options import TopologyOptions, checkpoint_for
     from topologies.sink import materialize
@@ -242,8 +242,10 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         """Where the new checkpoint is: "window" while Spark has committed batch 0 and the store's partitions
         wait for a watermark (503), "missed" once batch 1 ran, None before."""
         committed = last_committed(str(checkpoint))
-        if committed == 0 and sessions("alice") is None:
+        if committed == 0 and last_planned(str(checkpoint)) == 0 and sessions("alice") is None:
             return "window"
+        if (last_planned(str(checkpoint)) or 0) >= 1:  # batch 1 planned: it would run again at the restart
+            return "missed"
         return "missed" if (committed or 0) >= 1 else None
 
     def ingest_state() -> str:
@@ -267,12 +269,16 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
                 shutil.move(checkpoint, checkpoint.with_name(f"{SESSIONS}.missed-{attempt}"))
             else:
                 pytest.fail("batch 1 came too soon after batch 0 to be seen between them, three times")
-            assert last_committed(str(checkpoint)) == 0  # killed between batch 0 and batch 1
+            # Killed between batch 0 and batch 1. Should Spark have planned batch 1 in the few milliseconds
+            # between the look and the kill, the restart runs it again (with its watermark) and resumes
+            # instead of rebuilding: also right, and the checks below accept either.
+            assert last_committed(str(checkpoint)) == 0
             topology.start("--trigger", "500 milliseconds")
 
             def rebuilt() -> bool:
                 superseded = list(checkpoint.parent.glob(f"{SESSIONS}.superseded-*"))
-                return bool(superseded) and all(sessions(k) == v for k, v in expected.items())
+                resumed = (last_committed(str(checkpoint)) or 0) >= 1
+                return bool(superseded or resumed) and all(sessions(k) == v for k, v in expected.items())
 
             topology.wait_for(rebuilt, timeout=180, what="the sessions again after the restarted topology's rebuild")
 
