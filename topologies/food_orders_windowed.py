@@ -28,6 +28,7 @@ __all__ = [
     "ORDER_SESSIONS_STORE",
     "orders_per_window",
     "order_sessions",
+    "materialize_sessions",
     "start",
     "main",
 ]
@@ -82,15 +83,22 @@ def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS, *, waterm
         kind="window",
         **options.sink(home, ORDERS_PER_MINUTE_STORE),
     )
-    sessions = materialize(
-        order_sessions(orders(ORDER_SESSIONS_STORE), watermark=watermark),
+    sessions = materialize_sessions(orders(ORDER_SESSIONS_STORE), home, options, watermark=watermark)
+    return [windows, sessions, *dead_letters]
+
+
+def materialize_sessions(orders: Any, home: Path, options: TopologyOptions, *, watermark: str) -> Any:
+    """Start the query feeding ``order-sessions`` from the parsed ``orders``; returns it."""
+    from topologies.sink import materialize
+
+    return materialize(
+        order_sessions(orders, watermark=watermark),
         store=ORDER_SESSIONS_STORE,
         key="key",
         value="orders",
         kind="session",
         **options.sink(home, ORDER_SESSIONS_STORE),
     )
-    return [windows, sessions, *dead_letters]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

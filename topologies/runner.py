@@ -147,8 +147,8 @@ def run_topology(
     from topologies.spark import shared_archive_options, spark_session
 
     ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
-    archive = () if args.no_class_archive else shared_archive_options()
-    spark = spark_session(args.master, app_name=parser.prog, java_options=archive)
+    java_options = () if args.no_class_archive else shared_archive_options()
+    spark = spark_session(args.master, app_name=parser.prog, java_options=java_options)
     try:
         queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})

@@ -206,6 +206,11 @@ def _archive_path(cache: Path | None) -> Path:
     return directory / f"spark-classes-{_archive_key()}.jsa"
 
 
+def _mapping(path: Path) -> tuple[str, ...]:
+    """The driver JVM options that map the archive at ``path``."""
+    return (f"-XX:SharedArchiveFile={path}", *_QUIET)
+
+
 def class_archive(cache: Path | None = None) -> ClassArchive:
     """The class archive of this machine's pyspark and java under ``cache`` (``class_cache_dir()``): used
     when it exists, else created by this run's JVM when it exits.
@@ -215,7 +220,7 @@ def class_archive(cache: Path | None = None) -> ClassArchive:
     notes about that (and about classes it cannot archive) are silenced."""
     path = _archive_path(cache)
     if path.is_file():
-        return ClassArchive(path, (f"-XX:SharedArchiveFile={path}", *_QUIET), None)
+        return ClassArchive(path, _mapping(path), None)
     path.parent.mkdir(parents=True, exist_ok=True)
     creating = path.parent / f".{path.name}.{os.getpid()}.tmp"
     return ClassArchive(path, (f"-XX:ArchiveClassesAtExit={creating}", *_QUIET), creating)
@@ -226,7 +231,7 @@ def shared_archive_options(cache: Path | None = None) -> tuple[str, ...]:
     written (by ``riqr demo``), else none: nothing is created. As with ``class_archive``, the JVM ignores an
     archive that does not match its build and jars, so a stale one costs time, never correctness."""
     path = _archive_path(cache)
-    return (f"-XX:SharedArchiveFile={path}", *_QUIET) if path.is_file() else ()
+    return _mapping(path) if path.is_file() else ()
 
 
 def stop_jvm(spark: Any, timeout: float = 60.0) -> None:

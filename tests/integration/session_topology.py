@@ -18,20 +18,11 @@ from topologies.options import TopologyOptions
 
 def start(spark: Any, home: Path, options: TopologyOptions, *, watermark: str) -> list[Any]:
     """The session store's query, then its dead-letter query."""
-    from topologies.food_orders_windowed import ORDER_SESSIONS_STORE, order_sessions
-    from topologies.sink import materialize
+    from topologies.food_orders_windowed import ORDER_SESSIONS_STORE, materialize_sessions
 
     records, rejects = options.read(spark, home, "order")
     dead_letters = options.dead_letters(home, "order", ORDER_SESSIONS_STORE, rejects)
-    sessions = materialize(
-        order_sessions(records, watermark=watermark),
-        store=ORDER_SESSIONS_STORE,
-        key="key",
-        value="orders",
-        kind="session",
-        **options.sink(home, ORDER_SESSIONS_STORE),
-    )
-    return [sessions, *dead_letters]
+    return [materialize_sessions(records, home, options, watermark=watermark), *dead_letters]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

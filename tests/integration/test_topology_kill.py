@@ -130,6 +130,11 @@ def _caught_up(url: str, produced: dict[str, int]) -> Callable[[], bool]:
     return check
 
 
+def _ingest_state(url: str, store: str) -> str:
+    """The state of ``store``'s feed in the catalog (``GET /stores``)."""
+    return str({s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[store]["ingest"]["state"])
+
+
 def _split_batches(namespace: str, owners: list[str]) -> dict[str, dict[int, int]] | None:
     """Each owner's copies and their batch ids, if some owner holds copies at different batches: a batch
     is being delivered (standbys get it first, then actives; every copy gets every batch id). Each owner
@@ -179,8 +184,7 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
         # Every store of the topology came back: the customers' store too, fed by another query.
         assert http_get(f"{url}/stores/customer-v1-changelog/approximate-num-entries")[2] == {"result": 7}
         # The feed is the last process's, running; the killed ones had no last word to say.
-        catalog = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}
-        assert catalog["order-count"]["ingest"]["state"] == "running", catalog["order-count"]
+        assert _ingest_state(url, "order-count") == "running"
     finally:
         topology.stop()
 
@@ -208,9 +212,8 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
     more from a fresh checkpoint (``topologies.sink.plan_start``): the store never showed fewer sessions than
     it had, and lost none of the orders that landed meanwhile."""
     from topologies.checkpoint import last_committed, last_planned
-    from topologies.food_orders_windowed import order_sessions
+    from topologies.food_orders_windowed import materialize_sessions
     from topologies.options import TopologyOptions, checkpoint_for
-    from topologies.sink import materialize
 
     url = runtime_ns.url
     write_records(tmp_path, "order", [Record("alice", "pizza", at(0)), Record("alice", "soup", at(10)),
@@ -222,11 +225,11 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         status, _, body = http_get(f"{url}/stores/{SESSIONS}/sessions/{key}")
         return session_triples(body) if status == 200 else None
 
-    # The store first fed by a query in this process (no JVM to start), as the topology's would.
-    orders = TopologyOptions(namespace=runtime_ns.namespace).read(spark, tmp_path, "order")[0]
-    first = materialize(order_sessions(orders, watermark="5 seconds"), store=SESSIONS, key="key", value="orders",
-                        kind="session", namespace=runtime_ns.namespace, checkpoint=str(tmp_path / "first"),
-                        trigger="200 milliseconds")  # fmt: skip
+    # The store first fed by a query in this process (no JVM to start), as the topology's would, with its
+    # checkpoint under another home than the topology's.
+    options = TopologyOptions(namespace=runtime_ns.namespace, trigger="200 milliseconds")
+    orders = options.read(spark, tmp_path, "order")[0]
+    first = materialize_sessions(orders, tmp_path / "first", options, watermark="5 seconds")
     try:
         wait_for(lambda: all(sessions(k) == v for k, v in expected.items()), what="the closed sessions")
     finally:
@@ -248,9 +251,6 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
             return "missed"
         return "missed" if (committed or 0) >= 1 else None
 
-    def ingest_state() -> str:
-        return str({s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[SESSIONS]["ingest"]["state"])
-
     stop, written = threading.Event(), list[int]()
     loader = threading.Thread(target=_session_load, args=(tmp_path, stop, written), daemon=True)
     try:
@@ -263,7 +263,9 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
                     topology.sigkill()
                     # The feed said so while the partitions waited (its last report before the kill; the
                     # registry calls it stale 6 s after the last heartbeat).
-                    wait_for(lambda: ingest_state() == "rebuilding", timeout=5, what="the feed rebuilding")
+                    wait_for(
+                        lambda: _ingest_state(url, SESSIONS) == "rebuilding", timeout=5, what="the feed rebuilding"
+                    )
                     break
                 topology.stop()  # and the checkpoint set aside: the next run starts from a fresh one again
                 shutil.move(checkpoint, checkpoint.with_name(f"{SESSIONS}.missed-{attempt}"))
@@ -282,7 +284,9 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
 
             topology.wait_for(rebuilt, timeout=180, what="the sessions again after the restarted topology's rebuild")
 
-            topology.wait_for(lambda: ingest_state() == "running", timeout=30, what="the feed running again")
+            topology.wait_for(
+                lambda: _ingest_state(url, SESSIONS) == "running", timeout=30, what="the feed running again"
+            )
             time.sleep(0.5)  # and they stay
         stop.set()
         loader.join(10)
