@@ -375,16 +375,17 @@ class BatchDelivery:
                 batch_id,
                 extra={"store": self.spec.name, "batch": batch_id},
             )
-        self.report(
-            # Partitions reset by a new source's batch 0 and waiting for a batch with a watermark: the feed
-            # is still rebuilding the store (``GET /stores`` said ``running`` while they answered 503).
-            state="rebuilding" if rebuilding else "running",
-            batch_id=batch_id,
-            source=source,
-            rows=table.num_rows,
-            incomplete=incomplete,
-            catching_up=catching_up,
-        )
+        if not self.retired:  # a retired delivery's last batch: the feed says ``rebuilding`` (stop_for_rebuild)
+            self.report(
+                # Partitions reset by a new source's batch 0 and waiting for a batch with a watermark: the
+                # feed is still rebuilding the store (``GET /stores`` said ``running`` while they answered 503).
+                state="rebuilding" if rebuilding else "running",
+                batch_id=batch_id,
+                source=source,
+                rows=table.num_rows,
+                incomplete=incomplete,
+                catching_up=catching_up,
+            )
         self._lap("report", clock)
         return int(table.num_rows)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -32,6 +33,8 @@ __all__ = [
     "stop_jvm",
     "jars_fingerprint",
 ]
+
+log = logging.getLogger(__name__)
 
 # Small shuffles: streaming state is partitioned by spark.sql.shuffle.partitions, and the default of 200
 # makes every micro-batch of a small job pay for 200 tasks.
@@ -201,9 +204,16 @@ def prune_archives(directory: Path, *, keep: Path, now: float | None = None) -> 
 _QUIET = ("-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
-def _archive_path(cache: Path | None) -> Path:
-    directory = cache if cache is not None else class_cache_dir()
-    return directory / f"spark-classes-{_archive_key()}.jsa"
+def _archive_path(cache: Path | None) -> Path | None:
+    """Where this machine's archive goes, or None where there can be none: no home directory to hold the
+    cache (some containers run without one), or a path with whitespace (Spark splits the driver's
+    ``extraJavaOptions`` at whitespace, so the JVM would be handed half a path and refuse to start)."""
+    try:
+        directory = cache if cache is not None else class_cache_dir()
+    except RuntimeError:  # Path.home(): no HOME and no passwd entry
+        return None
+    path = directory / f"spark-classes-{_archive_key()}.jsa"
+    return None if any(c.isspace() for c in str(path)) else path
 
 
 def _mapping(path: Path) -> tuple[str, ...]:
@@ -211,17 +221,25 @@ def _mapping(path: Path) -> tuple[str, ...]:
     return (f"-XX:SharedArchiveFile={path}", *_QUIET)
 
 
-def class_archive(cache: Path | None = None) -> ClassArchive:
+def class_archive(cache: Path | None = None) -> ClassArchive | None:
     """The class archive of this machine's pyspark and java under ``cache`` (``class_cache_dir()``): used
-    when it exists, else created by this run's JVM when it exits.
+    when it exists, else created by this run's JVM when it exits. None where there can be none (see
+    ``_archive_path``; also a cache directory that cannot be made): the JVM then starts without one,
+    slower, never failing for it.
 
     The JVM validates an archive before mapping it (same JVM build, same jars): one that does not match is
     ignored and the JVM loads its classes as usual, so a stale archive costs time, never correctness. Its
     notes about that (and about classes it cannot archive) are silenced."""
     path = _archive_path(cache)
+    if path is None:
+        return None
     if path.is_file():
         return ClassArchive(path, _mapping(path), None)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a read-only home, say
+        log.info("no class archive for Spark's JVM: %s cannot be made (%s)", path.parent, err)
+        return None
     creating = path.parent / f".{path.name}.{os.getpid()}.tmp"
     return ClassArchive(path, (f"-XX:ArchiveClassesAtExit={creating}", *_QUIET), creating)
 
@@ -231,7 +249,7 @@ def shared_archive_options(cache: Path | None = None) -> tuple[str, ...]:
     written (by ``riqr demo``), else none: nothing is created. As with ``class_archive``, the JVM ignores an
     archive that does not match its build and jars, so a stale one costs time, never correctness."""
     path = _archive_path(cache)
-    return _mapping(path) if path.is_file() else ()
+    return _mapping(path) if path is not None and path.is_file() else ()
 
 
 def stop_jvm(spark: Any, timeout: float = 60.0) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from topologies.spark import class_archive, shared_archive_options
 
 
@@ -90,3 +92,23 @@ def test_a_reinstalled_pyspark_gets_an_archive_of_its_own(tmp_path: Path) -> Non
     os.utime(jars / "spark-core.jar", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert jars_fingerprint(jars) != first
     assert jars_fingerprint(tmp_path / "missing") != first  # no jars: a key all the same, no error
+
+
+def test_no_archive_where_the_path_cannot_be_handed_to_the_jvm_or_there_is_no_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spark splits the driver's extraJavaOptions at whitespace: such a path would stop the JVM starting.
+    spaced = tmp_path / "my cache"
+    assert class_archive(spaced) is None and shared_archive_options(spaced) == ()
+    assert not spaced.exists()
+    # A cache directory that cannot be made (a read-only home): no archive, no failure.
+    blocked = tmp_path / "file"
+    blocked.write_bytes(b"")
+    assert class_archive(blocked / "riqr") is None
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert class_archive() is None and shared_archive_options() == ()

@@ -233,6 +233,48 @@ def test_a_batch_that_fails_while_its_query_is_stopped_for_a_rebuild_is_not_the_
         assert [u["state"] for u in feeder.updates] == reported
 
 
+def test_the_feed_says_rebuilding_while_a_partition_waits_for_a_watermark_and_a_retired_batch_says_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pyarrow as pa
+
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.ingest import PARTITION_COLUMN
+    from runtime.keys import KeySchema
+    from runtime.partition import INCOMPLETE, REBUILDING, SERVING, ApplyResult, Hold
+    from topologies.delivery import BatchDelivery
+
+    class Feeder:
+        def __init__(self) -> None:
+            self.updates: list[dict[str, object]] = []
+
+        def update(self, store: str, **info: object) -> None:
+            self.updates.append(info)
+
+    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2, actors=1)
+    table = pa.table({"key": ["a", "b"], "value": ["1", "2"], PARTITION_COLUMN: pa.array([0, 1], pa.int32())})
+
+    def delivered(states: tuple[str, str], *, retired: bool = False) -> tuple[list[dict[str, object]], list[int]]:
+        feeder = Feeder()
+        delivery = BatchDelivery(spec, "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
+        delivery.retired = retired
+        results = [ApplyResult(p, True, 1, state=state) for p, state in enumerate(states)]
+        monkeypatch.setattr(delivery, "_apply_everywhere", lambda *args: results)  # no copies to call here
+        assert delivery.deliver("src", 0, table, Hold(0)) == 2
+        return feeder.updates, delivery.unheld
+
+    updates, unheld = delivered((SERVING, SERVING))
+    assert [u["state"] for u in updates] == ["running"] and unheld == []
+    # Reset by a new source's batch 0 with no watermark: held (batches to come bring it up), not unheld.
+    updates, unheld = delivered((REBUILDING, SERVING))
+    assert [u["state"] for u in updates] == ["rebuilding"] and unheld == []
+    updates, unheld = delivered((INCOMPLETE, REBUILDING))
+    assert [(u["state"], u["incomplete"]) for u in updates] == [("rebuilding", [0])] and unheld == [0]
+    # The last batch of a query stopped for a rebuild: ``stop_for_rebuild`` said rebuilding, and stays said.
+    updates, _ = delivered((SERVING, SERVING), retired=True)
+    assert updates == []
+
+
 def test_a_store_that_gets_no_batch_is_rebuilt_when_two_looks_in_a_row_find_a_partition_unserved(
     running: dict[str, object], caplog: pytest.LogCaptureFixture
 ) -> None:
