@@ -26,8 +26,9 @@ def _riqr(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "riqr", *args], env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def riqr_up(ray_cluster: RayCluster) -> Iterator[tuple[str, list[str], str]]:
+    """A deployment by the real `riqr up` (read by its tests, never changed: one for the module)."""
     from verticles import deploy
 
     namespace = f"riqr-auth-{uuid.uuid4().hex[:8]}"
