@@ -12,6 +12,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,54 @@ class RayCluster:
     node_ids: list[str]
 
 
+class _SparkBesideRay:
+    """The session's SparkSession, its JVM started in a thread while Ray's processes start (as ``riqr demo``
+    does): the two starts overlap instead of following each other. Stopped by the ``spark`` fixture, or
+    at the end of the session if no test asked for it."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riqr-tests-spark")
+        self._session: Future[Any] | None = None
+
+    def start(self) -> None:
+        from topologies.spark import shared_archive_options, spark_session
+
+        self._session = self._pool.submit(
+            spark_session,
+            "local[2]",
+            app_name="riqr-tests",
+            conf={"spark.sql.shuffle.partitions": "2"},
+            java_options=shared_archive_options(),  # a class archive a demo left, if any
+        )
+
+    def get(self) -> Any:
+        if self._session is None:
+            self.start()
+        assert self._session is not None
+        return self._session.result()
+
+    def stop(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):  # one that failed to start has nothing to stop
+                self._session.result().stop()
+            self._session = None
+            # py4j closes its gateway connections from __del__ at interpreter exit and logs that at INFO,
+            # after pytest has closed the streams the handlers write to: a "Logging error" traceback under
+            # a green run.
+            logging.getLogger("py4j").setLevel(logging.WARNING)
+        self._pool.shutdown()
+
+
+_SPARK = _SparkBesideRay()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     # Ray jobs run their entrypoint with this PATH: make `python` the interpreter running the tests.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     # The stores' partitions go to a scratch data directory (the nodes inherit this environment).
     os.environ["RIQR_DATA"] = str(tmp_path_factory.mktemp("riqr-data"))
+    _SPARK.start()
     import ray
     from ray.cluster_utils import Cluster
 
@@ -58,6 +101,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
     from runtime.client import close_in_process_facades
 
     close_in_process_facades()  # their background threads call Ray; stop them before leaving it
+    _SPARK.stop()
     ray.shutdown()
     cluster.shutdown()
 
@@ -92,11 +136,8 @@ def deploy_runtime(prefix: str, namespace: str | None = None) -> Runtime:
 
 @pytest.fixture(scope="session")
 def spark(ray_cluster: RayCluster) -> Iterator[Any]:
-    from topologies.spark import spark_session
-
-    session = spark_session("local[2]", app_name="riqr-tests", conf={"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
+    yield _SPARK.get()
+    _SPARK.stop()
     # py4j closes its gateway connections from __del__ at interpreter exit and logs that at INFO, after
     # pytest has closed the streams the handlers write to: a "Logging error" traceback under a green run.
     logging.getLogger("py4j").setLevel(logging.WARNING)
