@@ -52,10 +52,21 @@ class Setup:
         self.me = self.open_copy(None if volatile_copy else root / "me")
 
     def open_copy(self, directory: Path | None, recovered: bool = False) -> QueryCore:
-        return QueryCore(
+        """A copy whose catch-ups run on the fake clock: each backoff sleep runs a queued action."""
+        core = QueryCore(
             self.spec, [0], directory=directory, recovered=recovered, peers=Peers({"peer": self.peer}), me="me",
             spawn=self.jobs.append, rebuild=RebuildSettings(chunk=512, first_backoff=1, max_backoff=1, give_up_after=5),
         )  # fmt: skip
+
+        def sleep(seconds: float) -> None:
+            self.now[0] += seconds
+            if self.sleeps:
+                self.sleeps.pop(0)()
+
+        rebuilder = core._rebuilder
+        assert rebuilder is not None
+        rebuilder._clock, rebuilder._sleep = (lambda: self.now[0]), sleep
+        return core
 
     def both(self, n: int, tag: str = "") -> list[Any]:
         """Deliver batch ``n`` like the sink: the copy (a standby here) first, then the peer."""
@@ -64,18 +75,8 @@ class Setup:
         return results
 
     def run(self) -> object:
-        """Run the catch-up the copy started, with a fake clock: each backoff sleep runs a queued action."""
-        job = self.jobs.pop()
-        rebuilder = self.me._rebuilder
-        assert rebuilder is not None
-
-        def sleep(seconds: float) -> None:
-            self.now[0] += seconds
-            if self.sleeps:
-                self.sleeps.pop(0)()
-
-        rebuilder._clock, rebuilder._sleep = (lambda: self.now[0]), sleep
-        return job()
+        """Run the catch-up a copy started last (on the fake clock of ``open_copy``)."""
+        return self.jobs.pop()()
 
     def contents(self, core: QueryCore) -> list[tuple[str, Any]]:
         entries, _ = core.scan([0], Scan())
