@@ -224,7 +224,7 @@ def _mapping(path: Path) -> tuple[str, ...]:
 def class_archive(cache: Path | None = None) -> ClassArchive | None:
     """The class archive of this machine's pyspark and java under ``cache`` (``class_cache_dir()``): used
     when it exists, else created by this run's JVM when it exits. None where there can be none (see
-    ``_archive_path``; also a cache directory that cannot be made): the JVM then starts without one,
+    ``_archive_path``; also a cache directory that cannot be read or made): the JVM then starts without one,
     slower, never failing for it.
 
     The JVM validates an archive before mapping it (same JVM build, same jars): one that does not match is
@@ -233,12 +233,12 @@ def class_archive(cache: Path | None = None) -> ClassArchive | None:
     path = _archive_path(cache)
     if path is None:
         return None
-    if path.is_file():
-        return ClassArchive(path, _mapping(path), None)
     try:
+        if path.is_file():
+            return ClassArchive(path, _mapping(path), None)
         path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a read-only home, say
-        log.info("no class archive for Spark's JVM: %s cannot be made (%s)", path.parent, err)
+    except OSError as err:  # a read-only or unreadable home, say
+        log.info("no class archive for Spark's JVM: %s cannot be read or made (%s)", path.parent, err)
         return None
     creating = path.parent / f".{path.name}.{os.getpid()}.tmp"
     return ClassArchive(path, (f"-XX:ArchiveClassesAtExit={creating}", *_QUIET), creating)
@@ -249,7 +249,10 @@ def shared_archive_options(cache: Path | None = None) -> tuple[str, ...]:
     written (by ``riqr demo``), else none: nothing is created. As with ``class_archive``, the JVM ignores an
     archive that does not match its build and jars, so a stale one costs time, never correctness."""
     path = _archive_path(cache)
-    return _mapping(path) if path is not None and path.is_file() else ()
+    try:
+        return _mapping(path) if path is not None and path.is_file() else ()
+    except OSError:  # a cache directory this user cannot read
+        return ()
 
 
 def stop_jvm(spark: Any, timeout: float = 60.0) -> None:

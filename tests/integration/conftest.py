@@ -84,16 +84,23 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     # The stores' partitions go to a scratch data directory (the nodes inherit this environment).
     os.environ["RIQR_DATA"] = str(tmp_path_factory.mktemp("riqr-data"))
+    # What spark_session sets for a local master, set here before its thread starts: the Ray processes
+    # started meanwhile inherit one environment, not one that depends on which thread came first.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     _SPARK.start()
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": 0},
-    )
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
+    try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": 0},
+        )
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+    except BaseException:
+        _SPARK.stop()  # no JVM left behind by a cluster that did not start
+        raise
     ctx = ray.init(address=cluster.address, log_to_driver=False)
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     assert len(nodes) == 2
@@ -138,9 +145,6 @@ def deploy_runtime(prefix: str, namespace: str | None = None) -> Runtime:
 def spark(ray_cluster: RayCluster) -> Iterator[Any]:
     yield _SPARK.get()
     _SPARK.stop()
-    # py4j closes its gateway connections from __del__ at interpreter exit and logs that at INFO, after
-    # pytest has closed the streams the handlers write to: a "Logging error" traceback under a green run.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @dataclass

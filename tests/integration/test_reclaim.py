@@ -5,7 +5,9 @@ else is: not the data of the actors restarting under load, not another cluster's
 
 The sweeper runs in the real HTTP verticle, every half second with a one-second grace period (the
 default is five minutes), so a restart of a few seconds spans several sweeps. (One test for both: the
-same topology under the same load and kills, set up once.)"""
+same topology under the same load and kills, set up once.) The registry's re-creation of actors is off
+here (an actor killed for good must stay dead for the last part); owners killed under load with it on,
+as by default: test_durability.py (SIGKILL) and test_replicas.py (``ray.kill``)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _reclaimed_bytes(url: str) -> float:
 def _wait_for_restart(handle: Any, killed: int, ledger: Ledger) -> None:
     wait_for(lambda: worker_pid(handle) != killed, timeout=60, what="the actor running again")
     seen = ledger.answers[200]
-    wait_for(lambda: ledger.answers[200] > seen + 30, timeout=60, what="answers after the restart")
+    wait_for(lambda: ledger.answers[200] > seen + 50, timeout=60, what="answers after the restart")
 
 
 def test_owners_killed_under_load_lose_nothing_and_only_the_data_of_actors_that_no_longer_exist_is_reclaimed(
@@ -81,6 +83,7 @@ def test_owners_killed_under_load_lose_nothing_and_only_the_data_of_actors_that_
 
             with orders_under_load(topology.home, url) as ledger:
                 wait_for(lambda: not crashed.exists(), timeout=30, what="the crashed actor's data reclaimed")
+                wait_for(lambda: ledger.answers[200] > 50, what="answers before the first kill")
                 # Each restart takes seconds: several sweeps see its process gone.
                 for victim, how in zip(owners, ("ray.kill", "SIGKILL")):
                     handle = ray.get_actor(victim, namespace=ns)
