@@ -236,7 +236,9 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         first.stop()
 
     # The topology's own checkpoint does not exist yet: its batch 0 resets the store's partitions. With a
-    # 30 s trigger, Spark runs batch 1 at the next whole 30 s of the clock, 0-30 s after batch 0.
+    # 5-minute trigger, Spark runs batch 1 at the next whole 5 minutes of the clock, 0-300 s after batch 0
+    # started: the kill falls between them unless batch 0 straddles such a boundary (a few seconds in 300;
+    # with 30 s, one run in six or so had to start the topology again).
     topology = TopologyProcess("tests.integration.session_topology", ray_cluster, runtime_ns, tmp_path,
                                "--watermark", "5 seconds")  # fmt: skip
     checkpoint = checkpoint_for(tmp_path, runtime_ns.namespace, SESSIONS)
@@ -257,7 +259,7 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         loader.start()
         with SessionReader(url, SESSIONS, expected, pause=0.02) as reader:
             for attempt in range(3):
-                topology.start("--trigger", "30 seconds")
+                topology.start("--trigger", "5 minutes")
                 seen = topology.wait_for(batch_0_done, timeout=180, interval=0.02, what="batch 0 of the new checkpoint")
                 if seen == "window":
                     topology.sigkill()
