@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, RiqrError
 
-__all__ = ["translate", "call", "call_sync", "get", "is_restarting", "is_dead"]
+__all__ = ["translate", "call", "call_sync", "get", "is_restarting", "is_dead", "no_auto_connect"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,20 @@ T = TypeVar("T")
 # Backoff between retries of a restarting actor: short first (a restart often takes well under a second).
 _FIRST_BACKOFF = 0.02
 _MAX_BACKOFF = 0.5
+
+
+def no_auto_connect() -> None:
+    """Turn off Ray's auto-connect for this process and what it starts; call before Ray is imported.
+
+    Ray makes ``ray.get``, ``ray.get_actor`` and a few others call ``ray.init()`` when Ray is not
+    initialized: a call from a background thread (the sink's looks at the copies, a feeder's heartbeat)
+    that comes after ``ray.shutdown()`` would start a new local Ray cluster as the process exits (seen
+    once at the end of ``riqr demo``: Ray's "SIGTERM handler is not set" warning from such a thread).
+    riqr's commands always start or join a cluster explicitly, so such a call should fail instead.
+    ``RAY_ENABLE_AUTO_CONNECT`` is read when Ray is imported; one set by the user is kept."""
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 
 
 def is_restarting(exc: BaseException) -> bool:

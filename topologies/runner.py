@@ -51,6 +51,9 @@ def run_topology(
     SIGTERM (``ray job stop``) and SIGINT stop every query cleanly and exit 0; a query that fails, any
     one of them, stops the others at once and makes the exit status 1 (see ``supervise``).
     """
+    from runtime.raycalls import no_auto_connect
+
+    no_auto_connect()  # before Ray is imported
     from runtime.config import (
         DEFAULT_ACTORS,
         DEFAULT_ENGINE,

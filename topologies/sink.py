@@ -143,7 +143,12 @@ def record_look(name: str, found: list[int] | None) -> None:
 
 
 def _look_at_all() -> None:
-    """One round of looks: every store whose query a ``supervise`` asked about lately."""
+    """One round of looks: every store whose query a ``supervise`` asked about lately. None once Ray is
+    shut down (the process is stopping: a look would only fail, or have Ray start a cluster anew)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
     now = time.monotonic()
     with _RUNNING_LOCK:
         due = [(n, r[0]) for n, r in _RUNNING.items() if now - _ASKED.get(n, -1e9) < 2 * PROBE_EVERY]

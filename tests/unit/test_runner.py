@@ -300,6 +300,22 @@ def test_a_store_that_gets_no_batch_is_rebuilt_when_two_looks_in_a_row_find_a_pa
     assert caplog.text.count("could not be looked at") == 1
 
 
+def test_riqr_entry_points_turn_off_rays_auto_connect_before_importing_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray call from a background thread after ``ray.shutdown()`` must fail, not start a new cluster."""
+    import os
+
+    from riqr.cli import main
+
+    monkeypatch.delenv("RAY_ENABLE_AUTO_CONNECT", raising=False)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert os.environ["RAY_ENABLE_AUTO_CONNECT"] == "0"
+    monkeypatch.setenv("RAY_ENABLE_AUTO_CONNECT", "1")  # a user's own choice is kept
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert os.environ["RAY_ENABLE_AUTO_CONNECT"] == "1"
+
+
 def test_looks_go_only_to_the_stores_a_supervise_asks_about(
     running: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -320,6 +336,11 @@ def test_looks_go_only_to_the_stores_a_supervise_asks_about(
         running[name] = (delivery, lambda **_: FakeQuery("q"))
     now = time.monotonic()
     sink._ASKED.update({"asked": now, "broken": now, "retired": now, "forgotten": now - 60})
+    import ray
+
+    sink._look_at_all()  # Ray not initialized (shut down, or never started): no look at all
+    assert looked == []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # the looks themselves are faked here
     sink._look_at_all()
     assert looked == ["asked", "broken"]  # not one no supervise asked about lately, nor one being restarted
     assert sink._LOOKS == {"asked": ([], [1])} and sink._FAILED_LOOKS == {"broken": 1}
