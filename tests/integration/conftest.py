@@ -58,9 +58,7 @@ class _SparkBesideRay:
         )
 
     def get(self) -> Any:
-        if self._session is None:
-            self.start()
-        assert self._session is not None
+        assert self._session is not None, "started by the ray_cluster fixture, which the spark fixture uses"
         return self._session.result()
 
     def stop(self) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -64,11 +65,25 @@ def test_sigterm_stops_every_query_and_exits_0() -> None:
 
 
 class FakeFeeder:
+    """Records what a delivery tells its feeder: queries attached, and reports."""
+
     def __init__(self) -> None:
         self.attached: list[tuple[str, object]] = []
+        self.updates: list[dict[str, object]] = []
 
     def attach(self, store: str, query: object) -> None:
         self.attached.append((store, query))
+
+    def update(self, store: str, **info: object) -> None:
+        self.updates.append(info)
+
+
+def one_string_store() -> Any:
+    """Store ``s``: string keys and values, two partitions on one actor."""
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.keys import KeySchema
+
+    return StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2, actors=1)
 
 
 class FakeDelivery:
@@ -213,25 +228,15 @@ def test_a_start_that_fails_for_a_moment_is_tried_again_and_the_topology_runs_on
 
 
 def test_a_batch_that_fails_while_its_query_is_stopped_for_a_rebuild_is_not_the_feed_failing() -> None:
-    from runtime.catalog import StoreSpec, ValueField
-    from runtime.keys import KeySchema
     from topologies.delivery import BatchDelivery
-
-    class Feeder:
-        def __init__(self) -> None:
-            self.updates: list[dict[str, object]] = []
-
-        def update(self, store: str, **info: object) -> None:
-            self.updates.append(info)
 
     class Cancelled:
         def toArrow(self) -> None:  # noqa: N802 (Spark's name)
             raise RuntimeError("Job cancelled because SparkContext was shut down")
 
-    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2, actors=1)
     for retired, reported in ((False, ["failed"]), (True, [])):
-        feeder = Feeder()
-        delivery = BatchDelivery(spec, "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
+        feeder = FakeFeeder()
+        delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
         delivery._source, delivery.retired = "src", retired
         with pytest.raises(RuntimeError, match="cancelled"):
             delivery(Cancelled(), 4)
@@ -243,25 +248,15 @@ def test_the_feed_says_rebuilding_while_a_partition_waits_for_a_watermark_and_a_
 ) -> None:
     import pyarrow as pa
 
-    from runtime.catalog import StoreSpec, ValueField
     from runtime.ingest import PARTITION_COLUMN
-    from runtime.keys import KeySchema
     from runtime.partition import INCOMPLETE, REBUILDING, SERVING, ApplyResult, Hold
     from topologies.delivery import BatchDelivery
 
-    class Feeder:
-        def __init__(self) -> None:
-            self.updates: list[dict[str, object]] = []
-
-        def update(self, store: str, **info: object) -> None:
-            self.updates.append(info)
-
-    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2, actors=1)
     table = pa.table({"key": ["a", "b"], "value": ["1", "2"], PARTITION_COLUMN: pa.array([0, 1], pa.int32())})
 
     def delivered(states: tuple[str, str], *, retired: bool = False) -> tuple[list[dict[str, object]], list[int]]:
-        feeder = Feeder()
-        delivery = BatchDelivery(spec, "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
+        feeder = FakeFeeder()
+        delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
         delivery.retired = retired
         results = [ApplyResult(p, True, 1, state=state) for p, state in enumerate(states)]
         monkeypatch.setattr(delivery, "_apply_everywhere", lambda *args: results)  # no copies to call here
