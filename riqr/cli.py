@@ -125,7 +125,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 def _cmd_drop(args: argparse.Namespace) -> int:
     """Drop one store: the registry forgets it, its query actors stop and delete their data. A store a
-    running topology feeds is refused without ``--force``: that topology's next batch would fail."""
+    running topology feeds is refused without ``--force``: that topology would fail (``supervise``)."""
     from runtime import raycalls
     from runtime.errors import DeadlineExceeded, OwnerUnavailable
 

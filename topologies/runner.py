@@ -188,7 +188,8 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
     (``topologies.sink.rebuild_due``, ``stop_for_rebuild``, ``start_again``): its query is stopped and
     started again on a fresh checkpoint, in the place of the old one in ``queries``. Starting it again is
     tried ``START_AGAIN_ATTEMPTS`` times over about half a minute; then the topology fails as for a failed
-    query.
+    query. A store the registry no longer has (``riqr drop --force``, ``riqr down``) fails it too, within
+    a look at the copies (``topologies.sink.unregistered``), whether or not a batch comes.
     """
     stop = stop if stop is not None else threading.Event()
 
@@ -202,7 +203,10 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
         failed: tuple[str, BaseException | None] | None = None
         while not stop.is_set() and failed is None:
             ended = next((q for q in queries if q.name not in stopped and not q.isActive), None)
-            failed = (ended.name, ended.exception()) if ended is not None else _rebuild_in_place(queries, stopped)
+            if ended is not None:
+                failed = (ended.name, ended.exception())
+            else:
+                failed = _unregistered(queries, stopped) or _rebuild_in_place(queries, stopped)
             if failed is None:
                 stop.wait(poll)
         error = None if failed is None else failed[1]
@@ -220,6 +224,17 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
     log.error("query %s stopped: %s", failed[0], error if error is not None else "it ended without an error",
               extra={"query": failed[0]})  # fmt: skip
     return 1
+
+
+def _unregistered(queries: list[Any], stopped: dict[str, _Stopped]) -> tuple[str, BaseException] | None:
+    """The name of a query whose store a look found no longer registered, and why (``sink.unregistered``):
+    its next batch would fail on that, and an idle source may bring none for a long time."""
+    from topologies import sink
+
+    for query in queries:
+        if query.name not in stopped and (why := sink.unregistered(query.name)) is not None:
+            return query.name, why
+    return None
 
 
 def _rebuild_in_place(queries: list[Any], stopped: dict[str, _Stopped]) -> tuple[str, BaseException] | None:

@@ -67,6 +67,8 @@ __all__ = [
     "store_spec_for",
     "plan_start",
     "rebuild_due",
+    "unregistered",
+    "StoreUnregistered",
     "stop_for_rebuild",
     "start_again",
     "BatchDelivery",
@@ -75,6 +77,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WINDOW_START_COLUMN = "window_start"
+
+
+class StoreUnregistered(NotConnected):
+    """The registry answered, and its view has no such store: dropped, or a new deployment (``riqr down``
+    and ``riqr up``). Unlike a registry that cannot be found or does not answer, this is a verdict."""
+
 
 # In-place rebuilds of a store whose partitions no copy serves: the first at once, each next one no sooner
 # than twice the wait before it after the last (a partition that keeps losing its copies must not make the
@@ -98,6 +106,8 @@ _LOOKS: dict[str, tuple[list[int], list[int]]] = {}
 _FAILED_LOOKS: dict[str, int] = {}
 # query name -> when ``rebuild_due`` last asked about it (only queries a ``supervise`` runs are looked at).
 _ASKED: dict[str, float] = {}
+# query name -> why a look found its store no longer registered (``unregistered``).
+_UNREGISTERED: dict[str, StoreUnregistered] = {}
 _LOOKER: list[threading.Thread] = []
 
 
@@ -142,6 +152,14 @@ def record_look(name: str, found: list[int] | None) -> None:
                     extra={"query": name})  # fmt: skip
 
 
+def unregistered(name: str) -> StoreUnregistered | None:
+    """Why the store fed by query ``name`` is no longer registered, if a look found it so (dropped with
+    ``riqr drop --force``, or ``riqr down`` ran, maybe followed by ``riqr up``): ``supervise`` then ends
+    the topology, as the query's next batch would have, without waiting for input that may not come."""
+    with _RUNNING_LOCK:
+        return _UNREGISTERED.get(name)
+
+
 def _look_at_all() -> None:
     """One round of looks: every store whose query a ``supervise`` asked about lately. None once Ray is
     shut down (the process is stopping: a look would only fail, or have Ray start a cluster anew)."""
@@ -157,6 +175,10 @@ def _look_at_all() -> None:
             continue
         try:
             found: list[int] | None = unserved(delivery)
+        except StoreUnregistered as err:  # not a registry that cannot be found or does not answer: no verdict
+            with _RUNNING_LOCK:
+                _UNREGISTERED[name] = err
+            continue
         except Exception:
             log.debug("could not look at the copies of %s", delivery.spec.name, exc_info=True)
             found = None
@@ -183,7 +205,14 @@ def _ensure_looker() -> None:
 
 def unserved(delivery: BatchDelivery) -> list[int]:
     """The partitions of ``delivery``'s store that no copy serves at its checkpoint's source, at or past
-    its last committed batch: what ``plan_start`` would rebuild. [] before the first commit."""
+    its last committed batch: what ``plan_start`` would rebuild. [] before the first commit.
+
+    Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store."""
+    name = delivery.spec.name
+    if delivery.current_view().table(name) is None:
+        raise StoreUnregistered(f"store {name!r} is no longer registered in namespace {delivery.namespace!r} (dropped "
+                           "with riqr drop --force, or riqr down ran); started again, the topology declares it "
+                           "again and rebuilds it from its input", store=name)  # fmt: skip
     committed = last_committed(delivery.checkpoint)
     if committed is None:
         return []
@@ -520,6 +549,7 @@ def materialize(
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     with _RUNNING_LOCK:
         _RUNNING[name] = (delivery, again)
+        _UNREGISTERED.pop(name, None)  # declared again above: what a look found before is past
     if plan == "fresh" and not _rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)

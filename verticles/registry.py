@@ -361,7 +361,7 @@ class Registry:
             state = verdict[0]
             raise StoreInUse(
                 f"store {name!r} is fed by a running topology ({feeder}, {state}):"
-                " stop it first, or drop with --force (the topology then fails at its next batch; started again,"
+                " stop it first, or drop with --force (the topology then fails within seconds; started again,"
                 " it creates the store again and rebuilds it)",
                 store=name,
             )

@@ -26,6 +26,7 @@ import pytest
 from bench.startup import alive, descendants
 from riqr.demo import SEED_CUSTOMERS as SEED_CUSTOMERS_LINES
 from riqr.demo import SEED_ORDERS as SEED_ORDERS_LINES
+from runtime import raycalls
 from runtime.landing import Record, write_records
 from tests.integration.conftest import REPO, SEED_ORDER_COUNTS, RayCluster, Runtime, deploy_runtime, produce
 from tests.integration.helpers import (
@@ -153,7 +154,7 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
     """The topology SIGKILLed while orders land every 0.3 s and counts are read, the moment a batch is seen
     half delivered (some copies have it, others not yet). Spark plays the interrupted batch again on
     restart and the copies that had it skip it: no answer is wrong meanwhile, and at the end every count is
-    exactly what was produced."""
+    exactly what was produced. Last, idle, it ends by itself once its store is dropped with --force."""
     url, ns = runtime_ns.url, runtime_ns.namespace
     topology = TopologyProcess(
         "topologies.food_orders", ray_cluster, runtime_ns, tmp_path, "--trigger", "200 milliseconds"
@@ -185,6 +186,14 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
         assert http_get(f"{url}/stores/customer-v1-changelog/approximate-num-entries")[2] == {"result": 7}
         # The feed is the last process's, running; the killed ones had no last word to say.
         assert _ingest_state(url, "order-count") == "running"
+
+        # The store dropped with --force while no input comes: no batch fails on it, a look at its copies
+        # finds it gone, and the topology ends as for a failed query (the next batch would have failed).
+        dropped = time.monotonic()
+        raycalls.get(runtime_ns.registry().drop_store.remote("order-count"), "dropping order-count")
+        assert topology.proc is not None and topology.proc.wait(timeout=60) == 1, topology.log()
+        print(f"the idle topology ended {time.monotonic() - dropped:.1f}s after the drop")
+        assert "store 'order-count' is no longer registered in namespace" in topology.log(), topology.log()
     finally:
         topology.stop()
 

@@ -111,6 +111,7 @@ def running(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     monkeypatch.setattr(sink, "_LOOKS", {})
     monkeypatch.setattr(sink, "_FAILED_LOOKS", {})
     monkeypatch.setattr(sink, "_ASKED", {})
+    monkeypatch.setattr(sink, "_UNREGISTERED", {})
     monkeypatch.setattr(sink, "_ensure_looker", lambda: None)  # no thread: the tests record looks themselves
     return table
 
@@ -339,3 +340,65 @@ def test_looks_go_only_to_the_stores_a_supervise_asks_about(
     sink._look_at_all()
     assert looked == ["asked", "broken"]  # not one no supervise asked about lately, nor one being restarted
     assert sink._LOOKS == {"asked": ([], [1])} and sink._FAILED_LOOKS == {"broken": 1}
+
+
+def stopped_after(seconds: float) -> threading.Event:
+    """A stop flag that sets itself after ``seconds`` (a ``supervise`` that ran on until asked to stop)."""
+    stop = threading.Event()
+    threading.Timer(seconds, stop.set).start()
+    return stop
+
+
+class ViewWithout:
+    """A registry view that has no store at all (each of its stores dropped, or riqr down and up ran)."""
+
+    def table(self, _name: str) -> None:
+        return None
+
+
+def test_a_look_that_finds_the_store_no_longer_registered_fails_the_topology_without_a_batch(
+    running: dict[str, object], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``riqr drop --force`` of a store an idle topology feeds: no batch comes to fail on it, so the look
+    at the copies says so, and ``supervise`` ends the topology as a failed query would."""
+    import ray
+
+    from runtime.errors import NotConnected
+    from topologies import sink
+
+    dropped, kept = FakeDelivery("order-count"), FakeDelivery("customers")
+    dropped.namespace = "riqr-ns"  # type: ignore[attr-defined]
+    dropped.current_view = lambda: ViewWithout()  # type: ignore[attr-defined]
+    with pytest.raises(sink.StoreUnregistered, match="'order-count' is no longer registered in namespace 'riqr-ns'"):
+        sink.unserved(dropped)  # type: ignore[arg-type]
+
+    # No registry to ask (riqr down alone): the look cannot tell, which is no verdict.
+    gone = FakeDelivery("customers")
+
+    def no_registry() -> None:
+        raise NotConnected("no riqr runtime in Ray namespace 'riqr-ns'")  # as ``delivery.registry`` says it
+
+    gone.current_view = no_registry  # type: ignore[attr-defined]
+    running["riqr-ns-gone"] = (gone, lambda **_: FakeQuery("riqr-ns-gone"))
+    real = sink.unserved
+
+    def unserved(delivery: FakeDelivery) -> list[int]:  # the real look, but for the store whose copies all serve
+        return real(delivery) if delivery in (dropped, gone) else []  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sink, "unserved", unserved)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    running["riqr-ns-order-count"] = (dropped, lambda **_: FakeQuery("riqr-ns-order-count"))
+    running["riqr-ns-customers"] = (kept, lambda **_: FakeQuery("riqr-ns-customers"))
+    queries = [FakeQuery("riqr-ns-customers"), FakeQuery("riqr-ns-order-count")]
+    for name in ("riqr-ns-customers", "riqr-ns-order-count", "riqr-ns-gone"):
+        assert sink.rebuild_due(name) == []  # what supervise asks first: the looks follow
+    assert sink.unregistered("riqr-ns-order-count") is None  # nothing looked at yet
+    sink._look_at_all()
+    assert sink.unregistered("riqr-ns-customers") is None and sink.unregistered("riqr-ns-gone") is None
+    assert sink._FAILED_LOOKS == {"riqr-ns-gone": 1}
+    assert supervise([FakeQuery("riqr-ns-gone")], poll=0.001, stop=stopped_after(0.05)) == 0
+    with caplog.at_level(logging.ERROR):
+        assert supervise(queries, poll=0.001) == 1  # at its first poll: no query ended, none got a batch
+    assert all(q.stopped for q in queries)
+    assert "query riqr-ns-order-count stopped" in caplog.text
+    assert "is no longer registered" in caplog.text and "riqr drop --force" in caplog.text
