@@ -125,7 +125,8 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 def _cmd_drop(args: argparse.Namespace) -> int:
     """Drop one store: the registry forgets it, its query actors stop and delete their data. A store a
-    running topology feeds is refused without ``--force``: that topology would fail (``supervise``)."""
+    running topology feeds is refused without ``--force``: that topology would fail (at its next batch, or
+    sooner under ``supervise``: ``topologies.sink.unregistered``)."""
     from runtime import raycalls
     from runtime.errors import DeadlineExceeded, OwnerUnavailable
 

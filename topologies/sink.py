@@ -47,6 +47,7 @@ from runtime.config import (
 from runtime.errors import NotConnected, SchemaError
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
 from runtime.keys import KeySchema, key_type_for_spark
+from runtime.ownership import ClusterView
 from runtime.partition import REBUILDING, SERVING
 from runtime.partitioner import spark_partition_sql
 from topologies.checkpoint import (
@@ -152,6 +153,14 @@ def record_look(name: str, found: list[int] | None) -> None:
                     extra={"query": name})  # fmt: skip
 
 
+def _register(name: str, delivery: BatchDelivery, again: Callable[..., Any]) -> None:
+    """Query ``name`` runs with ``delivery`` (``again`` starts it anew): its store was just declared, so what
+    a look found of an earlier query of that name is past."""
+    with _RUNNING_LOCK:
+        _RUNNING[name] = (delivery, again)
+        _UNREGISTERED.pop(name, None)
+
+
 def unregistered(name: str) -> StoreUnregistered | None:
     """Why the store fed by query ``name`` is no longer registered, if a look found it so (dropped with
     ``riqr drop --force``, or ``riqr down`` ran, maybe followed by ``riqr up``): ``supervise`` then ends
@@ -209,26 +218,28 @@ def unserved(delivery: BatchDelivery) -> list[int]:
 
     Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store."""
     name = delivery.spec.name
-    if delivery.current_view().table(name) is None:
+    view = delivery.current_view()
+    if view.table(name) is None:
         raise StoreUnregistered(f"store {name!r} is no longer registered in namespace {delivery.namespace!r} (dropped "
                            "with riqr drop --force, or riqr down ran); started again, the topology declares it "
                            "again and rebuilds it from its input", store=name)  # fmt: skip
     committed = last_committed(delivery.checkpoint)
     if committed is None:
         return []
-    positions = _copies_positions(delivery, fresh=False, timeout=5)
+    positions = _copies_positions(delivery, view=view, timeout=5)
     if positions is None:
         return []
     return partitions_without_a_current_copy(positions, query_id(delivery.checkpoint), committed)
 
 
 def _copies_positions(
-    delivery: BatchDelivery, *, fresh: bool, timeout: float
+    delivery: BatchDelivery, *, view: ClusterView | None = None, timeout: float
 ) -> dict[str, Mapping[int, Mapping[str, Any]]] | None:
-    """``positions()`` of every copy of ``delivery``'s store, by actor; None if the store is not registered.
-    A failed call makes the sink look every owner up again next time (one may have been re-created under
-    its name)."""
-    ownership = delivery.current_view(fresh=fresh).table(delivery.spec.name)
+    """``positions()`` of every copy of ``delivery``'s store, by actor, as ``view`` has them (None: a fresh
+    view); None if the store is not registered. A failed call makes the sink look every owner up again
+    next time (one may have been re-created under its name)."""
+    view = view if view is not None else delivery.current_view(fresh=True)
+    ownership = view.table(delivery.spec.name)
     if ownership is None:
         return None
     uuids = sorted(ownership.all_owners())
@@ -336,7 +347,7 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
         # partitions must not be told they start empty, or they would answer 404s until it lands.
         return "fresh" if last_planned(checkpoint) is None else "resume"
     source = query_id(checkpoint)
-    positions = _copies_positions(delivery, fresh=True, timeout=30)
+    positions = _copies_positions(delivery, timeout=30)
     if positions is None:
         raise NotConnected(f"store {delivery.spec.name!r} is not registered", store=delivery.spec.name)
     # A copy ``rebuilding`` at the checkpoint waits for the next batch Spark runs: one planned and not
@@ -547,9 +558,7 @@ def materialize(
     )
     delivery.report(state="rebuilding" if plan == "rebuild" or _rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
-    with _RUNNING_LOCK:
-        _RUNNING[name] = (delivery, again)
-        _UNREGISTERED.pop(name, None)  # declared again above: what a look found before is past
+    _register(name, delivery, again)
     if plan == "fresh" and not _rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)

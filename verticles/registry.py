@@ -5,7 +5,7 @@ A thin shell over ``runtime.registry.RegistryState``. Creating a store also crea
 it rebuilds its tables from the query actors, which each know their store and partitions, and from the
 members it saved (``runtime.membership``: the actors that cannot answer then are not forgotten), and its
 endpoints from the HTTP verticles, and starts its epoch past any value it handed out before (epochs are
-wall-clock based on a rebuild), so facades refresh.
+wall-clock based, from the start and again on a rebuild), so facades refresh.
 
 Ingest records (``runtime.feeds.FeedBook``: each store's feed, its liveness and dead-letter totals) are not
 in the query actors, so the registry keeps them in a file under its node's data directory and reads it
@@ -131,7 +131,11 @@ class Registry:
         self._env = env
         self._new_uuid = new_uuid
         self._clock = clock
-        self.state = RegistryState()
+        # Epochs are wall-clock milliseconds from the start, as after a rebuild (``_rebuild``): a new
+        # deployment's are past an earlier one's in the same namespace, so a client that cached a view across
+        # ``riqr down`` and ``riqr up`` never takes it for the new registry's (it did when both counted from 0
+        # and their counts met), and 0 stays "never saw a registry" (``ClusterView``'s default).
+        self.state = RegistryState(epoch=int(clock() * 1000))
         # Woken on every epoch bump; ``wait_epoch`` callers (facades) wait on it in their own threads.
         self._changed = threading.Condition()
         # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
@@ -361,8 +365,8 @@ class Registry:
             state = verdict[0]
             raise StoreInUse(
                 f"store {name!r} is fed by a running topology ({feeder}, {state}):"
-                " stop it first, or drop with --force (the topology then fails within seconds; started again,"
-                " it creates the store again and rebuilds it)",
+                " stop it first, or drop with --force (the topology then fails, within seconds under riqr's runner;"
+                " started again, it creates the store again and rebuilds it)",
                 store=name,
             )
         members = sorted(u for u, info in view.actors.items() if info.store == name)

@@ -397,8 +397,20 @@ def test_a_look_that_finds_the_store_no_longer_registered_fails_the_topology_wit
     assert sink.unregistered("riqr-ns-customers") is None and sink.unregistered("riqr-ns-gone") is None
     assert sink._FAILED_LOOKS == {"riqr-ns-gone": 1}
     assert supervise([FakeQuery("riqr-ns-gone")], poll=0.001, stop=stopped_after(0.05)) == 0
-    with caplog.at_level(logging.ERROR):
-        assert supervise(queries, poll=0.001) == 1  # at its first poll: no query ended, none got a batch
+    with caplog.at_level(logging.ERROR):  # no query ended, none got a batch
+        assert supervise(queries, poll=0.001, stop=stopped_after(10)) == 1
+    assert [q.polls for q in queries] == [2, 2]  # at its first poll (the second: whether to stop it)
     assert all(q.stopped for q in queries)
     assert "query riqr-ns-order-count stopped" in caplog.text
     assert "is no longer registered" in caplog.text and "riqr drop --force" in caplog.text
+
+
+def test_a_query_started_again_forgets_that_a_look_found_its_store_unregistered(running: dict[str, object]) -> None:
+    """``materialize`` declares the store before it registers the query: an earlier verdict is past."""
+    from topologies import sink
+
+    sink._UNREGISTERED["q"] = sink.StoreUnregistered("store 's' is no longer registered")
+    assert sink.unregistered("q") is not None
+    delivery = FakeDelivery("s")
+    sink._register("q", delivery, lambda **_: FakeQuery("q"))  # type: ignore[arg-type]
+    assert sink.unregistered("q") is None and running["q"][0] is delivery  # type: ignore[index]

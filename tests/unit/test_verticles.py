@@ -550,6 +550,20 @@ def test_waiting_for_the_next_epoch_returns_as_soon_as_it_moves() -> None:
     assert not waiter.is_alive() and answers == [registry.epoch()] and answers[0] > known
 
 
+def test_a_new_deployments_epochs_are_past_an_earlier_ones_in_the_namespace() -> None:
+    """A client that cached a view across ``riqr down`` and ``riqr up`` compares epochs: the new registry's
+    must never equal the old one's (both once counted from 0), nor look like "never saw one" (0)."""
+    now = [1_700_000_000.0]
+    first = Registry("ns", FakeEnv(), new_uuid=uuids(), clock=lambda: now[0])
+    for name in ("a", "b", "c"):
+        first.create_store(kv_spec(name))
+    now[0] += 5.0  # riqr down, then riqr up seconds later
+    second = Registry("ns", FakeEnv(), new_uuid=uuids(), clock=lambda: now[0])
+    assert 0 < first.epoch() < second.epoch()
+    second.create_store(kv_spec("a"))
+    assert second.epoch() > first.epoch() and second.view().epoch == second.epoch()
+
+
 def test_a_replacement_query_actor_opens_its_partitions_as_a_restarted_one_would() -> None:
     spec = kv_spec("s", partitions=4, actors=2)
     env = FakeEnv()
