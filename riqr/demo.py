@@ -218,6 +218,18 @@ def run_demo(args: argparse.Namespace) -> int:
             + ("" if args.home is None else f" --home {home}")
             + "\n\n[riqr demo] serving until Ctrl-C"
         )
+
+        # From here a stop signal only sets the flag, as in ``supervise``: a KeyboardInterrupt raised inside
+        # a call into Spark's JVM (starting the dead-letter queries takes a second, and a user's Ctrl-C right
+        # after the banner lands there) broke py4j's connection mid-call and printed pages of tracebacks from
+        # py4j and from the JVM stopping under a query still starting. A second signal still interrupts.
+        def on_stop_signal_while_serving(signum: int, frame: Any) -> None:
+            if stop_requested.is_set():
+                on_stop_signal(signum, frame)
+            stop_requested.set()
+
+        for sig in previous_handlers:
+            signal.signal(sig, on_stop_signal_while_serving)
         # Not needed before a malformed record comes; started now, their first batches did not compete with
         # the stores' for the CPU. Records produced meanwhile are not missed: they read from their checkpoints.
         queries += start_dead_letters()
