@@ -131,11 +131,12 @@ class Registry:
         self._env = env
         self._new_uuid = new_uuid
         self._clock = clock
-        # Epochs are wall-clock milliseconds from the start, as after a rebuild (``_rebuild``): a new
+        # Epochs are wall-clock milliseconds from the start, a new registry's and a rebuilt one's alike: a new
         # deployment's are past an earlier one's in the same namespace, so a client that cached a view across
         # ``riqr down`` and ``riqr up`` never takes it for the new registry's (it did when both counted from 0
         # and their counts met), and 0 stays "never saw a registry" (``ClusterView``'s default).
-        self.state = RegistryState(epoch=int(clock() * 1000))
+        first_epoch = int(clock() * 1000)
+        self.state = RegistryState(epoch=first_epoch)
         # Woken on every epoch bump; ``wait_epoch`` callers (facades) wait on it in their own threads.
         self._changed = threading.Condition()
         # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
@@ -164,7 +165,7 @@ class Registry:
         self._dropping: set[str] = set()
         self._drops_failing = False
         if env.restarted():
-            self._rebuild(int(clock() * 1000))
+            self._rebuild(first_epoch)
             self._restore_feeds(stale_after)
         else:
             self._save_feeds()  # a new deployment: records left by an earlier one in this namespace go
