@@ -5,6 +5,7 @@ same state ingests the file its peer wrote instead of writing the rows again."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +311,8 @@ def test_a_process_killed_while_it_ingests_files_reopens_at_the_old_batch_or_the
         assert child.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.1, 1.0))
         os.kill(child.pid, signal.SIGKILL)
-        said = [int(line.split()[1]) for line in child.stdout.read().splitlines() if line.startswith("applied")]
+        # Only whole lines were said: the kill can land between "applied" and its number.
+        said = [int(m[1]) for m in re.finditer(r"^applied (\d+)\n", child.stdout.read(), re.MULTILINE)]
         child.wait(timeout=30)
         last_said = max([last_said, *said])
         engine = RocksEngine(SPEC.key, path)
