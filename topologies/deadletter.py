@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from topologies.inflight import IN_FLIGHT
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -131,11 +133,13 @@ def write_dead_letters(
     )
 
     def deliver(batch: Any, batch_id: int) -> None:
-        # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites.
-        rows = (row.letter for row in batch.toLocalIterator())
-        _write_batch(directory, f"{writer}-{batch_id:012d}{_SUFFIX}", rows)
-        if namespace is not None:
-            _report(namespace, consumer, topic, _count(directory, writer))
+        # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites. Counted
+        # while it runs: a stop lets the batch end rather than cancel it (``topologies.inflight``).
+        with IN_FLIGHT.batch(name):
+            rows = (row.letter for row in batch.toLocalIterator())
+            _write_batch(directory, f"{writer}-{batch_id:012d}{_SUFFIX}", rows)
+            if namespace is not None:
+                _report(namespace, consumer, topic, _count(directory, writer))
 
     query = (
         letters.writeStream.queryName(name)

@@ -54,6 +54,7 @@ from runtime.ownership import ClusterView, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
+from topologies.inflight import IN_FLIGHT
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
 
@@ -401,6 +402,12 @@ class BatchDelivery:
         return sorted(p for partitions in began for p in partitions)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
+        # Counted while it runs: a stop of the topology lets the batch end rather than cancel it
+        # (``topologies.inflight``).
+        with IN_FLIGHT.batch(self.query_name):
+            self._deliver_batch(batch_df, batch_id)
+
+    def _deliver_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
         try:
             if self._source is None:

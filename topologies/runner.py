@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topologies import feeder
+from topologies.inflight import STOP_GRACE, stop_between_batches
 
 __all__ = ["run_topology"]
 
@@ -170,7 +171,9 @@ def _interval(value: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | None = None) -> int:
+def supervise(
+    queries: list[Any], *, poll: float = 0.5, stop: threading.Event | None = None, grace: float = STOP_GRACE
+) -> int:
     """Wait until a signal asks to stop (0) or any query ends by itself (1, naming it and why).
 
     ``stop``, when given, is a flag the caller's own signal handler set before this started (``riqr
@@ -182,7 +185,9 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
 
     Before stopping them it gives the registry the topology's last word on every store it feeds
     (``topologies.feeder.finish_all``): ``stopped`` on a signal, ``failed`` naming the query and its
-    error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running.
+    error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running. Then
+    it stops each query between two of its batches (``topologies.inflight``), waiting at most ``grace``
+    seconds in all for batches in progress to end.
 
     Each poll also rebuilds in place a store whose partitions no copy serves any more
     (``topologies.sink.rebuild_due``, ``stop_for_rebuild``, ``start_again``): its query is stopped and
@@ -212,9 +217,12 @@ def supervise(queries: list[Any], *, poll: float = 0.5, stop: threading.Event | 
         error = None if failed is None else failed[1]
         why = f"{type(error).__name__}: {error}" if error is not None else "it ended without an error"
         feeder.finish_all(None if failed is None else failed[0], why)
+        # Each query stopped between two of its batches, all within one grace period
+        # (``topologies.inflight``): a batch in progress ends rather than being cancelled.
+        grace_ends = time.monotonic() + grace
         for q in queries:
             if q.isActive:
-                q.stop()
+                stop_between_batches(q, grace_ends - time.monotonic())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -59,6 +59,7 @@ from topologies.checkpoint import (
     supersede,
 )
 from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
+from topologies.inflight import stop_between_batches
 from topologies.options import check_interval
 
 __all__ = [
@@ -256,7 +257,7 @@ def stop_for_rebuild(name: str, query: Any) -> None:
     """Stop ``query`` (running under ``name``) to rebuild its store in place; ``start_again`` follows. The
     feed says ``rebuilding`` meanwhile: the query is detached from the heartbeat (its stop is not the
     feed's end) and its delivery retired (a batch the stop cancels is not the feed failing). Waits for
-    the batch in progress, as Spark's stop does."""
+    the batch in progress to end, bounded (``topologies.inflight``), rather than cancelling it."""
     with _RUNNING_LOCK:
         delivery = _RUNNING[name][0]
         _REBUILT.setdefault(name, []).append(time.monotonic())
@@ -264,7 +265,7 @@ def stop_for_rebuild(name: str, query: Any) -> None:
     delivery.retired = True
     delivery.feeder.attach(delivery.spec.name, None)
     delivery.report(state="rebuilding", incomplete=delivery.unheld)
-    query.stop()
+    stop_between_batches(query)
     # Said again once the stop has waited for the batch in progress: one that looked at ``retired`` just
     # before it was set may have reported ``running`` (or ``failed``) over the first report.
     delivery.report(state="rebuilding", incomplete=delivery.unheld)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime.landing import Record, topic_dir, write_records
+from tests.integration.helpers import wait_for
 from topologies.deadletter import dead_letter_count, read_dead_letters, split_valid, write_dead_letters
 from topologies.sources import read_topic_batch, read_topic_checked
 
@@ -173,3 +176,42 @@ def test_a_topology_runs_its_dead_letter_queries_at_the_trigger_it_is_given(spar
 
     assert interval_ms(TopologyOptions(namespace="dl-trigger", dead_letter_trigger="7 seconds"), "slow") == 7000
     assert interval_ms(TopologyOptions(namespace="dl-trigger"), "default") == 2000  # DEAD_LETTER_TRIGGER
+
+
+def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop (SIGTERM to a topology, Ctrl-C to the demo) that comes while a batch runs inside its
+    ``foreachBatch`` function waits for it to end (``topologies.inflight``) instead of cancelling its job,
+    which py4j and Spark logged as pages of errors: the batch is written whole and nothing is logged.
+    (Each rejected record takes 0.2 s through a Python UDF here, so the batch's job runs for 2 s; a bare
+    ``query.stop()`` at the same moment cancels it, and the letters are not written.)"""
+    from pyspark.sql import functions as F
+
+    from topologies.inflight import IN_FLIGHT, stop_between_batches
+
+    @F.udf("string")  # type: ignore[misc]
+    def slowly(record):  # type: ignore[no-untyped-def]  # (hints would make Spark try a pandas UDF)
+        import time
+
+        time.sleep(0.2)
+        return record
+
+    count = 10
+    _landing_lines(tmp_path, "booking", [f"not json {i}" for i in range(count)])
+    _, unreadable = read_topic_checked(spark, tmp_path, "booking")
+    bad = unreadable.withColumn("record", slowly("record"))
+    query = write_dead_letters(bad, tmp_path, "booking", tmp_path / "cp", consumer="bookings")
+    try:
+        jobs = spark.sparkContext.statusTracker()
+        wait_for(lambda: IN_FLIGHT.inside(query.name) and jobs.getActiveJobsIds(), timeout=120, interval=0.005,
+                 what="the batch's job running in its function")  # fmt: skip
+        assert stop_between_batches(query, timeout=60)
+    finally:
+        query.stop()
+    assert not query.isActive and query.exception() is None
+    assert dead_letter_count(tmp_path, "booking") == count  # the batch ran to its end
+    out, err = capfd.readouterr()
+    noise = re.compile(r"Traceback|CANCELLED|cancelled|py4j|Exception")
+    assert [line for line in (out + err).splitlines() if noise.search(line)] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -1,0 +1,136 @@
+"""A stop lets the batch in progress end (``topologies.inflight``): the count of batches inside their
+``foreachBatch`` function per query, the bounded wait, and ``supervise`` stopping each query between two of
+its batches (fakes of Spark's StreamingQuery, no Spark)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from topologies import feeder
+from topologies.inflight import IN_FLIGHT, InFlight, stop_between_batches
+from topologies.runner import supervise
+
+
+@pytest.fixture(autouse=True)
+def no_feeders(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(feeder, "_FEEDERS", {})
+
+
+class Query:
+    """A query whose ``stop()`` records whether a batch of it was inside its function at that moment."""
+
+    def __init__(self, name: str, in_flight: InFlight = IN_FLIGHT) -> None:
+        self.name = name
+        self.in_flight = in_flight
+        self.stopped = False
+        self.stopped_inside: bool | None = None
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 (Spark's name)
+        return not self.stopped
+
+    def stop(self) -> None:
+        self.stopped_inside = self.in_flight.inside(self.name)
+        self.stopped = True
+
+    def exception(self) -> Exception | None:
+        return None
+
+
+def batch_for(in_flight: InFlight, name: str, seconds: float) -> tuple[threading.Thread, threading.Event]:
+    """A thread that is inside a batch of ``name`` for ``seconds``; the event is set once it is inside."""
+    inside = threading.Event()
+
+    def run() -> None:
+        with in_flight.batch(name):
+            inside.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert inside.wait(5)
+    return thread, inside
+
+
+def test_batches_are_counted_per_query_and_leave_on_errors_too() -> None:
+    flight = InFlight()
+    assert not flight.inside("q") and flight.wait_out("q", 0)
+    with flight.batch("q"):
+        assert flight.inside("q") and not flight.inside("other")
+        with flight.batch("q"):  # two at once (never in Spark, but counted, not flagged)
+            pass
+        assert flight.inside("q")
+        assert not flight.wait_out("q", 0.01)
+        assert flight.wait_out("other", 0)
+    assert not flight.inside("q")
+    with pytest.raises(RuntimeError), flight.batch("q"):
+        raise RuntimeError("the batch failed")
+    assert not flight.inside("q") and flight.wait_out("q", 0)
+    with flight.batch(None):  # a function not told its query's name is not counted
+        assert flight.wait_out("q", 0)
+
+
+def test_a_stop_waits_for_the_batch_in_progress_then_stops_between_batches() -> None:
+    flight = InFlight()
+    query = Query("riqr-ns-order-count", flight)
+    thread, _ = batch_for(flight, query.name, 0.2)
+    started = time.monotonic()
+    assert stop_between_batches(query, 10, in_flight=flight)
+    assert 0.1 < time.monotonic() - started < 5
+    assert query.stopped and query.stopped_inside is False
+    thread.join(5)
+
+
+def test_a_batch_longer_than_the_grace_is_stopped_in_progress_and_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    flight = InFlight()
+    query = Query("riqr-ns-order-count", flight)
+    thread, _ = batch_for(flight, query.name, 1.0)
+    started = time.monotonic()
+    assert not stop_between_batches(query, 0.05, in_flight=flight)
+    assert time.monotonic() - started < 0.9
+    assert query.stopped and query.stopped_inside is True
+    assert "did not end within" in caplog.text and query.name in caplog.text
+    thread.join(5)
+
+
+def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> None:
+    store, letters, idle = Query("riqr-ns-store"), Query("riqr-deadletter-x"), Query("riqr-ns-idle")
+    busy = [batch_for(IN_FLIGHT, store.name, 0.3)[0], batch_for(IN_FLIGHT, letters.name, 0.4)[0]]
+    stop = threading.Event()
+    stop.set()
+    assert supervise([store, letters, idle], poll=0.001, stop=stop, grace=10) == 0
+    assert [q.stopped_inside for q in (store, letters, idle)] == [False, False, False]
+    for thread in busy:
+        thread.join(5)
+
+    # Batches that outlast the grace: every query is stopped by its end, not one grace each.
+    store, letters = Query("riqr-ns-store"), Query("riqr-deadletter-x")
+    busy = [batch_for(IN_FLIGHT, store.name, 1.5)[0], batch_for(IN_FLIGHT, letters.name, 1.5)[0]]
+    started = time.monotonic()
+    assert supervise([store, letters], poll=0.001, stop=stop, grace=0.3) == 0
+    assert time.monotonic() - started < 1.2
+    assert store.stopped_inside is True and letters.stopped_inside is True
+    for thread in busy:
+        thread.join(5)
+
+
+def test_the_sinks_batch_counts_itself_inside_while_it_runs_and_not_after() -> None:
+    from tests.unit.test_runner import FakeFeeder, one_string_store
+    from topologies.delivery import BatchDelivery
+
+    name = "riqr-ns-s"
+    seen: list[bool] = []
+
+    class Batch:
+        def toArrow(self) -> None:  # noqa: N802 (Spark's name)
+            seen.append(IN_FLIGHT.inside(name))
+            raise RuntimeError("cancelled")  # and the batch goes no further
+
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", query_name=name, feeder=FakeFeeder())  # type: ignore[arg-type]
+    delivery._source = "src"
+    with pytest.raises(RuntimeError, match="cancelled"):
+        delivery(Batch(), 3)
+    assert seen == [True] and not IN_FLIGHT.inside(name)

@@ -1,0 +1,86 @@
+"""Which streaming queries of this process are inside their ``foreachBatch`` function, so a stop can let
+the batch in progress end instead of cancelling it.
+
+Spark's ``StreamingQuery.stop()`` cancels the jobs of the micro-batch in progress at once. riqr's sink
+(``topologies.delivery.BatchDelivery``) and the dead-letter writer (``topologies.deadletter``) run their
+batch's job inside their Python ``foreachBatch`` function (``toArrow``, ``toLocalIterator``), so the
+cancellation comes back through py4j as an error in that function. py4j logs it with a traceback, hands
+it back to the JVM, and the query's stream thread logs it again (Spark's check of whether the error was
+the stop's runs regular expressions over the whole Python traceback, and once overflowed the thread's
+stack doing so). Nothing is lost, the batch runs again at the next start, but a topology stopped on
+purpose under load printed pages of errors every time.
+
+So a stop waits, bounded, until the query's function has returned, then calls ``stop()``: between two
+batches Spark is listing its source, writing its logs or planning, which a stop interrupts quietly. The
+next batch enters the function only after all that (100 ms or more here), so the window between the wait
+and the stop is small; a batch that outlasts the bound (a large backlog) is cancelled as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["IN_FLIGHT", "InFlight", "STOP_GRACE", "stop_between_batches"]
+
+log = logging.getLogger(__name__)
+
+# How long a stop waits for the batch in progress, at most. ``ray job stop`` sends SIGTERM and SIGKILLs
+# the job 3 s later (``RAY_JOB_STOP_WAIT_TIME_S``): the wait leaves time for the queries' and Spark's stop.
+STOP_GRACE = 1.5
+
+
+class InFlight:
+    """Per query name, how many calls of its ``foreachBatch`` function are running."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inside: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def batch(self, name: str | None) -> Iterator[None]:
+        """Around the body of a ``foreachBatch`` function of the query ``name`` (None: not counted)."""
+        if name is None:
+            yield
+            return
+        with self._cond:
+            self._inside[name] = self._inside.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                left = self._inside[name] - 1
+                if left:
+                    self._inside[name] = left
+                else:
+                    del self._inside[name]
+                self._cond.notify_all()
+
+    def inside(self, name: str) -> bool:
+        with self._cond:
+            return name in self._inside
+
+    def wait_out(self, name: str, timeout: float) -> bool:
+        """Wait until no batch of ``name`` is inside its function, at most ``timeout`` seconds; True if none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: name not in self._inside, timeout=max(0.0, timeout))
+
+
+IN_FLIGHT = InFlight()
+
+
+def stop_between_batches(query: Any, timeout: float = STOP_GRACE, *, in_flight: InFlight = IN_FLIGHT) -> bool:
+    """``query.stop()`` once its batch in progress (if any) has returned from ``foreachBatch``, or after
+    ``timeout`` seconds; True if it was stopped between batches."""
+    started = time.monotonic()
+    between = in_flight.wait_out(query.name, timeout)
+    if not between:
+        log.warning("query %s: its batch in progress did not end within %.1fs; the stop cancels it (it runs "
+                    "again at the next start)", query.name, time.monotonic() - started,
+                    extra={"query": query.name})  # fmt: skip
+    query.stop()
+    return between
