@@ -240,9 +240,17 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0
     finally:
         _say("[riqr demo] shutting down ...")
+        # Stopped already if serving began; a stop during start-up (the seed's batches may be running)
+        # lets their batches end first, as ``supervise`` does (``topologies.inflight``).
+        active = []
         for q in queries:
             with contextlib.suppress(Exception):
-                q.stop()
+                if q.isActive:
+                    active.append(q)
+        with contextlib.suppress(Exception):
+            from topologies.inflight import stop_between_batches
+
+            stop_between_batches(active)
         if spark is None and spark_started is not None:  # stopped or failed before the topology started
             with contextlib.suppress(Exception):
                 spark_started.result()

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = ["IN_FLIGHT", "InFlight", "STOP_GRACE", "stop_between_batches"]
@@ -66,21 +66,35 @@ class InFlight:
 
     def wait_out(self, name: str, timeout: float) -> bool:
         """Wait until no batch of ``name`` is inside its function, at most ``timeout`` seconds; True if none is."""
+        return self.wait_any_out([name], timeout)
+
+    def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
+        """Wait until at least one of ``names`` has no batch inside its function, at most ``timeout``
+        seconds; True if one has."""
         with self._cond:
-            return self._cond.wait_for(lambda: name not in self._inside, timeout=max(0.0, timeout))
+            return self._cond.wait_for(lambda: any(n not in self._inside for n in names), timeout=max(0.0, timeout))
 
 
 IN_FLIGHT = InFlight()
 
 
-def stop_between_batches(query: Any, timeout: float = STOP_GRACE, *, in_flight: InFlight = IN_FLIGHT) -> bool:
-    """``query.stop()`` once its batch in progress (if any) has returned from ``foreachBatch``, or after
-    ``timeout`` seconds; True if it was stopped between batches."""
-    started = time.monotonic()
-    between = in_flight.wait_out(query.name, timeout)
-    if not between:
+def stop_between_batches(
+    queries: Sequence[Any], timeout: float = STOP_GRACE, *, in_flight: InFlight = IN_FLIGHT
+) -> list[str]:
+    """Stop every query of ``queries``, each as soon as no batch of it is inside its ``foreachBatch``
+    function, all within ``timeout`` seconds; those still in a batch then are stopped in it (their batch
+    cancelled), and their names returned."""
+    deadline = time.monotonic() + timeout
+    pending = list(queries)
+    while pending:
+        between = [q for q in pending if not in_flight.inside(q.name)]
+        for query in between:
+            query.stop()
+        pending = [q for q in pending if q not in between]
+        if not pending or not in_flight.wait_any_out([q.name for q in pending], deadline - time.monotonic()):
+            break
+    for query in pending:
         log.warning("query %s: its batch in progress did not end within %.1fs; the stop cancels it (it runs "
-                    "again at the next start)", query.name, time.monotonic() - started,
-                    extra={"query": query.name})  # fmt: skip
-    query.stop()
-    return between
+                    "again at the next start)", query.name, timeout, extra={"query": query.name})  # fmt: skip
+        query.stop()
+    return [q.name for q in pending]

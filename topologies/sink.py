@@ -265,7 +265,7 @@ def stop_for_rebuild(name: str, query: Any) -> None:
     delivery.retired = True
     delivery.feeder.attach(delivery.spec.name, None)
     delivery.report(state="rebuilding", incomplete=delivery.unheld)
-    stop_between_batches(query)
+    stop_between_batches([query])
     # Said again once the stop has waited for the batch in progress: one that looked at ``retired`` just
     # before it was set may have reported ``running`` (or ``failed``) over the first report.
     delivery.report(state="rebuilding", incomplete=delivery.unheld)

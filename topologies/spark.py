@@ -32,6 +32,7 @@ __all__ = [
     "class_cache_dir",
     "stop_jvm",
     "jars_fingerprint",
+    "ignore_sigterm_in_jvm",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,31 @@ def spark_session(  # type: ignore[no-untyped-def]
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    ignore_sigterm_in_jvm(spark)
     return spark
+
+
+def ignore_sigterm_in_jvm(spark: Any) -> bool:
+    """Make the driver JVM this process started ignore SIGTERM; its Python driver stops it.
+
+    ``ray job stop`` sends SIGTERM to the job's whole process tree, the driver JVM included, and so does a
+    ``kill`` of a process group. The JVM's own handler then runs its shutdown hooks, which stop the
+    SparkContext under the queries: the batch in progress is cancelled (py4j's and Spark's tracebacks)
+    while the Python driver is still stopping the queries between two batches (``topologies.inflight``).
+    PySpark starts the JVM with SIGINT ignored for the same reason (a terminal's Ctrl-C reaches the whole
+    foreground group); this does so for SIGTERM. The JVM still ends with its driver: ``stop_jvm`` closes
+    its stdin, it exits on the broken pipe if the driver dies, and SIGKILL ends it as before. A session on
+    a JVM this process did not start (no gateway process) is left alone. True if the handler was set."""
+    context = spark.sparkContext
+    if getattr(context._gateway, "proc", None) is None:
+        return False
+    try:
+        jvm = context._jvm
+        jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
+    except Exception as err:  # a JVM without sun.misc: SIGTERM stops it as before
+        log.warning("could not make Spark's driver JVM ignore SIGTERM: %s", err)
+        return False
+    return True
 
 
 def class_cache_dir() -> Path:

@@ -113,6 +113,21 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
         wait_for(seeded_or_job_died, timeout=240, what="the Ray job's topology serving the seed data", fatal=(JobDied,))
         assert http_get(f"{urls[1]}/stores/order-count/get/1", bearer)[2] == {"response": 1}
         assert http_get(f"{urls[0]}/stores/order-count/get/", bearer)[2] == {"response": 1}
+        # ray job stop sends SIGTERM to the job's whole process tree, Spark's JVM too: the topology stops its
+        # queries and Spark itself (the JVM ignores SIGTERM, topologies.spark.ignore_sigterm_in_jvm) and says so,
+        # rather than its JVM's shutdown hooks stopping Spark under the queries.
+        stopped = subprocess.run(
+            [BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO
+        )
+        assert stopped.returncode == 0, stopped.stderr
+        logs = wait_for(
+            lambda: jobs.get_job_status(job_id).is_terminal() and jobs.get_job_logs(job_id), timeout=60,
+            what="the stopped job's logs",
+        )  # fmt: skip
+        assert "topology stopped" in logs, logs[-4000:]
+        noise_re = re.compile(r"Traceback|py4j|CANCELLED|Exception|ERROR|level=(error|warning)")
+        noise = [line for line in logs.splitlines() if noise_re.search(line)]
+        assert noise == [], logs[-4000:]
     finally:
         subprocess.run(
             [BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO

@@ -206,7 +206,7 @@ def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
         jobs = spark.sparkContext.statusTracker()
         wait_for(lambda: IN_FLIGHT.inside(query.name) and jobs.getActiveJobsIds(), timeout=120, interval=0.005,
                  what="the batch's job running in its function")  # fmt: skip
-        assert stop_between_batches(query, timeout=60)
+        assert stop_between_batches([query], timeout=60) == []  # none stopped in its batch
     finally:
         query.stop()
     assert not query.isActive and query.exception() is None

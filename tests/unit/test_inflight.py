@@ -4,11 +4,14 @@ its batches (fakes of Spark's StreamingQuery, no Spark)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 import pytest
 
+from tests.unit.test_runner import running  # noqa: F401 F811 (a fixture)
 from topologies import feeder
 from topologies.inflight import IN_FLIGHT, InFlight, stop_between_batches
 from topologies.runner import supervise
@@ -78,10 +81,26 @@ def test_a_stop_waits_for_the_batch_in_progress_then_stops_between_batches() -> 
     query = Query("riqr-ns-order-count", flight)
     thread, _ = batch_for(flight, query.name, 0.2)
     started = time.monotonic()
-    assert stop_between_batches(query, 10, in_flight=flight)
+    assert stop_between_batches([query], 10, in_flight=flight) == []
     assert 0.1 < time.monotonic() - started < 5
     assert query.stopped and query.stopped_inside is False
     thread.join(5)
+
+
+def test_each_query_is_stopped_as_soon_as_its_own_batch_ends_not_after_the_others() -> None:
+    flight = InFlight()
+    quick, slow, idle = Query("quick", flight), Query("slow", flight), Query("idle", flight)
+    stopped_at: dict[str, float] = {}
+    for q in (quick, slow, idle):
+        q.stop = lambda q=q: (stopped_at.setdefault(q.name, time.monotonic()), Query.stop(q))  # type: ignore[method-assign]
+    threads = [batch_for(flight, "quick", 0.2)[0], batch_for(flight, "slow", 0.8)[0]]
+    started = time.monotonic()
+    assert stop_between_batches([slow, quick, idle], 10, in_flight=flight) == []
+    assert [q.stopped_inside for q in (quick, slow, idle)] == [False, False, False]
+    assert stopped_at["idle"] - started < 0.1  # at once
+    assert stopped_at["quick"] - started < 0.6 < stopped_at["slow"] - started  # each at its own batch's end
+    for thread in threads:
+        thread.join(5)
 
 
 def test_a_batch_longer_than_the_grace_is_stopped_in_progress_and_said_so(caplog: pytest.LogCaptureFixture) -> None:
@@ -89,7 +108,7 @@ def test_a_batch_longer_than_the_grace_is_stopped_in_progress_and_said_so(caplog
     query = Query("riqr-ns-order-count", flight)
     thread, _ = batch_for(flight, query.name, 1.0)
     started = time.monotonic()
-    assert not stop_between_batches(query, 0.05, in_flight=flight)
+    assert stop_between_batches([query], 0.05, in_flight=flight) == [query.name]
     assert time.monotonic() - started < 0.9
     assert query.stopped and query.stopped_inside is True
     assert "did not end within" in caplog.text and query.name in caplog.text
@@ -106,15 +125,45 @@ def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> No
     for thread in busy:
         thread.join(5)
 
-    # Batches that outlast the grace: every query is stopped by its end, not one grace each.
+    # Batches that outlast the grace: every query is stopped by its end, not one grace each (with one
+    # each, the second would be stopped a second later, after its batch ended).
     store, letters = Query("riqr-ns-store"), Query("riqr-deadletter-x")
-    busy = [batch_for(IN_FLIGHT, store.name, 1.5)[0], batch_for(IN_FLIGHT, letters.name, 1.5)[0]]
-    started = time.monotonic()
-    assert supervise([store, letters], poll=0.001, stop=stop, grace=0.3) == 0
-    assert time.monotonic() - started < 1.2
+    busy = [batch_for(IN_FLIGHT, store.name, 1.6)[0], batch_for(IN_FLIGHT, letters.name, 1.6)[0]]
+    assert supervise([store, letters], poll=0.001, stop=stop, grace=1.0) == 0
     assert store.stopped_inside is True and letters.stopped_inside is True
     for thread in busy:
         thread.join(5)
+
+
+def test_a_second_signal_while_the_queries_stop_stops_at_once() -> None:
+    """``riqr demo``'s first Ctrl-C set the flag; a second one, while a batch holds the stop up, interrupts."""
+    query = Query("riqr-ns-store")
+    thread, _ = batch_for(IN_FLIGHT, query.name, 3.0)
+    stop = threading.Event()
+    stop.set()
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            supervise([query], poll=0.001, stop=stop, grace=10)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 2.5  # not the batch's 3 s, nor the grace's 10
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    thread.join(5)
+
+
+def test_a_rebuilds_stop_waits_for_the_batch_in_progress(running: dict[str, object]) -> None:  # noqa: F811
+    from tests.unit.test_runner import FakeDelivery
+    from topologies import sink
+
+    query = Query("riqr-ns-order-count")
+    running[query.name] = (FakeDelivery("order-count"), lambda **_: None)
+    thread, _ = batch_for(IN_FLIGHT, query.name, 0.3)
+    sink.stop_for_rebuild(query.name, query)
+    assert query.stopped and query.stopped_inside is False
+    thread.join(5)
 
 
 def test_the_sinks_batch_counts_itself_inside_while_it_runs_and_not_after() -> None:

@@ -20,6 +20,7 @@ def captured() -> Iterator[tuple[io.StringIO, logging.Logger]]:
     yield stream, logging.getLogger("riqr.test")
     root.handlers[:] = handlers
     root.setLevel(level)
+    logging.getLogger("py4j").setLevel(logging.NOTSET)
 
 
 def test_key_value_lines_carry_the_context_fields_and_quote_what_needs_it(captured) -> None:  # type: ignore[no-untyped-def]
@@ -75,3 +76,15 @@ def test_settings_come_from_the_environment_and_bad_ones_fail_or_fall_back(
     logs.configure_from_env()  # an actor must still start: defaults, and a warning
     handler = next(h for h in logging.getLogger().handlers if isinstance(h.formatter, logs.KeyValueFormatter))
     assert logging.getLogger().level == logging.INFO and handler is not None
+
+
+def test_py4j_traces_each_call_from_the_jvm_at_info_and_only_its_warnings_are_kept(captured) -> None:  # type: ignore[no-untyped-def]
+    stream, _ = captured
+    py4j = logging.getLogger("py4j.clientserver")
+    logs.configure("info", "kv", stream=stream)
+    py4j.info("Received command c on object id p2")  # each foreachBatch call, several a second
+    py4j.error("There was an exception while executing the Python Proxy on the Python Side.")
+    assert "Received command" not in stream.getvalue() and "Python Proxy" in stream.getvalue()
+    logs.configure("debug", "kv", stream=stream)
+    py4j.info("Received command c on object id p3")
+    assert "object id p3" in stream.getvalue()
