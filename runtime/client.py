@@ -188,17 +188,19 @@ class Store:
         query = WindowQuery(self.name, None, key_from, key_to, time_from, time_to, reverse)
         return self._client.call("entries", query)
 
-    def sessions(self, key: Any) -> list[Windowed]:
-        """Every session of ``key``."""
-        return self._client.call("entries", SessionQuery(self.name, key))
+    def sessions(self, key: Any, *, reverse: bool = False) -> list[Windowed]:
+        """Every session of ``key`` (``reverse``: newest first, Kafka's ``backwardFetch``)."""
+        return self._client.call("entries", SessionQuery(self.name, key, reverse=reverse))
 
-    def sessions_range(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
-        """Every session of the keys in [``key_from``, ``key_to``]."""
-        return self._client.call("entries", SessionQuery(self.name, key_from=key_from, key_to=key_to))
+    def sessions_range(self, key_from: Any = None, key_to: Any = None, *, reverse: bool = False) -> list[Windowed]:
+        """Every session of the keys in [``key_from``, ``key_to``] (``reverse``: keys descending)."""
+        query = SessionQuery(self.name, key_from=key_from, key_to=key_to, reverse=reverse)
+        return self._client.call("entries", query)
 
-    def find_sessions(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
-        """Sessions of ``key`` ending at or after ``earliest_end`` and starting at or before ``latest_start``."""
-        query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start)
+    def find_sessions(self, key: Any, earliest_end: Any, latest_start: Any, *, reverse: bool = False) -> list[Windowed]:
+        """Sessions of ``key`` ending at or after ``earliest_end`` and starting at or before ``latest_start``
+        (``reverse``: Kafka's ``backwardFindSessions``)."""
+        query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start, reverse=reverse)
         return self._client.call("entries", query)
 
     # -- async forms ---------------------------------------------------------------------------------------
@@ -268,14 +270,19 @@ class Store:
         query = WindowQuery(self.name, None, key_from, key_to, time_from, time_to, reverse)
         return await self._client.call_async("entries", query)
 
-    async def sessions_async(self, key: Any) -> list[Windowed]:
-        return await self._client.call_async("entries", SessionQuery(self.name, key))
+    async def sessions_async(self, key: Any, *, reverse: bool = False) -> list[Windowed]:
+        return await self._client.call_async("entries", SessionQuery(self.name, key, reverse=reverse))
 
-    async def sessions_range_async(self, key_from: Any = None, key_to: Any = None) -> list[Windowed]:
-        return await self._client.call_async("entries", SessionQuery(self.name, key_from=key_from, key_to=key_to))
+    async def sessions_range_async(
+        self, key_from: Any = None, key_to: Any = None, *, reverse: bool = False
+    ) -> list[Windowed]:
+        query = SessionQuery(self.name, key_from=key_from, key_to=key_to, reverse=reverse)
+        return await self._client.call_async("entries", query)
 
-    async def find_sessions_async(self, key: Any, earliest_end: Any, latest_start: Any) -> list[Windowed]:
-        query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start)
+    async def find_sessions_async(
+        self, key: Any, earliest_end: Any, latest_start: Any, *, reverse: bool = False
+    ) -> list[Windowed]:
+        query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start, reverse=reverse)
         return await self._client.call_async("entries", query)
 
 

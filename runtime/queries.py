@@ -191,7 +191,7 @@ class WindowQuery:
 @dataclass(frozen=True)
 class SessionQuery:
     """Sessions of ``key`` (or of a key range); with bounds, those ending at or after ``earliest_end`` and
-    starting at or before ``latest_start`` (Kafka's ``findSessions``)."""
+    starting at or before ``latest_start`` (Kafka's ``findSessions``); ``reverse`` walks them backwards."""
 
     shape: ClassVar[str] = "session"
 
@@ -201,6 +201,7 @@ class SessionQuery:
     key_to: Any = None
     earliest_end: Any = None
     latest_start: Any = None
+    reverse: bool = False
 
     def bind(self, spec: StoreSpec) -> Scan:
         require_kind(spec, "session")
@@ -211,6 +212,7 @@ class SessionQuery:
             key_to=_maybe(spec, self.key_to),
             earliest_end=self.earliest_end,
             latest_start=self.latest_start,
+            reverse=self.reverse,
         )
 
 

@@ -114,15 +114,17 @@ def session_scan(
     key_to: Any = None,
     earliest_end: Any = None,
     latest_start: Any = None,
+    reverse: bool = False,
 ) -> Scan:
     """Sessions of one key or a key range; with bounds, those ending at or after ``earliest_end`` and
-    starting at or before ``latest_start`` (Kafka's ``findSessions``)."""
+    starting at or before ``latest_start`` (Kafka's ``findSessions``); ``reverse``: newest first, keys
+    descending (Kafka's ``backwardFetch``, ``backwardFindSessions``)."""
     end_from, start_to = time_bound(earliest_end, "earliestEnd"), time_bound(latest_start, "latestStart")
     times = None if end_from is None and start_to is None else TimeFilter(None, start_to, end_from)
     if key is not None:
         user = tuple(_user_parts(spec, key))
         hi = user + ((start_to,) if start_to is not None else (TOP,))
-        return Scan(Bound(user), Bound(hi), False, times)
+        return Scan(Bound(user), Bound(hi), reverse, times)
     lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from)))
     hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to)) + (TOP,))
-    return Scan(lo_b, hi_b, False, times)
+    return Scan(lo_b, hi_b, reverse, times)

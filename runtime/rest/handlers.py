@@ -198,13 +198,22 @@ async def windows_of_range(request: web.Request) -> web.StreamResponse:
 async def sessions_of_key(request: web.Request) -> web.StreamResponse:
     q = request.query
     query = SessionQuery(
-        _store(request), key=_path_key(request, 3), earliest_end=q.get("earliestEnd"), latest_start=q.get("latestStart")
+        _store(request),
+        key=_path_key(request, 3),
+        earliest_end=q.get("earliestEnd"),
+        latest_start=q.get("latestStart"),
+        reverse=_bool_param(request, "reverse"),
     )
     return await _scan_reply(request, query)
 
 
 async def sessions_of_range(request: web.Request) -> web.StreamResponse:
-    query = SessionQuery(_store(request), key_from=_query_key(request, "keyFrom"), key_to=_query_key(request, "keyTo"))
+    query = SessionQuery(
+        _store(request),
+        key_from=_query_key(request, "keyFrom"),
+        key_to=_query_key(request, "keyTo"),
+        reverse=_bool_param(request, "reverse"),
+    )
     return await _scan_reply(request, query)
 
 

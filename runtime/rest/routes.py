@@ -176,14 +176,14 @@ ROUTES: tuple[Route, ...] = (
         "/stores/{store}/sessions",
         h.sessions_of_range,
         "sessions of a key range",
-        (STORE, KEY_FROM, KEY_TO, LIMIT, CURSOR),
+        (STORE, KEY_FROM, KEY_TO, *PAGING),
         errors=_SCAN,
     ),  # fmt: skip
     Route(
         r"/stores/{store}/sessions/{key:[\s\S]*}",
         h.sessions_of_key,
         "sessions of one key",
-        (STORE, KEY, EARLIEST_END, LATEST_START, LIMIT, CURSOR),
+        (STORE, KEY, EARLIEST_END, LATEST_START, *PAGING),
         errors=_SCAN,
     ),  # fmt: skip
     Route(

@@ -86,6 +86,19 @@ async def test_sessions_of_a_key_a_range_and_find_sessions(bus: FakeBus) -> None
     assert [s.start for s in await core.entries(late)] == [minute(5)]
 
 
+async def test_sessions_backwards_newest_first_and_keys_descending(bus: FakeBus) -> None:
+    """Kafka's ``backwardFetch`` and ``backwardFindSessions``: the same sessions, in the opposite order."""
+    core = Facade(bus)
+    back = await core.entries(SessionQuery("order-sessions", "alice", reverse=True))
+    assert [s.start for s in back] == [minute(5), T0]
+    both = await core.entries(SessionQuery("order-sessions", key_from="a", key_to="bz", reverse=True))
+    assert [(s.key, s.start) for s in both] == [("bob", minute(1)), ("alice", minute(5)), ("alice", T0)]
+    every = await core.entries(SessionQuery("order-sessions", reverse=True))
+    assert every == list(reversed(await core.entries(SessionQuery("order-sessions"))))
+    found = SessionQuery("order-sessions", "alice", earliest_end=T0, latest_start=minute(9), reverse=True)
+    assert [s.start for s in await core.entries(found)] == [minute(5), T0]
+
+
 async def test_queries_of_the_wrong_kind_and_bad_bounds_are_400s(bus: FakeBus) -> None:
     core = Facade(bus)
     with pytest.raises(InvalidParameter, match="kv store"):
@@ -131,6 +144,13 @@ async def test_rest_window_and_session_paths(client) -> None:  # type: ignore[no
     assert [e["window"]["start"] for e in body["result"]] == ["2026-01-01T12:00:00+00:00"]
     body = await (await client.get("/stores/order-sessions/sessions?keyFrom=b")).json()
     assert [e["key"] for e in body["result"]] == ["bob"]
+    body = await (await client.get("/stores/order-sessions/sessions/alice?reverse=true")).json()
+    assert [e["window"]["start"] for e in body["result"]] == ["2026-01-01T12:05:00+00:00", "2026-01-01T12:00:00+00:00"]
+    body = await (await client.get("/stores/order-sessions/sessions?reverse=true&limit=2")).json()
+    assert [e["key"] for e in body["result"]] == ["bob", "alice"] and body["next"]
+    more = await (await client.get(f"/stores/order-sessions/sessions?limit=2&cursor={body['next']}")).json()
+    assert [e["window"]["start"] for e in more["result"]] == ["2026-01-01T12:00:00+00:00"] and more["next"] is None
+    assert (await client.get("/stores/order-sessions/sessions/alice?reverse=maybe")).status == 400
     resp = await client.get("/stores/orders-per-minute/all", headers={"Accept": "application/x-ndjson"})
     lines = [json.loads(line) for line in (await resp.text()).splitlines()]
     assert len(lines) == 5 and set(lines[0]) == {"key", "window", "value"}

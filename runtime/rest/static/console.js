@@ -265,7 +265,7 @@ function queryUrl() {
   const op = $("q-op").value;
   const key = $("q-key").value, from = $("q-from").value, to = $("q-to").value;
   const tfrom = $("q-tfrom").value, tto = $("q-tto").value;
-  const paging = {limit: $("q-limit").value, reverse: $("q-reverse").checked && op !== "sessions" ? "true" : ""};
+  const paging = {limit: $("q-limit").value, reverse: $("q-reverse").checked ? "true" : ""};
   switch (op) {
     case "get": return base + "/get/" + keyPath(store, key);
     case "all": return base + "/all" + query(paging);
@@ -275,8 +275,8 @@ function queryUrl() {
       if (key) return base + "/windows/" + encodeURIComponent(key) + query({from: tfrom, to: tto, ...paging});
       return base + "/windows" + query({keyFrom: from, keyTo: to, from: tfrom, to: tto, ...paging});
     case "sessions":
-      if (key) return base + "/sessions/" + encodeURIComponent(key) + query({earliestEnd: tfrom, latestStart: tto, limit: paging.limit});
-      return base + "/sessions" + query({keyFrom: from, keyTo: to, limit: paging.limit});
+      if (key) return base + "/sessions/" + encodeURIComponent(key) + query({earliestEnd: tfrom, latestStart: tto, ...paging});
+      return base + "/sessions" + query({keyFrom: from, keyTo: to, ...paging});
     default: throw new Error("unknown query " + op);
   }
 }
