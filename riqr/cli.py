@@ -277,7 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--host", default="127.0.0.1", help="address the REST API binds to (default loopback; 0.0.0.0: every one)"
     )
-    up.add_argument("--advertise-host", default=None, help="host named in metadata; default the node's IP")
+    up.add_argument(
+        "--advertise-host",
+        default=None,
+        help="host named in metadata; default the bound address (the node's IP when binding 0.0.0.0 or ::)",
+    )
     up.add_argument("--no-auth", action="store_true", help="serve the REST API without bearer tokens (unsafe)")
     up.set_defaults(func=_cmd_up)
 
