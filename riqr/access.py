@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 from runtime.auth import DEMO_TTL_SECONDS, AuthConfig, mint_token
 
-__all__ = ["rest_auth", "token_for"]
+__all__ = ["operator_auth", "rest_auth", "token_for"]
 
 
-def rest_auth(namespace: str, *, disabled: bool) -> AuthConfig:
-    """The REST auth of a deployment: off if asked; the operator's keys if the environment names one
-    (RIQR_JWT_SECRET, RIQR_JWT_SECRET_FILE, RIQR_JWT_PUBLIC_KEY_FILE; docs/security.md); else the
-    deployment's own secret, generated on the first ``riqr up`` and kept by its registry."""
-    env = AuthConfig.from_env()
-    if disabled:
+def operator_auth(environ: Mapping[str, str] | None = None) -> tuple[AuthConfig, str]:
+    """The operator's settings (``AuthConfig.from_env``) and ``RIQR_AUTH`` apart: ``""``, ``"on"`` or
+    ``"off"``. For a deployment ``on`` without a key of the operator's means its own generated secret,
+    where ``AuthConfig.from_env`` alone (for a program verifying tokens itself) needs a key."""
+    env = dict(os.environ if environ is None else environ)
+    switch = env.pop("RIQR_AUTH", "").strip().lower()
+    if switch not in ("", "on", "off"):
+        raise ValueError("RIQR_AUTH must be 'on' or 'off'")
+    return AuthConfig.from_env(env), switch
+
+
+def rest_auth(namespace: str, *, disabled: bool, environ: Mapping[str, str] | None = None) -> AuthConfig:
+    """The REST auth of a deployment: off if asked (``--no-auth``, or ``RIQR_AUTH=off``); the operator's
+    keys if the environment names one (RIQR_JWT_SECRET, RIQR_JWT_SECRET_FILE, RIQR_JWT_PUBLIC_KEY_FILE;
+    docs/security.md); else the deployment's own secret, generated on the first ``riqr up`` and kept by
+    its registry."""
+    env, switch = operator_auth(environ)
+    if disabled or switch == "off":
         return AuthConfig()
     if env.secret is not None or env.public_key is not None:
         return dataclasses.replace(env, enabled=True)

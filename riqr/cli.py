@@ -78,7 +78,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     for ep in deployment.endpoints:
         print(f"node {ep.node_id[:12]}  REST API at {ep.url}  (web console: {ep.url}/)")
     if not auth.enabled:
-        _say("riqr: REST authentication is OFF (--no-auth): anyone who reaches the port reads every store")
+        why = "--no-auth" if args.no_auth else "RIQR_AUTH=off"
+        _say(f"riqr: REST authentication is OFF ({why}): anyone who reaches the port reads every store")
         return 0
     token = token_for(auth)
     if token is None:
@@ -91,10 +92,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
-    from riqr.access import token_for
-    from runtime.auth import DEMO_TTL_SECONDS, AuthConfig
+    from riqr.access import operator_auth, token_for
+    from runtime.auth import DEMO_TTL_SECONDS
 
-    env = AuthConfig.from_env()
+    env, _ = operator_auth()
     secret = env.secret
     if secret is None and env.public_key is None:
         from verticles import deploy

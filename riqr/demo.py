@@ -210,6 +210,8 @@ def run_demo(args: argparse.Namespace) -> int:
         if token is not None:
             _say("  REST authentication is on; a token for every store, valid 24 h:\n")
             print(f"  TOKEN={token}\n", flush=True)
+        elif not auth.enabled:
+            _say("  REST authentication is OFF (RIQR_AUTH=off): anyone who reaches the port reads every store\n")
         print("\n".join("  " + c for c in seed_curls(base, token)), flush=True)
         _say("\n  the web console: " + base + "/ (paste the token)")
         _say("  the API, browsable: " + base + "/docs (its OpenAPI document: " + base + "/openapi.json)")

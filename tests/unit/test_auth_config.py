@@ -39,6 +39,30 @@ def test_auth_on_without_a_key_is_refused_at_startup() -> None:
         AuthConfig.from_env({"RIQR_AUTH": "yes", "RIQR_JWT_SECRET": SECRET})
 
 
+def test_a_deployments_auth_follows_riqr_auth_and_on_without_a_key_is_its_own_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``riqr up``/``riqr demo``: secure by default with a generated secret; ``RIQR_AUTH=off`` turns auth off
+    as ``--no-auth`` does; ``on`` with no key of the operator's is the generated secret, not a refusal."""
+    from types import SimpleNamespace
+
+    from riqr.access import rest_auth
+    from verticles import deploy
+
+    generated = generate_secret()
+    monkeypatch.setattr(deploy, "deployment_secrets", lambda namespace: SimpleNamespace(jwt_secret=generated))
+    for environ in ({}, {"RIQR_AUTH": "on"}, {"RIQR_AUTH": " ON "}):
+        auth = rest_auth("ns", disabled=False, environ=environ)
+        assert auth.enabled and auth.secret == generated, environ
+    assert not rest_auth("ns", disabled=False, environ={"RIQR_AUTH": "off"}).enabled
+    assert not rest_auth("ns", disabled=False, environ={"RIQR_AUTH": "off", "RIQR_JWT_SECRET": SECRET}).enabled
+    assert not rest_auth("ns", disabled=True, environ={"RIQR_AUTH": "on"}).enabled
+    own = rest_auth("ns", disabled=False, environ={"RIQR_AUTH": "on", "RIQR_JWT_SECRET": SECRET})
+    assert own.enabled and own.secret == SECRET  # the operator's key wins over the generated one
+    with pytest.raises(ValueError, match="'on' or 'off'"):
+        rest_auth("ns", disabled=False, environ={"RIQR_AUTH": "maybe"})
+
+
 def test_every_variable_is_read(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text(SECRET + "\n")
     (tmp_path / "acl.json").write_text(json.dumps({"payments": ["finance", "audit"]}))
