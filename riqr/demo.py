@@ -242,6 +242,11 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0
     finally:
         _say("[riqr demo] shutting down ...")
+        # From here a signal only hurries the shutdown: raised inside it, it would skip the rest of it and
+        # leave Spark's JVM or Ray's processes behind. (SIGKILL still ends everything at once.)
+        hurry = threading.Event()
+        for sig in previous_handlers:
+            signal.signal(sig, lambda *_: hurry.set())
         # Stopped already if serving began; a stop during start-up (the seed's batches may be running)
         # lets their batches end first, as ``supervise`` does (``topologies.inflight``).
         active = []
@@ -252,7 +257,7 @@ def run_demo(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             from topologies.inflight import stop_between_batches
 
-            stop_between_batches(active)
+            stop_between_batches(active, hurry=hurry)
         if spark is None and spark_started is not None:  # stopped or failed before the topology started
             with contextlib.suppress(Exception):
                 spark_started.result()

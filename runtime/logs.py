@@ -123,7 +123,7 @@ def configure(level: str | None = None, fmt: str | None = None, *, stream: IO[st
     root.setLevel(level.upper())
     # py4j logs each call from Spark's JVM into Python (every foreachBatch, every listener event) at info:
     # its own tracing, several lines a second under a topology's trigger. Its warnings and errors stay.
-    logging.getLogger("py4j").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.DEBUG if level == "debug" else max(logging.WARNING, root.level))
     return handler
 
 

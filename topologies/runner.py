@@ -157,9 +157,6 @@ def run_topology(
         queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)
-    except KeyboardInterrupt:  # a second signal while the queries stopped: Spark's stop cancels what runs
-        log.warning("stopped at once by a second signal", extra={"query": parser.prog})
-        return 130
     finally:
         spark.stop()
 
@@ -190,7 +187,7 @@ def supervise(
     (``topologies.feeder.finish_all``): ``stopped`` on a signal, ``failed`` naming the query and its
     error otherwise, so ``/ready`` and the catalog tell a stopped topology from one still running. Then
     it stops each query between two of its batches (``topologies.inflight``), waiting at most ``grace``
-    seconds in all for batches in progress to end. A second signal stops at once (KeyboardInterrupt).
+    seconds in all for batches in progress to end; a second signal cancels them instead.
 
     Each poll also rebuilds in place a store whose partitions no copy serves any more
     (``topologies.sink.rebuild_due``, ``stop_for_rebuild``, ``start_again``): its query is stopped and
@@ -201,9 +198,14 @@ def supervise(
     """
     stop = stop if stop is not None else threading.Event()
 
+    hurry = threading.Event()
+
     def on_signal(signum: int, _frame: Any) -> None:
-        if stop.is_set():  # a second signal (``riqr demo``: the first Ctrl-C set ``stop``): stop at once
-            raise KeyboardInterrupt
+        # Only flags: raising here would break whichever call into the JVM or Ray the main thread is in.
+        if stop.is_set():  # a second signal (``riqr demo``: the first Ctrl-C set ``stop``)
+            log.info("signal %d again: cancelling the batches in progress", signum)
+            hurry.set()
+            return
         log.info("signal %d: stopping the queries", signum)
         stop.set()
 
@@ -224,7 +226,7 @@ def supervise(
         feeder.finish_all(None if failed is None else failed[0], why)
         # Each query stopped between two of its batches, all within one grace period
         # (``topologies.inflight``): a batch in progress ends rather than being cancelled.
-        stop_between_batches([q for q in queries if q.isActive], grace)
+        stop_between_batches([q for q in queries if q.isActive], grace, hurry=hurry)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -88,3 +88,6 @@ def test_py4j_traces_each_call_from_the_jvm_at_info_and_only_its_warnings_are_ke
     logs.configure("debug", "kv", stream=stream)
     py4j.info("Received command c on object id p3")
     assert "object id p3" in stream.getvalue()
+    logs.configure("error", "kv", stream=stream)
+    py4j.warning("a py4j warning")  # below the level asked for
+    assert "a py4j warning" not in stream.getvalue()
