@@ -234,7 +234,10 @@ def run_demo(args: argparse.Namespace) -> int:
             signal.signal(sig, on_stop_signal_while_serving)
         # Not needed before a malformed record comes; started now, their first batches did not compete with
         # the stores' for the CPU. Records produced meanwhile are not missed: they read from their checkpoints.
-        queries += start_dead_letters()
+        # Not started at all once a stop is asked for: a query stopped while it plans its first batch still
+        # runs that batch's job, which Spark's stop has already cancelled (py4j's and Spark's tracebacks).
+        if not stop_requested.is_set():
+            queries += start_dead_letters()
         from topologies.runner import supervise
 
         return supervise(queries, stop=stop_requested)
