@@ -12,8 +12,10 @@ purpose under load printed pages of errors every time.
 
 So a stop waits, bounded, until the query's function has returned, then calls ``stop()``: between two
 batches Spark is listing its source, writing its logs or planning, which a stop interrupts quietly. The
-next batch enters the function only after all that (100 ms or more here), so the window between the wait
-and the stop is small; a batch that outlasts the bound (a large backlog) is cancelled as before.
+next batch enters the function only after all that (100 ms or more here), so the window between the look
+and the stop is small; a batch that outlasts the bound (a large backlog) is cancelled as before. One case
+is not covered: a query stopped while it plans a batch may still run that batch's job, which the stop has
+already cancelled (docs/design.md, "A stop lets the batch in progress end").
 """
 
 from __future__ import annotations
@@ -63,10 +65,6 @@ class InFlight:
     def inside(self, name: str) -> bool:
         with self._cond:
             return name in self._inside
-
-    def wait_out(self, name: str, timeout: float) -> bool:
-        """Wait until no batch of ``name`` is inside its function, at most ``timeout`` seconds; True if none is."""
-        return self.wait_any_out([name], timeout)
 
     def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
         """Wait until at least one of ``names`` has no batch inside its function, at most ``timeout``

@@ -11,15 +11,10 @@ import time
 
 import pytest
 
-from tests.unit.test_runner import running  # noqa: F401 F811 (a fixture)
-from topologies import feeder
 from topologies.inflight import IN_FLIGHT, InFlight, stop_between_batches
 from topologies.runner import supervise
 
-
-@pytest.fixture(autouse=True)
-def no_feeders(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(feeder, "_FEEDERS", {})
+pytestmark = pytest.mark.usefixtures("no_feeders")
 
 
 class Query:
@@ -60,20 +55,20 @@ def batch_for(in_flight: InFlight, name: str, seconds: float) -> tuple[threading
 
 def test_batches_are_counted_per_query_and_leave_on_errors_too() -> None:
     flight = InFlight()
-    assert not flight.inside("q") and flight.wait_out("q", 0)
+    assert not flight.inside("q") and flight.wait_any_out(["q"], 0)
     with flight.batch("q"):
         assert flight.inside("q") and not flight.inside("other")
         with flight.batch("q"):  # two at once (never in Spark, but counted, not flagged)
             pass
         assert flight.inside("q")
-        assert not flight.wait_out("q", 0.01)
-        assert flight.wait_out("other", 0)
+        assert not flight.wait_any_out(["q"], 0.01)
+        assert flight.wait_any_out(["other"], 0)
     assert not flight.inside("q")
     with pytest.raises(RuntimeError), flight.batch("q"):
         raise RuntimeError("the batch failed")
-    assert not flight.inside("q") and flight.wait_out("q", 0)
+    assert not flight.inside("q") and flight.wait_any_out(["q"], 0)
     with flight.batch(None):  # a function not told its query's name is not counted
-        assert flight.wait_out("q", 0)
+        assert flight.wait_any_out(["q"], 0)
 
 
 def test_a_stop_waits_for_the_batch_in_progress_then_stops_between_batches() -> None:
@@ -177,7 +172,7 @@ def test_a_stop_looks_at_each_query_just_before_stopping_it() -> None:
     entered[0].join(5)
 
 
-def test_a_rebuilds_stop_waits_for_the_batch_in_progress(running: dict[str, object]) -> None:  # noqa: F811
+def test_a_rebuilds_stop_waits_for_the_batch_in_progress(running: dict[str, object]) -> None:
     from tests.unit.test_runner import FakeDelivery
     from topologies import sink
 

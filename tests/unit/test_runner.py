@@ -12,16 +12,9 @@ from typing import Any
 
 import pytest
 
-from topologies import feeder
 from topologies.runner import supervise
 
-
-@pytest.fixture(autouse=True)
-def no_feeders(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``supervise`` gives every feeder of the process its last words: none here. (Run after the
-    integration tests, this process holds the feeders of their namespaces, long gone; finishing each
-    waited out its timeout, 25 s in all.)"""
-    monkeypatch.setattr(feeder, "_FEEDERS", {})
+pytestmark = pytest.mark.usefixtures("no_feeders")
 
 
 class FakeQuery:
@@ -98,22 +91,6 @@ class FakeDelivery:
 
     def report(self, **info: object) -> None:
         self.reports.append(info)
-
-
-@pytest.fixture
-def running(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    """An empty table of the queries ``materialize`` started in this process."""
-    from topologies import sink
-
-    table: dict[str, object] = {}
-    monkeypatch.setattr(sink, "_RUNNING", table)
-    monkeypatch.setattr(sink, "_REBUILT", {})
-    monkeypatch.setattr(sink, "_LOOKS", {})
-    monkeypatch.setattr(sink, "_FAILED_LOOKS", {})
-    monkeypatch.setattr(sink, "_ASKED", {})
-    monkeypatch.setattr(sink, "_UNREGISTERED", {})
-    monkeypatch.setattr(sink, "_ensure_looker", lambda: None)  # no thread: the tests record looks themselves
-    return table
 
 
 def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the_topology_runs_on(
