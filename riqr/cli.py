@@ -77,10 +77,20 @@ def _cmd_up(args: argparse.Namespace) -> int:
             deployment = deploy.up(config)
     for ep in deployment.endpoints:
         print(f"node {ep.node_id[:12]}  REST API at {ep.url}  (web console: {ep.url}/)")
-    if not auth.enabled:
-        why = "--no-auth" if args.no_auth else "RIQR_AUTH=off"
+    kept = [ep for ep in deployment.endpoints if ep.kept]
+    for ep in kept:
+        _say(f"riqr up: node {ep.node_id[:12]}'s HTTP verticle was running and keeps its settings: "
+             f"{'; '.join(ep.kept)}. riqr down first to change them")  # fmt: skip
+    if any(not ep.auth_enabled for ep in deployment.endpoints):
+        why = ("--no-auth" if args.no_auth else "RIQR_AUTH=off") if not auth.enabled else "as it was started"
         _say(f"riqr: REST authentication is OFF ({why}): anyone who reaches the port reads every store")
-        return 0
+        return 1 if kept else 0
+    if any(ep.auth != auth.fingerprint() for ep in deployment.endpoints):
+        # The running verticles verify tokens with the settings they were started with: a token minted
+        # from this command's would be refused.
+        _say("REST authentication is on, with the keys and settings the verticles were started with: "
+             "mint tokens with riqr token under those settings")  # fmt: skip
+        return 1
     token = token_for(auth)
     if token is None:
         _say("REST authentication is on: send tokens signed by your issuer as 'Authorization: Bearer <token>'")
@@ -88,7 +98,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         # On stdout, for the operator's terminal or a pipe; never logged. `riqr token` mints more.
         _say("REST authentication is on. A token for every store, valid 24 h (more: riqr token --stores a,b):")
         print(token)
-    return 0
+    return 1 if kept else 0  # a binding kept against the one asked for: said above
 
 
 def _cmd_token(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ another aiohttp app can use ``auth_middleware(config)``. A handler finds the cal
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -162,6 +163,27 @@ class AuthConfig:
         )
 
     __str__ = __repr__
+
+    def fingerprint(self) -> str:
+        """``off``, or ``on:`` and a digest of every setting (keys included, hashed): two configurations
+        verify and authorize alike exactly when their fingerprints match. ``riqr up`` compares what it
+        asks for with what a running HTTP verticle serves. The digest is a one-way hash, but a short
+        secret could be guessed from it offline: show it to operators, never to REST callers."""
+        if not self.enabled:
+            return "off"
+        settings = [
+            self.secret or "",
+            self.public_key or "",
+            list(self.algorithms),
+            self.issuer,
+            self.audience,
+            self.leeway_seconds,
+            self.stores_claim,
+            self.roles_claim,
+            sorted((store, sorted(roles)) for store, roles in self.acl.items()),
+        ]
+        digest = hashlib.sha256(b"riqr-auth-v1\0" + json.dumps(settings).encode("utf-8")).hexdigest()
+        return "on:" + digest[:16]
 
     @property
     def verification_key(self) -> Any:

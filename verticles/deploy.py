@@ -429,6 +429,12 @@ class NodeEndpoint:
     node_id: str
     host: str
     port: int
+    auth: str = "off"  # the running verticle's AuthConfig.fingerprint()
+    kept: tuple[str, ...] = ()  # settings this node's running verticle keeps against what `up` asked
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth != "off"
 
     @property
     def url(self) -> str:
@@ -478,7 +484,8 @@ def existing_secrets(namespace: str) -> DeploymentSecrets | None:
 
 def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent: a
-    verticle that is running already keeps its settings (``riqr down`` first to change auth or binding)."""
+    verticle that is running already keeps its settings (``riqr down`` first to change auth or binding);
+    each endpoint says whether its REST API checks tokens and which settings it kept against ``config``."""
     from verticles.bus import RayBus
     from verticles.facade import FacadeVerticle
     from verticles.http import HttpVerticle
@@ -489,6 +496,12 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     # this deployment wants it re-creating actors and promoting standbys again.
     raycalls.get(ensure_registry(ns).resume.remote(), "resuming the registry")
     env = RayEnv(ns)
+    asked = {
+        "host": config.http_host,
+        "port": config.http_port,
+        "advertise_host": config.advertise_host,
+        "auth": config.auth.fingerprint() if config.auth is not None else "off",
+    }
     # Every node's verticles are created first and waited for together: each is a new worker process
     # (seconds to start and import), so the nodes start side by side rather than one after the other.
     starting = []
@@ -518,8 +531,40 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     for node_id, serving, ready in starting:
         where = raycalls.get(serving, f"starting the REST API on node {node_id}")
         raycalls.get(ready, f"starting the facade on node {node_id}")
-        endpoints.append(NodeEndpoint(str(where["node_id"]), str(where["host"]), int(where["port"])))
+        running = where.get("settings", {})
+        endpoints.append(
+            NodeEndpoint(
+                str(where["node_id"]),
+                str(where["host"]),
+                int(where["port"]),
+                auth=str(running.get("auth", "off")),
+                kept=kept_settings(running, asked),
+            )
+        )
     return Deployment(ns, tuple(endpoints))
+
+
+def kept_settings(running: Mapping[str, Any], asked: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a running HTTP verticle serves that differs from what ``up`` asked for, one phrase each
+    (``riqr up`` is idempotent: a verticle that runs already keeps its settings until ``riqr down``)."""
+    kept = []
+    have, want = running.get("auth", "off"), asked["auth"]
+    if have != want:
+        if "off" in (have, want):
+            kept.append(f"REST auth {'off' if have == 'off' else 'on'} (asked: {'off' if want == 'off' else 'on'})")
+        else:
+            kept.append("REST auth with other keys or token settings than asked")
+    for key, label in (("host", "listening on"), ("port", "port"), ("advertise_host", "advertising")):
+        if key in running and running[key] != asked[key]:
+            what, wanted = (_setting(key, running[key]), _setting(key, asked[key]))
+            kept.append(f"{label} {what} (asked: {wanted})")
+    return tuple(kept)
+
+
+def _setting(key: str, value: Any) -> str:
+    if key == "port":
+        return str(value) if value else "any free one"
+    return str(value) if value else "its bound address"
 
 
 def down(namespace: str) -> list[str]:

@@ -65,6 +65,9 @@ class HttpVerticle:
         self.auth = auth if auth is not None else AuthConfig()
         self.host = host
         self.port = port
+        # What it was started with, as `riqr up` asks: a later `up` with other settings finds this one
+        # running (Ray's get_if_exists ignores the new arguments) and tells the operator.
+        self._asked = {"host": host, "port": port, "advertise_host": advertise_host, "auth": self.auth.fingerprint()}
         # Advertise what clients can reach: the bound address, unless it is a wildcard.
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
@@ -154,7 +157,7 @@ class HttpVerticle:
         return self.replicas.describe()
 
     def _where(self) -> dict[str, object]:
-        return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port}
+        return {"node_id": self.node_id, "host": self.advertise_host, "port": self.bound_port, "settings": self._asked}
 
     async def start(self) -> dict[str, object]:
         """Start serving (idempotent) and register the endpoint; returns where it listens."""

@@ -70,6 +70,23 @@ def test_riqr_token_mints_tokens_the_deployment_accepts(
     assert status == 403 and body["error"]["code"] == "forbidden"
 
 
+def test_riqr_up_again_with_auth_off_says_the_running_verticles_keep_theirs(
+    riqr_up: tuple[str, list[str], str], ray_cluster: RayCluster
+) -> None:
+    """Ray's get_if_exists ignores a second `up`'s arguments: it must not report auth OFF (nor mint a
+    token) for verticles that still check tokens, and must not pass as done."""
+    namespace, urls, token = riqr_up
+    done = _riqr("up", "--address", ray_cluster.address, "--namespace", namespace, "--port", "0", "--no-auth")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("keeps its settings: REST auth on (asked: off)") == 2, done.stderr
+    assert "authentication is OFF" not in done.stderr and "with the keys and settings" in done.stderr
+    assert sorted(re.findall(r"REST API at (http://\S+)", done.stdout)) == sorted(urls)
+    assert not [word for word in done.stdout.split() if word.count(".") == 2 and len(word) > 100]  # no token
+    for url in urls:  # and they do check tokens still
+        assert http_get(f"{url}/stores")[0] == 401
+        assert http_get(f"{url}/stores", {"Authorization": f"Bearer {token}"})[0] == 200
+
+
 def test_riqr_token_without_a_deployment_says_so(ray_cluster: RayCluster) -> None:
     done = _riqr("token", "--address", ray_cluster.address, "--namespace", f"absent-{uuid.uuid4().hex[:8]}")
     assert done.returncode == 2 and "not up" in done.stderr

@@ -63,6 +63,43 @@ def test_a_deployments_auth_follows_riqr_auth_and_on_without_a_key_is_its_own_se
         rest_auth("ns", disabled=False, environ={"RIQR_AUTH": "maybe"})
 
 
+def test_the_fingerprint_tells_auth_settings_apart_and_never_shows_a_key() -> None:
+    on = AuthConfig(enabled=True, secret=SECRET)
+    assert AuthConfig().fingerprint() == AuthConfig(secret=SECRET).fingerprint() == "off"
+    assert on.fingerprint() == AuthConfig(enabled=True, secret=SECRET).fingerprint()
+    assert on.fingerprint().startswith("on:") and SECRET not in on.fingerprint()
+    others = [
+        AuthConfig(enabled=True, secret=generate_secret()),
+        AuthConfig(enabled=True, public_key=_ec_pem()),
+        AuthConfig(enabled=True, secret=SECRET, issuer="idp"),
+        AuthConfig(enabled=True, secret=SECRET, audience=None),
+        AuthConfig(enabled=True, secret=SECRET, leeway_seconds=0),
+        AuthConfig(enabled=True, secret=SECRET, stores_claim="scope"),
+        AuthConfig(enabled=True, secret=SECRET, acl={"orders": frozenset({"ops"})}),
+    ]
+    prints = [on.fingerprint()] + [other.fingerprint() for other in others]
+    assert len(set(prints)) == len(prints)
+
+
+def test_riqr_up_names_the_settings_a_running_verticle_kept() -> None:
+    """``riqr up`` against verticles that run already: what they kept, said against what was asked."""
+    from verticles.deploy import kept_settings
+
+    on = AuthConfig(enabled=True, secret=SECRET).fingerprint()
+    asked = {"host": "127.0.0.1", "port": 7400, "advertise_host": None, "auth": on}
+    assert kept_settings(dict(asked), asked) == ()
+    assert kept_settings({**asked, "auth": "off"}, asked) == ("REST auth off (asked: on)",)
+    assert kept_settings(asked, {**asked, "auth": "off"}) == ("REST auth on (asked: off)",)
+    other = AuthConfig(enabled=True, secret=generate_secret()).fingerprint()
+    assert kept_settings({**asked, "auth": other}, asked) == ("REST auth with other keys or token settings than asked",)
+    moved = {**asked, "host": "0.0.0.0", "port": 0, "advertise_host": "10.0.0.5"}
+    assert kept_settings(moved, asked) == (
+        "listening on 0.0.0.0 (asked: 127.0.0.1)",
+        "port any free one (asked: 7400)",
+        "advertising 10.0.0.5 (asked: its bound address)",
+    )
+
+
 def test_every_variable_is_read(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text(SECRET + "\n")
     (tmp_path / "acl.json").write_text(json.dumps({"payments": ["finance", "audit"]}))
