@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -54,7 +54,7 @@ from runtime.ownership import ClusterView, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
-from topologies.inflight import IN_FLIGHT
+from topologies.inflight import IN_FLIGHT, BatchGivenUp
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
 
@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DELIVERY_TIMEOUT = 60.0
 _CALL_TIMEOUT = 30.0
+# How often a batch waiting on owners looks whether a stop has given up on it (``InFlight.given_up``).
+_STOP_LOOK = 0.25
 # A slice at least this large is put in Ray's object store once per batch and handed to every copy as a
 # reference (a top-level argument, which Ray resolves: the actor maps the Arrow buffers without a copy);
 # a smaller one goes inline with each call, which costs less than a put.
@@ -287,6 +289,7 @@ class BatchDelivery:
                         refs[uuid] = partitions, apply.remote(source, batch_id, partitions, *tables, hold=hold)
                 except OwnerUnavailable as err:
                     failed[uuid] = err
+            self._await([ref if share is None else ref[0] for _, ref in refs.values()], deadline, what)
             retry_plain: list[str] = []
             for uuid, (partitions, ref) in refs.items():
                 try:
@@ -330,10 +333,34 @@ class BatchDelivery:
                 )
             log.warning("%s: %d owner(s) not reachable, retrying in %.2fs", what, len(failed), backoff,
                         extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
-            time.sleep(backoff)
+            self._pause(backoff, what)
             backoff = min(backoff * 2, 2.0)
             for uuid in failed:
                 self._handles.pop(uuid, None)  # look the actor up again: it may have been restarted
+
+    def _given_up(self, what: str) -> None:
+        if IN_FLIGHT.given_up(self.query_name):
+            raise BatchGivenUp(f"{what}: the topology is stopping and gave up on this batch; it runs again at "
+                               "the next start")  # fmt: skip
+
+    def _await(self, refs: Sequence[Any], deadline: Deadline, what: str) -> None:
+        """Wait for ``refs`` until ``deadline``, in slices: a stop that gives up on the batch is seen
+        within ``_STOP_LOOK`` seconds, not after the owners' call timeout. The common case, owners that
+        answer at once, costs one ``ray.wait``."""
+        waiting = list(refs)
+        until = Deadline.after(min(deadline.remaining(), _CALL_TIMEOUT))  # as each call's own bound below
+        while waiting and until.remaining() > 0:
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(until.remaining(), _STOP_LOOK))
+            if waiting:
+                self._given_up(what)
+
+    def _pause(self, seconds: float, what: str) -> None:
+        """Sleep ``seconds`` before asking owners again, unless a stop gives up on the batch meanwhile."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            self._given_up(what)
+            time.sleep(min(left, _STOP_LOOK))
+        self._given_up(what)
 
     def deliver(self, source: str, batch_id: int, table: pa.Table, hold: Hold | None = None) -> int:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``, with ``hold`` (see
@@ -422,7 +449,8 @@ class BatchDelivery:
                 rebuild_delivered(self.checkpoint)
                 self.rebuild_pending = False
         except Exception as err:
-            if not self.retired:
+            # A batch a stop gave up on: the feed's last word (``stopped``) is said already.
+            if not self.retired and not isinstance(err, BatchGivenUp):
                 self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
             raise
         log.info(

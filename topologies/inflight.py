@@ -16,6 +16,10 @@ next batch enters the function only after all that (100 ms or more here), so the
 and the stop is small; a batch that outlasts the bound (a large backlog) is cancelled as before. One case
 is not covered: a query stopped while it plans a batch may still run that batch's job, which the stop has
 already cancelled (docs/design.md, "A stop lets the batch in progress end").
+
+A stop that gives up waiting also tells the functions still inside (``InFlight.given_up``): Spark's
+``stop()`` cancels Spark's jobs but then waits for the function, and the sink's function may be waiting on
+Ray, retrying owners that are gone for up to its delivery timeout. It gives up within a quarter second.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["IN_FLIGHT", "InFlight", "STOP_GRACE", "stop_between_batches"]
+__all__ = ["IN_FLIGHT", "BatchGivenUp", "InFlight", "STOP_GRACE", "stop_between_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +40,18 @@ log = logging.getLogger(__name__)
 STOP_GRACE = 1.5
 
 
+class BatchGivenUp(RuntimeError):
+    """A stop gave up waiting for this batch: its function ends it unfinished (it runs again at the next
+    start, as any batch a stop cancels)."""
+
+
 class InFlight:
     """Per query name, how many calls of its ``foreachBatch`` function are running."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._inside: dict[str, int] = {}
+        self._given_up: set[str] = set()
 
     @contextlib.contextmanager
     def batch(self, name: str | None) -> Iterator[None]:
@@ -65,6 +75,23 @@ class InFlight:
     def inside(self, name: str) -> bool:
         with self._cond:
             return name in self._inside
+
+    def given_up(self, name: str | None) -> bool:
+        """Whether a stop has stopped waiting for the batch in progress of query ``name``: a function
+        still inside should end it now (the batch runs again at the next start)."""
+        with self._cond:
+            return name in self._given_up
+
+    @contextlib.contextmanager
+    def giving_up(self, names: Sequence[str]) -> Iterator[None]:
+        """``given_up`` is true for ``names`` inside (while their queries' ``stop()`` runs)."""
+        with self._cond:
+            self._given_up.update(names)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._given_up.difference_update(names)
 
     def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
         """Wait until at least one of ``names`` has no batch inside its function, at most ``timeout``
@@ -102,9 +129,12 @@ def stop_between_batches(
             break
         # In slices, so that a set ``hurry`` is seen within a tenth of a second.
         in_flight.wait_any_out([name for name, _ in pending], min(left, 0.1))
-    for name, query in pending:
-        log.warning("query %s: its batch in progress did not end %s; the stop cancels it (it runs again at the "
-                    "next start)", name, "before a second signal" if hurry is not None and hurry.is_set()
-                    else f"within {timeout:.1f}s", extra={"query": name})  # fmt: skip
-        query.stop()
+    # ``stop()`` cancels Spark's jobs, but waits for the query's thread, which waits for the function:
+    # a sink waiting on Ray (owners unreachable, retried for a minute) is told to give up too.
+    with in_flight.giving_up([name for name, _ in pending]):
+        for name, query in pending:
+            log.warning("query %s: its batch in progress did not end %s; the stop cancels it (it runs again at "
+                        "the next start)", name, "before a second signal" if hurry is not None and hurry.is_set()
+                        else f"within {timeout:.1f}s", extra={"query": name})  # fmt: skip
+            query.stop()
     return [name for name, _ in pending]

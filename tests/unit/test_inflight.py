@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from topologies.inflight import IN_FLIGHT, InFlight, stop_between_batches
+from topologies.inflight import IN_FLIGHT, BatchGivenUp, InFlight, stop_between_batches
 from topologies.runner import supervise
 
 pytestmark = pytest.mark.usefixtures("no_feeders")
@@ -32,6 +32,7 @@ class Query:
 
     def stop(self) -> None:
         self.stopped_inside = self.in_flight.inside(self.name)
+        self.given_up = self.in_flight.given_up(self.name)
         self.stopped = True
 
     def exception(self) -> Exception | None:
@@ -106,8 +107,70 @@ def test_a_batch_longer_than_the_grace_is_stopped_in_progress_and_said_so(caplog
     assert stop_between_batches([query], 0.05, in_flight=flight) == [query.name]
     assert time.monotonic() - started < 0.9
     assert query.stopped and query.stopped_inside is True
+    assert query.given_up  # its function is told too: Spark's stop() waits for it
+    assert not flight.given_up(query.name)  # and only while the stop runs
     assert "did not end within" in caplog.text and query.name in caplog.text
     thread.join(5)
+
+
+def test_only_the_batches_a_stop_gave_up_on_are_told_and_only_while_it_stops() -> None:
+    flight = InFlight()
+    ended, cut = Query("ended", flight), Query("cut", flight)
+    threads = [batch_for(flight, "ended", 0.05)[0], batch_for(flight, "cut", 1.0)[0]]
+    assert stop_between_batches([ended, cut], 0.5, in_flight=flight) == ["cut"]
+    assert (ended.given_up, cut.given_up) == (False, True)
+    assert not flight.given_up("cut") and not flight.given_up(None)
+    for thread in threads:
+        thread.join(5)
+
+
+def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Owners unreachable: the sink retries for its delivery timeout (a minute), and Spark's stop() would
+    wait that long for it. A stop that gives up ends it within a fraction of a second, without reporting
+    the feed failed (its last word, ``stopped``, is said already)."""
+    from runtime.deadline import Deadline
+    from runtime.errors import OwnerUnavailable
+    from tests.unit.test_runner import FakeFeeder, one_string_store
+    from topologies.delivery import BatchDelivery
+
+    name = "riqr-ns-gone"
+    feeder = FakeFeeder()
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", query_name=name, feeder=feeder)  # type: ignore[arg-type]
+
+    def gone(uuid: str) -> None:
+        raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid)
+
+    monkeypatch.setattr(delivery, "handle", gone)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        with IN_FLIGHT.batch(name):
+            try:
+                delivery._apply_to("src", 7, {"uuid-1": {0: None}}, Deadline.after(60))
+            except BaseException as err:  # noqa: BLE001 (the test looks at it)
+                errors.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    query = Query(name)
+    # As Spark's: stop() returns once the query's thread has, and so its function.
+    query.stop = lambda: (Query.stop(query), thread.join(10))  # type: ignore[method-assign]
+    time.sleep(0.2)  # retrying by now (its first backoff is 50 ms)
+    started = time.monotonic()
+    assert stop_between_batches([query], 0.1) == [name]
+    thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - started < 1.5
+    assert len(errors) == 1 and isinstance(errors[0], BatchGivenUp), errors
+    assert "runs again at the next start" in str(errors[0])
+
+    class Given:
+        def toArrow(self) -> None:  # noqa: N802 (Spark's name)
+            raise BatchGivenUp("gave up")
+
+    delivery._source = "src"
+    with pytest.raises(BatchGivenUp):
+        delivery(Given(), 8)
+    assert not [u for u in feeder.updates if u.get("state") == "failed"]
 
 
 def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> None:
