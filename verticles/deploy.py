@@ -449,26 +449,54 @@ class Deployment:
 
 def ensure_registry(namespace: str, placement: Mapping[str, Any] | None = None) -> Any:
     """The registry of ``namespace``, created if missing (with fresh deployment secrets; an existing
-    registry keeps its own, since ``get_if_exists`` ignores the arguments). A new one goes where Ray
-    places it; ``placement`` adds Ray actor options for that, other than its name and namespace
-    (``resources``: the tests use a custom resource to put it on a node they remove, and on the node it
-    restarts on)."""
-    from runtime.auth import DeploymentSecrets
-    from verticles.registry import Registry, recreate_after
-
-    where = dict(placement or {})
-    handle = (
-        _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
-        .options(**_options(REGISTRY_NAME, namespace, get_if_exists=True, **where))
-        .remote(namespace, RayEnv(namespace), secrets=DeploymentSecrets.generate(), recreate_after=recreate_after())
-    )
+    registry keeps its own), and started. A new one goes where Ray places it; ``placement`` adds Ray actor
+    options for that, other than its name and namespace (``resources``: the tests use a custom resource to
+    put it on a node they remove, and on the node it restarts on)."""
+    handle, _ = _registry(namespace, placement)
     raycalls.get(handle.epoch.remote(), "starting the registry")
     return handle
 
 
+# The secrets of the registries this process created, by namespace, with the registry's actor id: they
+# are known without waiting for the registry's process to start, which a deployment then does beside the
+# verticles' (docs/benchmarks.md, "Deploying"). The id tells a later registry (after `riqr down`) apart.
+_CREATED: dict[str, tuple[str, DeploymentSecrets]] = {}
+_CREATED_LOCK = threading.Lock()
+
+
+def _registry(namespace: str, placement: Mapping[str, Any] | None = None) -> tuple[Any, DeploymentSecrets | None]:
+    """The registry's handle, not waited for, and its secrets when this process created it."""
+    from runtime.auth import DeploymentSecrets
+    from verticles.registry import Registry, recreate_after
+
+    try:
+        handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    except ValueError:
+        secrets = DeploymentSecrets.generate()
+        try:
+            # Ray takes the name at once or refuses it (ActorAlreadyExistsError, a ValueError): of two
+            # deployments racing, one creates the registry and the other finds it.
+            handle = (
+                _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
+                .options(**_options(REGISTRY_NAME, namespace, **dict(placement or {})))
+                .remote(namespace, RayEnv(namespace), secrets=secrets, recreate_after=recreate_after())
+            )
+        except ValueError:
+            handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+        else:
+            with _CREATED_LOCK:
+                _CREATED[namespace] = (handle._actor_id.hex(), secrets)
+    with _CREATED_LOCK:
+        created = _CREATED.get(namespace)
+    return handle, created[1] if created is not None and created[0] == handle._actor_id.hex() else None
+
+
 def deployment_secrets(namespace: str) -> DeploymentSecrets:
-    """The cursor key and token secret of ``namespace``'s deployment (creating its registry if needed)."""
-    secrets: DeploymentSecrets = raycalls.get(ensure_registry(namespace).secrets.remote(), "the deployment's keys")
+    """The cursor key and token secret of ``namespace``'s deployment (creating its registry if needed;
+    a registry this process created is not waited for)."""
+    handle, secrets = _registry(namespace)
+    if secrets is None:
+        secrets = raycalls.get(handle.secrets.remote(), "the deployment's keys")
     return secrets
 
 
@@ -493,8 +521,9 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     ns = config.namespace
     cursor_key = deployment_secrets(ns).cursor_key
     # A `riqr down` that stopped after retiring the registry (interrupted) left it running but retired:
-    # this deployment wants it re-creating actors and promoting standbys again.
-    raycalls.get(ensure_registry(ns).resume.remote(), "resuming the registry")
+    # this deployment wants it re-creating actors and promoting standbys again. Waited for with the
+    # verticles: a registry just created starts beside them.
+    resumed = _registry(ns)[0].resume.remote()
     env = RayEnv(ns)
     asked = {
         "host": config.http_host,
@@ -527,6 +556,7 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
             )  # fmt: skip
         )
         starting.append((node_id, http.start.remote(), facade.ready.remote()))
+    raycalls.get(resumed, "starting the registry")
     endpoints = []
     for node_id, serving, ready in starting:
         where = raycalls.get(serving, f"starting the REST API on node {node_id}")
