@@ -63,6 +63,10 @@ OWNER_FILE = ".owner"
 DEFAULT_RECLAIM_AFTER = 300.0
 # A query actor's name: a uuid4 (``verticles.registry``).
 ACTOR_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+# A directory being deleted is first renamed ``<actor uuid>.reclaiming``: the claim of one sweeper when
+# several sweep one disk (nodes sharing a data directory). One left by a sweeper that died mid-delete is
+# deleted by the next pass.
+RECLAIMING = ".reclaiming"
 
 
 class OwnerLock:
@@ -217,7 +221,8 @@ class Sweeper:
         self.reclaimed_bytes = 0
         self.reclaimed_dirs = 0
 
-    def _actor_dirs(self) -> Iterator[Path]:
+    def _actor_dirs(self, suffix: str = "") -> Iterator[Path]:
+        """The directories named like an actor (plus ``suffix``) in the directories named like a store."""
         try:
             stores = [p for p in self.root.iterdir() if is_store_name(p.name) and p.is_dir() and not p.is_symlink()]
         except FileNotFoundError:
@@ -225,7 +230,12 @@ class Sweeper:
         for store in stores:
             try:
                 yield from (
-                    p for p in store.iterdir() if ACTOR_NAME.match(p.name) and p.is_dir() and not p.is_symlink()
+                    p
+                    for p in store.iterdir()
+                    if p.name.endswith(suffix)
+                    and ACTOR_NAME.match(p.name[: len(p.name) - len(suffix)])
+                    and p.is_dir()
+                    and not p.is_symlink()
                 )
             except FileNotFoundError:  # deleted meanwhile (riqr down)
                 continue
@@ -244,6 +254,9 @@ class Sweeper:
         return not held(directory) and directory.name not in self.names()
 
     def _sweep(self) -> list[Path]:
+        for left in list(self._actor_dirs(RECLAIMING)):  # claimed by a sweeper that died mid-delete
+            if not held(left):
+                shutil.rmtree(left, ignore_errors=True)  # counted by its claimer
         now = self.clock()
         names: set[str] | None = None
         orphaned: dict[Path, float] = {}
@@ -261,9 +274,11 @@ class Sweeper:
                 continue
             if not self._still_orphaned(directory):
                 continue
-            size = _size(directory)
+            claimed = directory.with_name(directory.name + RECLAIMING)
             try:
-                shutil.rmtree(directory)
+                # Atomic: of several sweepers of one disk, one claims the directory and counts it; the
+                # others find it gone.
+                os.rename(directory, claimed)
             except FileNotFoundError:
                 continue
             except OSError as err:
@@ -271,6 +286,14 @@ class Sweeper:
                             directory, directory.name, err)  # fmt: skip
                 orphaned[directory] = since
                 continue
+            size = _size(claimed)
+            try:
+                shutil.rmtree(claimed)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                log.warning("could not delete all of %s (query actor %s, which no longer exists): %s; the next "
+                            "pass tries again", claimed, directory.name, err)  # fmt: skip
             self.reclaimed_bytes += size
             self.reclaimed_dirs += 1
             if self.metrics is not None:

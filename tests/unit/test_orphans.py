@@ -384,3 +384,36 @@ def test_a_core_that_fails_to_open_lets_go_of_its_lock(tmp_path: Path, monkeypat
     reopened = QueryCore(kv_spec("s"), [0, 1], directory=directory)  # the first partition's engine was closed
     assert held(directory)
     reopened.close()
+
+
+def test_two_sweepers_of_one_disk_delete_each_directory_once_and_count_its_bytes_once(tmp_path: Path) -> None:
+    """Nodes that share a data directory each sweep it: a directory both find orphaned is claimed by one
+    (renamed first), which alone counts its bytes; the other finds it gone, warns of nothing."""
+    for _ in range(10):
+        root = tmp_path / str(uuid.uuid4())
+        orphans = [actor_dir(root) for _ in range(20)]
+        clock = Clock()
+        sweepers = [Sweeper(root, Names(), grace=5, clock=clock) for _ in range(2)]
+        for sweeper in sweepers:
+            assert sweeper.sweep() == []  # first sighting
+        clock.now += 10
+        done: list[list[Path]] = []
+        threads = [threading.Thread(target=lambda s=s, into=done: into.append(s.sweep())) for s in sweepers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert sorted(p for deleted in done for p in deleted) == sorted(orphans)  # each by one of them
+        assert sum(s.reclaimed_bytes for s in sweepers) == 20 * 1000
+        assert sum(s.reclaimed_dirs for s in sweepers) == 20
+        assert list((root / "orders").iterdir()) == []
+
+
+def test_a_directory_claimed_by_a_sweeper_that_died_mid_delete_is_deleted_by_the_next_pass(tmp_path: Path) -> None:
+    left = actor_dir(tmp_path)
+    claimed = left.rename(left.with_name(left.name + ".reclaiming"))
+    kept = tmp_path / "orders" / "notes.reclaiming"  # not named like an actor's: never touched
+    kept.mkdir()
+    sweeper = Sweeper(tmp_path, Names(), grace=5, clock=Clock())
+    assert sweeper.sweep() == [] and sweeper.reclaimed_bytes == 0  # counted by its claimer, not again
+    assert not claimed.exists() and kept.is_dir()
