@@ -17,14 +17,31 @@ pytestmark = pytest.mark.integration
 
 
 def _riqr(*args: str) -> subprocess.CompletedProcess[str]:
+    return _riqr_at_once(args)[0]
+
+
+def _riqr_at_once(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Each command a separate `riqr` process (a Ray driver of its own), all running at once: most of a
+    CLI's time is its start, which they then share the two cores for."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "riqr", *args], env=env, capture_output=True, text=True, timeout=300)
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-m", "riqr", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )  # fmt: skip
+        for args in commands
+    ]
+    done = []
+    for args, proc in zip(commands, started):
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess([sys.executable, "-m", "riqr", *args], proc.returncode, out, err))
+    return done
 
 
 def test_status_shows_stores_partitions_replicas_positions_ingest_and_endpoints(
     seeded: Runtime, ray_cluster: RayCluster
 ) -> None:
-    done = _riqr("status", "--address", ray_cluster.address, "--namespace", seeded.namespace)
+    where = ("--address", ray_cluster.address, "--namespace", seeded.namespace)
+    done, json_done = _riqr_at_once(("status", *where), ("status", "--json", *where))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 8}
@@ -40,24 +57,23 @@ def test_status_shows_stores_partitions_replicas_positions_ingest_and_endpoints(
         assert out.count(f"{node[:12]}: 2 active") == 2
     for url in seeded.endpoints.values():
         assert f"{url}/" in out
-    as_json = json.loads(
-        _riqr("status", "--json", "--address", ray_cluster.address, "--namespace", seeded.namespace).stdout
-    )
+    as_json = json.loads(json_done.stdout)
     assert sorted(s["name"] for s in as_json["stores"]) == ["customer-v1-changelog", "order-count"]
     assert sorted(as_json["endpoints"].values()) == sorted(f"{u}/" for u in seeded.endpoints.values())
 
 
 def test_query_prints_values_and_entries_as_json_lines(seeded: Runtime, ray_cluster: RayCluster) -> None:
     where = ("--address", ray_cluster.address, "--namespace", seeded.namespace)
-    get = _riqr("query", "customer-v1-changelog", *where, "get", "2")
+    store = ("query", "customer-v1-changelog", *where)
+    get, scan, first, missing = _riqr_at_once(
+        (*store, "get", "2"), (*store, "range", "2", "4"), (*store, "all", "--limit", "2", "--reverse"),
+        (*store, "get", "99"),
+    )  # fmt: skip
     assert get.returncode == 0 and get.stdout == '"adam"\n', get.stderr
-    scan = _riqr("query", "customer-v1-changelog", *where, "range", "2", "4")
     assert [json.loads(line) for line in scan.stdout.splitlines()] == [
         {"key": k, "value": SEED_CUSTOMERS[k]} for k in "234"
     ]
-    first = _riqr("query", "customer-v1-changelog", *where, "all", "--limit", "2", "--reverse")
     assert [json.loads(line)["key"] for line in first.stdout.splitlines()] == ["7", "6"]
-    missing = _riqr("query", "customer-v1-changelog", *where, "get", "99")
     assert missing.returncode == 2 and "riqr:" in missing.stderr and "Traceback" not in missing.stderr
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from tests.integration.conftest import SEED_CUSTOMERS, RayCluster, Runtime, deploy_runtime
+from tests.integration.conftest import SEED_CUSTOMERS, SLOW_DEAD_LETTERS, RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import http_get, wait_for
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,9 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
     assert len(partitions.list_topics("order", timeout=10).topics["order"].partitions) > 1
     partitions.close()
 
-    options = TopologyOptions(namespace=rt.namespace, trigger="200 milliseconds", source=source)
+    options = TopologyOptions(
+        namespace=rt.namespace, trigger="200 milliseconds", source=source, dead_letter_trigger=SLOW_DEAD_LETTERS
+    )
     queries = food_orders.start(spark, tmp_path, options)
     url = rt.url
     try:
@@ -91,10 +93,14 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
 
     # Stopped: more orders arrive. The restarted query resumes from its checkpointed offsets.
     produce(kafka, "order", [("1", "tea"), ("2", "cake")])
-    queries = [food_orders.start_order_counts(spark, tmp_path, options)]
+    before = {q.id for q in spark.streams.active}
+    food_orders.start_order_counts(spark, tmp_path, options)
     try:
         wait_for(lambda: count(url, "1") == 3 and count(url, "2") == 2, what="orders produced while stopped")
         assert count(url, "") == 1  # nothing was read twice
     finally:
-        for q in queries:
-            q.stop()
+        # The store's query and its dead-letter query, which start_order_counts starts and keeps running
+        # (polling a mock cluster that goes with this module) until the session's Spark stops.
+        for q in spark.streams.active:
+            if q.id not in before:
+                q.stop()

@@ -26,7 +26,7 @@ from runtime.errors import DeadlineExceeded, Unavailable
 from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.scan import Scan
-from tests.integration.conftest import RayCluster, deploy_runtime
+from tests.integration.conftest import SLOW_DEAD_LETTERS, RayCluster, deploy_runtime
 from tests.integration.helpers import Load, http_get, wait_for
 from topologies.delivery import BatchDelivery
 
@@ -186,7 +186,7 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
 
 
 def test_a_lost_nodes_partitions_without_standbys_are_rebuilt_in_place_by_the_running_topology(
-    ray_cluster: RayCluster, spark: Any, tmp_path: Any
+    ray_cluster: RayCluster, spark: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No standbys: the node holding one of each store's three actors is removed while orders land and
     counts are read. The registry re-creates those actors on the other nodes, with nothing to reopen and
@@ -201,13 +201,18 @@ def test_a_lost_nodes_partitions_without_standbys_are_rebuilt_in_place_by_the_ru
     from topologies.options import TopologyOptions
     from verticles import deploy
 
+    # The customer store gets no batch: its hole is found by looks at its copies, two in a row, 5 s
+    # apart by default. A look a second here; the rule (two in a row) is the same.
+    monkeypatch.setattr("topologies.sink.PROBE_EVERY", 1.0)
     runtime = deploy_runtime("riqr-node-heal")  # registry and REST API on the session's two nodes
     url, ns = runtime.url, runtime.namespace
     node = _add_node_with_its_own_disk(ray_cluster, tmp_path / "third-node-data")
     ray_cluster.cluster.wait_for_nodes()
     removed = False
     home = tmp_path / "home"
-    options = TopologyOptions(namespace=ns, actors=3, trigger="200 milliseconds", standbys=0)
+    options = TopologyOptions(
+        namespace=ns, actors=3, trigger="200 milliseconds", standbys=0, dead_letter_trigger=SLOW_DEAD_LETTERS
+    )
     queries = food_orders.start(spark, home, options)
 
     def view() -> Any:

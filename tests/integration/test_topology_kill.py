@@ -94,6 +94,13 @@ class TopologyProcess:
     def log(self) -> str:
         return (self.logs / f"run-{self.started}.log").read_text(errors="replace")[-6000:]
 
+    def kill(self) -> None:
+        """SIGKILL whatever of it still runs."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def stop(self) -> None:
         """SIGTERM, as ``ray job stop`` sends it: the topology stops its queries and Spark; anything of it
         still alive 90 s later is SIGKILLed."""
@@ -108,8 +115,10 @@ class TopologyProcess:
         self.proc.wait()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def runtime_ns(ray_cluster: RayCluster) -> Iterator[Runtime]:
+    """One deployment for the module: its tests feed stores of their own (order-count and the customers',
+    order-sessions) and look only at those."""
     from verticles import deploy
 
     runtime = deploy_runtime("riqr-kill9")
@@ -136,14 +145,14 @@ def _ingest_state(url: str, store: str) -> str:
     return str({s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[store]["ingest"]["state"])
 
 
-def _split_batches(namespace: str, owners: list[str]) -> dict[str, dict[int, int]] | None:
+def _split_batches(owners: dict[str, Any]) -> dict[str, dict[int, int]] | None:
     """Each owner's copies and their batch ids, if some owner holds copies at different batches: a batch
     is being delivered (standbys get it first, then actives; every copy gets every batch id). Each owner
-    answers from one consistent look at its own copies."""
+    answers from one consistent look at its own copies. ``owners``: name -> actor handle (looked up once:
+    this is polled every few milliseconds, beside the topology)."""
     import ray
 
-    handles = [ray.get_actor(name, namespace=namespace) for name in owners]
-    answers: list[dict[int, dict[str, Any]]] = ray.get([h.positions.remote() for h in handles], timeout=10)
+    answers: list[dict[int, dict[str, Any]]] = ray.get([h.positions.remote() for h in owners.values()], timeout=10)
     batches = {name: {p: pos["batch_id"] for p, pos in a.items()} for name, a in zip(owners, answers)}
     return batches if any(len(set(b.values())) > 1 for b in batches.values()) else None
 
@@ -164,15 +173,20 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
         produce(tmp_path, "customer", SEED_CUSTOMERS_LINES)
         produce(tmp_path, "order", SEED_ORDERS_LINES)
         topology.wait_for(_caught_up(url, SEED_ORDER_COUNTS), timeout=180, what="the seed's orders counted")
-        owners = [i["actor"] for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]]
+        import ray
+
+        owners = {
+            i["actor"]: ray.get_actor(i["actor"], namespace=ns)
+            for i in http_get(f"{url}/metadata/stores/order-count")[2]["result"]
+        }
         with orders_under_load(tmp_path, url, read_pause=0.02) as ledger:
             with ledger.lock:
                 produced = dict(ledger.produced)
             topology.wait_for(_caught_up(url, produced), timeout=180, what="every order produced before counted")
-            split = topology.wait_for(lambda: _split_batches(ns, owners), timeout=120, interval=0.005,
+            split = topology.wait_for(lambda: _split_batches(owners), timeout=120, interval=0.005,
                                       what="a batch half delivered")  # fmt: skip
             topology.sigkill()
-            left_split = _split_batches(ns, owners)  # still split: the kill fell inside the batch's delivery
+            left_split = _split_batches(owners)  # still split: the kill fell inside the batch's delivery
             time.sleep(0.5)  # orders land while no topology runs
             topology.start()
             with ledger.lock:
@@ -315,4 +329,4 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         assert len(closed) > 5, written
     finally:
         stop.set()
-        topology.stop()
+        topology.kill()  # nothing here is about its stop (the other test's drop and test_job_submit's are)
