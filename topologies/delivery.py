@@ -289,11 +289,12 @@ class BatchDelivery:
                         refs[uuid] = partitions, apply.remote(source, batch_id, partitions, *tables, hold=hold)
                 except OwnerUnavailable as err:
                     failed[uuid] = err
-            self._await([ref if share is None else ref[0] for _, ref in refs.values()], deadline, what)
+            until = self._await([ref if share is None else ref[0] for _, ref in refs.values()], deadline, what)
             retry_plain: list[str] = []
             for uuid, (partitions, ref) in refs.items():
                 try:
-                    timeout = min(max(deadline.remaining(), 0.001), _CALL_TIMEOUT)
+                    # The calls' one bound, spent waiting above: one still pending times out at once.
+                    timeout = max(until.remaining(), 0.001)
                     if share is None:
                         results.extend(raycalls.get(ref, what, timeout=timeout, actor=uuid))
                         continue
@@ -343,16 +344,17 @@ class BatchDelivery:
             raise BatchGivenUp(f"{what}: the topology is stopping and gave up on this batch; it runs again at "
                                "the next start")  # fmt: skip
 
-    def _await(self, refs: Sequence[Any], deadline: Deadline, what: str) -> None:
-        """Wait for ``refs`` until ``deadline``, in slices: a stop that gives up on the batch is seen
-        within ``_STOP_LOOK`` seconds, not after the owners' call timeout. The common case, owners that
-        answer at once, costs one ``ray.wait``."""
+    def _await(self, refs: Sequence[Any], deadline: Deadline, what: str) -> Deadline:
+        """Wait for ``refs`` for at most a call's timeout (and until ``deadline``), in slices: a stop that
+        gives up on the batch is seen within ``_STOP_LOOK`` seconds, not after the owners' call timeout.
+        Returns the calls' deadline. The common case, owners that answer at once, costs one ``ray.wait``."""
         waiting = list(refs)
-        until = Deadline.after(min(deadline.remaining(), _CALL_TIMEOUT))  # as each call's own bound below
+        until = Deadline.after(min(deadline.remaining(), _CALL_TIMEOUT))
         while waiting and until.remaining() > 0:
             _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(until.remaining(), _STOP_LOOK))
             if waiting:
                 self._given_up(what)
+        return until
 
     def _pause(self, seconds: float, what: str) -> None:
         """Sleep ``seconds`` before asking owners again, unless a stop gives up on the batch meanwhile."""

@@ -24,6 +24,7 @@ Ray, retrying owners that are gone for up to its delivery timeout. It gives up w
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -51,7 +52,7 @@ class InFlight:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._inside: dict[str, int] = {}
-        self._given_up: set[str] = set()
+        self._given_up: collections.Counter[str] = collections.Counter()  # stops giving up on it, at once
 
     @contextlib.contextmanager
     def batch(self, name: str | None) -> Iterator[None]:
@@ -80,7 +81,7 @@ class InFlight:
         """Whether a stop has stopped waiting for the batch in progress of query ``name``: a function
         still inside should end it now (the batch runs again at the next start)."""
         with self._cond:
-            return name in self._given_up
+            return name is not None and self._given_up[name] > 0
 
     @contextlib.contextmanager
     def giving_up(self, names: Sequence[str]) -> Iterator[None]:
@@ -91,7 +92,8 @@ class InFlight:
             yield
         finally:
             with self._cond:
-                self._given_up.difference_update(names)
+                self._given_up.subtract(names)
+                self._given_up += collections.Counter()  # drops the names at zero
 
     def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
         """Wait until at least one of ``names`` has no batch inside its function, at most ``timeout``

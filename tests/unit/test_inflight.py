@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -125,9 +126,9 @@ def test_only_the_batches_a_stop_gave_up_on_are_told_and_only_while_it_stops() -
 
 
 def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Owners unreachable: the sink retries for its delivery timeout (a minute), and Spark's stop() would
-    wait that long for it. A stop that gives up ends it within a fraction of a second, without reporting
-    the feed failed (its last word, ``stopped``, is said already)."""
+    """Owners unreachable, or alive and not answering: the sink retries for its delivery timeout (a
+    minute), and Spark's stop() would wait that long for it. A stop that gives up ends it within a
+    fraction of a second, without reporting the feed failed (its last word, ``stopped``, is said)."""
     from runtime.deadline import Deadline
     from runtime.errors import OwnerUnavailable
     from tests.unit.test_runner import FakeFeeder, one_string_store
@@ -162,6 +163,36 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
     assert not thread.is_alive() and time.monotonic() - started < 1.5
     assert len(errors) == 1 and isinstance(errors[0], BatchGivenUp), errors
     assert "runs again at the next start" in str(errors[0])
+
+    # An owner alive but not answering: its call pending (a fake ray.wait that never sees it ready).
+    class Pending:
+        class apply_parts:  # noqa: N801 (Ray's method)
+            @staticmethod
+            def remote(*_args: Any, **_kwargs: Any) -> str:
+                return "ref"
+
+    def never_ready(refs: list[Any], *, num_returns: int, timeout: float) -> tuple[list[Any], list[Any]]:
+        time.sleep(timeout)
+        return [], list(refs)
+
+    monkeypatch.setattr(delivery, "handle", lambda uuid: Pending())
+    monkeypatch.setattr("topologies.delivery.ray.wait", never_ready)
+
+    def no_ray(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("waited the call's whole timeout: the stop's giving up was not seen")
+
+    monkeypatch.setattr("topologies.delivery.raycalls.get", no_ray)
+    monkeypatch.setattr("topologies.delivery._CALL_TIMEOUT", 3.0)
+    errors.clear()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    query = Query(name)
+    query.stop = lambda: (Query.stop(query), thread.join(10))  # type: ignore[method-assign]
+    time.sleep(0.3)  # waiting on the owner by now
+    started = time.monotonic()
+    assert stop_between_batches([query], 0.1) == [name]
+    assert not thread.is_alive() and time.monotonic() - started < 1.5
+    assert len(errors) == 1 and isinstance(errors[0], BatchGivenUp), errors
 
     class Given:
         def toArrow(self) -> None:  # noqa: N802 (Spark's name)
