@@ -67,6 +67,7 @@ ACTOR_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3
 # several sweep one disk (nodes sharing a data directory). One left by a sweeper that died mid-delete is
 # deleted by the next pass.
 RECLAIMING = ".reclaiming"
+LEFT_AFTER = 60.0  # seconds since its claim before another sweeper deletes a claimed directory
 
 
 class OwnerLock:
@@ -253,10 +254,39 @@ class Sweeper:
         """Looked at again just before deleting: the pass's list of names may be minutes old by now."""
         return not held(directory) and directory.name not in self.names()
 
+    def _delete(self, claimed: Path, actor: str) -> bool:
+        """Delete a claimed directory; False (and a warning) if some of it is left, which a later pass
+        deletes (``_leftovers``)."""
+        try:
+            shutil.rmtree(claimed)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("could not delete all of %s, the data of query actor %s, which no longer exists: %s; a "
+                        "later pass tries again", claimed, actor, err)  # fmt: skip
+            return False
+        return True
+
+    def _leftovers(self) -> None:
+        """Delete claimed directories left behind: by a sweeper that died while it deleted one, or could
+        not delete all of it. One claimed under ``LEFT_AFTER`` seconds ago may be another live sweeper's,
+        in the middle of its delete, and is left to it."""
+        for left in list(self._actor_dirs(RECLAIMING)):
+            try:
+                claimed_ago = time.time() - left.stat().st_ctime  # the rename set it
+            except FileNotFoundError:
+                continue
+            if claimed_ago < LEFT_AFTER or held(left):
+                continue
+            size = _size(left)
+            if self._delete(left, left.name[: -len(RECLAIMING)]):
+                self.reclaimed_bytes += size
+                self.reclaimed_dirs += 1
+                if self.metrics is not None:
+                    self.metrics.inc("riqr_reclaimed_bytes_total", amount=size)
+
     def _sweep(self) -> list[Path]:
-        for left in list(self._actor_dirs(RECLAIMING)):  # claimed by a sweeper that died mid-delete
-            if not held(left):
-                shutil.rmtree(left, ignore_errors=True)  # counted by its claimer
+        self._leftovers()
         now = self.clock()
         names: set[str] | None = None
         orphaned: dict[Path, float] = {}
@@ -287,13 +317,8 @@ class Sweeper:
                 orphaned[directory] = since
                 continue
             size = _size(claimed)
-            try:
-                shutil.rmtree(claimed)
-            except FileNotFoundError:
-                pass
-            except OSError as err:
-                log.warning("could not delete all of %s (query actor %s, which no longer exists): %s; the next "
-                            "pass tries again", claimed, directory.name, err)  # fmt: skip
+            if not self._delete(claimed, directory.name):
+                continue
             self.reclaimed_bytes += size
             self.reclaimed_dirs += 1
             if self.metrics is not None:

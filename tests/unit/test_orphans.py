@@ -409,11 +409,33 @@ def test_two_sweepers_of_one_disk_delete_each_directory_once_and_count_its_bytes
         assert list((root / "orders").iterdir()) == []
 
 
-def test_a_directory_claimed_by_a_sweeper_that_died_mid_delete_is_deleted_by_the_next_pass(tmp_path: Path) -> None:
+def test_a_directory_claimed_by_a_sweeper_that_died_mid_delete_is_deleted_by_a_later_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     left = actor_dir(tmp_path)
     claimed = left.rename(left.with_name(left.name + ".reclaiming"))
     kept = tmp_path / "orders" / "notes.reclaiming"  # not named like an actor's: never touched
     kept.mkdir()
     sweeper = Sweeper(tmp_path, Names(), grace=5, clock=Clock())
-    assert sweeper.sweep() == [] and sweeper.reclaimed_bytes == 0  # counted by its claimer, not again
-    assert not claimed.exists() and kept.is_dir()
+    assert sweeper.sweep() == [] and claimed.exists()  # just claimed: maybe another sweeper's, deleting it
+    monkeypatch.setattr("runtime.orphans.LEFT_AFTER", 0.0)
+    assert sweeper.sweep() == [] and not claimed.exists() and kept.is_dir()
+    assert (sweeper.reclaimed_bytes, sweeper.reclaimed_dirs) == (1000, 1)  # its claimer never counted it
+
+
+def test_a_directory_that_cannot_all_be_deleted_is_not_counted_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    orphan = actor_dir(tmp_path)
+    clock = Clock()
+    sweeper = Sweeper(tmp_path, Names(), grace=5, clock=clock)
+    sweeper.sweep()
+    clock.now += 10
+
+    def refuse(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("runtime.orphans.shutil.rmtree", refuse)
+    assert sweeper.sweep() == [] and not orphan.exists()
+    assert (sweeper.reclaimed_bytes, sweeper.reclaimed_dirs) == (0, 0)
+    assert "could not delete all of" in caplog.text and "a later pass tries again" in caplog.text
