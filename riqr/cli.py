@@ -88,8 +88,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if any(ep.auth != auth.fingerprint() for ep in deployment.endpoints):
         # The running verticles verify tokens with the settings they were started with: a token minted
         # from this command's would be refused.
-        _say("REST authentication is on, with the keys and settings the verticles were started with: "
-             "mint tokens with riqr token under those settings")  # fmt: skip
+        _say("REST authentication is on, with the keys and settings the verticles were started with, not "
+             "these: tokens must come from those keys (riqr token mints with the deployment's own secret, "
+             "when no key of yours is set)")  # fmt: skip
         return 1
     token = token_for(auth)
     if token is None:

@@ -429,12 +429,12 @@ class NodeEndpoint:
     node_id: str
     host: str
     port: int
-    auth: str = "off"  # the running verticle's AuthConfig.fingerprint()
+    auth: str = "off"  # the running verticle's AuthConfig.fingerprint(), or "unknown"
     kept: tuple[str, ...] = ()  # settings this node's running verticle keeps against what `up` asked
 
     @property
     def auth_enabled(self) -> bool:
-        return self.auth != "off"
+        return self.auth != "off"  # "unknown" counts as on: every riqr verticle checks tokens unless told not to
 
     @property
     def url(self) -> str:
@@ -473,16 +473,19 @@ def _registry(namespace: str, placement: Mapping[str, Any] | None = None) -> tup
         handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
     except ValueError:
         secrets = DeploymentSecrets.generate()
+        # Epoch watchers in a group of their own; other calls one at a time.
+        registry = _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})
+        registry = registry.options(**_options(REGISTRY_NAME, namespace, **dict(placement or {})))
+        args = (namespace, RayEnv(namespace))
         try:
             # Ray takes the name at once or refuses it (ActorAlreadyExistsError, a ValueError): of two
             # deployments racing, one creates the registry and the other finds it.
-            handle = (
-                _remote(Registry, concurrency_groups={"watch": _EPOCH_WATCHERS})  # other calls: one at a time
-                .options(**_options(REGISTRY_NAME, namespace, **dict(placement or {})))
-                .remote(namespace, RayEnv(namespace), secrets=secrets, recreate_after=recreate_after())
-            )
-        except ValueError:
-            handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+            handle = registry.remote(*args, secrets=secrets, recreate_after=recreate_after())
+        except ValueError as taken:
+            try:
+                handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+            except ValueError:
+                raise taken from None  # not a name taken: the creation's own error
         else:
             with _CREATED_LOCK:
                 _CREATED[namespace] = (handle._actor_id.hex(), secrets)
@@ -513,7 +516,9 @@ def existing_secrets(namespace: str) -> DeploymentSecrets | None:
 def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent: a
     verticle that is running already keeps its settings (``riqr down`` first to change auth or binding);
-    each endpoint says whether its REST API checks tokens and which settings it kept against ``config``."""
+    each endpoint says whether its REST API checks tokens and which settings it kept against ``config``.
+    A new registry starts beside the verticles: one that fails to start fails ``up`` once they have
+    started, and ``riqr down`` removes them."""
     from verticles.bus import RayBus
     from verticles.facade import FacadeVerticle
     from verticles.http import HttpVerticle
@@ -561,13 +566,14 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     for node_id, serving, ready in starting:
         where = raycalls.get(serving, f"starting the REST API on node {node_id}")
         raycalls.get(ready, f"starting the facade on node {node_id}")
+        # A verticle of an earlier riqr does not say what it was started with: its auth is "unknown".
         running = where.get("settings", {})
         endpoints.append(
             NodeEndpoint(
                 str(where["node_id"]),
                 str(where["host"]),
                 int(where["port"]),
-                auth=str(running.get("auth", "off")),
+                auth=str(running.get("auth", "unknown")),
                 kept=kept_settings(running, asked),
             )
         )
@@ -577,6 +583,8 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
 def kept_settings(running: Mapping[str, Any], asked: Mapping[str, Any]) -> tuple[str, ...]:
     """What a running HTTP verticle serves that differs from what ``up`` asked for, one phrase each
     (``riqr up`` is idempotent: a verticle that runs already keeps its settings until ``riqr down``)."""
+    if not running:
+        return ("settings it cannot report (a verticle of an earlier riqr)",)
     kept = []
     have, want = running.get("auth", "off"), asked["auth"]
     if have != want:

@@ -31,9 +31,15 @@ def _riqr_at_once(*commands: tuple[str, ...]) -> list[subprocess.CompletedProces
         for args in commands
     ]
     done = []
-    for args, proc in zip(commands, started):
-        out, err = proc.communicate(timeout=300)
-        done.append(subprocess.CompletedProcess([sys.executable, "-m", "riqr", *args], proc.returncode, out, err))
+    try:
+        for args, proc in zip(commands, started):
+            out, err = proc.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess([sys.executable, "-m", "riqr", *args], proc.returncode, out, err))
+    finally:
+        for proc in started:  # none left running by a failed wait
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return done
 
 

@@ -92,6 +92,7 @@ def test_riqr_up_names_the_settings_a_running_verticle_kept() -> None:
     assert kept_settings(asked, {**asked, "auth": "off"}) == ("REST auth on (asked: off)",)
     other = AuthConfig(enabled=True, secret=generate_secret()).fingerprint()
     assert kept_settings({**asked, "auth": other}, asked) == ("REST auth with other keys or token settings than asked",)
+    assert kept_settings({}, asked) == ("settings it cannot report (a verticle of an earlier riqr)",)
     moved = {**asked, "host": "0.0.0.0", "port": 0, "advertise_host": "10.0.0.5"}
     assert kept_settings(moved, asked) == (
         "listening on 0.0.0.0 (asked: 127.0.0.1)",
