@@ -38,7 +38,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from runtime.catalog import is_store_name
@@ -222,24 +222,30 @@ class Sweeper:
         self.reclaimed_bytes = 0
         self.reclaimed_dirs = 0
 
-    def _actor_dirs(self, suffix: str = "") -> Iterator[Path]:
-        """The directories named like an actor (plus ``suffix``) in the directories named like a store."""
+    def _actor_dirs(self) -> tuple[list[Path], list[Path]]:
+        """In the directories named like a store, those named like an actor, and those named like one
+        claimed for deletion (``<actor uuid>.reclaiming``): one listing for both."""
         try:
             stores = [p for p in self.root.iterdir() if is_store_name(p.name) and p.is_dir() and not p.is_symlink()]
         except FileNotFoundError:
-            return
+            return [], []
+        actors: list[Path] = []
+        claimed: list[Path] = []
         for store in stores:
             try:
-                yield from (
-                    p
-                    for p in store.iterdir()
-                    if p.name.endswith(suffix)
-                    and ACTOR_NAME.match(p.name[: len(p.name) - len(suffix)])
-                    and p.is_dir()
-                    and not p.is_symlink()
-                )
+                entries = list(store.iterdir())
             except FileNotFoundError:  # deleted meanwhile (riqr down)
                 continue
+            for p in entries:
+                if ACTOR_NAME.match(p.name):
+                    into = actors
+                elif p.name.endswith(RECLAIMING) and ACTOR_NAME.match(p.name[: -len(RECLAIMING)]):
+                    into = claimed
+                else:
+                    continue
+                if p.is_dir() and not p.is_symlink():
+                    into.append(p)
+        return actors, claimed
 
     def sweep(self) -> list[Path]:
         """One pass; returns the directories it deleted. A pass that fails forgets every sighting: the two
@@ -254,9 +260,10 @@ class Sweeper:
         """Looked at again just before deleting: the pass's list of names may be minutes old by now."""
         return not held(directory) and directory.name not in self.names()
 
-    def _delete(self, claimed: Path, actor: str) -> bool:
-        """Delete a claimed directory; False (and a warning) if some of it is left, which a later pass
-        deletes (``_leftovers``)."""
+    def _reclaim(self, claimed: Path, actor: str) -> int | None:
+        """Delete a claimed directory and count its bytes; returns them, or None (and a warning) if some
+        of it is left, which a later pass deletes and counts (``_leftovers``)."""
+        size = _size(claimed)
         try:
             shutil.rmtree(claimed)
         except FileNotFoundError:
@@ -264,34 +271,33 @@ class Sweeper:
         except OSError as err:
             log.warning("could not delete all of %s, the data of query actor %s, which no longer exists: %s; a "
                         "later pass tries again", claimed, actor, err)  # fmt: skip
-            return False
-        return True
+            return None
+        self.reclaimed_bytes += size
+        self.reclaimed_dirs += 1
+        if self.metrics is not None:
+            self.metrics.inc("riqr_reclaimed_bytes_total", amount=size)
+        return size
 
-    def _leftovers(self) -> None:
+    def _leftovers(self, claimed: list[Path]) -> None:
         """Delete claimed directories left behind: by a sweeper that died while it deleted one, or could
         not delete all of it. One claimed under ``LEFT_AFTER`` seconds ago may be another live sweeper's,
         in the middle of its delete, and is left to it."""
-        for left in list(self._actor_dirs(RECLAIMING)):
+        for left in claimed:
             try:
                 claimed_ago = time.time() - left.stat().st_ctime  # the rename set it
             except FileNotFoundError:
                 continue
-            if claimed_ago < LEFT_AFTER or held(left):
-                continue
-            size = _size(left)
-            if self._delete(left, left.name[: -len(RECLAIMING)]):
-                self.reclaimed_bytes += size
-                self.reclaimed_dirs += 1
-                if self.metrics is not None:
-                    self.metrics.inc("riqr_reclaimed_bytes_total", amount=size)
+            if claimed_ago >= LEFT_AFTER and not held(left):
+                self._reclaim(left, left.name[: -len(RECLAIMING)])
 
     def _sweep(self) -> list[Path]:
-        self._leftovers()
+        actors, claimed = self._actor_dirs()
+        self._leftovers(claimed)
         now = self.clock()
         names: set[str] | None = None
         orphaned: dict[Path, float] = {}
         deleted: list[Path] = []
-        for directory in list(self._actor_dirs()):
+        for directory in actors:
             if held(directory):
                 continue
             if names is None:
@@ -304,11 +310,11 @@ class Sweeper:
                 continue
             if not self._still_orphaned(directory):
                 continue
-            claimed = directory.with_name(directory.name + RECLAIMING)
+            claim = directory.with_name(directory.name + RECLAIMING)
             try:
                 # Atomic: of several sweepers of one disk, one claims the directory and counts it; the
                 # others find it gone.
-                os.rename(directory, claimed)
+                os.rename(directory, claim)
             except FileNotFoundError:
                 continue
             except OSError as err:
@@ -316,13 +322,9 @@ class Sweeper:
                             directory, directory.name, err)  # fmt: skip
                 orphaned[directory] = since
                 continue
-            size = _size(claimed)
-            if not self._delete(claimed, directory.name):
+            size = self._reclaim(claim, directory.name)
+            if size is None:
                 continue
-            self.reclaimed_bytes += size
-            self.reclaimed_dirs += 1
-            if self.metrics is not None:
-                self.metrics.inc("riqr_reclaimed_bytes_total", amount=size)
             deleted.append(directory)
             log.warning("deleted %s (%d bytes): the partitions of query actor %s, which no longer exists (a "
                         "crash or a stop without `riqr down` left them)", directory, size, directory.name)  # fmt: skip
