@@ -497,10 +497,15 @@ def _registry(namespace: str, placement: Mapping[str, Any] | None = None) -> tup
 def deployment_secrets(namespace: str) -> DeploymentSecrets:
     """The cursor key and token secret of ``namespace``'s deployment (creating its registry if needed;
     a registry this process created is not waited for)."""
+    return _registry_and_secrets(namespace)[1]
+
+
+def _registry_and_secrets(namespace: str) -> tuple[Any, DeploymentSecrets]:
+    """``_registry``, and its secrets asked of it when this process did not create it."""
     handle, secrets = _registry(namespace)
     if secrets is None:
         secrets = raycalls.get(handle.secrets.remote(), "the deployment's keys")
-    return secrets
+    return handle, secrets
 
 
 def existing_secrets(namespace: str) -> DeploymentSecrets | None:
@@ -521,21 +526,17 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     started, and ``riqr down`` removes them."""
     from verticles.bus import RayBus
     from verticles.facade import FacadeVerticle
-    from verticles.http import HttpVerticle
+    from verticles.http import HttpVerticle, http_settings
 
     ns = config.namespace
-    cursor_key = deployment_secrets(ns).cursor_key
+    registry, secrets = _registry_and_secrets(ns)
+    cursor_key = secrets.cursor_key
     # A `riqr down` that stopped after retiring the registry (interrupted) left it running but retired:
     # this deployment wants it re-creating actors and promoting standbys again. Waited for with the
     # verticles: a registry just created starts beside them.
-    resumed = _registry(ns)[0].resume.remote()
+    resumed = registry.resume.remote()
     env = RayEnv(ns)
-    asked = {
-        "host": config.http_host,
-        "port": config.http_port,
-        "advertise_host": config.advertise_host,
-        "auth": config.auth.fingerprint() if config.auth is not None else "off",
-    }
+    asked = http_settings(config.http_host, config.http_port, config.advertise_host, config.auth)
     # Every node's verticles are created first and waited for together: each is a new worker process
     # (seconds to start and import), so the nodes start side by side rather than one after the other.
     starting = []

@@ -41,6 +41,13 @@ log = logging.getLogger(__name__)
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
+def http_settings(host: str, port: int, advertise_host: str | None, auth: AuthConfig | None) -> dict[str, object]:
+    """The settings an HTTP verticle is started with, as it reports them and as ``deploy.up`` asks for
+    them (``deploy.kept_settings`` compares the two); the auth as its fingerprint, never a key."""
+    return {"host": host, "port": port, "advertise_host": advertise_host,
+            "auth": auth.fingerprint() if auth is not None else "off"}  # fmt: skip
+
+
 class HttpVerticle:
     """Serves the REST API on ``host:port`` (port 0 picks a free port)."""
 
@@ -67,7 +74,7 @@ class HttpVerticle:
         self.port = port
         # What it was started with, as `riqr up` asks: a later `up` with other settings finds this one
         # running (Ray's get_if_exists ignores the new arguments) and tells the operator.
-        self._asked = {"host": host, "port": port, "advertise_host": advertise_host, "auth": self.auth.fingerprint()}
+        self._asked = http_settings(host, port, advertise_host, self.auth)
         # Advertise what clients can reach: the bound address, unless it is a wildcard.
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
