@@ -230,6 +230,10 @@ def supervise(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        # No look at the copies left inside a Ray call when the process ends (Ray's exit would end it with 1).
+        from topologies import sink
+
+        sink.stop_looking()
     if failed is None:
         log.info("topology stopped")
         return 0

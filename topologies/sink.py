@@ -72,6 +72,7 @@ __all__ = [
     "unregistered",
     "StoreUnregistered",
     "stop_for_rebuild",
+    "stop_looking",
     "start_again",
     "BatchDelivery",
 ]
@@ -110,7 +111,14 @@ _FAILED_LOOKS: dict[str, int] = {}
 _ASKED: dict[str, float] = {}
 # query name -> why a look found its store no longer registered (``unregistered``).
 _UNREGISTERED: dict[str, StoreUnregistered] = {}
-_LOOKER: list[threading.Thread] = []
+# The thread looking at the copies, and the flag that ends it (``stop_looking``).
+_LOOKER: list[tuple[threading.Thread, threading.Event]] = []
+# How often a look waiting on owners sees whether it should end (``stop_looking``).
+_LOOK_SLICE = 0.25
+
+
+class _LooksEnded(Exception):
+    """The looks were ended (``stop_looking``) while one waited on owners."""
 
 
 def rebuild_due(name: str, now: float | None = None) -> list[int]:
@@ -170,9 +178,10 @@ def unregistered(name: str) -> StoreUnregistered | None:
         return _UNREGISTERED.get(name)
 
 
-def _look_at_all() -> None:
+def _look_at_all(ended: threading.Event | None = None) -> None:
     """One round of looks: every store whose query a ``supervise`` asked about lately. None once Ray is
-    shut down (the process is stopping: a look would only fail, or have Ray start a cluster anew)."""
+    shut down (the process is stopping: a look would only fail, or have Ray start a cluster anew), and
+    none left once ``ended`` is set."""
     import ray
 
     if not ray.is_initialized():
@@ -181,14 +190,16 @@ def _look_at_all() -> None:
     with _RUNNING_LOCK:
         due = [(n, r[0]) for n, r in _RUNNING.items() if now - _ASKED.get(n, -1e9) < 2 * PROBE_EVERY]
     for name, delivery in due:
-        if delivery.retired:
+        if delivery.retired or (ended is not None and ended.is_set()):
             continue
         try:
-            found: list[int] | None = unserved(delivery)
+            found: list[int] | None = unserved(delivery, ended)
         except StoreUnregistered as err:  # not a registry that cannot be found or does not answer: no verdict
             with _RUNNING_LOCK:
                 _UNREGISTERED[name] = err
             continue
+        except _LooksEnded:
+            return
         except Exception:
             log.debug("could not look at the copies of %s", delivery.spec.name, exc_info=True)
             found = None
@@ -197,25 +208,42 @@ def _look_at_all() -> None:
 
 def _ensure_looker() -> None:
     with _RUNNING_LOCK:
-        if _LOOKER and _LOOKER[0].is_alive():
+        if _LOOKER and _LOOKER[0][0].is_alive() and not _LOOKER[0][1].is_set():
             return
-
-        def loop() -> None:
-            while True:
-                time.sleep(PROBE_EVERY)
-                try:
-                    _look_at_all()
-                except Exception:
-                    log.warning("looking at the stores' copies failed", exc_info=True)
-
-        thread = threading.Thread(target=loop, name="riqr-copy-looks", daemon=True)
-        _LOOKER[:] = [thread]
+        ended = threading.Event()
+        thread = threading.Thread(target=_looks, args=(ended,), name="riqr-copy-looks", daemon=True)
+        _LOOKER[:] = [(thread, ended)]
     thread.start()
 
 
-def unserved(delivery: BatchDelivery) -> list[int]:
+def _looks(ended: threading.Event) -> None:
+    """The looker's thread: a round of looks every ``PROBE_EVERY`` seconds until ``ended`` is set."""
+    while not ended.wait(PROBE_EVERY):
+        try:
+            _look_at_all(ended)
+        except Exception:
+            log.warning("looking at the stores' copies failed", exc_info=True)
+
+
+def stop_looking(timeout: float = 2 * _LOOK_SLICE) -> bool:
+    """End the thread looking at the copies (the topology is stopping; a later ``supervise`` starts another)
+    and wait up to ``timeout`` seconds for it; True if it ended. A look waiting on owners that do not
+    answer ends within ``_LOOK_SLICE``: one still inside a Ray call when the process ends and Ray shuts
+    down (at exit) would have Ray end the process with exit status 1 as the call returns."""
+    with _RUNNING_LOCK:
+        looker = _LOOKER[:]
+    if not looker:
+        return True
+    thread, ended = looker[0]
+    ended.set()
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
+def unserved(delivery: BatchDelivery, ended: threading.Event | None = None) -> list[int]:
     """The partitions of ``delivery``'s store that no copy serves at its checkpoint's source, at or past
-    its last committed batch: what ``plan_start`` would rebuild. [] before the first commit.
+    its last committed batch: what ``plan_start`` would rebuild. [] before the first commit. Raises
+    ``_LooksEnded`` if ``ended`` is set while it waits on the copies' owners.
 
     Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store."""
     name = delivery.spec.name
@@ -227,14 +255,18 @@ def unserved(delivery: BatchDelivery) -> list[int]:
     committed = last_committed(delivery.checkpoint)
     if committed is None:
         return []
-    positions = _copies_positions(delivery, view=view, timeout=5)
+    positions = _copies_positions(delivery, view=view, timeout=5, ended=ended)
     if positions is None:
         return []
     return partitions_without_a_current_copy(positions, query_id(delivery.checkpoint), committed)
 
 
 def _copies_positions(
-    delivery: BatchDelivery, *, view: ClusterView | None = None, timeout: float
+    delivery: BatchDelivery,
+    *,
+    view: ClusterView | None = None,
+    timeout: float,
+    ended: threading.Event | None = None,
 ) -> dict[str, Mapping[int, Mapping[str, Any]]] | None:
     """``positions()`` of every copy of ``delivery``'s store, by actor, as ``view`` has them (None: a fresh
     view); None if the store is not registered. A failed call makes the sink look every owner up again
@@ -246,7 +278,19 @@ def _copies_positions(
     uuids = sorted(ownership.all_owners())
     what = f"positions of {delivery.spec.name}"
     try:
-        answers = raycalls.get([delivery.handle(u).positions.remote() for u in uuids], what, timeout=timeout)
+        refs = [delivery.handle(u).positions.remote() for u in uuids]
+        if ended is not None:  # in slices, to end soon once ``ended`` is set; then the answers, as below
+            import ray
+
+            waiting, until = refs, time.monotonic() + timeout
+            while waiting and (left := until - time.monotonic()) > 0:
+                if ended.is_set():
+                    raise _LooksEnded(what)
+                _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(left, _LOOK_SLICE))
+            timeout = 0.001 if waiting else timeout
+        answers = raycalls.get(refs, what, timeout=timeout)
+    except _LooksEnded:
+        raise
     except Exception:
         delivery.forget_handles()
         raise

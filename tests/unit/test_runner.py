@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -296,7 +297,7 @@ def test_looks_go_only_to_the_stores_a_supervise_asks_about(
 
     looked: list[str] = []
 
-    def unserved(delivery: FakeDelivery) -> list[int]:
+    def unserved(delivery: FakeDelivery, _ended: object = None) -> list[int]:
         looked.append(delivery.spec.name)
         if delivery.spec.name == "broken":
             raise TimeoutError("an owner restarts")
@@ -317,6 +318,68 @@ def test_looks_go_only_to_the_stores_a_supervise_asks_about(
     sink._look_at_all()
     assert looked == ["asked", "broken"]  # not one no supervise asked about lately, nor one being restarted
     assert sink._LOOKS == {"asked": ([], [1])} and sink._FAILED_LOOKS == {"broken": 1}
+
+
+def test_a_look_waiting_on_owners_that_do_not_answer_ends_as_soon_as_the_looks_are_stopped(
+    running: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A look asks every owner of a store for its copies' positions and waits up to 5 s. One still inside
+    that Ray call when the topology process ends (Ray shuts down at exit) had Ray end the process with exit
+    status 1 as the call returned: seen when a topology was stopped while its owners hung. ``supervise``
+    ends the looks as it returns (``stop_looking``), within a slice of the wait, and that is not a failed
+    look."""
+    import ray
+
+    from topologies import sink
+
+    class Owner:
+        class positions:  # noqa: N801 (the actor's method)
+            @staticmethod
+            def remote() -> str:
+                return "ref"
+
+    class View:
+        def table(self, _name: str) -> Any:
+            return type("Ownership", (), {"all_owners": lambda _self: {"actor-a", "actor-b"}})()
+
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "commits" / "0").write_text("v1\n{}")
+    delivery = FakeDelivery("order-count")
+    forgot: list[bool] = []
+    delivery.checkpoint = str(tmp_path)  # type: ignore[attr-defined]
+    delivery.current_view = lambda **_: View()  # type: ignore[attr-defined]
+    delivery.handle = lambda _uuid: Owner()  # type: ignore[attr-defined]
+    delivery.forget_handles = lambda: forgot.append(True)  # type: ignore[attr-defined]
+    waits: list[float] = []
+
+    def never_ready(refs: list[Any], *, num_returns: int, timeout: float) -> tuple[list[Any], list[Any]]:
+        waits.append(timeout)
+        time.sleep(timeout)
+        return [], list(refs)
+
+    def no_get(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("waited on the owners without looking whether the looks were stopped")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "wait", never_ready)
+    monkeypatch.setattr("topologies.sink.raycalls.get", no_get)
+    monkeypatch.setattr(sink, "PROBE_EVERY", 0.01)
+    monkeypatch.setattr(sink, "_LOOKER", [])
+    running["riqr-ns-order-count"] = (delivery, lambda **_: FakeQuery("riqr-ns-order-count"))
+    sink._ASKED["riqr-ns-order-count"] = time.monotonic()
+    ended = threading.Event()
+    thread = threading.Thread(target=sink._looks, args=(ended,), daemon=True)
+    sink._LOOKER[:] = [(thread, ended)]
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(waits) < 2 and time.monotonic() < deadline:  # inside the look, waiting on the owners
+        time.sleep(0.01)
+    assert waits and max(waits) <= sink._LOOK_SLICE
+    stopping = time.monotonic()
+    assert sink.stop_looking()
+    assert time.monotonic() - stopping < 2 * sink._LOOK_SLICE and not thread.is_alive()
+    assert forgot == [] and sink._FAILED_LOOKS == {} and sink._LOOKS == {}  # no verdict, no failed look
+    assert sink.stop_looking()  # again: nothing left to end
 
 
 def stopped_after(seconds: float) -> threading.Event:
@@ -359,7 +422,9 @@ def test_a_look_that_finds_the_store_no_longer_registered_fails_the_topology_wit
     running["riqr-ns-gone"] = (gone, lambda **_: FakeQuery("riqr-ns-gone"))
     real = sink.unserved
 
-    def unserved(delivery: FakeDelivery) -> list[int]:  # the real look, but for the store whose copies all serve
+    def unserved(
+        delivery: FakeDelivery, _ended: object = None
+    ) -> list[int]:  # the real look, for the store whose copies all serve
         return real(delivery) if delivery in (dropped, gone) else []  # type: ignore[arg-type]
 
     monkeypatch.setattr(sink, "unserved", unserved)
