@@ -54,7 +54,7 @@ from runtime.ownership import ClusterView, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
-from topologies.inflight import IN_FLIGHT, BatchGivenUp
+from topologies.inflight import IN_FLIGHT, BatchGivenUp, end_given_up
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
 
@@ -434,7 +434,11 @@ class BatchDelivery:
         # Counted while it runs: a stop of the topology lets the batch end rather than cancel it
         # (``topologies.inflight``).
         with IN_FLIGHT.batch(self.query_name):
-            self._deliver_batch(batch_df, batch_id)
+            try:
+                self._deliver_batch(batch_df, batch_id)
+            except BatchGivenUp as given_up:
+                # Ended as Spark expects of a function its stop interrupted: the query ends stopped.
+                raise end_given_up(batch_df.sparkSession._jvm, given_up) from None
 
     def _deliver_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()

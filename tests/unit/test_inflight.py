@@ -4,7 +4,9 @@ its batches (fakes of Spark's StreamingQuery, no Spark)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from topologies.inflight import IN_FLIGHT, BatchGivenUp, InFlight, stop_between_batches
+from topologies.inflight import IN_FLIGHT, BatchGivenUp, InFlight, end_given_up, stop_between_batches
 from topologies.runner import supervise
 
 pytestmark = pytest.mark.usefixtures("no_feeders")
@@ -195,13 +197,93 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
     assert len(errors) == 1 and isinstance(errors[0], BatchGivenUp), errors
 
     class Given:
+        sparkSession = JvmSession(interrupted_after=2)  # noqa: N815 (Spark's name)
+
         def toArrow(self) -> None:  # noqa: N802 (Spark's name)
             raise BatchGivenUp("gave up")
 
     delivery._source = "src"
-    with pytest.raises(BatchGivenUp):
+    with pytest.raises(BatchGivenUp) as ended:
         delivery(Given(), 8)
     assert not [u for u in feeder.updates if u.get("state") == "failed"]
+    # Ended as the stop's interruption, which Spark takes for a stop (``end_given_up``), without its context.
+    assert SPARK_PROXY_ERROR.search(str(ended.value)) and ended.value.__suppress_context__
+
+
+class JavaError:
+    """What py4j's ``Py4JJavaError.java_exception`` answers of its class (a JVM object, faked)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._target_id = "o1"
+
+    def getClass(self) -> Any:  # noqa: N802 (Java's name)
+        return self
+
+    def getName(self) -> str:  # noqa: N802 (Java's name)
+        return self.name
+
+
+class JvmSession:
+    """A session's ``_jvm`` whose ``java.lang.Thread.sleep`` raises as the JVM does on a thread a query's
+    stop interrupted, from the ``interrupted_after``-th call on (None: never; ``error``: that Java class)."""
+
+    def __init__(self, interrupted_after: int | None, error: str = "java.lang.InterruptedException") -> None:
+        self.sleeps: list[int] = []
+        session = self
+
+        class Thread:
+            @staticmethod
+            def sleep(ms: int) -> None:
+                from py4j.protocol import Py4JJavaError
+
+                session.sleeps.append(ms)
+                if interrupted_after is not None and len(session.sleeps) >= interrupted_after:
+                    raise Py4JJavaError("An error occurred while calling z:java.lang.Thread.sleep.\n", JavaError(error))
+                time.sleep(ms / 1000)
+
+        self._jvm = type("Jvm", (), {"java": type("java", (), {"lang": type("lang", (), {"Thread": Thread})})})
+
+
+# Spark's test of a Python function's error for its query's stop (``StreamExecution.PROXY_ERROR``), the same
+# expression in Python's syntax.
+SPARK_PROXY_ERROR = re.compile(
+    r"py4j.protocol.Py4JJavaError: An error occurred while calling((.|\r\n|\r|\n)*)"
+    r"(java.lang.InterruptedException|java.io.InterruptedIOException|java.nio.channels.ClosedByInterruptException)"
+)
+
+
+def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts_the_querys_thread() -> None:
+    """Spark ends a query stopped while its Python function ran as stopped only if the function's error is
+    the stop's interruption, which it finds with ``SPARK_PROXY_ERROR`` over the whole message: a long one
+    overflowed its stream thread's stack. ``end_given_up`` calls into the JVM until the interruption comes,
+    and returns a one-line error that says so; py4j's error record of that one is dropped."""
+    given_up = BatchGivenUp("delivering batch 4 of order-count: the topology is stopping and gave up")
+    session = JvmSession(interrupted_after=3)
+    ended = end_given_up(session._jvm, given_up)
+    assert len(session.sleeps) == 3 and ended is not given_up and getattr(ended, "interrupted", False)
+    assert str(ended).startswith(str(given_up)) and SPARK_PROXY_ERROR.search(str(ended))
+    assert len(str(ended)) < 400 and "\n" not in str(ended)
+    py4j = logging.getLogger("py4j.clientserver")
+
+    def record(error: BaseException) -> logging.LogRecord:
+        return py4j.makeRecord(py4j.name, logging.ERROR, __file__, 1, "There was an exception", (),
+                               (type(error), error, None))  # fmt: skip
+
+    assert not py4j.filter(record(ended))
+    assert py4j.filter(record(given_up)) and py4j.filter(record(RuntimeError("a real failure")))
+
+    # No interruption in time (a JVM thread py4j did not pin): the error as it was, Spark logs it as a failure.
+    session = JvmSession(interrupted_after=None)
+    started = time.monotonic()
+    assert end_given_up(session._jvm, given_up, within=0.2) is given_up
+    assert 0.15 < time.monotonic() - started < 2 and session.sleeps
+
+    # Another Java error is not taken for the interruption.
+    from py4j.protocol import Py4JJavaError
+
+    with pytest.raises(Py4JJavaError):
+        end_given_up(JvmSession(interrupted_after=1, error="java.lang.IllegalStateException")._jvm, given_up)
 
 
 def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> None:
