@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -131,15 +131,16 @@ class BatchDelivery:
 
     # -- the cluster ----------------------------------------------------------------------------------
 
-    def current_view(self, *, fresh: bool = False) -> ClusterView:
+    def current_view(self, *, fresh: bool = False, get: Callable[..., Any] = raycalls.get) -> ClusterView:
         """The registry's view (cached while its epoch holds). Called from the batch's thread and from the
         looks at the copies (``topologies.sink.unserved``): each caller gets the view it fetched, and the
-        cache never goes back to an older epoch than it holds."""
+        cache never goes back to an older epoch than it holds. ``get`` waits for the registry's answers
+        (``raycalls.get``'s arguments)."""
         reg = registry(self.namespace)
-        epoch = raycalls.get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
+        epoch = get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
         view = self._view
         if fresh or view is None or view.epoch != epoch:
-            view = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+            view = get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
             cached = self._view
             if cached is None or view.epoch >= cached.epoch:
                 self._view = view

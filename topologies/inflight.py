@@ -67,10 +67,11 @@ def end_given_up(jvm: Any, given_up: BatchGivenUp, within: float = INTERRUPT_WAI
     after its stop as stopped; any other error fails the query, and Spark and py4j log it with pages of
     traceback. So the function calls into the JVM (a short ``Thread.sleep``) until the interruption comes
     back as py4j's ``Py4JJavaError``, and ends with that, in one line: Spark recognizes the interruption
-    by a regular expression over the function's whole error message, which recurses once per character,
-    and the Java stack trace py4j's error carries overflowed the stream thread's stack (measured: 5,204
-    characters did). An interruption that does not come in time (a JVM thread py4j does not pin) leaves
-    ``given_up`` as it is: the query then ends failed, but its batch still runs again at the next start.
+    by a regular expression over the function's error message, which recurses once per character after
+    the first match of its prefix, and the Java stack trace py4j's error carries overflowed the stream
+    thread's stack (measured: 5,204 characters did). An interruption that does not come in time (a JVM
+    thread py4j does not pin) leaves ``given_up`` as it is: the query then ends failed, but its batch still
+    runs again at the next start.
     """
     from py4j.protocol import Py4JJavaError
 
@@ -84,6 +85,7 @@ def end_given_up(jvm: Any, given_up: BatchGivenUp, within: float = INTERRUPT_WAI
             ended = BatchGivenUp(f"{given_up} ({INTERRUPTED})")
             ended.interrupted = True  # type: ignore[attr-defined]
             _quiet_given_up()  # before py4j logs it, once the function has raised it
+            log.info("%s; ended as the stop's interruption", given_up)
             return ended
     return given_up
 
@@ -93,7 +95,7 @@ class _GivenUpQuiet(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return not getattr(error, "interrupted", False)
+        return not (isinstance(error, BatchGivenUp) and getattr(error, "interrupted", False))
 
 
 _QUIET = _GivenUpQuiet()
@@ -194,11 +196,13 @@ def stop_between_batches(
         # In slices, so that a set ``hurry`` is seen within a tenth of a second.
         in_flight.wait_any_out([name for name, _ in pending], min(left, 0.1))
     # ``stop()`` cancels Spark's jobs, but waits for the query's thread, which waits for the function:
-    # a sink waiting on Ray (owners unreachable, retried for a minute) is told to give up too.
-    with in_flight.giving_up([name for name, _ in pending]):
-        for name, query in pending:
-            log.warning("query %s: its batch in progress did not end %s; the stop cancels it (it runs again at "
-                        "the next start)", name, "before a second signal" if hurry is not None and hurry.is_set()
-                        else f"within {timeout:.1f}s", extra={"query": name})  # fmt: skip
+    # a sink waiting on Ray (owners unreachable, retried for a minute) is told to give up too. Each query
+    # just before its own stop: the function ends its batch once that stop interrupts its thread
+    # (``end_given_up``), and the stops run one after the other.
+    for name, query in pending:
+        log.warning("query %s: its batch in progress did not end %s; the stop cancels it (it runs again at "
+                    "the next start)", name, "before a second signal" if hurry is not None and hurry.is_set()
+                    else f"within {timeout:.1f}s", extra={"query": name})  # fmt: skip
+        with in_flight.giving_up([name]):
             query.stop()
     return [name for name, _ in pending]

@@ -233,7 +233,9 @@ def supervise(
         # No look at the copies left inside a Ray call when the process ends (Ray's exit would end it with 1).
         from topologies import sink
 
-        sink.stop_looking()
+        if not sink.stop_looking():
+            log.warning("a look at the stores' copies is still waiting on Ray (a registry that does not "
+                        "answer?); the process may end with exit status 1 when Ray shuts down")  # fmt: skip
     if failed is None:
         log.info("topology stopped")
         return 0

@@ -203,6 +203,8 @@ def _look_at_all(ended: threading.Event | None = None) -> None:
         except Exception:
             log.debug("could not look at the copies of %s", delivery.spec.name, exc_info=True)
             found = None
+        if ended is not None and ended.is_set():  # the looks were ended meanwhile: nothing to say
+            return
         record_look(name, found)
 
 
@@ -247,7 +249,7 @@ def unserved(delivery: BatchDelivery, ended: threading.Event | None = None) -> l
 
     Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store."""
     name = delivery.spec.name
-    view = delivery.current_view()
+    view = delivery.current_view(get=_getter(ended))
     if view.table(name) is None:
         raise StoreUnregistered(f"store {name!r} is no longer registered in namespace {delivery.namespace!r} (dropped "
                            "with riqr drop --force, or riqr down ran); started again, the topology declares it "
@@ -278,23 +280,33 @@ def _copies_positions(
     uuids = sorted(ownership.all_owners())
     what = f"positions of {delivery.spec.name}"
     try:
-        refs = [delivery.handle(u).positions.remote() for u in uuids]
-        if ended is not None:  # in slices, to end soon once ``ended`` is set; then the answers, as below
-            import ray
-
-            waiting, until = refs, time.monotonic() + timeout
-            while waiting and (left := until - time.monotonic()) > 0:
-                if ended.is_set():
-                    raise _LooksEnded(what)
-                _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(left, _LOOK_SLICE))
-            timeout = 0.001 if waiting else timeout
-        answers = raycalls.get(refs, what, timeout=timeout)
+        answers = _getter(ended)([delivery.handle(u).positions.remote() for u in uuids], what, timeout=timeout)
     except _LooksEnded:
         raise
     except Exception:
         delivery.forget_handles()
         raise
     return dict(zip(uuids, answers))
+
+
+def _getter(ended: threading.Event | None) -> Callable[..., Any]:
+    """``raycalls.get``, or with ``ended``, the same in slices of ``_LOOK_SLICE`` that raises
+    ``_LooksEnded`` once ``ended`` is set (the looks' thread: ``stop_looking``)."""
+    if ended is None:
+        return raycalls.get
+
+    def get(refs: Any, what: str, *, timeout: float) -> Any:
+        import ray
+
+        waiting, until = list(refs) if isinstance(refs, list) else [refs], time.monotonic() + timeout
+        while waiting and (left := until - time.monotonic()) > 0:
+            if ended.is_set():
+                raise _LooksEnded(what)
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(left, _LOOK_SLICE))
+        # Every answer in (or the time up: the error raycalls.get gives for a call not answered in time).
+        return raycalls.get(refs, what, timeout=0.001 if waiting else timeout)
+
+    return get
 
 
 def stop_for_rebuild(name: str, query: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from topologies.runner import supervise
+from topologies.sink import _ensure_looker as ENSURE_LOOKER  # the real one: the ``running`` fixture replaces it
 
 pytestmark = pytest.mark.usefixtures("no_feeders")
 
@@ -376,10 +377,27 @@ def test_a_look_waiting_on_owners_that_do_not_answer_ends_as_soon_as_the_looks_a
         time.sleep(0.01)
     assert waits and max(waits) <= sink._LOOK_SLICE
     stopping = time.monotonic()
-    assert sink.stop_looking()
-    assert time.monotonic() - stopping < 2 * sink._LOOK_SLICE and not thread.is_alive()
+    assert sink.stop_looking(timeout=5)
+    assert time.monotonic() - stopping < 1.0 and not thread.is_alive()  # a slice of 0.25 s, not the look's 5 s
     assert forgot == [] and sink._FAILED_LOOKS == {} and sink._LOOKS == {}  # no verdict, no failed look
     assert sink.stop_looking()  # again: nothing left to end
+
+    # A later supervise in the same process looks again: a new thread, with a flag of its own.
+    ENSURE_LOOKER()
+    [(again, flag)] = sink._LOOKER
+    assert again is not thread and again.is_alive() and not flag.is_set()
+    ENSURE_LOOKER()  # running already: the same one
+    assert len(sink._LOOKER) == 1 and sink._LOOKER[0][0] is again
+    assert sink.stop_looking(timeout=5) and not again.is_alive()
+
+    # The registry's answers (the view a look starts with) are waited for in the same slices.
+    waits.clear()
+    flag = threading.Event()
+    threading.Timer(0.3, flag.set).start()
+    stopping = time.monotonic()
+    with pytest.raises(sink._LooksEnded):
+        sink._getter(flag)("ref", "registry epoch", timeout=30)
+    assert time.monotonic() - stopping < 1.5 and waits and max(waits) <= sink._LOOK_SLICE
 
 
 def stopped_after(seconds: float) -> threading.Event:
@@ -408,14 +426,14 @@ def test_a_look_that_finds_the_store_no_longer_registered_fails_the_topology_wit
 
     dropped, kept = FakeDelivery("order-count"), FakeDelivery("customers")
     dropped.namespace = "riqr-ns"  # type: ignore[attr-defined]
-    dropped.current_view = lambda: ViewWithout()  # type: ignore[attr-defined]
+    dropped.current_view = lambda **_: ViewWithout()  # type: ignore[attr-defined]
     with pytest.raises(sink.StoreUnregistered, match="'order-count' is no longer registered in namespace 'riqr-ns'"):
         sink.unserved(dropped)  # type: ignore[arg-type]
 
     # No registry to ask (riqr down alone): the look cannot tell, which is no verdict.
     gone = FakeDelivery("customers")
 
-    def no_registry() -> None:
+    def no_registry(**_: object) -> None:
         raise NotConnected("no riqr runtime in Ray namespace 'riqr-ns'")  # as ``delivery.registry`` says it
 
     gone.current_view = no_registry  # type: ignore[attr-defined]
