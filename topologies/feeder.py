@@ -251,8 +251,11 @@ class Feeder:
         With no ``failed_query`` the topology is stopping on purpose: ``stopped``. Otherwise the feed of
         that query ``failed`` with ``error``, and the others ``failed`` because it did (their process
         exits with it). Called before the queries are stopped, so the heartbeat cannot report them
-        ``stopped`` first.
+        ``stopped`` first. Returns once the heartbeat's thread has ended too (within ``timeout`` in all):
+        a beat still waiting on the registry when the process ends and Ray shuts down would have Ray end
+        the process with exit status 1 as the call returned.
         """
+        until = time.monotonic() + timeout
         with self._lock:
             if self.closed:
                 return
@@ -271,6 +274,11 @@ class Feeder:
         self._nudge.set()
         if reports:
             self._deliver(reports, timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(until - time.monotonic(), 0.0))
+            if thread.is_alive():
+                log.warning("the ingest heartbeat of %s is still waiting on the registry", self._name)
 
     def _deliver(self, reports: Sequence[FeedReport], timeout: float) -> None:
         """Send ``reports`` until the registry takes them or ``timeout`` passes: last words are not

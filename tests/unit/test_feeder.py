@@ -4,6 +4,7 @@ supervisor's last words are, and that a registry that is down never breaks or bl
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -220,6 +221,47 @@ def test_the_heartbeat_thread_beats_until_finished() -> None:
     assert feeder._thread is not None
     feeder._thread.join(5.0)
     assert not feeder._thread.is_alive()
+
+
+def test_finish_returns_once_a_beat_waiting_on_the_registry_has_ended(caplog: pytest.LogCaptureFixture) -> None:
+    """A beat waits on the registry for up to a heartbeat interval. One still inside that Ray call when the
+    topology process ends, and Ray shuts down at exit, had Ray end the process with exit status 1; so
+    ``finish`` waits for the heartbeat's thread, within its own timeout."""
+
+    class SlowLink(FakeLink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside = threading.Event()
+            self.answer = threading.Event()
+
+        def wait(self, pending: Any, timeout: float) -> None:
+            if len(self.sent) == 2:  # the first beat: the registry answers only when told to
+                self.inside.set()
+                self.answer.wait(timeout)
+            super().wait(pending, timeout)
+
+    link = SlowLink()
+    feeder = Feeder(link, interval=1.0)  # a beat waits up to this long on the registry
+    feeder.update("s", state="running")  # sent at once (1); the heartbeat thread starts
+    assert link.inside.wait(5.0), "no beat waited on the registry"
+    threading.Timer(0.3, link.answer.set).start()
+    started = time.monotonic()
+    feeder.finish(timeout=5.0)
+    assert feeder._thread is not None and not feeder._thread.is_alive()
+    assert 0.2 < time.monotonic() - started < 0.9  # until the beat's call returned, not the whole timeout
+
+    # A beat that outlasts the timeout: finish still returns within it, and says so.
+    link = SlowLink()
+    feeder = Feeder(link, interval=1.0)
+    feeder.update("s", state="running")
+    assert link.inside.wait(5.0)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        feeder.finish(timeout=0.3)
+    assert time.monotonic() - started < 2.0 and feeder._thread is not None and feeder._thread.is_alive()
+    assert "heartbeat" in caplog.text and "still waiting on the registry" in caplog.text
+    link.answer.set()
+    feeder._thread.join(5.0)
 
 
 def _one_supervised_feed(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeLink, FakeQuery]:
