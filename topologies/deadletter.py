@@ -135,7 +135,7 @@ def write_dead_letters(
     def deliver(batch: Any, batch_id: int) -> None:
         # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites. Counted
         # while it runs: a stop lets the batch end rather than cancel it (``topologies.inflight``).
-        with IN_FLIGHT.batch(name):
+        with IN_FLIGHT.batch(name, jvm=lambda: batch.sparkSession._jvm):  # a job a stop cancels: quietly
             rows = (row.letter for row in batch.toLocalIterator())
             _write_batch(directory, f"{writer}-{batch_id:012d}{_SUFFIX}", rows)
             if namespace is not None:

@@ -54,7 +54,7 @@ from runtime.ownership import ClusterView, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
-from topologies.inflight import IN_FLIGHT, BatchGivenUp, end_given_up
+from topologies.inflight import IN_FLIGHT, BatchGivenUp
 
 __all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
 
@@ -433,13 +433,10 @@ class BatchDelivery:
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         # Counted while it runs: a stop of the topology lets the batch end rather than cancel it
-        # (``topologies.inflight``).
-        with IN_FLIGHT.batch(self.query_name):
-            try:
-                self._deliver_batch(batch_df, batch_id)
-            except BatchGivenUp as given_up:
-                # Ended as Spark expects of a function its stop interrupted: the query ends stopped.
-                raise end_given_up(batch_df.sparkSession._jvm, given_up) from None
+        # (``topologies.inflight``). One the stop gives up on, or cancels, ends as Spark expects of a function
+        # its stop interrupted: the query ends stopped, not failed.
+        with IN_FLIGHT.batch(self.query_name, jvm=lambda: batch_df.sparkSession._jvm):
+            self._deliver_batch(batch_df, batch_id)
 
     def _deliver_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()

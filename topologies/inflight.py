@@ -13,14 +13,16 @@ purpose under load printed pages of errors every time.
 So a stop waits, bounded, until the query's function has returned, then calls ``stop()``: between two
 batches Spark is listing its source, writing its logs or planning, which a stop interrupts quietly. The
 next batch enters the function only after all that (100 ms or more here), so the window between the look
-and the stop is small; a batch that outlasts the bound (a large backlog) is cancelled as before. One case
-is not covered: a query stopped while it plans a batch may still run that batch's job, which the stop has
-already cancelled (docs/design.md, "A stop lets the batch in progress end").
+and the stop is small; a batch that outlasts the bound (a large backlog) is cancelled as before. A query
+stopped while it plans a batch may still run that batch's job, which the stop has already cancelled. The
+function of a batch cancelled either way ends, while the stop runs (``InFlight.stopping``), as that stop's
+interruption (``ended_by_stop``), which Spark takes for a stop: nothing is logged as an error (docs/design.md,
+"A stop lets the batch in progress end").
 
 A stop that gives up waiting also tells the functions still inside (``InFlight.given_up``): Spark's
 ``stop()`` cancels Spark's jobs but then waits for the function, and the sink's function may be waiting on
 Ray, retrying owners that are gone for up to its delivery timeout. It gives up within a quarter second,
-and ends its batch as Spark expects of a function its stop interrupted (``end_given_up``): Spark then
+and ends its batch as Spark expects of a function its stop interrupted (``ended_by_stop``): Spark then
 ends the query as stopped, not as failed, and nobody logs the batch as an error.
 """
 
@@ -31,10 +33,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["IN_FLIGHT", "BatchGivenUp", "InFlight", "STOP_GRACE", "end_given_up", "stop_between_batches"]
+__all__ = ["IN_FLIGHT", "BatchGivenUp", "InFlight", "STOP_GRACE", "ended_by_stop", "stop_between_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -57,41 +59,73 @@ class BatchGivenUp(RuntimeError):
     start, as any batch a stop cancels)."""
 
 
-def end_given_up(jvm: Any, given_up: BatchGivenUp, within: float = INTERRUPT_WAIT) -> BatchGivenUp:
-    """The error a ``foreachBatch`` function whose batch a stop gave up on (``given_up``) ends with, once
-    that stop has interrupted the query's thread (waiting at most ``within`` seconds for it).
+def ended_by_stop(
+    jvm: Any, error: BaseException, query: str | None = None, within: float = INTERRUPT_WAIT
+) -> BaseException:
+    """The error a ``foreachBatch`` function of ``query`` whose batch ended with ``error`` while its query
+    was being stopped ends with, once that stop has interrupted the query's thread (waiting at most
+    ``within`` seconds for it). ``error`` is ``BatchGivenUp`` (the stop gave up waiting for the batch) or
+    whatever the stop's cancellation of the batch's Spark job made of it.
 
-    ``stop()`` marks the query terminated, then interrupts its stream thread and waits for it, and that
-    thread is the one running the function (py4j's pinned threads: the function's calls into the JVM
-    run on the thread that called it). Spark ends a query whose last batch failed with an interruption
-    after its stop as stopped; any other error fails the query, and Spark and py4j log it with pages of
-    traceback. So the function calls into the JVM (a short ``Thread.sleep``) until the interruption comes
-    back as py4j's ``Py4JJavaError``, and ends with that, in one line: Spark recognizes the interruption
-    by a regular expression over the function's error message, which recurses once per character after
-    the first match of its prefix, and the Java stack trace py4j's error carries overflowed the stream
-    thread's stack (measured: 5,204 characters did). An interruption that does not come in time (a JVM
-    thread py4j does not pin) leaves ``given_up`` as it is: the query then ends failed, but its batch still
-    runs again at the next start.
+    ``stop()`` marks the query terminated, cancels its jobs, then interrupts its stream thread and waits for
+    it, and that thread is the one running the function (py4j's pinned threads: the function's calls into
+    the JVM run on the thread that called it). Spark ends a query whose last batch failed with an
+    interruption after its stop as stopped; any other error fails the query, and Spark and py4j log it with
+    pages of traceback. So the function calls into the JVM (a short ``Thread.sleep``) until the
+    interruption comes back as py4j's ``Py4JJavaError`` (or finds it in ``error`` already: a job the
+    interruption ended), and ends with that, in one line: Spark recognizes the interruption by a regular
+    expression over the function's error message, which recurses once per character after the first match
+    of its prefix, and the Java stack trace py4j's error carries overflowed the stream thread's stack
+    (measured: 5,204 characters did). An interruption that does not come in time (a JVM thread py4j does
+    not pin) leaves ``error`` as it is: the query then ends failed, but its batch still runs again at the
+    next start.
     """
     from py4j.protocol import Py4JJavaError
 
+    told = (str(error) if isinstance(error, BatchGivenUp) else
+            f"query {query}: its batch in progress ended with the stop ({type(error).__name__}); it runs again "
+            "at the next start")  # fmt: skip
+    interrupted = _interruption_in(error)
     deadline = time.monotonic() + within
-    while (left := deadline - time.monotonic()) > 0:
+    while not interrupted and (left := deadline - time.monotonic()) > 0:
         try:
             jvm.java.lang.Thread.sleep(max(1, int(min(left, 0.05) * 1000)))
         except Py4JJavaError as err:
-            if err.java_exception.getClass().getName() != "java.lang.InterruptedException":
+            if not _interruption_in(err):
                 raise
-            ended = BatchGivenUp(f"{given_up} ({INTERRUPTED})")
-            ended.interrupted = True  # type: ignore[attr-defined]
-            _quiet_given_up()  # before py4j logs it, once the function has raised it
-            log.info("%s; ended as the stop's interruption", given_up)
-            return ended
-    return given_up
+            interrupted = True
+    if not interrupted:
+        return error
+    ended = BatchGivenUp(f"{told} ({INTERRUPTED})")
+    ended.interrupted = True  # type: ignore[attr-defined]
+    _quiet_given_up()  # before py4j logs it, once the function has raised it
+    log.info("%s; ended as the stop's interruption", told)
+    return ended
+
+
+def _interruption_in(error: BaseException, depth: int = 8) -> bool:
+    """Whether ``error`` is py4j's error for a Java ``InterruptedException``, or one caused by it (looked at
+    ``depth`` causes deep, on either side)."""
+    from py4j.protocol import Py4JJavaError
+
+    seen: BaseException | None = error
+    for _ in range(depth):
+        if seen is None:
+            return False
+        if isinstance(seen, Py4JJavaError):
+            java: Any = seen.java_exception
+            for _ in range(depth):
+                if java is None:
+                    break
+                if java.getClass().getName() == "java.lang.InterruptedException":
+                    return True
+                java = java.getCause()
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class _GivenUpQuiet(logging.Filter):
-    """Drops py4j's error record for a batch that ended as its stop's interruption (``end_given_up``)."""
+    """Drops py4j's error record for a batch that ended as its stop's interruption (``ended_by_stop``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
@@ -117,10 +151,14 @@ class InFlight:
         self._cond = threading.Condition()
         self._inside: dict[str, int] = {}
         self._given_up: collections.Counter[str] = collections.Counter()  # stops giving up on it, at once
+        self._stopping: collections.Counter[str] = collections.Counter()  # its stop() running, at once
 
     @contextlib.contextmanager
-    def batch(self, name: str | None) -> Iterator[None]:
-        """Around the body of a ``foreachBatch`` function of the query ``name`` (None: not counted)."""
+    def batch(self, name: str | None, jvm: Callable[[], Any] | None = None) -> Iterator[None]:
+        """Around the body of a ``foreachBatch`` function of the query ``name`` (None: not counted). With
+        ``jvm`` (the session's ``_jvm``, asked for only then), an error that ends the body while the query's
+        stop runs ends it as that stop's interruption (``ended_by_stop``): a batch the stop gave up on, or
+        whose Spark job it cancelled (a query stopped while it planned the batch, or past the grace)."""
         if name is None:
             yield
             return
@@ -128,6 +166,10 @@ class InFlight:
             self._inside[name] = self._inside.get(name, 0) + 1
         try:
             yield
+        except Exception as error:
+            if jvm is None or not self.stopping(name):
+                raise
+            raise ended_by_stop(jvm(), error, name) from None
         finally:
             with self._cond:
                 left = self._inside[name] - 1
@@ -147,17 +189,36 @@ class InFlight:
         with self._cond:
             return name is not None and self._given_up[name] > 0
 
+    def stopping(self, name: str) -> bool:
+        """Whether a stop of query ``name`` is running (``stopping_now``)."""
+        with self._cond:
+            return self._stopping[name] > 0
+
     @contextlib.contextmanager
     def giving_up(self, names: Sequence[str]) -> Iterator[None]:
-        """``given_up`` is true for ``names`` inside (while their queries' ``stop()`` runs)."""
+        """``given_up`` (and ``stopping``) is true for ``names`` inside (while their queries' ``stop()``
+        runs)."""
         with self._cond:
             self._given_up.update(names)
         try:
-            yield
+            with self.stopping_now(names):
+                yield
         finally:
             with self._cond:
                 self._given_up.subtract(names)
                 self._given_up += collections.Counter()  # drops the names at zero
+
+    @contextlib.contextmanager
+    def stopping_now(self, names: Sequence[str]) -> Iterator[None]:
+        """``stopping`` is true for ``names`` inside (around their queries' ``stop()``)."""
+        with self._cond:
+            self._stopping.update(names)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._stopping.subtract(names)
+                self._stopping += collections.Counter()
 
     def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
         """Wait until at least one of ``names`` has no batch inside its function, at most ``timeout``
@@ -188,7 +249,8 @@ def stop_between_batches(
             if in_flight.inside(name):
                 waiting.append((name, query))
             else:
-                query.stop()
+                with in_flight.stopping_now([name]):  # a batch entered meanwhile ends as the stop's
+                    query.stop()
         pending = waiting
         left = deadline - time.monotonic()
         if not pending or left <= 0 or (hurry is not None and hurry.is_set()):
@@ -198,7 +260,7 @@ def stop_between_batches(
     # ``stop()`` cancels Spark's jobs, but waits for the query's thread, which waits for the function:
     # a sink waiting on Ray (owners unreachable, retried for a minute) is told to give up too. Each query
     # just before its own stop: the function ends its batch once that stop interrupts its thread
-    # (``end_given_up``), and the stops run one after the other.
+    # (``ended_by_stop``), and the stops run one after the other.
     for name, query in pending:
         log.warning("query %s: its batch in progress did not end %s; the stop cancels it (it runs again at "
                     "the next start)", name, "before a second signal" if hurry is not None and hurry.is_set()

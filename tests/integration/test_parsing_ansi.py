@@ -178,17 +178,13 @@ def test_a_topology_runs_its_dead_letter_queries_at_the_trigger_it_is_given(spar
     assert interval_ms(TopologyOptions(namespace="dl-trigger"), "default") == 2000  # DEAD_LETTER_TRIGGER
 
 
-def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
-    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
-) -> None:
-    """A stop (SIGTERM to a topology, Ctrl-C to the demo) that comes while a batch runs inside its
-    ``foreachBatch`` function waits for it to end (``topologies.inflight``) instead of cancelling its job,
-    which py4j and Spark logged as pages of errors: the batch is written whole and nothing is logged.
-    (Each rejected record takes 0.2 s through a Python UDF here, so the batch's job runs for 2 s; a bare
-    ``query.stop()`` at the same moment cancels it, and the letters are not written.)"""
+def _slow_dead_letter_batch(spark: Any, home: Path, count: int) -> Any:
+    """A dead-letter query whose first batch (``count`` malformed lines) is running its Spark job inside its
+    ``foreachBatch`` function when this returns: each rejected record takes 0.2 s through a Python UDF,
+    so the job runs for ``count`` / 5 seconds."""
     from pyspark.sql import functions as F
 
-    from topologies.inflight import IN_FLIGHT, stop_between_batches
+    from topologies.inflight import IN_FLIGHT
 
     @F.udf("string")  # type: ignore[misc]
     def slowly(record):  # type: ignore[no-untyped-def]  # (hints would make Spark try a pandas UDF)
@@ -197,15 +193,33 @@ def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
         time.sleep(0.2)
         return record
 
-    count = 10
-    _landing_lines(tmp_path, "booking", [f"not json {i}" for i in range(count)])
-    _, unreadable = read_topic_checked(spark, tmp_path, "booking")
+    _landing_lines(home, "booking", [f"not json {i}" for i in range(count)])
+    _, unreadable = read_topic_checked(spark, home, "booking")
     bad = unreadable.withColumn("record", slowly("record"))
-    query = write_dead_letters(bad, tmp_path, "booking", tmp_path / "cp", consumer="bookings")
+    query = write_dead_letters(bad, home, "booking", home / "cp", consumer="bookings")
     try:
         jobs = spark.sparkContext.statusTracker()
         wait_for(lambda: IN_FLIGHT.inside(query.name) and jobs.getActiveJobsIds(), timeout=120, interval=0.005,
                  what="the batch's job running in its function")  # fmt: skip
+    except BaseException:
+        query.stop()
+        raise
+    return query
+
+
+def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop (SIGTERM to a topology, Ctrl-C to the demo) that comes while a batch runs inside its
+    ``foreachBatch`` function waits for it to end (``topologies.inflight``) instead of cancelling its job,
+    which py4j and Spark logged as pages of errors: the batch is written whole and nothing is logged.
+    (Each rejected record takes 0.2 s through a Python UDF here, so the batch's job runs for 2 s; a bare
+    ``query.stop()`` at the same moment cancels it, and the letters are not written.)"""
+    from topologies.inflight import stop_between_batches
+
+    count = 10
+    query = _slow_dead_letter_batch(spark, tmp_path, count)
+    try:
         assert stop_between_batches([query], timeout=60) == []  # none stopped in its batch
     finally:
         query.stop()
@@ -213,5 +227,29 @@ def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
     assert dead_letter_count(tmp_path, "booking") == count  # the batch ran to its end
     out, err = capfd.readouterr()
     noise = re.compile(r"Traceback|CANCELLED|cancelled|py4j|Exception")
+    assert [line for line in (out + err).splitlines() if noise.search(line)] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_dead_letter_query_stopped_past_its_grace_ends_the_cancelled_batch_quietly(
+    spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same slow batch, with a stop whose grace is shorter than its job: the stop cancels the job under
+    the function, which ends as the stop's interruption (``topologies.inflight.ended_by_stop``). The query
+    ends stopped rather than failed, that batch's letters are not written (it runs again at the next
+    start), and neither py4j nor Spark logs an error or a traceback for it."""
+    from topologies.inflight import stop_between_batches
+
+    query = _slow_dead_letter_batch(spark, tmp_path, 10)
+    try:
+        with caplog.at_level(logging.INFO, logger="topologies.inflight"):
+            assert stop_between_batches([query], timeout=0.1) == [query.name]  # stopped in its batch
+    finally:
+        query.stop()
+    assert not query.isActive and query.exception() is None  # stopped, not failed
+    assert dead_letter_count(tmp_path, "booking") == 0  # the batch was cancelled
+    assert "ended as the stop's interruption" in caplog.text, caplog.text
+    out, err = capfd.readouterr()
+    noise = re.compile(r"Traceback|CANCELLED|cancelled|py4j|Exception|ERROR")
     assert [line for line in (out + err).splitlines() if noise.search(line)] == []
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from topologies.inflight import IN_FLIGHT, BatchGivenUp, InFlight, end_given_up, stop_between_batches
+from topologies.inflight import IN_FLIGHT, BatchGivenUp, InFlight, ended_by_stop, stop_between_batches
 from topologies.runner import supervise
 
 pytestmark = pytest.mark.usefixtures("no_feeders")
@@ -37,6 +37,7 @@ class Query:
     def stop(self) -> None:
         self.stopped_inside = self.in_flight.inside(self.name)
         self.given_up = self.in_flight.given_up(self.name)
+        self.marked_stopping = self.in_flight.stopping(self.name)
         self.stopped = True
 
     def exception(self) -> Exception | None:
@@ -205,13 +206,14 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
 
     delivery._source = "src"
     try:
-        delivery(Given(), 8)
+        with IN_FLIGHT.giving_up([name]):  # as stop_between_batches, around the query's stop()
+            delivery(Given(), 8)
         raise AssertionError("the batch given up ended without an error: Spark would commit it")
     except BatchGivenUp:
         # What py4j hands the JVM for a Python function's error, which Spark's expression searches.
         proxy_error = f"An exception was raised by the Python Proxy. Return Message: {traceback.format_exc()}"
     assert not [u for u in feeder.updates if u.get("state") == "failed"]
-    # Ended as the stop's interruption, which Spark takes for a stop (``end_given_up``), and short after
+    # Ended as the stop's interruption, which Spark takes for a stop (``ended_by_stop``), and short after
     # the expression's first match (its depth of recursion): no context of the deeper frames.
     match = SPARK_PROXY_ERROR.search(proxy_error)
     assert match is not None, proxy_error
@@ -230,6 +232,9 @@ class JavaError:
 
     def getName(self) -> str:  # noqa: N802 (Java's name)
         return self.name
+
+    def getCause(self) -> None:  # noqa: N802 (Java's name)
+        return None
 
 
 class JvmSession:
@@ -264,11 +269,11 @@ SPARK_PROXY_ERROR = re.compile(
 def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts_the_querys_thread() -> None:
     """Spark ends a query stopped while its Python function ran as stopped only if the function's error is
     the stop's interruption, which it finds with ``SPARK_PROXY_ERROR`` over the whole message: a long one
-    overflowed its stream thread's stack. ``end_given_up`` calls into the JVM until the interruption comes,
+    overflowed its stream thread's stack. ``ended_by_stop`` calls into the JVM until the interruption comes,
     and returns a one-line error that says so; py4j's error record of that one is dropped."""
     given_up = BatchGivenUp("delivering batch 4 of order-count: the topology is stopping and gave up")
     session = JvmSession(interrupted_after=3)
-    ended = end_given_up(session._jvm, given_up)
+    ended = ended_by_stop(session._jvm, given_up)
     assert len(session.sleeps) == 3 and ended is not given_up and getattr(ended, "interrupted", False)
     assert str(ended).startswith(str(given_up)) and SPARK_PROXY_ERROR.search(str(ended))
     assert len(str(ended)) < 400 and "\n" not in str(ended)
@@ -284,14 +289,62 @@ def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts
     # No interruption in time (a JVM thread py4j did not pin): the error as it was, Spark logs it as a failure.
     session = JvmSession(interrupted_after=None)
     started = time.monotonic()
-    assert end_given_up(session._jvm, given_up, within=0.2) is given_up
+    assert ended_by_stop(session._jvm, given_up, within=0.2) is given_up
     assert 0.15 < time.monotonic() - started < 2 and session.sleeps
 
     # Another Java error is not taken for the interruption.
     from py4j.protocol import Py4JJavaError
 
     with pytest.raises(Py4JJavaError):
-        end_given_up(JvmSession(interrupted_after=1, error="java.lang.IllegalStateException")._jvm, given_up)
+        ended_by_stop(JvmSession(interrupted_after=1, error="java.lang.IllegalStateException")._jvm, given_up)
+
+
+def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_only_then() -> None:
+    """A query stopped while it planned a batch, or past the grace, has that batch's Spark job cancelled, and
+    its function ends with whatever py4j made of that. While the query's stop runs (``stopping_now``, as
+    ``stop_between_batches`` marks it), ``InFlight.batch`` ends the function as the stop's interruption;
+    any other time the error is the function's own."""
+    name = "riqr-ns-cancelled"
+    in_flight = InFlight()
+    session = JvmSession(interrupted_after=2)
+
+    def run(error: BaseException) -> BaseException:
+        try:
+            with in_flight.batch(name, jvm=lambda: session._jvm):
+                raise error
+        except BaseException as ended:  # noqa: BLE001 (the test looks at it)
+            return ended
+        raise AssertionError("the function's error was swallowed")
+
+    cancelled = RuntimeError("Job 12 cancelled part of cancelled job group 5f0c...")
+    with in_flight.stopping_now([name]):
+        assert in_flight.stopping(name)
+        ended = run(cancelled)
+    assert not in_flight.stopping(name)
+    assert isinstance(ended, BatchGivenUp) and getattr(ended, "interrupted", False) and len(session.sleeps) == 2
+    assert str(ended).startswith(f"query {name}: its batch in progress ended with the stop (RuntimeError)")
+    assert SPARK_PROXY_ERROR.search(str(ended))
+    assert run(cancelled) is cancelled  # no stop running: a failure like any other
+
+    # stop_between_batches marks each stop, of a query between batches (a batch may enter meanwhile) and of
+    # one it gives up on alike; and only while the stop runs.
+    idle, busy = Query("riqr-ns-idle", in_flight), Query("riqr-ns-busy", in_flight)
+    thread, inside = batch_for(in_flight, busy.name, 0.5)
+    assert inside.wait(5)
+    assert stop_between_batches([idle, busy], 0.05, in_flight=in_flight) == [busy.name]
+    assert idle.marked_stopping and busy.marked_stopping and busy.given_up and not idle.given_up
+    assert not in_flight.stopping(idle.name) and not in_flight.stopping(busy.name)
+    thread.join(5)
+
+    # A job the interruption itself ended (the JVM's InterruptedException, through py4j): no wait for another.
+    from py4j.protocol import Py4JJavaError
+
+    session.sleeps.clear()
+    with in_flight.stopping_now([name]):
+        ended = run(
+            Py4JJavaError("An error occurred while calling o88.toArrow.\n", JavaError("java.lang.InterruptedException"))
+        )
+    assert getattr(ended, "interrupted", False) and session.sleeps == []
 
 
 def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> None:
