@@ -453,8 +453,9 @@ class BatchDelivery:
                 rebuild_delivered(self.checkpoint)
                 self.rebuild_pending = False
         except Exception as err:
-            # A batch a stop gave up on: the feed's last word (``stopped``) is said already.
-            if not self.retired and not isinstance(err, BatchGivenUp):
+            # A batch a stop gave up on, or that ended while its query was being stopped: the feed's last
+            # word (``stopped``) is said already, or the stop's caller says it.
+            if not self.retired and not isinstance(err, BatchGivenUp) and not IN_FLIGHT.stopping(self.query_name or ""):
                 self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
             raise
         log.info(

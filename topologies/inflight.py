@@ -77,23 +77,33 @@ def ended_by_stop(
     expression over the function's error message, which recurses once per character after the first match
     of its prefix, and the Java stack trace py4j's error carries overflowed the stream thread's stack
     (measured: 5,204 characters did). An interruption that does not come in time (a JVM thread py4j does
-    not pin) leaves ``error`` as it is: the query then ends failed, but its batch still runs again at the
-    next start.
+    not pin, or a JVM that is gone) leaves ``error`` as it is: the query then ends failed, but its batch
+    still runs again at the next start. ``error`` may not be the stop's doing (a batch that failed on its
+    own as the stop came): its first line is in the info line, its traceback at debug level.
     """
-    from py4j.protocol import Py4JJavaError
+    from py4j.protocol import Py4JError
 
-    told = (str(error) if isinstance(error, BatchGivenUp) else
-            f"query {query}: its batch in progress ended with the stop ({type(error).__name__}); it runs again "
-            "at the next start")  # fmt: skip
-    interrupted = _interruption_in(error)
-    deadline = time.monotonic() + within
-    while not interrupted and (left := deadline - time.monotonic()) > 0:
-        try:
-            jvm.java.lang.Thread.sleep(max(1, int(min(left, 0.05) * 1000)))
-        except Py4JJavaError as err:
-            if not _interruption_in(err):
-                raise
-            interrupted = True
+    if isinstance(error, BatchGivenUp):
+        told = str(error)
+    else:  # the batch's own error, in a line (py4j's str() of a Java error asks the JVM for its stack)
+        why = getattr(error, "errmsg", None) or str(error)
+        told = (f"query {query}: its batch in progress ended with the stop ({type(error).__name__}: "
+                f"{_first_line(why)}); it runs again at the next start")  # fmt: skip
+        log.debug("query %s: the error its batch ended with during the stop", query, exc_info=error)
+    try:
+        interrupted = _interruption_in(error)
+        thread = jvm.java.lang.Thread
+        deadline = time.monotonic() + within
+        while not interrupted and (left := deadline - time.monotonic()) > 0:
+            try:
+                thread.sleep(max(1, int(min(left, 0.05) * 1000)))
+            except Py4JError as err:
+                if not _interruption_in(err):
+                    raise
+                interrupted = True
+    except Py4JError:  # the JVM gone, or another error of it: the batch's own error says more
+        log.debug("query %s: no interruption of its stop to end the batch with", query, exc_info=True)
+        return error
     if not interrupted:
         return error
     ended = BatchGivenUp(f"{told} ({INTERRUPTED})")
@@ -103,9 +113,20 @@ def ended_by_stop(
     return ended
 
 
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else f"{line[: limit - 3]}..."
+
+
+# The Java exceptions Spark takes for its stop's interruption (``StreamExecution.IO_EXCEPTION_NAMES``).
+_INTERRUPTIONS = frozenset(
+    {"java.lang.InterruptedException", "java.io.InterruptedIOException", "java.nio.channels.ClosedByInterruptException"}
+)
+
+
 def _interruption_in(error: BaseException, depth: int = 8) -> bool:
-    """Whether ``error`` is py4j's error for a Java ``InterruptedException``, or one caused by it (looked at
-    ``depth`` causes deep, on either side)."""
+    """Whether ``error`` is py4j's error for a Java interruption (``_INTERRUPTIONS``), or one caused by it
+    (looked at ``depth`` causes deep, on either side). Raises py4j's error if the JVM cannot be asked."""
     from py4j.protocol import Py4JJavaError
 
     seen: BaseException | None = error
@@ -117,7 +138,7 @@ def _interruption_in(error: BaseException, depth: int = 8) -> bool:
             for _ in range(depth):
                 if java is None:
                     break
-                if java.getClass().getName() == "java.lang.InterruptedException":
+                if java.getClass().getName() in _INTERRUPTIONS:
                     return True
                 java = java.getCause()
         seen = seen.__cause__ or seen.__context__
@@ -169,7 +190,14 @@ class InFlight:
         except Exception as error:
             if jvm is None or not self.stopping(name):
                 raise
-            raise ended_by_stop(jvm(), error, name) from None
+            try:
+                ended = ended_by_stop(jvm(), error, name)
+            except Exception:  # no session to ask (a fake, or one already gone)
+                log.debug("query %s: could not end its batch as the stop's interruption", name, exc_info=True)
+                ended = error
+            if ended is error:  # no interruption to end with: the batch's own error, whole
+                raise
+            raise ended from None
         finally:
             with self._cond:
                 left = self._inside[name] - 1
@@ -249,7 +277,7 @@ def stop_between_batches(
             if in_flight.inside(name):
                 waiting.append((name, query))
             else:
-                with in_flight.stopping_now([name]):  # a batch entered meanwhile ends as the stop's
+                with in_flight.giving_up([name]):  # a batch entered meanwhile ends as the stop's
                     query.stop()
         pending = waiting
         left = deadline - time.monotonic()

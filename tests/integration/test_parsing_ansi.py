@@ -3,10 +3,12 @@ come out right, bad ones come out as dead letters with a reason."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,28 @@ def test_a_topology_runs_its_dead_letter_queries_at_the_trigger_it_is_given(spar
     assert interval_ms(TopologyOptions(namespace="dl-trigger"), "default") == 2000  # DEAD_LETTER_TRIGGER
 
 
+JVM_PROBE = "riqr: the JVM's stderr is captured"
+
+
+@contextlib.contextmanager
+def _jvm_stderr(spark: Any, path: Path) -> Iterator[Path]:
+    """What Spark's JVM writes to its stderr meanwhile (log4j's lines, an uncaught exception's trace) goes to
+    ``path`` as well as nowhere else: the JVM's own stderr is not the test's, so ``capfd`` never sees it.
+    (riqr's log4j console appender follows ``System.setErr``.)"""
+    system = spark._jvm.java.lang.System
+    before = system.err
+    stream = spark._jvm.java.io.PrintStream(spark._jvm.java.io.FileOutputStream(str(path)), True)
+    system.setErr(stream)
+    try:
+        # Proof that log4j's lines land there (the probe is left out of the tests' noise).
+        spark._jvm.org.apache.logging.log4j.LogManager.getLogger("riqr.test").error(JVM_PROBE)
+        assert JVM_PROBE in path.read_text(), "log4j did not follow System.setErr"
+        yield path
+    finally:
+        system.setErr(before)
+        stream.close()
+
+
 def _slow_dead_letter_batch(spark: Any, home: Path, count: int) -> Any:
     """A dead-letter query whose first batch (``count`` malformed lines) is running its Spark job inside its
     ``foreachBatch`` function when this returns: each rejected record takes 0.2 s through a Python UDF,
@@ -220,14 +244,16 @@ def test_a_dead_letter_query_stopped_during_its_batch_lets_the_batch_end(
     count = 10
     query = _slow_dead_letter_batch(spark, tmp_path, count)
     try:
-        assert stop_between_batches([query], timeout=60) == []  # none stopped in its batch
+        with _jvm_stderr(spark, tmp_path / "jvm-stderr.log") as jvm_err:
+            assert stop_between_batches([query], timeout=60) == []  # none stopped in its batch
     finally:
         query.stop()
     assert not query.isActive and query.exception() is None
     assert dead_letter_count(tmp_path, "booking") == count  # the batch ran to its end
     out, err = capfd.readouterr()
-    noise = re.compile(r"Traceback|CANCELLED|cancelled|py4j|Exception")
-    assert [line for line in (out + err).splitlines() if noise.search(line)] == []
+    noise = re.compile(r"Traceback|CANCELLED|cancelled|py4j|Exception|ERROR")
+    jvm_lines = [line for line in jvm_err.read_text().splitlines() if JVM_PROBE not in line]
+    assert [line for line in (out + err).splitlines() + jvm_lines if noise.search(line)] == []
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
@@ -242,8 +268,10 @@ def test_a_dead_letter_query_stopped_past_its_grace_ends_the_cancelled_batch_qui
 
     query = _slow_dead_letter_batch(spark, tmp_path, 10)
     try:
-        with caplog.at_level(logging.INFO, logger="topologies.inflight"):
-            assert stop_between_batches([query], timeout=0.1) == [query.name]  # stopped in its batch
+        with _jvm_stderr(spark, tmp_path / "jvm-stderr.log") as jvm_err:
+            with caplog.at_level(logging.INFO, logger="topologies.inflight"):
+                assert stop_between_batches([query], timeout=0.1) == [query.name]  # stopped in its batch
+            wait_for(lambda: not query.isActive, timeout=30, what="the query ended")
     finally:
         query.stop()
     assert not query.isActive and query.exception() is None  # stopped, not failed
@@ -251,5 +279,6 @@ def test_a_dead_letter_query_stopped_past_its_grace_ends_the_cancelled_batch_qui
     assert "ended as the stop's interruption" in caplog.text, caplog.text
     out, err = capfd.readouterr()
     noise = re.compile(r"Traceback|CANCELLED|cancelled|py4j|Exception|ERROR")
-    assert [line for line in (out + err).splitlines() if noise.search(line)] == []
+    jvm_lines = [line for line in jvm_err.read_text().splitlines() if JVM_PROBE not in line]
+    assert [line for line in (out + err).splitlines() + jvm_lines if noise.search(line)] == []
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -118,12 +118,15 @@ def test_a_batch_longer_than_the_grace_is_stopped_in_progress_and_said_so(caplog
     thread.join(5)
 
 
-def test_only_the_batches_a_stop_gave_up_on_are_told_and_only_while_it_stops() -> None:
+def test_batches_are_told_the_stop_gave_up_on_them_only_while_their_querys_stop_runs() -> None:
+    """Each query is marked given up around its own stop() (one whose batch ended before has none inside to
+    tell, but one that enters during that stop is told too), and only then."""
     flight = InFlight()
     ended, cut = Query("ended", flight), Query("cut", flight)
     threads = [batch_for(flight, "ended", 0.05)[0], batch_for(flight, "cut", 1.0)[0]]
+    assert not flight.given_up("ended") and not flight.given_up("cut")
     assert stop_between_batches([ended, cut], 0.5, in_flight=flight) == ["cut"]
-    assert (ended.given_up, cut.given_up) == (False, True)
+    assert (ended.stopped_inside, cut.stopped_inside) == (False, True) and ended.given_up and cut.given_up
     assert not flight.given_up("cut") and not flight.given_up(None)
     for thread in threads:
         thread.join(5)
@@ -223,8 +226,9 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
 class JavaError:
     """What py4j's ``Py4JJavaError.java_exception`` answers of its class (a JVM object, faked)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, cause: JavaError | None = None) -> None:
         self.name = name
+        self.cause = cause
         self._target_id = "o1"
 
     def getClass(self) -> Any:  # noqa: N802 (Java's name)
@@ -233,8 +237,8 @@ class JavaError:
     def getName(self) -> str:  # noqa: N802 (Java's name)
         return self.name
 
-    def getCause(self) -> None:  # noqa: N802 (Java's name)
-        return None
+    def getCause(self) -> JavaError | None:  # noqa: N802 (Java's name)
+        return self.cause
 
 
 class JvmSession:
@@ -293,10 +297,18 @@ def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts
     assert 0.15 < time.monotonic() - started < 2 and session.sleeps
 
     # Another Java error is not taken for the interruption.
-    from py4j.protocol import Py4JJavaError
+    # Another Java error is not taken for the interruption, nor a JVM that is gone: the error as it was.
+    other = JvmSession(interrupted_after=1, error="java.lang.IllegalStateException")
+    assert ended_by_stop(other._jvm, given_up) is given_up
 
-    with pytest.raises(Py4JJavaError):
-        ended_by_stop(JvmSession(interrupted_after=1, error="java.lang.IllegalStateException")._jvm, given_up)
+    class Gone:
+        @property
+        def java(self) -> Any:
+            from py4j.protocol import Py4JNetworkError
+
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+    assert ended_by_stop(Gone(), given_up) is given_up
 
 
 def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_only_then() -> None:
@@ -322,7 +334,7 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
         ended = run(cancelled)
     assert not in_flight.stopping(name)
     assert isinstance(ended, BatchGivenUp) and getattr(ended, "interrupted", False) and len(session.sleeps) == 2
-    assert str(ended).startswith(f"query {name}: its batch in progress ended with the stop (RuntimeError)")
+    assert str(ended).startswith(f"query {name}: its batch in progress ended with the stop (RuntimeError: Job 12")
     assert SPARK_PROXY_ERROR.search(str(ended))
     assert run(cancelled) is cancelled  # no stop running: a failure like any other
 
@@ -332,7 +344,8 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
     thread, inside = batch_for(in_flight, busy.name, 0.5)
     assert inside.wait(5)
     assert stop_between_batches([idle, busy], 0.05, in_flight=in_flight) == [busy.name]
-    assert idle.marked_stopping and busy.marked_stopping and busy.given_up and not idle.given_up
+    # A batch that enters during the stop of a query between batches gives up as well (its stop waits for it).
+    assert idle.marked_stopping and busy.marked_stopping and busy.given_up and idle.given_up
     assert not in_flight.stopping(idle.name) and not in_flight.stopping(busy.name)
     thread.join(5)
 
@@ -345,6 +358,36 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
             Py4JJavaError("An error occurred while calling o88.toArrow.\n", JavaError("java.lang.InterruptedException"))
         )
     assert getattr(ended, "interrupted", False) and session.sleeps == []
+    # ...also as the cause of a Java error (a job interrupted under toArrow), or of a Python one.
+    session.sleeps.clear()
+    wrapped = JavaError("org.apache.spark.SparkException", cause=JavaError("java.io.InterruptedIOException"))
+    with in_flight.stopping_now([name]):
+        ended = run(Py4JJavaError("An error occurred while calling o88.toArrow.\n", wrapped))
+    assert getattr(ended, "interrupted", False) and session.sleeps == []
+    session.sleeps.clear()
+    try:
+        raise Py4JJavaError(
+            "An error occurred while calling o88.toArrow.\n", JavaError("java.lang.InterruptedException")
+        )
+    except Py4JJavaError as interruption:
+        outer = RuntimeError("could not read the batch")
+        outer.__cause__ = interruption
+    with in_flight.stopping_now([name]):
+        ended = run(outer)
+    assert getattr(ended, "interrupted", False) and session.sleeps == []
+
+    # No interruption to end with: the batch's own error, whole (its cause kept), raised as it was.
+    never = JvmSession(interrupted_after=None)
+    try:
+        raise RuntimeError("a failure of its own") from KeyError("the root of it")
+    except RuntimeError as own:
+        failed = own
+    try:
+        with in_flight.stopping_now([name]), in_flight.batch(name, jvm=lambda: never._jvm):
+            raise failed
+    except RuntimeError as raised:
+        assert raised is failed and isinstance(raised.__cause__, KeyError)
+    assert never.sleeps  # it waited (INTERRUPT_WAIT) for an interruption that did not come
 
 
 def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> None:
