@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, RiqrError
 
-__all__ = ["translate", "call", "call_sync", "get", "is_restarting", "is_dead", "no_auto_connect"]
+__all__ = ["translate", "call", "call_sync", "get", "wait_looking", "is_restarting", "is_dead", "no_auto_connect"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,20 @@ def get(ref: Any, what: str, *, timeout: float | None = None, actor: str | None 
         return ray.get(ref, timeout=timeout)
     except Exception as exc:
         raise translate(exc, what, actor=actor) from None
+
+
+def wait_looking(refs: Sequence[Any], until: Deadline, every: float, look: Callable[[], None]) -> list[Any]:
+    """Wait until every ref of ``refs`` is ready or ``until`` passes, in slices of ``every`` seconds, calling
+    ``look()`` between slices while some are still waiting (it raises to stop waiting: a stop that gives
+    up, say). Returns the refs still not ready. Refs that are ready at once cost one ``ray.wait``."""
+    import ray
+
+    waiting = list(refs)
+    while waiting and until.remaining() > 0:
+        _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(until.remaining(), every))
+        if waiting:
+            look()
+    return waiting
 
 
 def call_sync(submit: Callable[[], Any], what: str, *, deadline: Deadline, actor: str | None = None) -> Any:

@@ -349,12 +349,8 @@ class BatchDelivery:
         """Wait for ``refs`` for at most a call's timeout (and until ``deadline``), in slices: a stop that
         gives up on the batch is seen within ``_STOP_LOOK`` seconds, not after the owners' call timeout.
         Returns the calls' deadline. The common case, owners that answer at once, costs one ``ray.wait``."""
-        waiting = list(refs)
         until = Deadline.after(min(deadline.remaining(), _CALL_TIMEOUT))
-        while waiting and until.remaining() > 0:
-            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(until.remaining(), _STOP_LOOK))
-            if waiting:
-                self._given_up(what)
+        raycalls.wait_looking(refs, until, _STOP_LOOK, lambda: self._given_up(what))
         return until
 
     def _pause(self, seconds: float, what: str) -> None:
@@ -455,7 +451,7 @@ class BatchDelivery:
         except Exception as err:
             # A batch a stop gave up on, or that ended while its query was being stopped: the feed's last
             # word (``stopped``) is said already, or the stop's caller says it.
-            if not self.retired and not isinstance(err, BatchGivenUp) and not IN_FLIGHT.stopping(self.query_name or ""):
+            if not self.retired and not isinstance(err, BatchGivenUp) and not IN_FLIGHT.given_up(self.query_name):
                 self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
             raise
         log.info(

@@ -171,8 +171,7 @@ class InFlight:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._inside: dict[str, int] = {}
-        self._given_up: collections.Counter[str] = collections.Counter()  # stops giving up on it, at once
-        self._stopping: collections.Counter[str] = collections.Counter()  # its stop() running, at once
+        self._given_up: collections.Counter[str] = collections.Counter()  # its stop() running, at once
 
     @contextlib.contextmanager
     def batch(self, name: str | None, jvm: Callable[[], Any] | None = None) -> Iterator[None]:
@@ -188,7 +187,7 @@ class InFlight:
         try:
             yield
         except Exception as error:
-            if jvm is None or not self.stopping(name):
+            if jvm is None or not self.given_up(name):
                 raise
             try:
                 ended = ended_by_stop(jvm(), error, name)
@@ -217,36 +216,18 @@ class InFlight:
         with self._cond:
             return name is not None and self._given_up[name] > 0
 
-    def stopping(self, name: str) -> bool:
-        """Whether a stop of query ``name`` is running (``stopping_now``)."""
-        with self._cond:
-            return self._stopping[name] > 0
-
     @contextlib.contextmanager
     def giving_up(self, names: Sequence[str]) -> Iterator[None]:
-        """``given_up`` (and ``stopping``) is true for ``names`` inside (while their queries' ``stop()``
-        runs)."""
+        """``given_up`` is true for ``names`` inside (around their queries' ``stop()``: every stop gives up
+        on the batch in progress, if one is still inside or enters meanwhile)."""
         with self._cond:
             self._given_up.update(names)
-        try:
-            with self.stopping_now(names):
-                yield
-        finally:
-            with self._cond:
-                self._given_up.subtract(names)
-                self._given_up += collections.Counter()  # drops the names at zero
-
-    @contextlib.contextmanager
-    def stopping_now(self, names: Sequence[str]) -> Iterator[None]:
-        """``stopping`` is true for ``names`` inside (around their queries' ``stop()``)."""
-        with self._cond:
-            self._stopping.update(names)
         try:
             yield
         finally:
             with self._cond:
-                self._stopping.subtract(names)
-                self._stopping += collections.Counter()
+                self._given_up.subtract(names)
+                self._given_up += collections.Counter()  # drops the names at zero
 
     def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
         """Wait until at least one of ``names`` has no batch inside its function, at most ``timeout``

@@ -44,6 +44,7 @@ from runtime.config import (
     DEFAULT_STANDBYS,
     DEFAULT_TRIGGER,
 )
+from runtime.deadline import Deadline
 from runtime.errors import NotConnected, SchemaError
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
 from runtime.keys import KeySchema, key_type_for_spark
@@ -296,13 +297,13 @@ def _getter(ended: threading.Event | None) -> Callable[..., Any]:
         return raycalls.get
 
     def get(refs: Any, what: str, *, timeout: float) -> Any:
-        import ray
-
-        waiting, until = list(refs) if isinstance(refs, list) else [refs], time.monotonic() + timeout
-        while waiting and (left := until - time.monotonic()) > 0:
+        def look() -> None:
             if ended.is_set():
                 raise _LooksEnded(what)
-            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(left, _LOOK_SLICE))
+
+        look()
+        listed = refs if isinstance(refs, list) else [refs]
+        waiting = raycalls.wait_looking(listed, Deadline.after(timeout), _LOOK_SLICE, look)
         # Every answer in (or the time up: the error raycalls.get gives for a call not answered in time).
         return raycalls.get(refs, what, timeout=0.001 if waiting else timeout)
 

@@ -37,7 +37,6 @@ class Query:
     def stop(self) -> None:
         self.stopped_inside = self.in_flight.inside(self.name)
         self.given_up = self.in_flight.given_up(self.name)
-        self.marked_stopping = self.in_flight.stopping(self.name)
         self.stopped = True
 
     def exception(self) -> Exception | None:
@@ -313,7 +312,7 @@ def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts
 
 def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_only_then() -> None:
     """A query stopped while it planned a batch, or past the grace, has that batch's Spark job cancelled, and
-    its function ends with whatever py4j made of that. While the query's stop runs (``stopping_now``, as
+    its function ends with whatever py4j made of that. While the query's stop runs (``giving_up``, as
     ``stop_between_batches`` marks it), ``InFlight.batch`` ends the function as the stop's interruption;
     any other time the error is the function's own."""
     name = "riqr-ns-cancelled"
@@ -329,10 +328,10 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
         raise AssertionError("the function's error was swallowed")
 
     cancelled = RuntimeError("Job 12 cancelled part of cancelled job group 5f0c...")
-    with in_flight.stopping_now([name]):
-        assert in_flight.stopping(name)
+    with in_flight.giving_up([name]):
+        assert in_flight.given_up(name)
         ended = run(cancelled)
-    assert not in_flight.stopping(name)
+    assert not in_flight.given_up(name)
     assert isinstance(ended, BatchGivenUp) and getattr(ended, "interrupted", False) and len(session.sleeps) == 2
     assert str(ended).startswith(f"query {name}: its batch in progress ended with the stop (RuntimeError: Job 12")
     assert SPARK_PROXY_ERROR.search(str(ended))
@@ -345,15 +344,15 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
     assert inside.wait(5)
     assert stop_between_batches([idle, busy], 0.05, in_flight=in_flight) == [busy.name]
     # A batch that enters during the stop of a query between batches gives up as well (its stop waits for it).
-    assert idle.marked_stopping and busy.marked_stopping and busy.given_up and idle.given_up
-    assert not in_flight.stopping(idle.name) and not in_flight.stopping(busy.name)
+    assert busy.given_up and idle.given_up
+    assert not in_flight.given_up(idle.name) and not in_flight.given_up(busy.name)
     thread.join(5)
 
     # A job the interruption itself ended (the JVM's InterruptedException, through py4j): no wait for another.
     from py4j.protocol import Py4JJavaError
 
     session.sleeps.clear()
-    with in_flight.stopping_now([name]):
+    with in_flight.giving_up([name]):
         ended = run(
             Py4JJavaError("An error occurred while calling o88.toArrow.\n", JavaError("java.lang.InterruptedException"))
         )
@@ -361,7 +360,7 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
     # ...also as the cause of a Java error (a job interrupted under toArrow), or of a Python one.
     session.sleeps.clear()
     wrapped = JavaError("org.apache.spark.SparkException", cause=JavaError("java.io.InterruptedIOException"))
-    with in_flight.stopping_now([name]):
+    with in_flight.giving_up([name]):
         ended = run(Py4JJavaError("An error occurred while calling o88.toArrow.\n", wrapped))
     assert getattr(ended, "interrupted", False) and session.sleeps == []
     session.sleeps.clear()
@@ -372,7 +371,7 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
     except Py4JJavaError as interruption:
         outer = RuntimeError("could not read the batch")
         outer.__cause__ = interruption
-    with in_flight.stopping_now([name]):
+    with in_flight.giving_up([name]):
         ended = run(outer)
     assert getattr(ended, "interrupted", False) and session.sleeps == []
 
@@ -383,7 +382,7 @@ def test_a_batch_whose_job_the_stop_cancels_ends_as_the_stops_interruption_and_o
     except RuntimeError as own:
         failed = own
     try:
-        with in_flight.stopping_now([name]), in_flight.batch(name, jvm=lambda: never._jvm):
+        with in_flight.giving_up([name]), in_flight.batch(name, jvm=lambda: never._jvm):
             raise failed
     except RuntimeError as raised:
         assert raised is failed and isinstance(raised.__cause__, KeyError)
