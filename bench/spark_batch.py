@@ -13,6 +13,12 @@ medians, and the median from writing the file to the batch's progress event.
 Freshness at the default trigger is about one trigger interval's wait plus this batch time (plus the
 sink's delivery), so this says which settings can bring it down, without the sink in the way.
 
+``stateless`` is not a setting but another shape of the same work, the one Kafka Streams has (the count
+kept by the store, not by Spark): one query with no state of Spark's, reading the raw landing lines, whose
+``foreachBatch`` splits off the dead letters, joins and counts the batch's orders per key, and collects both
+(one job, a union), as a sink that adds each batch's counts to the store's would. It has no dead-letter
+query beside it and no state store (docs/benchmarks.md, "Thirteenth pass").
+
 With ``--load R``, ``R`` records/s of other keys land beside the probes (``bench/ingest.py``'s writer: a
 file of ``R/10`` records every 100 ms), the loaded case of freshness: the durations are then the medians
 of every batch that ended while the probes ran, and written -> progress is not printed (a probe's file
@@ -47,6 +53,7 @@ CONFIGS: dict[str, dict[str, str]] = {
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     },
     "no-dead-letters": {},
+    "stateless": {},
     "broadcast": {"spark.sql.autoBroadcastJoinThreshold": "104857600"},
     # Checkpoint and state files through Hadoop's raw local file system: no .crc file beside each.
     "rawlocal": {
@@ -64,6 +71,7 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
     from pyspark.sql.streaming import StreamingQueryListener
 
     from topologies.food_orders import order_counts_frame
+    from topologies.inflight import stop_between_batches
     from topologies.options import TopologyOptions
 
     home = work / f"home-{name}"
@@ -97,13 +105,15 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
         spark.conf.set(k, v)
     try:
         options = TopologyOptions(trigger=trigger)
-        counts, rejects = order_counts_frame(spark, home, options)
-        if config != "no-dead-letters":
-            options.dead_letters(home, "order", f"sb-{name}-order-count", rejects)
+        if config == "stateless":
+            writer = stateless_counts(spark, home, f"sb-{name}")
+        else:
+            counts, rejects = order_counts_frame(spark, home, options)
+            if config != "no-dead-letters":
+                options.dead_letters(home, "order", f"sb-{name}-order-count", rejects)
+            writer = counts.writeStream.format("noop").outputMode("update")
         query = (
-            counts.writeStream.format("noop")
-            .outputMode("update")
-            .queryName(f"sb-{name}")
+            writer.queryName(f"sb-{name}")
             .option("checkpointLocation", str(work / f"cp-{name}"))
             .trigger(processingTime=trigger)
             .start()
@@ -124,8 +134,7 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
                         raise SystemExit(f"{name}: no batch after 60 s")
                     lags.append(ended[seen][0] - written)
                 time.sleep(0.13 + 0.05 * (i % 5))
-        for q in spark.streams.active:
-            q.stop()
+        stop_between_batches(spark.streams.active)
     finally:
         spark.streams.removeListener(listener)
         for k, v in previous.items():
@@ -136,7 +145,48 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
     stages = sorted({k for _, d in ended for k in d})
     out = {k: float(statistics.median(d.get(k, 0) for _, d in ended)) for k in stages}
     out["written->progress"] = float("nan") if load else statistics.median(lags) * 1000
+    if PLANNED:
+        out["planInPython"] = statistics.median(PLANNED) * 1000
+        PLANNED.clear()
     return out
+
+
+def stateless_counts(spark: Any, home: Path, name: str) -> Any:
+    """The ``stateless`` shape: the order topic's raw lines, each batch split, joined, counted and
+    collected in ``foreachBatch`` (the time to build that batch's plan goes to ``PLANNED``)."""
+    from pyspark.sql import functions as F
+
+    from runtime.landing import topic_dir
+    from topologies.food_orders import latest_by_key, order_counts
+    from topologies.inflight import IN_FLIGHT
+    from topologies.sources import CORRUPT_COLUMN, LANDING_SCHEMA_DDL, check_landing_records, read_topic_batch
+
+    raw = (
+        spark.readStream.schema(LANDING_SCHEMA_DDL)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .json(str(topic_dir(home, "order")))
+    )
+
+    def count_batch(batch: Any, batch_id: int) -> None:
+        with IN_FLIGHT.batch(name, jvm=lambda: spark._jvm):  # stopped between batches, as the sink is
+            began = time.monotonic()
+            good, bad = check_landing_records(batch)
+            snapshot = latest_by_key(read_topic_batch(spark, home, "customer"))
+            counts = order_counts(good, snapshot).select("key", "count", F.lit(None).cast("string").alias("letter"))
+            letters = bad.select(
+                F.lit(None).cast("string").alias("key"),
+                F.lit(None).cast("long").alias("count"),
+                F.to_json(F.struct("reason", "record")).alias("letter"),
+            )
+            both = counts.unionByName(letters)
+            PLANNED.append(time.monotonic() - began)
+            both.toArrow()
+
+    return raw.writeStream.foreachBatch(count_batch)
+
+
+PLANNED: list[float] = []
 
 
 def main() -> None:
@@ -166,10 +216,11 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     keys = ["triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets"]
+    keys += ["planInPython"] if any("planInPython" in r for runs in results.values() for r in runs) else []
     load = f", {args.load} records/s beside" if args.load else ""
     print(
-        "\nSpark per micro-batch of order-count into noop, medians of the batches that ended while "
-        f"{args.batches} probes ran (ms), {args.trigger}{load}"
+        "\nSpark per micro-batch of order-count into noop (stateless: its foreachBatch), medians of the "
+        f"batches that ended while {args.batches} probes ran (ms), {args.trigger}{load}"
     )
     print(f"{'config':<18}" + "".join(f"{k:>17}" for k in [*keys, "written->progress"]))
     for name, runs in results.items():
