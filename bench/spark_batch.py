@@ -122,6 +122,7 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
         time.sleep(1.0)  # progress events reach the listener asynchronously: let the start-up batch's land
         with cond:
             ended.clear()
+        PLANNED.clear()  # the batches the probes see, as ``ended``
         lags = []
         with Writer(home, load):
             for i in range(batches):
@@ -153,7 +154,8 @@ def run(spark: Any, work: Path, name: str, config: str, batches: int, trigger: s
 
 def stateless_counts(spark: Any, home: Path, name: str) -> Any:
     """The ``stateless`` shape: the order topic's raw lines, each batch split, joined, counted and
-    collected in ``foreachBatch`` (the time to build that batch's plan goes to ``PLANNED``)."""
+    collected in ``foreachBatch`` (the time to build that batch's plan, the customer snapshot's reader
+    and its listing included, goes to ``PLANNED``)."""
     from pyspark.sql import functions as F
 
     from runtime.landing import topic_dir
@@ -224,8 +226,11 @@ def main() -> None:
     )
     print(f"{'config':<18}" + "".join(f"{k:>17}" for k in [*keys, "written->progress"]))
     for name, runs in results.items():
-        row = [statistics.median(r.get(k, 0.0) for r in runs) for k in [*keys, "written->progress"]]
-        print(f"{name:<18}" + "".join(f"{v:>17.0f}" for v in row))
+        row = [
+            statistics.median(r[k] for r in runs) if all(k in r for r in runs) else None
+            for k in [*keys, "written->progress"]
+        ]
+        print(f"{name:<18}" + "".join(f"{'-':>17}" if v is None else f"{v:>17.0f}" for v in row))
 
 
 if __name__ == "__main__":
