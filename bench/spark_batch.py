@@ -224,13 +224,13 @@ def main() -> None:
         "\nSpark per micro-batch of order-count into noop (stateless: its foreachBatch), medians of the "
         f"batches that ended while {args.batches} probes ran (ms), {args.trigger}{load}"
     )
-    print(f"{'config':<18}" + "".join(f"{k:>17}" for k in [*keys, "written->progress"]))
+    print(f"{'config':<18}" + "".join(f"{k:>18}" for k in [*keys, "written->progress"]))
     for name, runs in results.items():
         row = [
             statistics.median(r[k] for r in runs) if all(k in r for r in runs) else None
             for k in [*keys, "written->progress"]
         ]
-        print(f"{name:<18}" + "".join(f"{'-':>17}" if v is None else f"{v:>17.0f}" for v in row))
+        print(f"{name:<18}" + "".join(f"{'-':>18}" if v is None else f"{v:>18.0f}" for v in row))
 
 
 if __name__ == "__main__":
