@@ -50,7 +50,7 @@ from runtime.config import READ_REPLICA_APPLY_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
 from runtime.ingest import slices_for_owners, split_by_partition
-from runtime.ownership import ClusterView, ReaderCopy
+from runtime.ownership import ClusterView, OwnershipTable, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
@@ -128,6 +128,10 @@ class BatchDelivery:
         self.holds = False
         # Set while a rebuild has delivered no batch yet (``topologies.checkpoint.mark_rebuild_pending``).
         self.rebuild_pending = False
+        # The query actors of the store this delivery declared (``declared``): a table of the same name none
+        # of whose owners is among them is another store, dropped and declared again meanwhile (``table``).
+        self.owners: frozenset[str] | None = None
+        self.replaced = False
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -145,6 +149,38 @@ class BatchDelivery:
             if cached is None or view.epoch >= cached.epoch:
                 self._view = view
         return view
+
+    def declared(self, view: ClusterView) -> None:
+        """Remember the store as ``view`` has it when this delivery's topology declares it (the view
+        ``create_store`` answers with): from then on only that store, not another one a drop and a new
+        declaration give the same name, is fed (``table``)."""
+        table = view.table(self.spec.name)
+        if table is not None:
+            self.owners = frozenset(table.all_owners())
+
+    def table(self, view: ClusterView) -> OwnershipTable | None:
+        """The store's table in ``view``; None if the store is not registered, and None too if the table of
+        that name is another store's: dropped (``riqr drop --force``) and declared again, by another
+        topology or a new deployment, between two of this delivery's looks at the registry. A store's
+        actors keep their uuids for its life (re-created, moved or promoted), and a new one gets new
+        ones, so a table none of whose owners this delivery declared the store with is not its store:
+        feeding it would overwrite the other feed's state (``replaced`` says so from then on)."""
+        table = view.table(self.spec.name)
+        if table is None or self.owners is None or not self.owners.isdisjoint(table.all_owners()):
+            return table
+        if not self.replaced:
+            self.replaced = True
+            log.error("store %s was dropped and declared again (its query actors are all new): this topology "
+                      "no longer feeds it", self.spec.name, extra={"store": self.spec.name})  # fmt: skip
+        return None
+
+    def gone(self) -> str:
+        """Why ``table`` found no store: the words of the errors that end the feed."""
+        if self.replaced:
+            return (f"store {self.spec.name!r} was dropped and declared again since this topology declared it "
+                    "(its query actors are all new): this topology no longer feeds it, so as not to overwrite "
+                    "what now feeds it")  # fmt: skip
+        return f"store {self.spec.name!r} is no longer registered"
 
     def handle(self, uuid: str) -> Any:
         handle = self._handles.get(uuid)
@@ -186,9 +222,9 @@ class BatchDelivery:
         deadline = Deadline.after(self.delivery_timeout)
         clock = time.perf_counter()
         view = self.current_view()
-        ownership = view.table(self.spec.name)
+        ownership = self.table(view)
         if ownership is None:
-            raise NotConnected(f"store {self.spec.name!r} is no longer registered", store=self.spec.name)
+            raise NotConnected(self.gone(), store=self.spec.name)
         readers = view.readers_of(self.spec.name)
         clock = self._lap("view", clock)
         results: list[Any] = []
@@ -420,7 +456,7 @@ class BatchDelivery:
         """A query starts from an empty checkpoint: owners' never-loaded partitions serve (empty) from now."""
         self._source = source
         view = self.current_view(fresh=True)
-        ownership = view.table(self.spec.name)
+        ownership = self.table(view)
         if ownership is None:
             return []
         refs = [self.handle(uuid).begin.remote(source) for uuid in ownership.all_owners()]

@@ -251,7 +251,9 @@ def unserved(delivery: BatchDelivery, ended: threading.Event | None = None) -> l
     Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store."""
     name = delivery.spec.name
     view = delivery.current_view(get=_getter(ended))
-    if view.table(name) is None:
+    if delivery.table(view) is None:
+        if delivery.replaced:
+            raise StoreUnregistered(f"{delivery.gone()} (namespace {delivery.namespace!r})", store=name)
         raise StoreUnregistered(f"store {name!r} is no longer registered in namespace {delivery.namespace!r} (dropped "
                            "with riqr drop --force, or riqr down ran); started again, the topology declares it "
                            "again and rebuilds it from its input", store=name)  # fmt: skip
@@ -275,7 +277,7 @@ def _copies_positions(
     view); None if the store is not registered. A failed call makes the sink look every owner up again
     next time (one may have been re-created under its name)."""
     view = view if view is not None else delivery.current_view(fresh=True)
-    ownership = view.table(delivery.spec.name)
+    ownership = delivery.table(view)
     if ownership is None:
         return None
     uuids = sorted(ownership.all_owners())
@@ -333,8 +335,8 @@ def start_again(name: str) -> Any:
     ``plan_start`` then finds the partitions no copy serves and rebuilds the store: its checkpoint is set
     aside, and batch 0 of the new one re-emits the whole state."""
     with _RUNNING_LOCK:
-        again = _RUNNING[name][1]
-    return again(_rebuilding=True)
+        delivery, again = _RUNNING[name]
+    return again(_rebuilding=True, _owners=delivery.owners)
 
 
 def store_spec_for(
@@ -407,7 +409,7 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     source = query_id(checkpoint)
     positions = _copies_positions(delivery, timeout=30)
     if positions is None:
-        raise NotConnected(f"store {delivery.spec.name!r} is not registered", store=delivery.spec.name)
+        raise NotConnected(delivery.gone(), store=delivery.spec.name)
     # A copy ``rebuilding`` at the checkpoint waits for the next batch Spark runs: one planned and not
     # committed runs again at the start, but with none, a query started again runs no batch until new
     # input comes, so the copy could wait for good on an idle source; the store is rebuilt again then.
@@ -550,6 +552,7 @@ def materialize(
     delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
     read_replicas: bool = False,
     _rebuilding: bool = False,
+    _owners: frozenset[str] | None = None,
 ) -> Any:
     """Start a streaming query that keeps store ``store`` equal to ``df`` keyed by ``key``.
 
@@ -574,7 +577,8 @@ def materialize(
 
     ``_rebuilding`` (``start_again``, internal): the store is being rebuilt in place, so an empty
     checkpoint is one a failed start had already set aside, not a new store's: its partitions are not
-    told they start empty (``begin``), and they answer 503 until batch 0 is in.
+    told they start empty (``begin``), and they answer 503 until batch 0 is in. ``_owners`` (``start_again``,
+    internal): the query actors the first start declared the store with (``BatchDelivery.declared``).
     """
     _check_arguments(trigger, delivery_timeout)
     again = functools.partial(
@@ -586,7 +590,7 @@ def materialize(
     df, key_cols, spec = _declare(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
     )
-    raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
+    declared = raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
     value_cols = [f.name for f in spec.value_fields]
     extra = [WINDOW_END_COLUMN] if spec.windowed else []
     partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)
@@ -595,6 +599,12 @@ def materialize(
     shaped = df.select(*key_cols, *value_cols, *extra, F.expr(partition_sql).alias(PARTITION_COLUMN))
     name = f"riqr-{namespace}-{store}"
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
+    # This store, not one declared again under its name later; started again in place, the store the first
+    # start declared (``_owners``, internal), so that a drop and a new declaration meanwhile are refused.
+    if _owners is None:
+        delivery.declared(declared)
+    else:
+        delivery.owners = _owners
     plan = plan_start(delivery, checkpoint)
     mode = output_mode or ("append" if kind == "session" else "update")
     delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))

@@ -147,6 +147,38 @@ def test_a_restarted_owner_serves_again_by_itself_with_exactly_its_state(
     assert http_get(f"{url}/stores/scores/get/1")[2] == {"response": 11}
 
 
+def test_a_store_dropped_and_declared_again_is_not_fed_by_the_topology_that_fed_the_old_one(
+    runtime_ns: Runtime, store: BatchDelivery, spark: Any
+) -> None:
+    """``riqr drop --force`` and a new declaration of the same store between two looks of the old feed:
+    the old feed's next batch is refused before it reaches any copy, and the new store keeps exactly what
+    its own feed gave it (fed, it would have been overwritten, or made 503 by a batch from a gap)."""
+    from runtime.errors import NotConnected
+
+    registry = runtime_ns.registry()
+    store.declared(ray.get(registry.view.remote()))
+    old_actors = set(store.owners or ())
+    ray.get(registry.drop_store.remote(SPEC.name))  # as riqr drop --force
+    view = ray.get(registry.create_store.remote(SPEC))
+    new = BatchDelivery(SPEC, runtime_ns.namespace, checkpoint="unused")
+    new.declared(view)
+    assert new.owners and not (new.owners & old_actors)  # all new actors, under the same name
+    assert new.begin("query-2") == [0, 1, 2, 3]
+    new.deliver("query-2", 0, arrow_batch(spark, [(1, 1000), (3, 3000)]))
+
+    with pytest.raises(NotConnected, match="'scores' was dropped and declared again"):
+        store.deliver("query-1", 1, arrow_batch(spark, [(1, 11), (7, 7)]))
+    assert store.begin("query-1") == []  # nor told a new source starts
+
+    url = runtime_ns.url
+    wait_for(lambda: http_get(f"{url}/stores/scores/get/1")[2] == {"response": 1000}, what="the new store served")
+    assert http_get(f"{url}/stores/scores/get/3")[2] == {"response": 3000}
+    assert http_get(f"{url}/stores/scores/get/7")[0] == 404
+    assert http_get(f"{url}/stores/scores/approximate-num-entries")[2] == {"result": 2}
+    positions = ray.get([new.handle(u).positions.remote() for u in sorted(new.owners)])
+    assert {p["source"] for held in positions for p in held.values()} == {"query-2"}
+
+
 def test_redeclaring_with_another_layout_is_a_conflict(runtime_ns: Runtime, store: BatchDelivery) -> None:
     from runtime.errors import StoreConflict
 

@@ -90,9 +90,21 @@ class FakeDelivery:
         self.feeder = FakeFeeder()
         self.reports: list[dict[str, object]] = []
         self.retired = False
+        self.owners: frozenset[str] | None = None  # the actors it declared the store with (None: no check)
+        self.replaced = False
 
     def report(self, **info: object) -> None:
         self.reports.append(info)
+
+    def table(self, view: Any) -> Any:  # the real one: the same store, or another one of the same name
+        from topologies.delivery import BatchDelivery
+
+        return BatchDelivery.table(self, view)  # type: ignore[arg-type]
+
+    def gone(self) -> str:
+        from topologies.delivery import BatchDelivery
+
+        return BatchDelivery.gone(self)  # type: ignore[arg-type]
 
 
 def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the_topology_runs_on(
@@ -106,7 +118,7 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
 
     def again(**extra: object) -> FakeQuery:  # materialize with the same arguments, as the sink registers it
         # ...told it rebuilds: an empty checkpoint then is one a failed start set aside, not a new store's
-        assert extra == {"_rebuilding": True}
+        assert extra == {"_rebuilding": True, "_owners": frozenset({"actor-1"})}  # the store it declared
         new = FakeQuery("riqr-ns-order-count")
         started.append(new)
         delivery.unheld = []  # the new query's delivery (the same object here) has not seen a gap
@@ -115,6 +127,7 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
 
     running["riqr-ns-order-count"] = (delivery, again)
     delivery.unheld = [1, 3]
+    delivery.owners = frozenset({"actor-1"})
     # The stop waits for the batch in progress, which looked at ``retired`` just before it was set.
     old_stop = old.stop
     old.stop = lambda: (delivery.report(state="running", batch_id=8), old_stop())  # type: ignore[method-assign]
@@ -474,3 +487,75 @@ def test_a_query_started_again_forgets_that_a_look_found_its_store_unregistered(
     delivery = FakeDelivery("s")
     sink._register("q", delivery, lambda **_: FakeQuery("q"))  # type: ignore[arg-type]
     assert sink.unregistered("q") is None and running["q"][0] is delivery  # type: ignore[index]
+
+
+def string_table(*owners: tuple[str, tuple[str, ...]]) -> Any:
+    """Store ``s``'s ownership table: one (active, standbys) per partition."""
+    from runtime.ownership import OwnershipTable, PartitionOwners
+
+    return OwnershipTable(one_string_store(), tuple(PartitionOwners(a, sb) for a, sb in owners))
+
+
+def test_a_store_dropped_and_declared_again_is_not_the_one_a_delivery_feeds(caplog: pytest.LogCaptureFixture) -> None:
+    """A store's actors keep their uuids for its life; one declared again under its name has new ones. A
+    delivery feeds the store it declared, whatever its table went through, and never the new one."""
+    from runtime.ownership import ClusterView
+    from topologies.delivery import BatchDelivery
+
+    def view(table: Any) -> ClusterView:
+        return ClusterView(7, {"s": table})
+
+    declared = string_table(("a", ("b",)), ("b", ("a",)))
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    assert delivery.table(view(string_table(("x", ()), ("x", ())))) is not None  # nothing declared yet: no verdict
+    delivery.declared(view(declared))
+    assert delivery.owners == {"a", "b"}
+    promoted = string_table(("b", ("a",)), ("b", ("a",)))  # a down, b answers for both
+    rebuilt = string_table(("b", ()), ("b", ()))  # a registry rebuilt while a was away
+    for same in (declared, promoted, rebuilt):
+        assert delivery.table(view(same)) is same
+    assert not delivery.replaced and delivery.table(ClusterView(8)) is None and not delivery.replaced
+    assert "is no longer registered" in delivery.gone()  # dropped, not declared again
+
+    with caplog.at_level(logging.ERROR):
+        assert delivery.table(view(string_table(("c", ("d",)), ("d", ("c",))))) is None
+        assert delivery.table(view(string_table(("c", ("d",)), ("d", ("c",))))) is None
+    assert delivery.replaced
+    assert caplog.text.count("was dropped and declared again") == 1  # said once
+    assert "dropped and declared again" in delivery.gone() and "no longer feeds it" in delivery.gone()
+
+
+def test_a_batch_for_a_store_declared_again_is_refused_before_any_copy_is_called() -> None:
+    from runtime.errors import NotConnected
+    from runtime.ownership import ClusterView
+    from topologies.delivery import BatchDelivery
+
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    delivery.declared(ClusterView(1, {"s": string_table(("a", ()), ("a", ()))}))
+    delivery.current_view = lambda **_: ClusterView(3, {"s": string_table(("c", ()), ("c", ()))})  # type: ignore[method-assign]
+
+    def no_call(uuid: str) -> Any:
+        raise AssertionError(f"called {uuid}")
+
+    delivery.handle = no_call  # type: ignore[method-assign]
+    with pytest.raises(NotConnected, match="'s' was dropped and declared again"):
+        delivery._apply_everywhere("src", 5, {}, 0)
+    assert delivery.begin("src") == []  # nor told it starts empty
+
+
+def test_a_look_at_a_store_declared_again_fails_the_topology(running: dict[str, object]) -> None:
+    """The idle topology's look: a verdict (``StoreUnregistered``), which ``supervise`` ends the topology on."""
+    from runtime.ownership import ClusterView
+    from topologies import sink
+
+    delivery = FakeDelivery("s")
+    delivery.owners = frozenset({"actor-1"})
+    delivery.namespace = "riqr-ns"  # type: ignore[attr-defined]
+    delivery.current_view = lambda **_: ClusterView(3, {"s": string_table(("c", ()), ("c", ()))})  # type: ignore[attr-defined]
+    with pytest.raises(sink.StoreUnregistered, match="'s' was dropped and declared again .*namespace 'riqr-ns'"):
+        sink.unserved(delivery)  # type: ignore[arg-type]
+    # The store it declared, promoted: no verdict, and no copy to ask before a first commit.
+    delivery.replaced = False
+    delivery.checkpoint = "/nonexistent"  # type: ignore[attr-defined]
+    delivery.current_view = lambda **_: ClusterView(4, {"s": string_table(("actor-1", ()), ("actor-1", ()))})  # type: ignore[attr-defined]
+    assert sink.unserved(delivery) == []  # type: ignore[arg-type]
