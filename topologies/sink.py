@@ -578,7 +578,8 @@ def materialize(
     ``_rebuilding`` (``start_again``, internal): the store is being rebuilt in place, so an empty
     checkpoint is one a failed start had already set aside, not a new store's: its partitions are not
     told they start empty (``begin``), and they answer 503 until batch 0 is in. ``_owners`` (``start_again``,
-    internal): the query actors the first start declared the store with (``BatchDelivery.declared``).
+    internal): the query actors the first start declared the store with (``BatchDelivery.declared``); the
+    store is then not created, and ``StoreUnregistered`` if it is gone or another one has its name.
     """
     _check_arguments(trigger, delivery_timeout)
     again = functools.partial(
@@ -590,7 +591,10 @@ def materialize(
     df, key_cols, spec = _declare(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
     )
-    declared = raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
+    if _owners is None:
+        declared = raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
+    else:  # started again in place: its store, never one created anew (a drop meanwhile ends the topology)
+        declared = raycalls.get(registry(namespace).view.remote(), f"the registry's view of {store}")
     value_cols = [f.name for f in spec.value_fields]
     extra = [WINDOW_END_COLUMN] if spec.windowed else []
     partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)
@@ -600,11 +604,14 @@ def materialize(
     name = f"riqr-{namespace}-{store}"
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
     # This store, not one declared again under its name later; started again in place, the store the first
-    # start declared (``_owners``, internal), so that a drop and a new declaration meanwhile are refused.
+    # start declared (``_owners``, internal): dropped meanwhile, or dropped and declared again, it is refused
+    # here, before a query starts.
     if _owners is None:
         delivery.declared(declared)
     else:
         delivery.owners = _owners
+        if delivery.table(declared) is None:
+            raise StoreUnregistered(f"{delivery.gone()}; not started again", store=store)
     plan = plan_start(delivery, checkpoint)
     mode = output_mode or ("append" if kind == "session" else "update")
     delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -148,7 +149,7 @@ def test_a_restarted_owner_serves_again_by_itself_with_exactly_its_state(
 
 
 def test_a_store_dropped_and_declared_again_is_not_fed_by_the_topology_that_fed_the_old_one(
-    runtime_ns: Runtime, store: BatchDelivery, spark: Any
+    runtime_ns: Runtime, store: BatchDelivery, spark: Any, tmp_path: Path
 ) -> None:
     """``riqr drop --force`` and a new declaration of the same store between two looks of the old feed:
     the old feed's next batch is refused before it reaches any copy, and the new store keeps exactly what
@@ -177,6 +178,21 @@ def test_a_store_dropped_and_declared_again_is_not_fed_by_the_topology_that_fed_
     assert http_get(f"{url}/stores/scores/approximate-num-entries")[2] == {"result": 2}
     positions = ray.get([new.handle(u).positions.remote() for u in sorted(new.owners)])
     assert {p["source"] for held in positions for p in held.values()} == {"query-2"}
+
+    # The old topology's query started again in place (``start_again``) is refused too, before it starts,
+    # and a store dropped meanwhile is not brought back by it.
+    from topologies.sink import StoreUnregistered, materialize
+
+    rate = spark.readStream.format("rate").load().selectExpr("value AS user", "value AS score")
+    options: dict[str, Any] = {"store": "scores", "key": "user", "value": "score", "namespace": runtime_ns.namespace,
+                               "partitions": 4, "actors": 2, "standbys": 0, "_rebuilding": True}  # fmt: skip
+    with pytest.raises(StoreUnregistered, match="dropped and declared again.*not started again"):
+        materialize(rate, checkpoint=str(tmp_path / "old"), _owners=frozenset(old_actors), **options)
+    ray.get(registry.drop_store.remote(SPEC.name))
+    with pytest.raises(StoreUnregistered, match="'scores' is no longer registered; not started again"):
+        materialize(rate, checkpoint=str(tmp_path / "new"), _owners=new.owners, **options)
+    assert ray.get(registry.view.remote()).table(SPEC.name) is None  # not created anew
+    assert not [q for q in spark.streams.active if q.name.endswith("-scores")]
 
 
 def test_redeclaring_with_another_layout_is_a_conflict(runtime_ns: Runtime, store: BatchDelivery) -> None:

@@ -193,6 +193,31 @@ def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topo
     assert "riqr-ns-s" in caplog.text and "the registry is gone" in caplog.text
 
 
+def test_a_store_gone_while_its_query_starts_again_fails_the_topology_at_once(
+    running: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``materialize`` started again in place finds the store dropped (or declared again): a verdict, not
+    a moment's failure, so no tries after it."""
+    from topologies import sink
+
+    delivery = FakeDelivery("s")
+    delivery.unheld = [0]
+    delivery.owners = frozenset({"actor-1"})
+    tries: list[dict[str, object]] = []
+
+    def again(**extra: object) -> FakeQuery:
+        tries.append(extra)
+        raise sink.StoreUnregistered("store 's' is no longer registered; not started again")
+
+    running["riqr-ns-s"] = (delivery, again)
+    old, healthy = FakeQuery("riqr-ns-s"), FakeQuery("riqr-ns-t")
+    with caplog.at_level(logging.WARNING):
+        assert supervise([old, healthy], poll=0.001, stop=stopped_after(10)) == 1
+    assert tries == [{"_rebuilding": True, "_owners": frozenset({"actor-1"})}]
+    assert old.stopped and healthy.stopped
+    assert "not started again" in caplog.text and "could not be started again" not in caplog.text
+
+
 def test_a_start_that_fails_for_a_moment_is_tried_again_and_the_topology_runs_on(
     running: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
