@@ -592,9 +592,9 @@ def materialize(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
     )
     if _owners is None:
-        declared = raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
+        view = raycalls.get(registry(namespace).create_store.remote(spec), f"creating store {store}")
     else:  # started again in place: its store, never one created anew (a drop meanwhile ends the topology)
-        declared = raycalls.get(registry(namespace).view.remote(), f"the registry's view of {store}")
+        view = raycalls.get(registry(namespace).view.remote(), f"the registry's view of {store}")
     value_cols = [f.name for f in spec.value_fields]
     extra = [WINDOW_END_COLUMN] if spec.windowed else []
     partition_sql = spark_partition_sql(spec.key.type, spec.key.column, spec.partitions)
@@ -607,10 +607,10 @@ def materialize(
     # start declared (``_owners``, internal): dropped meanwhile, or dropped and declared again, it is refused
     # here, before a query starts.
     if _owners is None:
-        delivery.declared(declared)
+        delivery.declared(view)
     else:
         delivery.owners = _owners
-        if delivery.table(declared) is None:
+        if delivery.table(view) is None:
             raise StoreUnregistered(f"{delivery.gone()}; not started again", store=store)
     plan = plan_start(delivery, checkpoint)
     mode = output_mode or ("append" if kind == "session" else "update")
