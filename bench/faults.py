@@ -170,16 +170,19 @@ class Ledger:
         return correct
 
 
-def write_orders(home: Path, ledger: Ledger, stop: threading.Event, interval: float = 0.3) -> None:
-    """Produce five orders for random keys every ``interval`` seconds until ``stop``."""
+def write_orders(
+    home: Path, ledger: Ledger, stop: threading.Event, interval: float = 0.3, keys: Sequence[str] = KEYS
+) -> None:
+    """Produce five orders for random ``keys`` every ``interval`` seconds until ``stop``."""
     from runtime.landing import parse_console_lines, write_records
 
     rng = random.Random(7)
+    choices = list(keys)
     while not stop.is_set():
-        keys = [rng.choice(KEYS) for _ in range(5)]
+        ordered = [rng.choice(choices) for _ in range(5)]
         with ledger.lock:
-            write_records(home, "order", parse_console_lines([f"{k}--dish" for k in keys]))
-            ledger.produced.update(keys)
+            write_records(home, "order", parse_console_lines([f"{k}--dish" for k in ordered]))
+            ledger.produced.update(ordered)
         stop.wait(interval)
 
 
@@ -198,12 +201,15 @@ def http_get(url: str, timeout: float = 30.0) -> tuple[int, Any]:
         return 599, repr(err)
 
 
-def read_counts(url: str, ledger: Ledger, stop: threading.Event, reader: int = 0, pause: float = 0.0) -> None:
-    """GET the order counts of random keys until ``stop``, recording every answer in ``ledger``; one after
-    the other, ``pause`` seconds apart."""
+def read_counts(
+    url: str, ledger: Ledger, stop: threading.Event, reader: int = 0, pause: float = 0.0, keys: Sequence[str] = KEYS
+) -> None:
+    """GET the order counts of random ``keys`` until ``stop``, recording every answer in ``ledger``; one
+    after the other, ``pause`` seconds apart."""
     rng = random.Random(11 + reader)
+    choices = list(keys)
     while not stop.is_set():
-        key = rng.choice(KEYS)
+        key = rng.choice(choices)
         started = time.monotonic()
         status, body = http_get(f"{url}/stores/order-count/get/{key}")
         ledger.record(key, status, body, started=started, ended=time.monotonic(), reader=reader)

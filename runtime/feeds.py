@@ -66,6 +66,9 @@ class FeedReport:
     ``feeder`` names one run of one process (host, pid and a random part), so the registry can tell a
     new run from the old one's last words. ``at`` is the feeder's wall clock when the state last changed
     or a batch was delivered (heartbeats do not move it). ``dead_letters`` are totals per topic.
+    ``owners`` are the query actors of the store as the feeder declared it (``BatchDelivery.declared``):
+    the registry ignores a report about a store of that name that was dropped and declared again since
+    (``FeedBook.report``). Empty: not known (an older feeder), never ignored for it.
     """
 
     store: str
@@ -81,6 +84,7 @@ class FeedReport:
     catching_up: tuple[int, ...] = ()
     error: str | None = None
     dead_letters: Mapping[str, int] = field(default_factory=dict)
+    owners: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.state not in REPORTED_STATES:
@@ -103,6 +107,8 @@ class FeedReport:
             out["catching_up"] = list(self.catching_up)
         if self.dead_letters:
             out["dead_letters"] = dict(self.dead_letters)
+        if self.owners:
+            out["owners"] = list(self.owners)
         return out
 
     @classmethod
@@ -121,6 +127,7 @@ class FeedReport:
             catching_up=tuple(int(p) for p in data.get("catching_up", ())),
             error=data.get("error"),
             dead_letters={str(t): int(n) for t, n in (data.get("dead_letters") or {}).items()},
+            owners=tuple(str(u) for u in data.get("owners", ())),
         )
 
 
@@ -178,14 +185,24 @@ class FeedBook:
     def __contains__(self, store: object) -> bool:
         return store in self._feeds
 
-    def report(self, report: FeedReport, now: float) -> bool:
+    def report(self, report: FeedReport, now: float, owners: Collection[str] = ()) -> bool:
         """Record ``report``, heard at ``now``; returns whether it changed something worth saving at once.
 
         The last words of a run that is no longer the store's feeder (a ``stopped`` or ``failed`` from an
         old run, arriving after a new run started feeding) are ignored; a live report from any run takes
         the store over. Dead-letter totals are per topic: a report that does not mention a topic keeps
         its last total.
+
+        ``owners`` are the store's query actors now. A report whose own ``owners`` are none of them is
+        about another store of that name, dropped since (``riqr drop --force``) and declared again: its
+        feeder's heartbeats and last words, until it sees so and ends, are ignored rather than taking
+        over, or failing, the record of what feeds the store now. A store's actors keep their uuids for
+        its life, and a new store gets new ones (``topologies.delivery.BatchDelivery.table``).
         """
+        if report.owners and owners and set(owners).isdisjoint(report.owners):
+            log.info("store %s: ignoring %s from %s, which fed a store of that name that was dropped since",
+                     report.store, report.state, report.feeder, extra={"store": report.store})  # fmt: skip
+            return False
         current = self._feeds.get(report.store)
         if current is not None and current.report.feeder != report.feeder and not report.live:
             log.info("store %s: ignoring %s from %s, which no longer feeds it", report.store, report.state,

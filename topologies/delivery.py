@@ -199,6 +199,8 @@ class BatchDelivery:
         """Tell the registry how ingest of this store goes (``runtime.feeds.FeedReport``'s fields; best
         effort: never fails or holds up a batch)."""
         info.setdefault("query", self.query_name)
+        if self.owners is not None:  # which store of this name the report is about (``FeedReport.owners``)
+            info.setdefault("owners", tuple(sorted(self.owners)))
         self.feeder.update(self.spec.name, **info)
 
     # -- delivery -------------------------------------------------------------------------------------

@@ -424,13 +424,16 @@ class Registry:
 
     def report_feeds(self, reports: Sequence[FeedReport]) -> None:
         """A topology process says how ingest of the stores it feeds goes: a batch, a failure, a stop, or
-        its heartbeat (``runtime.feeds``). Reports for stores that are not registered are ignored."""
+        its heartbeat (``runtime.feeds``). Reports for stores that are not registered are ignored, and so
+        are those about a store dropped and declared again since its feeder declared it
+        (``FeedBook.report``)."""
         now, known = self._clock(), self.state.view().tables
         significant = False
         for report in reports:
-            if report.store not in known:
+            table = known.get(report.store)
+            if table is None:
                 continue
-            significant = self.feeds.report(report, now) or significant
+            significant = self.feeds.report(report, now, table.all_owners()) or significant
         self._save_feeds(now=significant)
 
     def status(self) -> dict[str, Any]:

@@ -11,11 +11,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.faults import Ledger, read_counts, write_orders
+from bench.faults import KEYS, Ledger, read_counts, write_orders
 
 
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
@@ -122,15 +123,23 @@ class Load:
 
 
 @contextlib.contextmanager
-def orders_under_load(home: Path, url: str, read_pause: float = 0.0) -> Iterator[Ledger]:
+def orders_under_load(
+    home: Path, url: str, read_pause: float = 0.0, keys: Sequence[str] | None = None
+) -> Iterator[Ledger]:
     """Orders landing in ``home`` and their counts read from ``url`` in the background while the block
     runs; the ledger records what was produced and every answer. The reader sends its GETs one after the
-    other, ``read_pause`` seconds apart (none: as fast as the runtime answers)."""
-    ledger, stop = Ledger(), threading.Event()
+    other, ``read_pause`` seconds apart (none: as fast as the runtime answers). ``keys``: the keys ordered
+    for and read, none of them in the seed (by default the seed's topology's, after its seed)."""
+    if keys is None:
+        ledger, keys = Ledger(), KEYS
+    else:
+        ledger = Ledger(produced=Counter())
+    stop = threading.Event()
     threads = [
-        threading.Thread(target=write_orders, args=(home, ledger, stop), daemon=True),
-        threading.Thread(target=read_counts, args=(url, ledger, stop, 0, read_pause), daemon=True),
-    ]
+        threading.Thread(target=write_orders, args=(home, ledger, stop), kwargs={"keys": keys}, daemon=True),
+        threading.Thread(target=read_counts, args=(url, ledger, stop, 0, read_pause), kwargs={"keys": keys},
+                         daemon=True),
+    ]  # fmt: skip
     for t in threads:
         t.start()
     try:

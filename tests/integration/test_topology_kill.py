@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bench.faults import KEYS
 from bench.startup import alive, descendants
 from riqr.demo import SEED_CUSTOMERS as SEED_CUSTOMERS_LINES
 from riqr.demo import SEED_ORDERS as SEED_ORDERS_LINES
@@ -158,12 +159,13 @@ def _split_batches(owners: dict[str, Any]) -> dict[str, dict[int, int]] | None:
 
 
 def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpoint_lose_nothing(
-    ray_cluster: RayCluster, runtime_ns: Runtime, tmp_path: Path
+    ray_cluster: RayCluster, spark: Any, runtime_ns: Runtime, tmp_path: Path
 ) -> None:
     """The topology SIGKILLed while orders land every 0.3 s and counts are read, the moment a batch is seen
     half delivered (some copies have it, others not yet). Spark plays the interrupted batch again on
     restart and the copies that had it skip it: no answer is wrong meanwhile, and at the end every count is
-    exactly what was produced. Last, idle, it ends by itself once its store is dropped with --force."""
+    exactly what was produced. Last, idle, its store is dropped with --force and at once declared again by
+    another topology over input of its own: the old one ends by itself, and never feeds the new store."""
     url, ns = runtime_ns.url, runtime_ns.namespace
     topology = TopologyProcess(
         "topologies.food_orders", ray_cluster, runtime_ns, tmp_path, "--trigger", "200 milliseconds"
@@ -201,15 +203,81 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
         # The feed is the last process's, running; the killed ones had no last word to say.
         assert _ingest_state(url, "order-count") == "running"
 
-        # The store dropped with --force while no input comes: no batch fails on it, a look at its copies
-        # finds it gone, and the topology ends as for a failed query (the next batch would have failed).
-        dropped = time.monotonic()
-        raycalls.get(runtime_ns.registry().drop_store.remote("order-count"), "dropping order-count")
-        assert topology.proc is not None and topology.proc.wait(timeout=60) == 1, topology.log()
-        print(f"the idle topology ended {time.monotonic() - dropped:.1f}s after the drop")
-        assert "store 'order-count' is no longer registered in namespace" in topology.log(), topology.log()
+        _dropped_and_declared_again(spark, runtime_ns, topology, tmp_path / "another")
     finally:
         topology.stop()
+
+
+def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProcess, home: Path) -> None:
+    """``old``, idle, has its store dropped with --force and declared again at once by another topology
+    (here, in this process) over ``home``, whose orders (keys of their own) land and are counted and read
+    all along. No batch fails the old topology: a look at its copies finds the store of that name another
+    one, and it ends as for a failed query, without feeding it; its heartbeat and last words do not take
+    over the new store's feed record. The new store never answers a key of the old input and ends holding
+    exactly its own."""
+    from topologies.feeder import feeder_for
+    from topologies.food_orders import ORDER_COUNT_STORE, order_counts_frame
+    from topologies.options import TopologyOptions
+    from topologies.sink import materialize
+
+    url, ns = runtime.url, runtime.namespace
+    old_actors = {i["actor"] for i in http_get(f"{url}/metadata/stores/{ORDER_COUNT_STORE}")[2]["result"]}
+    old_keys = sorted(set(KEYS) | (set(SEED_ORDER_COUNTS) - {""}))
+    options = TopologyOptions(namespace=ns, trigger="200 milliseconds")
+    counts, _ = order_counts_frame(spark, home, options)  # its rejects unread: no malformed order lands here
+    new_keys = [f"n{i}" for i in range(8)]
+    registry, this_feeder = runtime.registry(), feeder_for(ns).id
+    old_answered, foreign_feeds, stop = list[str](), list[dict[str, Any]](), threading.Event()
+
+    def watch(since: float) -> None:
+        """Between reads of the old keys (asked after the drop returned: never answered from the old store's
+        state), the registry's record of the store's feed, which from the drop on only this process feeds."""
+        import ray
+
+        while not stop.is_set():
+            for key in old_keys:
+                started = time.monotonic()
+                status, _, body = http_get(f"{url}/stores/{ORDER_COUNT_STORE}/get/{key}")
+                if status == 200 and started > since:
+                    old_answered.append(f"{key}: {body}")
+                feed = ray.get(registry.status.remote(), timeout=10)["ingest"].get(ORDER_COUNT_STORE)
+                if feed is not None and feed["feeder"] != this_feeder:
+                    foreign_feeds.append(feed)
+            stop.wait(0.02)
+
+    query = None
+    with orders_under_load(home, url, read_pause=0.02, keys=new_keys) as ledger:
+        raycalls.get(runtime.registry().drop_store.remote(ORDER_COUNT_STORE), "dropping order-count")
+        dropped = time.monotonic()
+        watcher = threading.Thread(target=watch, args=(dropped,), daemon=True)
+        watcher.start()
+        try:
+            query = materialize(counts, store=ORDER_COUNT_STORE, key="key", value="count",
+                                **options.sink(home, ORDER_COUNT_STORE))  # fmt: skip
+            assert old.proc is not None and old.proc.wait(timeout=60) == 1, old.log()
+            print(f"the idle topology ended {time.monotonic() - dropped:.1f}s after the drop and the new declaration")
+            assert "store 'order-count' was dropped and declared again" in old.log(), old.log()
+            new_actors = {i["actor"] for i in http_get(f"{url}/metadata/stores/{ORDER_COUNT_STORE}")[2]["result"]}
+            assert new_actors and not new_actors & old_actors
+            with ledger.lock:
+                produced = dict(ledger.produced)
+            wait_for(_caught_up(url, produced), timeout=60, what="the new store feeding")
+            ingest = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[ORDER_COUNT_STORE]["ingest"]
+            assert (ingest["state"], ingest["feeder"]) == ("running", this_feeder), ingest
+        finally:
+            stop.set()
+            watcher.join(30)
+    try:
+        wait_for_every_order_counted(url, ledger)
+        assert ledger.wrong == [] and old_answered == []
+        # The old topology beat (every 2 s) and said its last words (failed) while it still took the store
+        # for its own; none of it was taken as the new store's feed, even for a moment.
+        assert foreign_feeds == [], foreign_feeds[:3]
+        assert ledger.answers[200] > 20, ledger.answers
+        assert all(http_get(f"{url}/stores/{ORDER_COUNT_STORE}/get/{k}")[0] == 404 for k in old_keys)
+    finally:
+        if query is not None:
+            query.stop()
 
 
 SESSIONS = "order-sessions"

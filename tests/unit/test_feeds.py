@@ -46,6 +46,25 @@ def test_a_new_run_takes_over_and_the_old_runs_last_words_are_ignored() -> None:
     assert book.verdict("s", 1e6) == ("stopped", None)
 
 
+def test_reports_about_a_store_dropped_and_declared_again_since_are_ignored() -> None:
+    """The old store's feeder beats and says its last words until it sees the drop; the store of that name
+    now has other actors and another feeder, whose record they must neither take over nor fail."""
+    book = FeedBook(stale_after=6.0)
+    now_owners = {"new-1": [0], "new-2": [1]}
+    assert book.report(FeedReport("s", "new", "running", batch_id=0, owners=("new-1", "new-2")), 10.0, now_owners)
+    assert not book.report(FeedReport("s", "old", "running", batch_id=41, owners=("old-1", "old-2")), 11.0, now_owners)
+    assert not book.report(FeedReport("s", "old", "failed", error="gone", owners=("old-1",)), 12.0, now_owners)
+    entry = book.status(12.0)["s"]
+    assert (entry["feeder"], entry["state"], entry["batch_id"]) == ("new", "running", 0)
+    assert entry["owners"] == ["new-1", "new-2"]
+    # One actor in common is the same store (an actor re-created keeps its uuid, a moved copy too); a report
+    # that names no owners (an older feeder) is taken as before.
+    assert not book.report(FeedReport("s", "new", "running", batch_id=1, owners=("new-2", "new-3")), 13.0, now_owners)
+    assert book.status(13.0)["s"]["batch_id"] == 1
+    assert book.report(FeedReport("s", "older", "running", batch_id=5), 14.0, now_owners)
+    assert book.status(14.0)["s"]["feeder"] == "older"
+
+
 def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:
     book = FeedBook()
     assert book.report(FeedReport("s", "r", "running", batch_id=1, at=1.0), now=0.0)  # a new feed
@@ -64,14 +83,14 @@ def test_the_book_survives_a_save_and_load_and_restored_feeds_get_one_bound(tmp_
     path = tmp_path / "_registry" / "ingest.json"
     book = FeedBook(stale_after=6.0)
     book.report(FeedReport("s", "r", "running", query="q", batch_id=4, at=50.0, incomplete=(1,),
-                           dead_letters={"order": 2}), now=50.0)  # fmt: skip
+                           dead_letters={"order": 2}, owners=("a1", "a2")), now=50.0)  # fmt: skip
     book.report(FeedReport("t", "r", "failed", error="boom"), now=50.0)
     save_book(book, path)
     assert not book.dirty and [p.name for p in path.parent.iterdir()] == ["ingest.json"]  # no temporary left
     restored = load_book(path, now=1000.0, stale_after=6.0)
     assert restored.status(1000.0) == {
         "s": {"state": "running", "feeder": "r", "query": "q", "at": 50.0, "batch_id": 4, "incomplete": [1],
-              "dead_letters": {"order": 2}, "heard_at": 1000.0},
+              "dead_letters": {"order": 2}, "owners": ["a1", "a2"], "heard_at": 1000.0},
         "t": {"state": "failed", "feeder": "r", "error": "boom", "heard_at": 1000.0},
     }  # fmt: skip
     assert restored.verdict("s", 1006.0) == ("running", None)

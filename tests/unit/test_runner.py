@@ -531,10 +531,15 @@ def test_a_store_dropped_and_declared_again_is_not_the_one_a_delivery_feeds(capl
         return ClusterView(7, {"s": table})
 
     declared = string_table(("a", ("b",)), ("b", ("a",)))
-    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    feeder = FakeFeeder()
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=feeder)  # type: ignore[arg-type]
     assert delivery.table(view(string_table(("x", ()), ("x", ())))) is not None  # nothing declared yet: no verdict
+    delivery.report(state="running")
     delivery.declared(view(declared))
     assert delivery.owners == {"a", "b"}
+    # Its reports say which store they are about from then on (the registry ignores them once it is another).
+    delivery.report(state="running", batch_id=0)
+    assert [u.get("owners") for u in feeder.updates] == [None, ("a", "b")]
     promoted = string_table(("b", ("a",)), ("b", ("a",)))  # a down, b answers for both
     rebuilt = string_table(("b", ()), ("b", ()))  # a registry rebuilt while a was away
     for same in (declared, promoted, rebuilt):

@@ -848,6 +848,23 @@ def test_a_drop_that_refuses_a_fed_store_refuses_a_live_feed_even_when_stale() -
     assert registry.drop_store("t")  # forced (the default of the call; the CLI asks for the refusal)
 
 
+def test_the_feeder_of_a_store_dropped_and_declared_again_cannot_take_over_the_new_stores_feed() -> None:
+    """``riqr drop --force`` and a new topology declaring the store again: the old topology's heartbeat
+    and last words, sent before it sees the drop, are about the old store (its owners), and ignored."""
+    env = FakeEnv()
+    registry = Registry("ns", env, new_uuid=uuids())
+    old = sorted(registry.create_store(kv_spec("s", partitions=2, actors=2)).table("s").all_owners())  # type: ignore[union-attr]
+    registry.report_feeds([FeedReport("s", "old-run", "running", batch_id=40, owners=tuple(old))])
+    registry.drop_store("s")
+    new = sorted(registry.create_store(kv_spec("s", partitions=2, actors=2)).table("s").all_owners())  # type: ignore[union-attr]
+    assert not set(old) & set(new)
+    registry.report_feeds([FeedReport("s", "new-run", "running", batch_id=0, owners=tuple(new))])
+    registry.report_feeds([FeedReport("s", "old-run", "running", batch_id=41, owners=tuple(old))])  # a heartbeat
+    registry.report_feeds([FeedReport("s", "old-run", "failed", error="dropped", owners=tuple(old))])  # last words
+    ingest = registry.status()["ingest"]["s"]
+    assert (ingest["feeder"], ingest["state"], ingest["batch_id"]) == ("new-run", "running", 0)
+
+
 def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
     env, clock = FakeEnv(), Clock()
     env.data = tmp_path
