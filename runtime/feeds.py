@@ -68,7 +68,9 @@ class FeedReport:
     or a batch was delivered (heartbeats do not move it). ``dead_letters`` are totals per topic.
     ``owners`` are the query actors of the store as the feeder declared it (``BatchDelivery.declared``):
     the registry ignores a report about a store of that name that was dropped and declared again since
-    (``FeedBook.report``). Empty: not known (an older feeder), never ignored for it.
+    (``FeedBook.report``). Empty: not known (an older feeder), never ignored for it. ``checkpoint`` is the
+    feed's lineage, its streaming query's checkpoint location: a run started again on it (after a kill,
+    or rebuilding in place) is the same feed, one from another checkpoint is another (``FeedBook.refusal``).
     """
 
     store: str
@@ -85,6 +87,7 @@ class FeedReport:
     error: str | None = None
     dead_letters: Mapping[str, int] = field(default_factory=dict)
     owners: tuple[str, ...] = ()
+    checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in REPORTED_STATES:
@@ -97,7 +100,7 @@ class FeedReport:
     def to_json(self) -> dict[str, Any]:
         """The JSON form (catalog, the registry's file); fields without a value are left out."""
         out: dict[str, Any] = {"state": self.state, "feeder": self.feeder}
-        for name in ("query", "at", "batch_id", "source", "rows", "plan", "error"):
+        for name in ("query", "checkpoint", "at", "batch_id", "source", "rows", "plan", "error"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -118,6 +121,7 @@ class FeedReport:
             feeder=str(data["feeder"]),
             state=str(data["state"]),
             query=data.get("query"),
+            checkpoint=data.get("checkpoint"),
             at=data.get("at"),
             batch_id=data.get("batch_id"),
             source=data.get("source"),
@@ -199,9 +203,7 @@ class FeedBook:
         over, or failing, the record of what feeds the store now. A store's actors keep their uuids for
         its life, and a new store gets new ones (``topologies.delivery.BatchDelivery.table``).
         """
-        if report.owners and owners and set(owners).isdisjoint(report.owners):
-            log.info("store %s: ignoring %s from %s, which fed a store of that name that was dropped since",
-                     report.store, report.state, report.feeder, extra={"store": report.store})  # fmt: skip
+        if self.about_an_older_store(report, owners):
             return False
         current = self._feeds.get(report.store)
         if current is not None and current.report.feeder != report.feeder and not report.live:
@@ -217,6 +219,50 @@ class FeedBook:
         if current is None:
             return True
         return any(getattr(current.report, f) != getattr(report, f) for f in _SIGNIFICANT)
+
+    @staticmethod
+    def about_an_older_store(report: FeedReport, owners: Collection[str]) -> bool:
+        """Whether ``report`` is about a store of its name that was dropped and declared again since its
+        feeder declared it (none of ``report.owners`` among the store's ``owners`` now); logged if so."""
+        if not (report.owners and owners and set(owners).isdisjoint(report.owners)):
+            return False
+        log.info("store %s: ignoring %s from %s, which fed a store of that name that was dropped since",
+                 report.store, report.state, report.feeder, extra={"store": report.store})  # fmt: skip
+        return True
+
+    def refusal(self, report: FeedReport, now: float) -> str | None:
+        """Why ``report``'s feeder may not feed its store, or None if it may: one store, one feed.
+
+        Another feed holds the store while its last report is a live one heard within the bound, from
+        another run and another checkpoint. The same checkpoint is the same feed (a topology started
+        again after a kill, whose old run has not gone stale yet, or rebuilding in place); a feed that
+        stopped, failed or went silent has let the store go. Two topologies feeding one store from two
+        checkpoints would each take the other's batches for gaps and rebuild the store over the other's,
+        so it would be dark (503) most of the time they both ran.
+        """
+        feed = self._feeds.get(report.store)
+        if feed is None or not feed.report.live or feed.report.feeder == report.feeder:
+            return None
+        current = feed.report
+        if current.checkpoint is not None and current.checkpoint == report.checkpoint:
+            return None
+        silent = now - feed.heard_at
+        if silent > self.stale_after:
+            return None
+        where = f" from checkpoint {current.checkpoint}" if current.checkpoint else ""
+        return (
+            f"store {report.store!r} is fed by another topology: {current.query or current.feeder} "
+            f"(run {current.feeder}{where}), {current.state}, heard from {silent:.1f}s ago; one store has one feed: "
+            "stop that topology first (ray job stop, Ctrl-C), or start this one with the same home to take its place"
+        )
+
+    def claim(self, report: FeedReport, now: float, owners: Collection[str] = ()) -> str | None:
+        """``report``'s feeder takes its store's feed (``report`` recorded as the store's feed), unless
+        ``refusal`` says why not: that reason is returned and nothing changes."""
+        why = self.refusal(report, now)
+        if why is None:
+            self.report(report, now, owners)
+        return why
 
     def live_feeder(self, store: str) -> str | None:
         """Who feeds ``store`` if its last report is a live one (running or rebuilding), silent or not: a

@@ -37,6 +37,7 @@ to every owner over Ray, until every owner has acknowledged it.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -135,13 +136,22 @@ class BatchDelivery:
 
     # -- the cluster ----------------------------------------------------------------------------------
 
-    def current_view(self, *, fresh: bool = False, get: Callable[..., Any] = raycalls.get) -> ClusterView:
+    def current_view(
+        self, *, fresh: bool = False, get: Callable[..., Any] = raycalls.get, feeding: bool = False
+    ) -> ClusterView:
         """The registry's view (cached while its epoch holds). Called from the batch's thread and from the
         looks at the copies (``topologies.sink.unserved``): each caller gets the view it fetched, and the
         cache never goes back to an older epoch than it holds. ``get`` waits for the registry's answers
-        (``raycalls.get``'s arguments)."""
+        (``raycalls.get``'s arguments). ``feeding`` (a batch about to be delivered): the same call also
+        asks whether another feed holds the store now, and ``NotConnected`` says so if it does."""
         reg = registry(self.namespace)
-        epoch = get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
+        if feeding:
+            epoch, taken = get(reg.feed_epoch.remote(self.spec.name, self.feeder.id, self.lineage), "registry epoch",
+                               timeout=_CALL_TIMEOUT)  # fmt: skip
+            if taken is not None:
+                raise NotConnected(f"{taken}; this topology stops feeding it", store=self.spec.name)
+        else:
+            epoch = get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
         view = self._view
         if fresh or view is None or view.epoch != epoch:
             view = get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
@@ -182,6 +192,14 @@ class BatchDelivery:
                     "what now feeds it")  # fmt: skip
         return f"store {self.spec.name!r} is no longer registered"
 
+    @property
+    def lineage(self) -> str:
+        """The feed's lineage (``FeedReport.checkpoint``): its checkpoint's location, absolute when it is a
+        local path, so the same home reached by another relative path is the same feed."""
+        if "://" in self.checkpoint:  # a URI (hdfs://, s3a://, file://): as given
+            return self.checkpoint
+        return os.path.abspath(self.checkpoint)
+
     def handle(self, uuid: str) -> Any:
         handle = self._handles.get(uuid)
         if handle is None:
@@ -201,6 +219,7 @@ class BatchDelivery:
         info.setdefault("query", self.query_name)
         if self.owners is not None:  # which store of this name the report is about (``FeedReport.owners``)
             info.setdefault("owners", tuple(sorted(self.owners)))
+        info.setdefault("checkpoint", self.lineage)
         self.feeder.update(self.spec.name, **info)
 
     # -- delivery -------------------------------------------------------------------------------------
@@ -223,7 +242,7 @@ class BatchDelivery:
         """``apply`` on every standby copy, then on every active one (see the module docstring)."""
         deadline = Deadline.after(self.delivery_timeout)
         clock = time.perf_counter()
-        view = self.current_view()
+        view = self.current_view(feeding=True)
         ownership = self.table(view)
         if ownership is None:
             raise NotConnected(self.gone(), store=self.spec.name)
@@ -475,6 +494,9 @@ class BatchDelivery:
     def _deliver_batch(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
         try:
+            superseded = self.feeder.superseded(self.spec.name)
+            if superseded is not None:  # another topology took the store while this one was silent
+                raise NotConnected(f"{superseded}; this topology stops feeding it", store=self.spec.name)
             if self._source is None:
                 self._source = query_id(self.checkpoint)
             if self._source is None:

@@ -51,13 +51,14 @@ class FeedLink(Protocol):
         """Send ``reports`` without waiting; returns what ``wait`` takes (raises if it cannot send)."""
         ...
 
-    def wait(self, pending: Any, timeout: float) -> None:
-        """Wait until the registry took ``pending``; raises if it did not within ``timeout`` seconds."""
+    def wait(self, pending: Any, timeout: float) -> Any:
+        """Wait until the registry took ``pending`` and return its answer (the stores another feed holds,
+        ``Registry.report_feeds``); raises if it did not within ``timeout`` seconds."""
         ...
 
-    def on_failure(self, pending: Any, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (from any thread, at most once) if the registry does not take ``pending``;
-        the link forgets the registry it sent to first."""
+    def watch(self, pending: Any, failed: Callable[[], None], answered: Callable[[Any], None]) -> None:
+        """Call ``failed`` if the registry does not take ``pending`` (the link forgets the registry it sent
+        to first), else ``answered`` with its answer: one of them, once, from any thread."""
         ...
 
 
@@ -78,23 +79,25 @@ class RayFeedLink:
             self._registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)  # ValueError: not up
         return self._registry.report_feeds.remote(list(reports))
 
-    def wait(self, pending: Any, timeout: float) -> None:
+    def wait(self, pending: Any, timeout: float) -> Any:
         from runtime import raycalls
 
         try:
-            raycalls.get(pending, "reporting ingest to the registry", timeout=timeout)
+            return raycalls.get(pending, "reporting ingest to the registry", timeout=timeout)
         except Exception:
             self._registry = None
             raise
 
-    def on_failure(self, pending: Any, callback: Callable[[], None]) -> None:
+    def watch(self, pending: Any, failed: Callable[[], None], answered: Callable[[Any], None]) -> None:
         # A call to a dead actor's handle is accepted by ``remote()`` and fails only when its result
         # arrives: without this, a handle cached before ``riqr down``/``up`` swallowed every report sent
         # without waiting until a heartbeat, which waits, found it dead.
         def done(future: Any) -> None:
             if future.cancelled() or future.exception() is not None:
                 self._registry = None
-                callback()
+                failed()
+            else:
+                answered(future.result())
 
         pending.future().add_done_callback(done)
 
@@ -146,7 +149,12 @@ class Feeder:
         self._name = name
         self._feeds: dict[str, _Feed] = {}
         self._dead_letters: dict[str, dict[str, int]] = {}
-        self._lock = threading.Lock()
+        # Stores another feed holds now, each with why (the registry's answers): this process no longer
+        # feeds them. ``_claims`` counts this process's claims per store, so an answer to a report sent
+        # before a claim of its own does not undo it.
+        self._superseded: dict[str, str] = {}
+        self._claims: dict[str, int] = {}
+        self._lock = threading.RLock()  # a report answered at once calls back under it (``_send_now``)
         self._stop = threading.Event()
         self._nudge = threading.Event()  # beat now: a report sent without waiting was not taken
         self._thread: threading.Thread | None = None
@@ -198,6 +206,34 @@ class Feeder:
                 self._feeds[store] = replace(feed, report=report)
                 self._send_now([report])
 
+    def superseded(self, store: str) -> str | None:
+        """Why this process no longer feeds ``store``, if the registry said another feed holds it (a
+        topology from another checkpoint took it while this one was silent past the bound); else None."""
+        with self._lock:
+            return self._superseded.get(store)
+
+    def claimed(self, store: str) -> None:
+        """This process has taken ``store``'s feed (``Registry.claim_feed``): whatever the registry said
+        about it before no longer holds."""
+        with self._lock:
+            self._superseded.pop(store, None)
+            self._claims[store] = self._claims.get(store, 0) + 1
+
+    def _answered(self, claims: dict[str, int], answer: Any) -> None:
+        """The registry's answer to reports sent when this process's claims stood at ``claims``: the
+        stores another feed holds, with why. Each is no longer fed from here (its feed forgotten: no more
+        heartbeats for it; its next batch fails, ``topologies.delivery``), once, unless this process has
+        claimed it again since."""
+        if not isinstance(answer, dict) or not answer:
+            return
+        with self._lock:
+            for store, why in answer.items():
+                if store in self._superseded or self._claims.get(store, 0) != claims.get(store, 0):
+                    continue
+                self._superseded[store] = str(why)
+                self._feeds.pop(store, None)
+                log.error("store %s: this topology no longer feeds it: %s", store, why, extra={"store": store})
+
     def live_stores(self) -> list[str]:
         with self._lock:
             return sorted(self._feeds)
@@ -240,8 +276,11 @@ class Feeder:
                 else:
                     reports.append(feed.report)
             pending = self._submit(reports) if reports else None
+            claims = dict(self._claims)
         if pending is not None:
-            self._wait(pending, self.interval if timeout is None else timeout)
+            ok, answer = self._wait(pending, self.interval if timeout is None else timeout)
+            if ok:
+                self._answered(claims, answer)
 
     def finish(
         self, failed_query: str | None = None, error: str | None = None, timeout: float = FINISH_TIMEOUT
@@ -288,7 +327,7 @@ class Feeder:
         deadline = time.monotonic() + timeout
         while True:
             pending = self._submit(reports)
-            if pending is not None and self._wait(pending, max(deadline - time.monotonic(), 0.1)):
+            if pending is not None and self._wait(pending, max(deadline - time.monotonic(), 0.1))[0]:
                 return
             if time.monotonic() + _RETRY_PAUSE >= deadline:
                 log.warning("the registry did not take the last ingest reports of %s within %gs",
@@ -313,18 +352,19 @@ class Feeder:
         pending = self._submit(reports)
         if pending is None:
             return  # no registry to send to: the next beat looks it up again
+        claims = dict(self._claims)  # under the lock, as callers hold it
         try:
-            self._link.on_failure(pending, self._nudge.set)
+            self._link.watch(pending, self._nudge.set, lambda answer: self._answered(claims, answer))
         except Exception:
             log.debug("cannot watch an ingest report", exc_info=True)
 
-    def _wait(self, pending: Any, timeout: float) -> bool:
+    def _wait(self, pending: Any, timeout: float) -> tuple[bool, Any]:
+        """Whether the registry took ``pending`` within ``timeout``, and its answer if so."""
         try:
-            self._link.wait(pending, timeout)
-            return True
+            return True, self._link.wait(pending, timeout)
         except Exception:
             log.debug("the registry did not take an ingest report", exc_info=True)
-            return False
+            return False, None
 
     def _ensure_beating(self) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.errors import StoreInUse
 from topologies import feeder
 from topologies.inflight import STOP_GRACE, stop_between_batches
 
@@ -154,7 +155,12 @@ def run_topology(
     java_options = () if args.no_class_archive else shared_archive_options()
     spark = spark_session(args.master, app_name=parser.prog, java_options=java_options)
     try:
-        queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
+        try:
+            queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
+        except StoreInUse as err:  # another topology feeds one of its stores: said plainly, no traceback
+            log.error("not started: %s", err, extra={"store": err.details.get("store")})
+            feeder.finish_all()  # the stores it had started feeding, if any, stop with it
+            return 1
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)
     finally:

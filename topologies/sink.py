@@ -43,9 +43,12 @@ from runtime.config import (
     DEFAULT_PARTITIONS,
     DEFAULT_STANDBYS,
     DEFAULT_TRIGGER,
+    FEED_HEARTBEAT_INTERVAL,
+    FEED_STALE_AFTER,
 )
 from runtime.deadline import Deadline
-from runtime.errors import NotConnected, SchemaError
+from runtime.errors import NotConnected, SchemaError, StoreInUse
+from runtime.feeds import RUNNING, FeedReport
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
 from runtime.keys import KeySchema, key_type_for_spark
 from runtime.ownership import ClusterView
@@ -72,6 +75,8 @@ __all__ = [
     "rebuild_due",
     "unregistered",
     "StoreUnregistered",
+    "StoreSuperseded",
+    "claim_feed",
     "stop_for_rebuild",
     "stop_looking",
     "start_again",
@@ -86,6 +91,19 @@ WINDOW_START_COLUMN = "window_start"
 class StoreUnregistered(NotConnected):
     """The registry answered, and its view has no such store: dropped, or a new deployment (``riqr down``
     and ``riqr up``). Unlike a registry that cannot be found or does not answer, this is a verdict."""
+
+
+class StoreSuperseded(StoreUnregistered):
+    """The registry answered that another topology feeds the store now: it took the store's feed while
+    this one was silent past the bound (``runtime.feeds.FeedBook.refusal``). A verdict too: this topology
+    must not feed it any more."""
+
+
+# How long a topology starting on a store that another feed holds waits for that feed to stop or fall
+# silent before giving up (``claim_feed``): a topology SIGKILLed and started again from another checkpoint
+# finds its old run's feed live until the registry calls it stale.
+CLAIM_WAIT = FEED_STALE_AFTER + 2 * FEED_HEARTBEAT_INTERVAL
+_CLAIM_PAUSE = 0.5
 
 
 # In-place rebuilds of a store whose partitions no copy serves: the first at once, each next one no sooner
@@ -248,8 +266,12 @@ def unserved(delivery: BatchDelivery, ended: threading.Event | None = None) -> l
     its last committed batch: what ``plan_start`` would rebuild. [] before the first commit. Raises
     ``_LooksEnded`` if ``ended`` is set while it waits on the copies' owners.
 
-    Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store."""
+    Raises ``StoreUnregistered`` when the registry's view (at its current epoch) no longer has the store,
+    and ``StoreSuperseded`` when the registry said another topology feeds it now."""
     name = delivery.spec.name
+    superseded = delivery.feeder.superseded(name)
+    if superseded is not None:
+        raise StoreSuperseded(f"{superseded}; this topology stops feeding it", store=name)
     view = delivery.current_view(get=_getter(ended))
     if delivery.table(view) is None:
         if delivery.replaced:
@@ -512,6 +534,35 @@ def _check_arguments(trigger: str, delivery_timeout: float) -> None:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
 
 
+def claim_feed(delivery: BatchDelivery, wait: float | None = None) -> None:
+    """Take ``delivery``'s store's feed at the registry (``Registry.claim_feed``): granted at once when
+    nothing else feeds it, when this process or this checkpoint (a run started again) did, or when the
+    feed that held it stopped, failed or fell silent past the bound. Otherwise try again every half
+    second for up to ``wait`` seconds (the other feed may be a run killed a moment ago), saying so once;
+    then ``StoreInUse``, naming the topology that feeds it. ``wait``: ``CLAIM_WAIT`` by default."""
+    wait = CLAIM_WAIT if wait is None else wait
+    store = delivery.spec.name
+    report = FeedReport(store, delivery.feeder.id, RUNNING, query=delivery.query_name, checkpoint=delivery.lineage,
+                        owners=tuple(sorted(delivery.owners or ())))  # fmt: skip
+    reg = registry(delivery.namespace)
+    deadline = time.monotonic() + wait
+    waiting = False
+    while True:
+        why = raycalls.get(reg.claim_feed.remote(report), f"taking the feed of store {store}")
+        if why is None:
+            delivery.feeder.claimed(store)
+            if waiting:
+                log.info("store %s: the other feed let it go; this topology feeds it", store, extra={"store": store})
+            return
+        if time.monotonic() + _CLAIM_PAUSE > deadline:
+            raise StoreInUse(why, store=store)
+        if not waiting:
+            log.warning("store %s: %s; waiting up to %.0fs for it to stop or fall silent", store, why, wait,
+                        extra={"store": store})  # fmt: skip
+            waiting = True
+        time.sleep(_CLAIM_PAUSE)
+
+
 def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
     """``materialize(df, **options)`` for each pair, in order, with every store's query actors created
     first in one round: a topology feeding several stores then waits for their actors once, and none of
@@ -612,6 +663,8 @@ def materialize(
         delivery.owners = _owners
         if delivery.table(view) is None:
             raise StoreUnregistered(f"{delivery.gone()}; not started again", store=store)
+    # One store, one feed: taken at the registry before the checkpoint or any copy is touched.
+    claim_feed(delivery)
     plan = plan_start(delivery, checkpoint)
     mode = output_mode or ("append" if kind == "session" else "update")
     delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))

@@ -48,7 +48,7 @@ from runtime.config import (
     seconds_setting,
 )
 from runtime.errors import StoreInUse, StoreNotFound, Unavailable
-from runtime.feeds import FeedBook, FeedReport, delete_book, load_book, save_book
+from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.membership import UndecodableRecord, membership_record, merge_members
 from runtime.ownership import (
     ClusterView,
@@ -291,6 +291,14 @@ class Registry:
     def epoch(self) -> int:
         return self.state.epoch
 
+    def feed_epoch(self, store: str, feeder: str, checkpoint: str | None) -> tuple[int, str | None]:
+        """``epoch``, and why another feed holds ``store`` now if it does (``FeedBook.refusal`` of a live
+        report of ``feeder`` from ``checkpoint``), else None: asked before each batch is delivered
+        (``topologies.delivery``), in the call that looks at the epoch anyway, so a topology that another
+        one replaced while it was silent delivers no further batch."""
+        report = FeedReport(store, feeder, RUNNING, checkpoint=checkpoint)
+        return self.state.epoch, self.feeds.refusal(report, self._clock())
+
     def _epoch_moved(self, _epoch: int) -> None:
         with self._changed:
             self._changed.notify_all()
@@ -422,19 +430,45 @@ class Registry:
             return
         prune_empty_dirs(path.parent, path.parent.parent)
 
-    def report_feeds(self, reports: Sequence[FeedReport]) -> None:
+    def report_feeds(self, reports: Sequence[FeedReport]) -> dict[str, str]:
         """A topology process says how ingest of the stores it feeds goes: a batch, a failure, a stop, or
         its heartbeat (``runtime.feeds``). Reports for stores that are not registered are ignored, and so
         are those about a store dropped and declared again since its feeder declared it
-        (``FeedBook.report``)."""
+        (``FeedBook.report``). Returns the stores another feed holds now (``FeedBook.refusal``), each with
+        why: their live reports are refused, and the feeder stops feeding them (``topologies.feeder``)."""
         now, known = self._clock(), self.state.view().tables
-        significant = False
+        significant, refused = False, {}
         for report in reports:
             table = known.get(report.store)
-            if table is None:
+            if table is None or self.feeds.about_an_older_store(report, table.all_owners()):
+                continue
+            why = self.feeds.refusal(report, now) if report.live else None
+            if why is not None:
+                if report.store not in refused:
+                    log.warning("store %s: refusing the feed of %s: %s", report.store, report.feeder, why,
+                                extra={"store": report.store})  # fmt: skip
+                refused[report.store] = why
                 continue
             significant = self.feeds.report(report, now, table.all_owners()) or significant
         self._save_feeds(now=significant)
+        return refused
+
+    def claim_feed(self, report: FeedReport) -> str | None:
+        """A topology is about to start feeding ``report.store`` (``topologies.sink.materialize``, before it
+        touches its checkpoint or the store's copies): it takes the store's feed, or is told why another
+        feed holds it (``FeedBook.refusal``; None: taken). The claim is the registry's one call, so of two
+        topologies starting at once on one store, one takes it. A store that is not registered (dropped
+        meanwhile) is ``StoreNotFound``."""
+        table = self.state.view().table(report.store)
+        if table is None:
+            raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
+        now = self._clock()
+        why = self.feeds.claim(report, now, table.all_owners())
+        if why is None:
+            self._save_feeds(now=True)
+            log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
+                     extra={"store": report.store})  # fmt: skip
+        return why
 
     def status(self) -> dict[str, Any]:
         """What is not routing: each store's ingest state, with the registry's verdict on its liveness."""

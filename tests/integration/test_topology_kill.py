@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -159,13 +160,14 @@ def _split_batches(owners: dict[str, Any]) -> dict[str, dict[int, int]] | None:
 
 
 def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpoint_lose_nothing(
-    ray_cluster: RayCluster, spark: Any, runtime_ns: Runtime, tmp_path: Path
+    ray_cluster: RayCluster, spark: Any, runtime_ns: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The topology SIGKILLed while orders land every 0.3 s and counts are read, the moment a batch is seen
     half delivered (some copies have it, others not yet). Spark plays the interrupted batch again on
     restart and the copies that had it skip it: no answer is wrong meanwhile, and at the end every count is
-    exactly what was produced. Last, idle, its store is dropped with --force and at once declared again by
-    another topology over input of its own: the old one ends by itself, and never feeds the new store."""
+    exactly what was produced. Before the kill, a second topology over another home asks for the store and
+    is refused. Last, idle, its store is dropped with --force and at once declared again by another
+    topology over input of its own: the old one ends by itself, and never feeds the new store."""
     url, ns = runtime_ns.url, runtime_ns.namespace
     topology = TopologyProcess(
         "topologies.food_orders", ray_cluster, runtime_ns, tmp_path, "--trigger", "200 milliseconds"
@@ -185,6 +187,7 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
             with ledger.lock:
                 produced = dict(ledger.produced)
             topology.wait_for(_caught_up(url, produced), timeout=180, what="every order produced before counted")
+            _a_second_feed_is_refused(spark, runtime_ns, tmp_path, monkeypatch)
             split = topology.wait_for(lambda: _split_batches(owners), timeout=120, interval=0.005,
                                       what="a batch half delivered")  # fmt: skip
             topology.sigkill()
@@ -206,6 +209,33 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
         _dropped_and_declared_again(spark, runtime_ns, topology, tmp_path / "another")
     finally:
         topology.stop()
+
+
+def _a_second_feed_is_refused(spark: Any, runtime: Runtime, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The topology over ``home`` runs and feeds ``order-count``; the same topology started again over
+    another home (another checkpoint: started twice by mistake) is refused before it touches anything,
+    naming the one that feeds the store, which feeds on."""
+    from runtime.errors import StoreInUse
+    from topologies import sink
+    from topologies.feeder import feeder_for
+    from topologies.food_orders import ORDER_COUNT_STORE, order_counts_frame
+    from topologies.options import TopologyOptions, checkpoint_for
+
+    url, ns = runtime.url, runtime.namespace
+    monkeypatch.setattr(sink, "CLAIM_WAIT", 1.0)  # the other feed is heard every 2 s: it never lets go
+    options = TopologyOptions(namespace=ns, trigger="200 milliseconds")
+    second = home / "second"
+    counts, _ = order_counts_frame(spark, second, options)
+    feeding = checkpoint_for(home, ns, ORDER_COUNT_STORE)
+    refused = f"'order-count' is fed by another topology: .* from checkpoint {re.escape(str(feeding))}"
+    with pytest.raises(StoreInUse, match=refused):
+        sink.materialize(counts, store=ORDER_COUNT_STORE, key="key", value="count",
+                         **options.sink(second, ORDER_COUNT_STORE))  # fmt: skip
+    assert not [q for q in spark.streams.active if q.name.endswith(ORDER_COUNT_STORE)]
+    assert not (checkpoint_for(second, ns, ORDER_COUNT_STORE) / "offsets").exists()  # never started
+    ingest = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[ORDER_COUNT_STORE]["ingest"]
+    assert ingest["state"] == "running" and ingest["feeder"] != feeder_for(ns).id, ingest
+    assert ingest["checkpoint"] == str(feeding)
 
 
 def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProcess, home: Path) -> None:
@@ -264,6 +294,7 @@ def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProce
             wait_for(_caught_up(url, produced), timeout=60, what="the new store feeding")
             ingest = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[ORDER_COUNT_STORE]["ingest"]
             assert (ingest["state"], ingest["feeder"]) == ("running", this_feeder), ingest
+            wait_for(lambda: ledger.answers[200] > 20, what="reads answered by the new store")
         finally:
             stop.set()
             watcher.join(30)
@@ -273,7 +304,6 @@ def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProce
         # The old topology beat (every 2 s) and said its last words (failed) while it still took the store
         # for its own; none of it was taken as the new store's feed, even for a moment.
         assert foreign_feeds == [], foreign_feeds[:3]
-        assert ledger.answers[200] > 20, ledger.answers
         assert all(http_get(f"{url}/stores/{ORDER_COUNT_STORE}/get/{k}")[0] == 404 for k in old_keys)
     finally:
         if query is not None:

@@ -28,6 +28,7 @@ class FakeLink:
         self.lost = 0  # calls the registry fails after they were sent
         self.dead = False  # calls are sent, then fail (a handle of a registry that is gone)
         self.watched: list[Any] = []
+        self.refused: dict[str, str] = {}  # what the registry answers: the stores another feed holds
 
     def submit(self, reports: Sequence[FeedReport]) -> Any:
         if self.down:
@@ -35,17 +36,20 @@ class FakeLink:
         self.sent.append(list(reports))
         return len(self.sent)
 
-    def wait(self, pending: Any, timeout: float) -> None:
+    def wait(self, pending: Any, timeout: float) -> dict[str, str]:
         self.waited += 1
         if self.lost > 0:
             self.lost -= 1
             raise RuntimeError("ActorUnavailableError: the registry is restarting")
+        return dict(self.refused)
 
-    def on_failure(self, pending: Any, callback: Any) -> None:
+    def watch(self, pending: Any, failed: Any, answered: Any) -> None:
         self.watched.append(pending)
         if self.dead:
             self.dead = False  # the link forgets the dead handle and looks the registry up again
-            callback()
+            failed()
+        else:
+            answered(dict(self.refused))  # at once, as Ray calls back a call answered already
 
     def last(self) -> dict[str, FeedReport]:
         return {r.store: r for r in self.sent[-1]}
@@ -143,6 +147,35 @@ def test_a_failed_batch_is_the_feeds_last_word() -> None:
     assert link.last()["s"].error is None and feeder.live_stores() == ["s"]
 
 
+def test_a_store_another_feed_holds_now_is_no_longer_fed_from_here_until_claimed_again() -> None:
+    """The registry answers a report, or a beat, with the stores another topology took while this one was
+    silent: each is flagged once (its next batch fails, ``topologies.delivery``) and beats no more; a
+    claim of this process's own makes it fed from here again, and an answer to an earlier report does
+    not undo that claim."""
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.claimed("s")
+    feeder.update("s", state="running", batch_id=4)
+    feeder.update("t", state="running", batch_id=1)
+    assert feeder.superseded("s") is None
+    link.refused = {"s": "store 's' is fed by another topology"}
+    feeder.beat()
+    assert feeder.superseded("s") == "store 's' is fed by another topology" and feeder.superseded("t") is None
+    assert feeder.live_stores() == ["t"]  # no more heartbeats for it
+    feeder.claimed("s")  # started again, and the registry let it take the store back
+    assert feeder.superseded("s") is None
+    link.refused = {}
+    feeder.update("s", state="running", batch_id=0)
+    assert feeder.live_stores() == ["s", "t"]
+    # An answer to a report sent before the claim (here: the claims as they stood then) changes nothing.
+    feeder._answered({"s": 1}, {"s": "an old answer"})
+    assert feeder.superseded("s") is None
+    # A report answered at once calls back under the feeder's lock (Ray does, for a call already done).
+    link.refused = {"t": "store 't' is fed by another topology"}
+    feeder.update("t", state="running", batch_id=2)
+    assert feeder.superseded("t") == "store 't' is fed by another topology" and feeder.live_stores() == ["s"]
+
+
 def test_a_registry_that_is_down_breaks_nothing_and_the_next_beat_catches_up() -> None:
     link = FakeLink()
     feeder = _feeder(link)
@@ -234,11 +267,11 @@ def test_finish_returns_once_a_beat_waiting_on_the_registry_has_ended(caplog: py
             self.inside = threading.Event()
             self.answer = threading.Event()
 
-        def wait(self, pending: Any, timeout: float) -> None:
+        def wait(self, pending: Any, timeout: float) -> dict[str, str]:
             if len(self.sent) == 2:  # the first beat: the registry answers only when told to
                 self.inside.set()
                 self.answer.wait(timeout)
-            super().wait(pending, timeout)
+            return super().wait(pending, timeout)
 
     link = SlowLink()
     feeder = Feeder(link, interval=1.0)  # a beat waits up to this long on the registry

@@ -4,6 +4,7 @@ restart keeps, and the file that keeps it (written atomically, read back toleran
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,32 @@ def test_reports_about_a_store_dropped_and_declared_again_since_are_ignored() ->
     assert book.status(13.0)["s"]["batch_id"] == 1
     assert book.report(FeedReport("s", "older", "running", batch_id=5), 14.0, now_owners)
     assert book.status(14.0)["s"]["feeder"] == "older"
+
+
+def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_another_checkpoint() -> None:
+    """``refusal`` and ``claim``: a live feed heard within the bound holds its store against a run from
+    another checkpoint; the same run, or a run on the same checkpoint (started again after a kill), takes
+    it at once; a feed that stopped, failed or fell silent past the bound lets it go."""
+    book = FeedBook(stale_after=6.0)
+    first = FeedReport("s", "host:1:aa", "running", query="riqr-ns-s", checkpoint="/home/a/checkpoints/ns/s")
+    assert book.claim(first, 100.0) is None and book.status(100.0)["s"]["checkpoint"] == "/home/a/checkpoints/ns/s"
+    other = FeedReport("s", "host:2:bb", "running", query="riqr-ns-s", checkpoint="/home/b/checkpoints/ns/s")
+    why = book.claim(other, 103.0)
+    assert why is not None and "fed by another topology: riqr-ns-s (run host:1:aa from checkpoint /home/a/" in why
+    assert "heard from 3.0s ago" in why and "stop that topology first" in why
+    assert book.status(103.0)["s"]["feeder"] == "host:1:aa"  # a refused claim changes nothing
+    assert book.refusal(replace(first, state="rebuilding"), 104.0) is None  # the same run
+    again = replace(first, feeder="host:1:cc")  # killed, and started again on its checkpoint
+    assert book.refusal(again, 104.0) is None
+    assert book.refusal(replace(other, checkpoint=None), 104.0) is not None  # no checkpoint: never the same feed
+    # Silent past the bound: the other checkpoint may take it.
+    assert book.refusal(other, 106.0) is not None and book.claim(other, 106.5) is None
+    assert book.status(106.5)["s"]["feeder"] == "host:2:bb"
+    # A feed that ended lets it go at once.
+    book.report(replace(other, state="stopped"), 107.0)
+    assert book.claim(first, 107.5) is None
+    book.report(replace(first, state="failed", error="boom"), 108.0)
+    assert book.refusal(other, 108.5) is None
 
 
 def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +61,20 @@ def test_sigterm_stops_every_query_and_exits_0() -> None:
 
 
 class FakeFeeder:
-    """Records what a delivery tells its feeder: queries attached, and reports."""
+    """Records what a delivery tells its feeder: queries attached, and reports; ``taken`` is what the
+    registry said of stores another feed holds now."""
 
     def __init__(self) -> None:
         self.attached: list[tuple[str, object]] = []
         self.updates: list[dict[str, object]] = []
+        self.taken: dict[str, str] = {}
+        self.id = "host:1:fake"
+
+    def superseded(self, store: str) -> str | None:
+        return self.taken.get(store)
+
+    def claimed(self, store: str) -> None:
+        self.taken.pop(store, None)
 
     def attach(self, store: str, query: object) -> None:
         self.attached.append((store, query))
@@ -589,3 +599,82 @@ def test_a_look_at_a_store_declared_again_fails_the_topology(running: dict[str, 
     delivery.checkpoint = "/nonexistent"  # type: ignore[attr-defined]
     delivery.current_view = lambda **_: ClusterView(4, {"s": string_table(("actor-1", ()), ("actor-1", ()))})  # type: ignore[attr-defined]
     assert sink.unserved(delivery) == []  # type: ignore[arg-type]
+
+
+class _Answer:
+    """What a fake registry method's ``remote`` returns: the answer itself (``get`` below hands it back)."""
+
+    def __init__(self, answer: Callable[..., Any]) -> None:
+        self.answer = answer
+
+    def remote(self, *args: Any) -> Any:
+        return self.answer(*args)
+
+
+def test_a_batch_is_not_delivered_once_another_feed_holds_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked in the call that fetches the epoch before each batch (``feed_epoch``), and known locally once
+    a report's answer said so (``Feeder.superseded``): either way the batch fails before any copy."""
+    from runtime.errors import NotConnected
+    from runtime.ownership import ClusterView
+    from topologies import delivery as delivery_module
+    from topologies import sink
+    from topologies.delivery import BatchDelivery
+
+    taken = "store 's' is fed by another topology: riqr-ns-s (run host:2:bb from checkpoint /b/s)"
+    asked: list[tuple[str, str, str]] = []
+
+    class Registry:
+        def __init__(self) -> None:
+            self.feed_epoch = _Answer(lambda *a: asked.append(a) or (3, taken))
+            self.epoch = _Answer(lambda: 3)
+            self.view = _Answer(lambda: ClusterView(3, {"s": string_table(("a", ()), ("a", ()))}))
+
+    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
+    feeder = FakeFeeder()
+    delivery = BatchDelivery(one_string_store(), "ns", "relative/checkpoint", feeder=feeder)  # type: ignore[arg-type]
+    with pytest.raises(NotConnected, match="fed by another topology.*this topology stops feeding it"):
+        delivery.current_view(feeding=True, get=lambda ref, *_, **__: ref)
+    assert asked == [("s", "host:1:fake", os.path.abspath("relative/checkpoint"))]  # its lineage, absolute
+    assert delivery.current_view(get=lambda ref, *_, **__: ref).epoch == 3  # a look asks only the epoch
+
+    feeder.taken["s"] = taken  # a report's answer said so
+    with pytest.raises(NotConnected, match="this topology stops feeding it"):
+        delivery._deliver_batch(object(), 7)
+    assert [u["state"] for u in feeder.updates] == ["failed"]
+    delivery.owners = frozenset({"a"})
+    with pytest.raises(sink.StoreSuperseded, match="fed by another topology"):
+        sink.unserved(delivery)  # the idle topology's look ends it too
+
+
+def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from runtime.errors import StoreInUse
+    from topologies import sink
+    from topologies.delivery import BatchDelivery
+
+    answers = ["store 's' is fed by another topology: x"] * 2 + [None]
+    claims: list[Any] = []
+
+    class Registry:
+        claim_feed = _Answer(lambda report: claims.append(report) or answers.pop(0))
+
+    monkeypatch.setattr(sink, "registry", lambda _ns: Registry())
+    monkeypatch.setattr(sink.raycalls, "get", lambda ref, *_, **__: ref)
+    monkeypatch.setattr(sink, "_CLAIM_PAUSE", 0.01)
+    feeder = FakeFeeder()
+    feeder.taken["s"] = "said before"
+    delivery = BatchDelivery(one_string_store(), "ns", "/home/a/s", feeder=feeder, query_name="riqr-ns-s")  # type: ignore[arg-type]
+    delivery.owners = frozenset({"b", "a"})
+    with caplog.at_level(logging.INFO):
+        sink.claim_feed(delivery, wait=5.0)
+    assert len(claims) == 3 and feeder.superseded("s") is None  # taken at the third try; the flag cleared
+    first = claims[0]
+    assert (first.store, first.feeder, first.state, first.query, first.checkpoint, first.owners) == (
+        "s", "host:1:fake", "running", "riqr-ns-s", "/home/a/s", ("a", "b"))  # fmt: skip
+    assert caplog.text.count("waiting up to 5s for it to stop or fall silent") == 1
+    assert "the other feed let it go" in caplog.text
+
+    answers[:] = ["store 's' is fed by another topology: x"] * 100
+    with pytest.raises(StoreInUse, match="fed by another topology: x"):
+        sink.claim_feed(delivery, wait=0.05)

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from runtime.catalog import StoreSpec
-from runtime.errors import PartitionUnavailable, StoreConflict, StoreInUse, Unavailable
+from runtime.errors import PartitionUnavailable, StoreConflict, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import FeedReport
 from runtime.membership import UndecodableRecord
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
@@ -863,6 +863,31 @@ def test_the_feeder_of_a_store_dropped_and_declared_again_cannot_take_over_the_n
     registry.report_feeds([FeedReport("s", "old-run", "failed", error="dropped", owners=tuple(old))])  # last words
     ingest = registry.status()["ingest"]["s"]
     assert (ingest["feeder"], ingest["state"], ingest["batch_id"]) == ("new-run", "running", 0)
+
+
+def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
+    """``claim_feed`` before a topology starts, ``feed_epoch`` before each batch, and ``report_feeds``'
+    answer: a topology from another checkpoint is refused while the store's feed is live, and a feed that
+    another took while it was silent learns so from its next batch or report."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock, stale_after=6.0)
+    registry.create_store(kv_spec("s", partitions=2, actors=1))
+    a = FeedReport("s", "host:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s")
+    b = FeedReport("s", "host:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
+    assert registry.claim_feed(a) is None
+    assert registry.report_feeds([dataclasses.replace(a, batch_id=1)]) == {}
+    assert "fed by another topology" in (registry.claim_feed(b) or "")
+    assert registry.feed_epoch("s", "host:1:aa", "/a/s") == (registry.epoch(), None)
+    clock.now += 7  # a is silent (hung, or SIGSTOPped) past the bound: b may take the store
+    assert registry.claim_feed(b) is None
+    epoch, taken = registry.feed_epoch("s", "host:1:aa", "/a/s")
+    assert epoch == registry.epoch() and taken is not None and "run host:2:bb from checkpoint /b/s" in taken
+    # a comes back: its reports are refused and answered with why; they change nothing.
+    refused = registry.report_feeds([dataclasses.replace(a, batch_id=2)])
+    assert list(refused) == ["s"] and "host:2:bb" in refused["s"]
+    assert registry.status()["ingest"]["s"]["feeder"] == "host:2:bb"
+    with pytest.raises(StoreNotFound):
+        registry.claim_feed(FeedReport("gone", "host:1:aa", "running"))
 
 
 def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
