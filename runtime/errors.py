@@ -184,7 +184,8 @@ class StoreConflict(Conflict):
 
 
 class StoreInUse(Conflict):
-    """A store cannot be dropped while a running topology feeds it (unless forced)."""
+    """A store cannot be dropped while a running topology feeds it (unless forced), nor fed by a topology
+    while another one feeds it (one store, one feed: ``runtime.feeds.FeedBook.refusal``)."""
 
     code = "store-in-use"
 

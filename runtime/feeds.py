@@ -230,37 +230,49 @@ class FeedBook:
                  report.store, report.state, report.feeder, extra={"store": report.store})  # fmt: skip
         return True
 
-    def refusal(self, report: FeedReport, now: float) -> str | None:
+    def refusal(self, report: FeedReport, now: float, displace: str | None = None) -> str | None:
         """Why ``report``'s feeder may not feed its store, or None if it may: one store, one feed.
 
-        Another feed holds the store while its last report is a live one heard within the bound, from
-        another run and another checkpoint. The same checkpoint is the same feed (a topology started
-        again after a kill, whose old run has not gone stale yet, or rebuilding in place); a feed that
-        stopped, failed or went silent has let the store go. Two topologies feeding one store from two
-        checkpoints would each take the other's batches for gaps and rebuild the store over the other's,
-        so it would be dark (503) most of the time they both ran.
+        Another feed holds the store while its last report is a live one from another run, heard within
+        the bound; a feed that stopped, failed or fell silent has let the store go. Two topologies feeding
+        one store from two checkpoints would each take the other's batches for gaps and rebuild the store
+        over the other's, so it would be dark (503) most of the time they both ran; two runs on one
+        checkpoint would also fight over its offsets. A run on the holder's checkpoint may ``displace``
+        the holder (its run id) once it has seen that run's process is gone (``topologies.sink.claim_feed``:
+        a topology SIGKILLed and started again on its home takes its store back at once, not when the
+        registry calls the old run stale).
         """
         feed = self._feeds.get(report.store)
         if feed is None or not feed.report.live or feed.report.feeder == report.feeder:
             return None
         current = feed.report
-        if current.checkpoint is not None and current.checkpoint == report.checkpoint:
+        same = current.checkpoint is not None and current.checkpoint == report.checkpoint
+        if same and displace == current.feeder:
             return None
         silent = now - feed.heard_at
         if silent > self.stale_after:
             return None
-        where = f" from checkpoint {current.checkpoint}" if current.checkpoint else ""
+        where = "from this same checkpoint" if same else f"from checkpoint {current.checkpoint}"
         return (
             f"store {report.store!r} is fed by another topology: {current.query or current.feeder} "
-            f"(run {current.feeder}{where}), {current.state}, heard from {silent:.1f}s ago; one store has one feed: "
-            "stop that topology first (ray job stop, Ctrl-C), or start this one with the same home to take its place"
+            f"(run {current.feeder} {where}), {current.state}, heard from {silent:.1f}s ago; one store has one feed: "
+            "stop that topology first (ray job stop, Ctrl-C)"
         )
 
-    def claim(self, report: FeedReport, now: float, owners: Collection[str] = ()) -> str | None:
-        """``report``'s feeder takes its store's feed (``report`` recorded as the store's feed), unless
-        ``refusal`` says why not: that reason is returned and nothing changes."""
-        why = self.refusal(report, now)
-        if why is None:
+    def holder(self, store: str) -> FeedReport | None:
+        """The last report recorded for ``store``'s feed, if any."""
+        feed = self._feeds.get(store)
+        return None if feed is None else feed.report
+
+    def claim(
+        self, report: FeedReport, now: float, owners: Collection[str] = (), displace: str | None = None
+    ) -> str | None:
+        """``report``'s feeder takes its store's feed (``report`` recorded as the store's feed, unless
+        the feeder holds it already: its own reports keep the record), unless ``refusal`` says why not:
+        that reason is returned and nothing changes."""
+        why = self.refusal(report, now, displace)
+        current = self._feeds.get(report.store)
+        if why is None and (current is None or current.report.feeder != report.feeder):
             self.report(report, now, owners)
         return why
 

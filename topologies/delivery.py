@@ -57,7 +57,7 @@ from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
 from topologies.feeder import Feeder, feeder_for
 from topologies.inflight import IN_FLIGHT, BatchGivenUp
 
-__all__ = ["BatchDelivery", "registry", "DEFAULT_DELIVERY_TIMEOUT"]
+__all__ = ["BatchDelivery", "registry", "lineage_of", "DEFAULT_DELIVERY_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,15 @@ PUT_SLICE_BYTES = 256 << 10
 SHARE_ENCODED_ROWS = 100_000
 
 Shared = Any  # pa.Table | ray.ObjectRef | None: a slice as handed to the actors: inline, put once, or none
+
+
+def lineage_of(checkpoint: str) -> str:
+    """A feed's lineage (``runtime.feeds.FeedReport.checkpoint``): its checkpoint's location, a local path
+    made absolute with its symbolic links resolved (the same home reached another way is the same feed),
+    a URI (hdfs://, s3a://, file://) as given."""
+    if "://" in checkpoint:
+        return checkpoint
+    return os.path.realpath(checkpoint)
 
 
 def registry(namespace: str) -> Any:
@@ -146,8 +155,9 @@ class BatchDelivery:
         asks whether another feed holds the store now, and ``NotConnected`` says so if it does."""
         reg = registry(self.namespace)
         if feeding:
-            epoch, taken = get(reg.feed_epoch.remote(self.spec.name, self.feeder.id, self.lineage), "registry epoch",
-                               timeout=_CALL_TIMEOUT)  # fmt: skip
+            owners = sorted(self.owners or ())
+            epoch, taken = get(reg.feed_epoch.remote(self.spec.name, self.feeder.id, self.lineage, owners),
+                               "registry epoch", timeout=_CALL_TIMEOUT)  # fmt: skip
             if taken is not None:
                 raise NotConnected(f"{taken}; this topology stops feeding it", store=self.spec.name)
         else:
@@ -194,11 +204,8 @@ class BatchDelivery:
 
     @property
     def lineage(self) -> str:
-        """The feed's lineage (``FeedReport.checkpoint``): its checkpoint's location, absolute when it is a
-        local path, so the same home reached by another relative path is the same feed."""
-        if "://" in self.checkpoint:  # a URI (hdfs://, s3a://, file://): as given
-            return self.checkpoint
-        return os.path.abspath(self.checkpoint)
+        """The feed's lineage (``FeedReport.checkpoint``): ``lineage_of`` its checkpoint."""
+        return lineage_of(self.checkpoint)
 
     def handle(self, uuid: str) -> Any:
         handle = self._handles.get(uuid)

@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 from runtime.config import FEED_HEARTBEAT_INTERVAL, REGISTRY_NAME
 from runtime.feeds import FAILED, RUNNING, STOPPED, FeedReport
 
-__all__ = ["FeedLink", "RayFeedLink", "Feeder", "feeder_for", "finish_all"]
+__all__ = ["FeedLink", "RayFeedLink", "Feeder", "feeder_for", "finish_all", "run_ended_here"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,23 @@ def _run_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def run_ended_here(run: str) -> bool:
+    """Whether ``run`` (a feeder's id: host, pid and a random part) was a process of this host that no
+    longer exists. False for a run of another host, or one whose process may still run (a pid taken again
+    since by another process errs on the safe side: the claim then waits for the bound)."""
+    host, _, rest = run.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists, as another user's
+        return False
+    return False
+
+
 @dataclass(frozen=True)
 class _Feed:
     report: FeedReport
@@ -154,7 +172,11 @@ class Feeder:
         # before a claim of its own does not undo it.
         self._superseded: dict[str, str] = {}
         self._claims: dict[str, int] = {}
-        self._lock = threading.RLock()  # a report answered at once calls back under it (``_send_now``)
+        # Answers to reports sent without waiting, with the claims as they stood: Ray calls back on its own
+        # thread (or at once, under the lock), which must not wait on anything, so the heartbeat's thread
+        # reads them (``_take_answers``), woken at once.
+        self._answers: deque[tuple[dict[str, int], Any]] = deque()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._nudge = threading.Event()  # beat now: a report sent without waiting was not taken
         self._thread: threading.Thread | None = None
@@ -177,6 +199,8 @@ class Feeder:
             if changes.get("state", feed.report.state) != FAILED:
                 changes.setdefault("error", None)
             report = replace(feed.report, **changes, dead_letters=dict(self._dead_letters.get(store, {})))
+            if report.live and store in self._superseded:
+                return  # another topology feeds it: this one says no more about it (its next batch fails)
             if report.live:
                 self._feeds[store] = replace(feed, report=report)
             else:
@@ -212,12 +236,25 @@ class Feeder:
         with self._lock:
             return self._superseded.get(store)
 
-    def claimed(self, store: str) -> None:
-        """This process has taken ``store``'s feed (``Registry.claim_feed``): whatever the registry said
-        about it before no longer holds."""
+    def claimed(self, report: FeedReport) -> None:
+        """This process has taken ``report.store``'s feed with ``report`` (``Registry.claim_feed``): whatever
+        the registry said about it before no longer holds, and the feed beats from now on, before its
+        query starts (a slow start does not let the claim go stale) until its last word."""
         with self._lock:
+            if self.closed:
+                return
+            store = report.store
             self._superseded.pop(store, None)
             self._claims[store] = self._claims.get(store, 0) + 1
+            feed = self._feeds.get(store)
+            if feed is None:
+                dead_letters = dict(self._dead_letters.get(store, {}))
+                self._feeds[store] = _Feed(replace(report, dead_letters=dead_letters))
+        self._ensure_beating()
+
+    def _take_answers(self) -> None:
+        while self._answers:
+            self._answered(*self._answers.popleft())
 
     def _answered(self, claims: dict[str, int], answer: Any) -> None:
         """The registry's answer to reports sent when this process's claims stood at ``claims``: the
@@ -353,8 +390,14 @@ class Feeder:
         if pending is None:
             return  # no registry to send to: the next beat looks it up again
         claims = dict(self._claims)  # under the lock, as callers hold it
+
+        def answered(answer: Any) -> None:
+            if isinstance(answer, dict) and answer:
+                self._answers.append((claims, answer))
+                self._nudge.set()
+
         try:
-            self._link.watch(pending, self._nudge.set, lambda answer: self._answered(claims, answer))
+            self._link.watch(pending, self._nudge.set, answered)
         except Exception:
             log.debug("cannot watch an ingest report", exc_info=True)
 
@@ -380,6 +423,7 @@ class Feeder:
                 return
             self._nudge.clear()
             try:
+                self._take_answers()
                 self.beat()
             except Exception:  # the heartbeat must outlive any one failure
                 log.warning("ingest heartbeat failed", exc_info=True)

@@ -283,7 +283,8 @@ def _rebuild_in_place(queries: list[Any], stopped: dict[str, _Stopped]) -> tuple
             continue
         try:
             queries[i] = sink.start_again(name)
-        except sink.StoreUnregistered as err:  # a verdict (dropped, or another store now): no point trying again
+        except (sink.StoreUnregistered, StoreInUse) as err:  # a verdict (dropped, another store now, or
+            # another topology feeds it now): no point trying again
             log.error("query %s: not started again: %s", name, err, extra={"query": name})
             return name, err
         except Exception as err:

@@ -62,7 +62,8 @@ from topologies.checkpoint import (
     rebuild_pending,
     supersede,
 )
-from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, registry
+from topologies.delivery import DEFAULT_DELIVERY_TIMEOUT, BatchDelivery, lineage_of, registry
+from topologies.feeder import Feeder, feeder_for, run_ended_here
 from topologies.inflight import stop_between_batches
 from topologies.options import check_interval
 
@@ -519,11 +520,12 @@ def _declare(
     return df, key_cols, spec
 
 
-def create_stores(namespace: str, specs: Sequence[StoreSpec]) -> None:
+def create_stores(namespace: str, specs: Sequence[StoreSpec]) -> ClusterView:
     """Create the stores of ``specs`` that do not exist yet, with all their query actors started in one
-    round (``Registry.create_stores``)."""
+    round (``Registry.create_stores``); returns the registry's view then."""
     names = ", ".join(s.name for s in specs)
-    raycalls.get(registry(namespace).create_stores.remote(list(specs)), f"creating stores {names}")
+    view: ClusterView = raycalls.get(registry(namespace).create_stores.remote(list(specs)), f"creating stores {names}")
+    return view
 
 
 def _check_arguments(trigger: str, delivery_timeout: float) -> None:
@@ -534,33 +536,44 @@ def _check_arguments(trigger: str, delivery_timeout: float) -> None:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
 
 
-def claim_feed(delivery: BatchDelivery, wait: float | None = None) -> None:
-    """Take ``delivery``'s store's feed at the registry (``Registry.claim_feed``): granted at once when
-    nothing else feeds it, when this process or this checkpoint (a run started again) did, or when the
-    feed that held it stopped, failed or fell silent past the bound. Otherwise try again every half
-    second for up to ``wait`` seconds (the other feed may be a run killed a moment ago), saying so once;
-    then ``StoreInUse``, naming the topology that feeds it. ``wait``: ``CLAIM_WAIT`` by default."""
+def claim_feed(namespace: str, feeder: Feeder, report: FeedReport, wait: float | None = None) -> None:
+    """Take ``report.store``'s feed at the registry of ``namespace`` (``Registry.claim_feed``) for
+    ``feeder``'s run: granted at once when nothing else feeds it, when this process did, or when the feed
+    that held it stopped, failed or fell silent past the bound; and at once too when it is a run on this
+    very checkpoint whose process is gone from this host (``run_ended_here``: a topology SIGKILLed and
+    started again). Otherwise try again every half second for up to ``wait`` seconds (``CLAIM_WAIT`` by
+    default: the other may be a run killed a moment ago on another host), saying so once; then
+    ``StoreInUse``, naming the topology that feeds it. Once granted the feed beats (``Feeder.claimed``)."""
     wait = CLAIM_WAIT if wait is None else wait
-    store = delivery.spec.name
-    report = FeedReport(store, delivery.feeder.id, RUNNING, query=delivery.query_name, checkpoint=delivery.lineage,
-                        owners=tuple(sorted(delivery.owners or ())))  # fmt: skip
-    reg = registry(delivery.namespace)
+    store = report.store
+    reg = registry(namespace)
     deadline = time.monotonic() + wait
-    waiting = False
+    waiting, displace = False, None
     while True:
-        why = raycalls.get(reg.claim_feed.remote(report), f"taking the feed of store {store}")
-        if why is None:
-            delivery.feeder.claimed(store)
-            if waiting:
-                log.info("store %s: the other feed let it go; this topology feeds it", store, extra={"store": store})
+        refused = raycalls.get(reg.claim_feed.remote(report, displace), f"taking the feed of store {store}")
+        if refused is None:
+            feeder.claimed(report)
+            if waiting or displace:
+                log.info("store %s: this topology feeds it now (%s)", store,
+                         f"run {displace} had ended" if displace else "the other feed let it go",
+                         extra={"store": store})  # fmt: skip
             return
+        if refused["same_checkpoint"] and refused["feeder"] != displace and run_ended_here(refused["feeder"]):
+            displace = refused["feeder"]  # a run of this checkpoint whose process is gone: ask again, now
+            continue
         if time.monotonic() + _CLAIM_PAUSE > deadline:
-            raise StoreInUse(why, store=store)
+            raise StoreInUse(refused["why"], store=store)
         if not waiting:
-            log.warning("store %s: %s; waiting up to %.0fs for it to stop or fall silent", store, why, wait,
-                        extra={"store": store})  # fmt: skip
+            log.warning("store %s: %s; waiting up to %.0fs for it to stop or fall silent", store, refused["why"],
+                        wait, extra={"store": store})  # fmt: skip
             waiting = True
         time.sleep(_CLAIM_PAUSE)
+
+
+def _claim_report(namespace: str, feeder: Feeder, store: str, checkpoint: str, owners: Any) -> FeedReport:
+    """What ``claim_feed`` sends for ``store`` fed from ``checkpoint`` (``owners``: its actors' uuids)."""
+    return FeedReport(store, feeder.id, RUNNING, query=f"riqr-{namespace}-{store}", checkpoint=lineage_of(checkpoint),
+                      owners=tuple(sorted(owners)))  # fmt: skip
 
 
 def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
@@ -579,8 +592,14 @@ def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> 
             options.get("engine", DEFAULT_ENGINE), options.get("read_replicas", False),
         )[2]  # fmt: skip
         by_namespace.setdefault(options.get("namespace", DEFAULT_NAMESPACE), []).append(spec)
-    for namespace, specs in by_namespace.items():
-        create_stores(namespace, specs)
+    views = {namespace: create_stores(namespace, specs) for namespace, specs in by_namespace.items()}
+    # Every store's feed taken before any of them starts: refused on one, the topology has started none.
+    for _, options in df_and_options:
+        namespace, store = options.get("namespace", DEFAULT_NAMESPACE), options["store"]
+        table = views[namespace].table(store)
+        feeder = feeder_for(namespace)
+        owners = table.all_owners() if table is not None else ()
+        claim_feed(namespace, feeder, _claim_report(namespace, feeder, store, options["checkpoint"], owners))
     return [materialize(df, **options) for df, options in df_and_options]
 
 
@@ -663,31 +682,48 @@ def materialize(
         delivery.owners = _owners
         if delivery.table(view) is None:
             raise StoreUnregistered(f"{delivery.gone()}; not started again", store=store)
-    # One store, one feed: taken at the registry before the checkpoint or any copy is touched.
-    claim_feed(delivery)
-    plan = plan_start(delivery, checkpoint)
-    mode = output_mode or ("append" if kind == "session" else "update")
-    delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))
-    if plan == "rebuild":
-        # Said first: a start that dies after the swap leaves an empty checkpoint, which the next start
-        # must not take for a new store's (``begin`` would make the partitions that lost their state serve
-        # empty); the delivery of the first batch forgets it.
-        mark_rebuild_pending(checkpoint)
-        moved = supersede(checkpoint)
-        log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
-    delivery.rebuild_pending = rebuild_pending(checkpoint)
-    query = (
-        shaped.writeStream.foreachBatch(delivery)
-        .outputMode(mode)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime=trigger)
-        .queryName(name)
-        .start()
-    )
-    delivery.report(state="rebuilding" if plan == "rebuild" or _rebuilding else "running", plan=plan)
+    # One store, one feed: taken at the registry before the checkpoint or any copy is touched. Started again
+    # in place, this process holds it already, unless another took it meanwhile: then no point waiting.
+    report = _claim_report(namespace, delivery.feeder, store, checkpoint, delivery.owners or ())
+    claim_feed(namespace, delivery.feeder, report, wait=0 if _owners is not None else None)
+    return _start(delivery, shaped, df, kind, output_mode, trigger, _rebuilding, again)
+
+
+def _start(
+    delivery: BatchDelivery, shaped: Any, df: Any, kind: str, output_mode: str | None, trigger: str,
+    rebuilding: bool, again: Callable[[], Any],
+) -> Any:  # fmt: skip
+    """``materialize``'s start of the query, once its store's feed is taken; returns it. A start that fails
+    before the query runs says so as the feed's last word: the claim neither stays live nor goes stale."""
+    store, checkpoint, name = delivery.spec.name, delivery.checkpoint, delivery.query_name
+    assert name is not None
+    try:
+        plan = plan_start(delivery, checkpoint)
+        mode = output_mode or ("append" if kind == "session" else "update")
+        delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))
+        if plan == "rebuild":
+            # Said first: a start that dies after the swap leaves an empty checkpoint, which the next start
+            # must not take for a new store's (``begin`` would make the partitions that lost their state
+            # serve empty); the delivery of the first batch forgets it.
+            mark_rebuild_pending(checkpoint)
+            moved = supersede(checkpoint)
+            log.warning("store %s: the old checkpoint is kept at %s", store, moved, extra={"store": store})
+        delivery.rebuild_pending = rebuild_pending(checkpoint)
+        query = (
+            shaped.writeStream.foreachBatch(delivery)
+            .outputMode(mode)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=trigger)
+            .queryName(name)
+            .start()
+        )
+    except BaseException as err:
+        delivery.report(state="failed", error=f"not started: {type(err).__name__}: {err}")
+        raise
+    delivery.report(state="rebuilding" if plan == "rebuild" or rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     _register(name, delivery, again)
-    if plan == "fresh" and not _rebuilding and not delivery.rebuild_pending:
+    if plan == "fresh" and not rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
         log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,

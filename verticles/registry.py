@@ -291,12 +291,18 @@ class Registry:
     def epoch(self) -> int:
         return self.state.epoch
 
-    def feed_epoch(self, store: str, feeder: str, checkpoint: str | None) -> tuple[int, str | None]:
+    def feed_epoch(
+        self, store: str, feeder: str, checkpoint: str | None, owners: Sequence[str] = ()
+    ) -> tuple[int, str | None]:
         """``epoch``, and why another feed holds ``store`` now if it does (``FeedBook.refusal`` of a live
         report of ``feeder`` from ``checkpoint``), else None: asked before each batch is delivered
         (``topologies.delivery``), in the call that looks at the epoch anyway, so a topology that another
-        one replaced while it was silent delivers no further batch."""
-        report = FeedReport(store, feeder, RUNNING, checkpoint=checkpoint)
+        one replaced while it was silent delivers no further batch. None too when ``owners`` say the
+        caller fed a store of that name dropped since: the caller's own view says so, in its own words."""
+        table = self.state.view().table(store)
+        report = FeedReport(store, feeder, RUNNING, checkpoint=checkpoint, owners=tuple(owners))
+        if table is None or self.feeds.about_an_older_store(report, table.all_owners()):
+            return self.state.epoch, None
         return self.state.epoch, self.feeds.refusal(report, self._clock())
 
     def _epoch_moved(self, _epoch: int) -> None:
@@ -453,22 +459,26 @@ class Registry:
         self._save_feeds(now=significant)
         return refused
 
-    def claim_feed(self, report: FeedReport) -> str | None:
+    def claim_feed(self, report: FeedReport, displace: str | None = None) -> dict[str, Any] | None:
         """A topology is about to start feeding ``report.store`` (``topologies.sink.materialize``, before it
-        touches its checkpoint or the store's copies): it takes the store's feed, or is told why another
-        feed holds it (``FeedBook.refusal``; None: taken). The claim is the registry's one call, so of two
+        touches its checkpoint or the store's copies): it takes the store's feed (None), or is told why
+        another feed holds it: ``{"why", "feeder", "same_checkpoint"}``, the run that holds it and whether
+        that run feeds from the claimant's own checkpoint, which the claimant may ``displace`` once it saw
+        that run's process gone (``FeedBook.refusal``). The claim is the registry's one call, so of two
         topologies starting at once on one store, one takes it. A store that is not registered (dropped
         meanwhile) is ``StoreNotFound``."""
         table = self.state.view().table(report.store)
         if table is None:
             raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
-        now = self._clock()
-        why = self.feeds.claim(report, now, table.all_owners())
+        why = self.feeds.claim(report, self._clock(), table.all_owners(), displace)
         if why is None:
             self._save_feeds(now=True)
             log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
                      extra={"store": report.store})  # fmt: skip
-        return why
+            return None
+        holder = self.feeds.holder(report.store)
+        assert holder is not None  # refused: a feed holds it
+        return {"why": why, "feeder": holder.feeder, "same_checkpoint": holder.checkpoint == report.checkpoint}
 
     def status(self) -> dict[str, Any]:
         """What is not routing: each store's ingest state, with the registry's verdict on its liveness."""

@@ -197,6 +197,8 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
             with ledger.lock:
                 produced = dict(ledger.produced)
             topology.wait_for(_caught_up(url, produced), timeout=180, what="the restarted topology feeding")
+            # It took its stores back at once, the killed run's process being gone (not 6 s later, stale).
+            assert "had ended" in topology.log(), topology.log()
         wait_for_every_order_counted(url, ledger)
         assert ledger.wrong == []
         assert ledger.answers[200] > 50, ledger.answers  # the reads ran all along
@@ -226,8 +228,8 @@ def _a_second_feed_is_refused(spark: Any, runtime: Runtime, home: Path, monkeypa
     options = TopologyOptions(namespace=ns, trigger="200 milliseconds")
     second = home / "second"
     counts, _ = order_counts_frame(spark, second, options)
-    feeding = checkpoint_for(home, ns, ORDER_COUNT_STORE)
-    refused = f"'order-count' is fed by another topology: .* from checkpoint {re.escape(str(feeding))}"
+    feeding = os.path.realpath(checkpoint_for(home, ns, ORDER_COUNT_STORE))  # the feed's lineage
+    refused = f"'order-count' is fed by another topology: .* from checkpoint {re.escape(feeding)}"
     with pytest.raises(StoreInUse, match=refused):
         sink.materialize(counts, store=ORDER_COUNT_STORE, key="key", value="count",
                          **options.sink(second, ORDER_COUNT_STORE))  # fmt: skip
@@ -235,7 +237,7 @@ def _a_second_feed_is_refused(spark: Any, runtime: Runtime, home: Path, monkeypa
     assert not (checkpoint_for(second, ns, ORDER_COUNT_STORE) / "offsets").exists()  # never started
     ingest = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[ORDER_COUNT_STORE]["ingest"]
     assert ingest["state"] == "running" and ingest["feeder"] != feeder_for(ns).id, ingest
-    assert ingest["checkpoint"] == str(feeding)
+    assert ingest["checkpoint"] == feeding
 
 
 def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProcess, home: Path) -> None:
@@ -331,8 +333,10 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
     batch 0, while orders land and sessions are read. Started again, it finds the partitions still waiting
     for a watermark that its restarted query will not bring without new input, and rebuilds the store once
     more from a fresh checkpoint (``topologies.sink.plan_start``): the store never showed fewer sessions than
-    it had, and lost none of the orders that landed meanwhile."""
+    it had, and lost none of the orders that landed meanwhile. Last, paused with SIGSTOP past the bound while
+    another topology takes its store, and resumed, it ends without feeding the store again."""
     from topologies.checkpoint import last_committed, last_planned
+    from topologies.feeder import feeder_for
     from topologies.food_orders_windowed import materialize_sessions
     from topologies.options import TopologyOptions, checkpoint_for
 
@@ -425,6 +429,34 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
 
         topology.wait_for(every_load_session, timeout=120, what="a closed session for every load order")
         assert len(closed) > 5, written
+
+        # Last, the topology paused (SIGSTOP: as a long GC pause or a node cut off looks) past the bound, and
+        # its store taken meanwhile by another topology over the same input from another checkpoint. Resumed,
+        # it must not feed the store again: its next batch is refused (or its look ends it), and it exits;
+        # the sessions are the taker's, and never wrong meanwhile.
+        assert topology.proc is not None
+        with SessionReader(url, SESSIONS, expected, pause=0.02) as reader:
+            os.killpg(topology.proc.pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda: _ingest_state(url, SESSIONS) == "stale", timeout=30, what="the paused feed stale")
+                taker = materialize_sessions(orders, tmp_path / "taker", options, watermark="5 seconds")
+            finally:
+                os.killpg(topology.proc.pid, signal.SIGCONT)
+            try:
+                # A batch for both: the old topology's first since its pause, and the taker's first with a
+                # watermark after its batch 0 (which reset the partitions, 503 until then).
+                write_records(tmp_path, "order", [Record("late", "dish", at(700 + 40 * (last + 5)))])
+                assert topology.proc.wait(timeout=60) == 1, topology.log()
+                assert f"store '{SESSIONS}' is fed by another topology" in topology.log(), topology.log()
+                print("the resumed topology:", *[ln[:240] for ln in topology.log().splitlines() if "another" in ln])
+                wait_for(lambda: all(sessions(k) == v for k, v in expected.items()), timeout=120,
+                         what="the sessions served from the taker's feed")  # fmt: skip
+                ingest = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[SESSIONS]["ingest"]
+                assert ingest["feeder"] == feeder_for(runtime_ns.namespace).id, ingest
+                assert ingest["state"] in ("running", "rebuilding"), ingest
+            finally:
+                taker.stop()
+        assert reader.wrong == []
     finally:
         stop.set()
         topology.kill()  # nothing here is about its stop (the other test's drop and test_job_submit's are)

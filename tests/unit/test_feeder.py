@@ -148,13 +148,14 @@ def test_a_failed_batch_is_the_feeds_last_word() -> None:
 
 
 def test_a_store_another_feed_holds_now_is_no_longer_fed_from_here_until_claimed_again() -> None:
-    """The registry answers a report, or a beat, with the stores another topology took while this one was
-    silent: each is flagged once (its next batch fails, ``topologies.delivery``) and beats no more; a
-    claim of this process's own makes it fed from here again, and an answer to an earlier report does
-    not undo that claim."""
+    """The registry answers a beat, or a report, with the stores another topology took while this one was
+    silent: each is flagged once (its next batch fails, ``topologies.delivery``) and beats no more, and
+    live reports about it are not sent; a claim of this process's own makes it fed from here again (and
+    beating from the claim on, before its query reports), and an earlier answer does not undo that."""
     link = FakeLink()
     feeder = _feeder(link)
-    feeder.claimed("s")
+    feeder.claimed(FeedReport("s", feeder.id, "running", query="riqr-ns-s", checkpoint="/a/s"))
+    assert feeder.live_stores() == ["s"]  # beats from the claim on
     feeder.update("s", state="running", batch_id=4)
     feeder.update("t", state="running", batch_id=1)
     assert feeder.superseded("s") is None
@@ -162,7 +163,12 @@ def test_a_store_another_feed_holds_now_is_no_longer_fed_from_here_until_claimed
     feeder.beat()
     assert feeder.superseded("s") == "store 's' is fed by another topology" and feeder.superseded("t") is None
     assert feeder.live_stores() == ["t"]  # no more heartbeats for it
-    feeder.claimed("s")  # started again, and the registry let it take the store back
+    sent = len(link.sent)
+    feeder.update("s", state="running", batch_id=5)  # e.g. a stop for a rebuild reporting: not sent
+    assert len(link.sent) == sent and feeder.live_stores() == ["t"]
+    feeder.update("s", state="failed", error="NotConnected: fed by another topology")  # its last word is
+    assert len(link.sent) == sent + 1
+    feeder.claimed(FeedReport("s", feeder.id, "running", checkpoint="/a/s"))  # started again, taken back
     assert feeder.superseded("s") is None
     link.refused = {}
     feeder.update("s", state="running", batch_id=0)
@@ -170,10 +176,21 @@ def test_a_store_another_feed_holds_now_is_no_longer_fed_from_here_until_claimed
     # An answer to a report sent before the claim (here: the claims as they stood then) changes nothing.
     feeder._answered({"s": 1}, {"s": "an old answer"})
     assert feeder.superseded("s") is None
-    # A report answered at once calls back under the feeder's lock (Ray does, for a call already done).
+
+
+def test_an_answer_to_a_report_sent_without_waiting_is_taken_on_the_heartbeats_thread() -> None:
+    """Ray calls back on its own thread, or at once under the feeder's lock: the callback only queues the
+    answer and wakes the heartbeat, whose thread flags the store."""
+    link = FakeLink()
+    feeder = Feeder(link, interval=60.0)
+    feeder.update("t", state="running", batch_id=1)  # starts the heartbeat's thread
     link.refused = {"t": "store 't' is fed by another topology"}
-    feeder.update("t", state="running", batch_id=2)
-    assert feeder.superseded("t") == "store 't' is fed by another topology" and feeder.live_stores() == ["s"]
+    feeder.update("t", state="running", batch_id=2)  # answered at once, under the lock: queued
+    deadline = time.monotonic() + 5
+    while feeder.superseded("t") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert feeder.superseded("t") == "store 't' is fed by another topology" and feeder.live_stores() == []
+    feeder.finish()
 
 
 def test_a_registry_that_is_down_breaks_nothing_and_the_next_beat_catches_up() -> None:

@@ -79,17 +79,22 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
     assert "heard from 3.0s ago" in why and "stop that topology first" in why
     assert book.status(103.0)["s"]["feeder"] == "host:1:aa"  # a refused claim changes nothing
     assert book.refusal(replace(first, state="rebuilding"), 104.0) is None  # the same run
-    again = replace(first, feeder="host:1:cc")  # killed, and started again on its checkpoint
-    assert book.refusal(again, 104.0) is None
-    assert book.refusal(replace(other, checkpoint=None), 104.0) is not None  # no checkpoint: never the same feed
+    # Another run on its checkpoint: two runs of one topology on one home, unless the first one's process is
+    # gone (seen by the claimant, which then names the run it displaces).
+    again = replace(first, feeder="host:1:cc")
+    assert "(run host:1:aa from this same checkpoint)" in (book.refusal(again, 104.0) or "")
+    assert book.refusal(again, 104.0, displace="host:1:zz") is not None  # another run than the holder
+    assert book.claim(again, 104.0, displace="host:1:aa") is None and book.status(104.0)["s"]["feeder"] == "host:1:cc"
+    assert book.claim(first, 104.5, displace="host:1:cc") is None  # and back (as if cc had been killed)
+    assert book.refusal(replace(other, checkpoint=None), 105.0) is not None  # no checkpoint: never the same feed
     # Silent past the bound: the other checkpoint may take it.
-    assert book.refusal(other, 106.0) is not None and book.claim(other, 106.5) is None
-    assert book.status(106.5)["s"]["feeder"] == "host:2:bb"
+    assert book.refusal(other, 110.5) is not None and book.claim(other, 111.0) is None
+    assert book.status(111.0)["s"]["feeder"] == "host:2:bb"
     # A feed that ended lets it go at once.
-    book.report(replace(other, state="stopped"), 107.0)
-    assert book.claim(first, 107.5) is None
-    book.report(replace(first, state="failed", error="boom"), 108.0)
-    assert book.refusal(other, 108.5) is None
+    book.report(replace(other, state="stopped"), 112.0)
+    assert book.claim(first, 112.5) is None
+    book.report(replace(first, state="failed", error="boom"), 113.0)
+    assert book.refusal(other, 113.5) is None
 
 
 def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:
@@ -110,14 +115,14 @@ def test_the_book_survives_a_save_and_load_and_restored_feeds_get_one_bound(tmp_
     path = tmp_path / "_registry" / "ingest.json"
     book = FeedBook(stale_after=6.0)
     book.report(FeedReport("s", "r", "running", query="q", batch_id=4, at=50.0, incomplete=(1,),
-                           dead_letters={"order": 2}, owners=("a1", "a2")), now=50.0)  # fmt: skip
+                           dead_letters={"order": 2}, owners=("a1", "a2"), checkpoint="/h/s"), now=50.0)  # fmt: skip
     book.report(FeedReport("t", "r", "failed", error="boom"), now=50.0)
     save_book(book, path)
     assert not book.dirty and [p.name for p in path.parent.iterdir()] == ["ingest.json"]  # no temporary left
     restored = load_book(path, now=1000.0, stale_after=6.0)
     assert restored.status(1000.0) == {
-        "s": {"state": "running", "feeder": "r", "query": "q", "at": 50.0, "batch_id": 4, "incomplete": [1],
-              "dead_letters": {"order": 2}, "owners": ["a1", "a2"], "heard_at": 1000.0},
+        "s": {"state": "running", "feeder": "r", "query": "q", "checkpoint": "/h/s", "at": 50.0, "batch_id": 4,
+              "incomplete": [1], "dead_letters": {"order": 2}, "owners": ["a1", "a2"], "heard_at": 1000.0},
         "t": {"state": "failed", "feeder": "r", "error": "boom", "heard_at": 1000.0},
     }  # fmt: skip
     assert restored.verdict("s", 1006.0) == ("running", None)

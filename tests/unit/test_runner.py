@@ -203,11 +203,13 @@ def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topo
     assert "riqr-ns-s" in caplog.text and "the registry is gone" in caplog.text
 
 
+@pytest.mark.parametrize("verdict", ["unregistered", "in use"])
 def test_a_store_gone_while_its_query_starts_again_fails_the_topology_at_once(
-    running: dict[str, object], caplog: pytest.LogCaptureFixture
+    running: dict[str, object], caplog: pytest.LogCaptureFixture, verdict: str
 ) -> None:
-    """``materialize`` started again in place finds the store dropped (or declared again): a verdict, not
-    a moment's failure, so no tries after it."""
+    """``materialize`` started again in place finds the store dropped (or declared again), or fed by
+    another topology now: a verdict, not a moment's failure, so no tries after it."""
+    from runtime.errors import StoreInUse
     from topologies import sink
 
     delivery = FakeDelivery("s")
@@ -217,6 +219,8 @@ def test_a_store_gone_while_its_query_starts_again_fails_the_topology_at_once(
 
     def again(**extra: object) -> FakeQuery:
         tries.append(extra)
+        if verdict == "in use":
+            raise StoreInUse("store 's' is fed by another topology: x; not started again")
         raise sink.StoreUnregistered("store 's' is no longer registered; not started again")
 
     running["riqr-ns-s"] = (delivery, again)
@@ -634,7 +638,7 @@ def test_a_batch_is_not_delivered_once_another_feed_holds_the_store(monkeypatch:
     delivery = BatchDelivery(one_string_store(), "ns", "relative/checkpoint", feeder=feeder)  # type: ignore[arg-type]
     with pytest.raises(NotConnected, match="fed by another topology.*this topology stops feeding it"):
         delivery.current_view(feeding=True, get=lambda ref, *_, **__: ref)
-    assert asked == [("s", "host:1:fake", os.path.abspath("relative/checkpoint"))]  # its lineage, absolute
+    assert asked == [("s", "host:1:fake", os.path.realpath("relative/checkpoint"), [])]  # its lineage, absolute
     assert delivery.current_view(get=lambda ref, *_, **__: ref).epoch == 3  # a look asks only the epoch
 
     feeder.taken["s"] = taken  # a report's answer said so
@@ -649,32 +653,58 @@ def test_a_batch_is_not_delivered_once_another_feed_holds_the_store(monkeypatch:
 def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from runtime.errors import StoreInUse
-    from topologies import sink
-    from topologies.delivery import BatchDelivery
+    import socket
 
-    answers = ["store 's' is fed by another topology: x"] * 2 + [None]
-    claims: list[Any] = []
+    from runtime.errors import StoreInUse
+    from runtime.feeds import FeedReport
+    from topologies import sink
+
+    other = {"why": "store 's' is fed by another topology: x", "feeder": "elsewhere:1:aa", "same_checkpoint": False}
+    answers: list[Any] = [other, other, None]
+    claims: list[tuple[Any, Any]] = []
 
     class Registry:
-        claim_feed = _Answer(lambda report: claims.append(report) or answers.pop(0))
+        claim_feed = _Answer(lambda report, displace: claims.append((report, displace)) or answers.pop(0))
+
+    class Feeder(FakeFeeder):
+        def claimed(self, report: Any) -> None:  # type: ignore[override]
+            self.taken.pop(report.store, None)
+            self.updates.append({"claimed": report})
 
     monkeypatch.setattr(sink, "registry", lambda _ns: Registry())
     monkeypatch.setattr(sink.raycalls, "get", lambda ref, *_, **__: ref)
     monkeypatch.setattr(sink, "_CLAIM_PAUSE", 0.01)
-    feeder = FakeFeeder()
+    feeder = Feeder()
     feeder.taken["s"] = "said before"
-    delivery = BatchDelivery(one_string_store(), "ns", "/home/a/s", feeder=feeder, query_name="riqr-ns-s")  # type: ignore[arg-type]
-    delivery.owners = frozenset({"b", "a"})
+    report = FeedReport("s", feeder.id, "running", query="riqr-ns-s", checkpoint="/home/a/s", owners=("a", "b"))
     with caplog.at_level(logging.INFO):
-        sink.claim_feed(delivery, wait=5.0)
-    assert len(claims) == 3 and feeder.superseded("s") is None  # taken at the third try; the flag cleared
-    first = claims[0]
-    assert (first.store, first.feeder, first.state, first.query, first.checkpoint, first.owners) == (
-        "s", "host:1:fake", "running", "riqr-ns-s", "/home/a/s", ("a", "b"))  # fmt: skip
+        sink.claim_feed("ns", feeder, report, wait=5.0)  # type: ignore[arg-type]
+    assert [c for c in claims] == [(report, None)] * 3 and feeder.superseded("s") is None  # taken at the third
+    assert feeder.updates == [{"claimed": report}]  # the feed beats from the claim on
     assert caplog.text.count("waiting up to 5s for it to stop or fall silent") == 1
     assert "the other feed let it go" in caplog.text
 
-    answers[:] = ["store 's' is fed by another topology: x"] * 100
+    answers[:] = [other] * 100
     with pytest.raises(StoreInUse, match="fed by another topology: x"):
-        sink.claim_feed(delivery, wait=0.05)
+        sink.claim_feed("ns", feeder, report, wait=0.05)  # type: ignore[arg-type]
+
+    # Held by a run of this very checkpoint: displaced at once if its process is gone from this host, never
+    # if it runs (this test's own process), nor if it ran on another host (the claim waits for the bound).
+    claims.clear()
+    gone = f"{socket.gethostname()}:{_a_pid_that_is_gone()}:cc"
+    answers[:] = [{"why": "same", "feeder": gone, "same_checkpoint": True}, None]
+    sink.claim_feed("ns", feeder, report, wait=0)  # type: ignore[arg-type]
+    assert [d for _, d in claims] == [None, gone]
+    for alive in (f"{socket.gethostname()}:{os.getpid()}:dd", "another-host:1:ee"):
+        answers[:] = [{"why": "same checkpoint, alive", "feeder": alive, "same_checkpoint": True}] * 100
+        with pytest.raises(StoreInUse, match="same checkpoint, alive"):
+            sink.claim_feed("ns", feeder, report, wait=0)  # type: ignore[arg-type]
+
+
+def _a_pid_that_is_gone() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

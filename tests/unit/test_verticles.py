@@ -876,12 +876,22 @@ def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
     b = FeedReport("s", "host:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
     assert registry.claim_feed(a) is None
     assert registry.report_feeds([dataclasses.replace(a, batch_id=1)]) == {}
-    assert "fed by another topology" in (registry.claim_feed(b) or "")
+    refused = registry.claim_feed(b)
+    assert refused is not None and "fed by another topology" in refused["why"]
+    assert (refused["feeder"], refused["same_checkpoint"]) == ("host:1:aa", False)
+    # Another run on a's own checkpoint is told so, and may displace a once it saw a's process gone.
+    a_again = dataclasses.replace(a, feeder="host:1:cc")
+    assert (registry.claim_feed(a_again) or {}).get("same_checkpoint") is True
+    assert registry.claim_feed(a_again, displace="host:1:aa") is None
+    assert registry.claim_feed(a, displace="host:1:cc") is None  # and back, for what follows
     assert registry.feed_epoch("s", "host:1:aa", "/a/s") == (registry.epoch(), None)
     clock.now += 7  # a is silent (hung, or SIGSTOPped) past the bound: b may take the store
     assert registry.claim_feed(b) is None
     epoch, taken = registry.feed_epoch("s", "host:1:aa", "/a/s")
     assert epoch == registry.epoch() and taken is not None and "run host:2:bb from checkpoint /b/s" in taken
+    # A caller whose owners say it fed a store of that name dropped since is not told about feeds: its own
+    # view says the store is another one.
+    assert registry.feed_epoch("s", "host:1:aa", "/a/s", ["gone-1"]) == (registry.epoch(), None)
     # a comes back: its reports are refused and answered with why; they change nothing.
     refused = registry.report_feeds([dataclasses.replace(a, batch_id=2)])
     assert list(refused) == ["s"] and "host:2:bb" in refused["s"]
