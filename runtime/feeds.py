@@ -267,14 +267,18 @@ class FeedBook:
     def claim(
         self, report: FeedReport, now: float, owners: Collection[str] = (), displace: str | None = None
     ) -> str | None:
-        """``report``'s feeder takes its store's feed (``report`` recorded as the store's feed, unless
-        the feeder holds it already: its own reports keep the record), unless ``refusal`` says why not:
-        that reason is returned and nothing changes."""
+        """``report``'s feeder takes its store's feed, unless ``refusal`` says why not: that reason is
+        returned and nothing changes. Taken, ``report`` is recorded as the store's feed; a feeder whose own
+        live record it is only counts as heard (its reports keep the record's batch and partitions)."""
         why = self.refusal(report, now, displace)
+        if why is not None:
+            return why
         current = self._feeds.get(report.store)
-        if why is None and (current is None or current.report.feeder != report.feeder):
+        if current is not None and current.report.feeder == report.feeder and current.report.live:
+            self._feeds[report.store] = _Feed(current.report, now)
+        else:
             self.report(report, now, owners)
-        return why
+        return None
 
     def live_feeder(self, store: str) -> str | None:
         """Who feeds ``store`` if its last report is a live one (running or rebuilding), silent or not: a

@@ -121,20 +121,34 @@ def _describe(err: Any) -> str:
     return _clip(f"{type(err).__name__}: {err}")
 
 
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (Linux), which containers sharing a host name (host networking) do not
+    share: a pid means the same process only within one. None where it cannot be read."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
 def _run_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """host:pid:random, and :pid-namespace where there is one (``run_ended_here``)."""
+    namespace = _pid_namespace()
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}" + (f":{namespace}" if namespace else "")
 
 
 def run_ended_here(run: str) -> bool:
-    """Whether ``run`` (a feeder's id: host, pid and a random part) was a process of this host that no
-    longer exists. False for a run of another host, or one whose process may still run (a pid taken again
-    since by another process errs on the safe side: the claim then waits for the bound)."""
-    host, _, rest = run.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    """Whether ``run`` (a feeder's id, ``_run_id``) was a process of this host and PID namespace that no
+    longer exists. False for a run of another host or container, for an id it cannot read, and for one
+    whose process may still run (a pid taken again since by another process errs on the safe side: the
+    claim then waits for the bound)."""
+    parts = run.split(":")
+    if len(parts) not in (3, 4) or not parts[1].isdigit():
+        return False
+    namespace = parts[3] if len(parts) == 4 else None
+    if parts[0] != socket.gethostname() or namespace != _pid_namespace():
         return False
     try:
-        os.kill(int(pid_text), 0)
+        os.kill(int(parts[1]), 0)
     except ProcessLookupError:
         return True
     except OSError:  # PermissionError: it exists, as another user's

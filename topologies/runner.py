@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import StoreInUse
+from runtime.errors import RiqrError, StoreInUse
 from topologies import feeder
 from topologies.inflight import STOP_GRACE, stop_between_batches
 
@@ -161,6 +161,10 @@ def run_topology(
             log.error("not started: %s", err, extra={"store": err.details.get("store")})
             feeder.finish_all()  # the stores it had started feeding, if any, stop with it
             return 1
+        except Exception as err:  # the stores it had started feeding fail with it, not go stale
+            store = err.details.get("store") if isinstance(err, RiqrError) else None
+            feeder.finish_all(f"riqr-{args.namespace}-{store}" if store else "start", f"{type(err).__name__}: {err}")
+            raise
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)
     finally:

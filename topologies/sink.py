@@ -594,13 +594,26 @@ def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> 
         by_namespace.setdefault(options.get("namespace", DEFAULT_NAMESPACE), []).append(spec)
     views = {namespace: create_stores(namespace, specs) for namespace, specs in by_namespace.items()}
     # Every store's feed taken before any of them starts: refused on one, the topology has started none.
-    for _, options in df_and_options:
-        namespace, store = options.get("namespace", DEFAULT_NAMESPACE), options["store"]
-        table = views[namespace].table(store)
-        feeder = feeder_for(namespace)
-        owners = table.all_owners() if table is not None else ()
-        claim_feed(namespace, feeder, _claim_report(namespace, feeder, store, options["checkpoint"], owners))
-    return [materialize(df, **options) for df, options in df_and_options]
+    claimed: list[tuple[Feeder, str]] = []
+    queries: list[Any] = []
+    try:
+        for _, options in df_and_options:
+            namespace, store = options.get("namespace", DEFAULT_NAMESPACE), options["store"]
+            table = views[namespace].table(store)
+            feeder = feeder_for(namespace)
+            owners = table.all_owners() if table is not None else ()
+            claim_feed(namespace, feeder, _claim_report(namespace, feeder, store, options["checkpoint"], owners))
+            claimed.append((feeder, store))
+        for df, options in df_and_options:
+            queries.append(materialize(df, **options))
+    except BaseException:
+        # The stores claimed whose query did not start let their feed go (the one whose start failed said
+        # so already): held by a process that feeds them nothing, they would refuse every other topology.
+        for feeder, store in claimed[len(queries) :]:
+            if store in feeder.live_stores():
+                feeder.update(store, state="stopped")
+        raise
+    return queries
 
 
 def materialize(
@@ -694,7 +707,9 @@ def _start(
     rebuilding: bool, again: Callable[[], Any],
 ) -> Any:  # fmt: skip
     """``materialize``'s start of the query, once its store's feed is taken; returns it. A start that fails
-    before the query runs says so as the feed's last word: the claim neither stays live nor goes stale."""
+    before the query runs says so as the feed's last word (``failed``; ``stopped`` for an interrupt), so
+    the claim neither stays live nor goes stale; rebuilding in place, the runner tries again and says the
+    last word if it gives up."""
     store, checkpoint, name = delivery.spec.name, delivery.checkpoint, delivery.query_name
     assert name is not None
     try:
@@ -718,7 +733,12 @@ def _start(
             .start()
         )
     except BaseException as err:
-        delivery.report(state="failed", error=f"not started: {type(err).__name__}: {err}")
+        why = f"not started: {type(err).__name__}: {err}"
+        if rebuilding:  # the runner tries again, and says the last word if it gives up
+            delivery.report(state="rebuilding", error=why)
+        else:
+            stopping = isinstance(err, (KeyboardInterrupt, SystemExit))
+            delivery.report(state="stopped" if stopping else "failed", error=None if stopping else why)
         raise
     delivery.report(state="rebuilding" if plan == "rebuild" or rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs

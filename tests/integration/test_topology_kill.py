@@ -93,8 +93,10 @@ class TopologyProcess:
         """``wait_for(condition)`` that ends at once, with the process's log, if the topology died."""
         return wait_for(lambda: self.running() and condition(), what=what, fatal=(TopologyDied,), **kwargs)
 
-    def log(self) -> str:
-        return (self.logs / f"run-{self.started}.log").read_text(errors="replace")[-6000:]
+    def log(self, tail: int | None = 6000) -> str:
+        """The last run's output: its last ``tail`` characters (None: all of it)."""
+        text = (self.logs / f"run-{self.started}.log").read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def kill(self) -> None:
         """SIGKILL whatever of it still runs."""
@@ -198,7 +200,7 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
                 produced = dict(ledger.produced)
             topology.wait_for(_caught_up(url, produced), timeout=180, what="the restarted topology feeding")
             # It took its stores back at once, the killed run's process being gone (not 6 s later, stale).
-            assert "had ended" in topology.log(), topology.log()
+            assert "had ended" in topology.log(tail=None), topology.log()
         wait_for_every_order_counted(url, ledger)
         assert ledger.wrong == []
         assert ledger.answers[200] > 50, ledger.answers  # the reads ran all along
@@ -288,7 +290,7 @@ def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProce
                                 **options.sink(home, ORDER_COUNT_STORE))  # fmt: skip
             assert old.proc is not None and old.proc.wait(timeout=60) == 1, old.log()
             print(f"the idle topology ended {time.monotonic() - dropped:.1f}s after the drop and the new declaration")
-            assert "store 'order-count' was dropped and declared again" in old.log(), old.log()
+            assert "store 'order-count' was dropped and declared again" in old.log(tail=None), old.log()
             new_actors = {i["actor"] for i in http_get(f"{url}/metadata/stores/{ORDER_COUNT_STORE}")[2]["result"]}
             assert new_actors and not new_actors & old_actors
             with ledger.lock:
@@ -447,7 +449,7 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
                 # watermark after its batch 0 (which reset the partitions, 503 until then).
                 write_records(tmp_path, "order", [Record("late", "dish", at(700 + 40 * (last + 5)))])
                 assert topology.proc.wait(timeout=60) == 1, topology.log()
-                assert f"store '{SESSIONS}' is fed by another topology" in topology.log(), topology.log()
+                assert f"store '{SESSIONS}' is fed by another topology" in topology.log(tail=None), topology.log()
                 print("the resumed topology:", *[ln[:240] for ln in topology.log().splitlines() if "another" in ln])
                 wait_for(lambda: all(sessions(k) == v for k, v in expected.items()), timeout=120,
                          what="the sessions served from the taker's feed")  # fmt: skip

@@ -86,6 +86,10 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
     assert book.refusal(again, 104.0, displace="host:1:zz") is not None  # another run than the holder
     assert book.claim(again, 104.0, displace="host:1:aa") is None and book.status(104.0)["s"]["feeder"] == "host:1:cc"
     assert book.claim(first, 104.5, displace="host:1:cc") is None  # and back (as if cc had been killed)
+    # Claimed again by the run that holds it (a rebuild in place): heard, its record's progress kept.
+    book.report(replace(first, batch_id=9), 104.6)
+    assert book.claim(first, 104.7) is None
+    assert (book.status(104.7)["s"]["batch_id"], book.status(104.7)["s"]["heard_at"]) == (9, 104.7)
     assert book.refusal(replace(other, checkpoint=None), 105.0) is not None  # no checkpoint: never the same feed
     # Silent past the bound: the other checkpoint may take it.
     assert book.refusal(other, 110.5) is not None and book.claim(other, 111.0) is None
@@ -95,6 +99,9 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
     assert book.claim(first, 112.5) is None
     book.report(replace(first, state="failed", error="boom"), 113.0)
     assert book.refusal(other, 113.5) is None
+    # Its own failed record, claimed again by the same run: recorded, live, so it holds the store again.
+    assert book.claim(first, 114.0) is None and book.status(114.0)["s"]["state"] == "running"
+    assert book.refusal(other, 114.5) is not None
 
 
 def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:

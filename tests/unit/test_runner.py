@@ -666,11 +666,6 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     class Registry:
         claim_feed = _Answer(lambda report, displace: claims.append((report, displace)) or answers.pop(0))
 
-    class Feeder(FakeFeeder):
-        def claimed(self, report: Any) -> None:  # type: ignore[override]
-            self.taken.pop(report.store, None)
-            self.updates.append({"claimed": report})
-
     monkeypatch.setattr(sink, "registry", lambda _ns: Registry())
     monkeypatch.setattr(sink.raycalls, "get", lambda ref, *_, **__: ref)
     monkeypatch.setattr(sink, "_CLAIM_PAUSE", 0.01)
@@ -680,7 +675,7 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     with caplog.at_level(logging.INFO):
         sink.claim_feed("ns", feeder, report, wait=5.0)  # type: ignore[arg-type]
     assert [c for c in claims] == [(report, None)] * 3 and feeder.superseded("s") is None  # taken at the third
-    assert feeder.updates == [{"claimed": report}]  # the feed beats from the claim on
+    assert feeder.updates == [{"claimed": "s"}]  # the feed beats from the claim on
     assert caplog.text.count("waiting up to 5s for it to stop or fall silent") == 1
     assert "the other feed let it go" in caplog.text
 
@@ -690,12 +685,20 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
 
     # Held by a run of this very checkpoint: displaced at once if its process is gone from this host, never
     # if it runs (this test's own process), nor if it ran on another host (the claim waits for the bound).
+    from topologies.feeder import _pid_namespace
+
     claims.clear()
-    gone = f"{socket.gethostname()}:{_a_pid_that_is_gone()}:cc"
+    here = f":{_pid_namespace()}" if _pid_namespace() else ""
+    gone = f"{socket.gethostname()}:{_a_pid_that_is_gone()}:cc{here}"
     answers[:] = [{"why": "same", "feeder": gone, "same_checkpoint": True}, None]
     sink.claim_feed("ns", feeder, report, wait=0)  # type: ignore[arg-type]
     assert [d for _, d in claims] == [None, gone]
-    for alive in (f"{socket.gethostname()}:{os.getpid()}:dd", "another-host:1:ee"):
+    for alive in (
+        f"{socket.gethostname()}:{os.getpid()}:dd{here}",  # this very process
+        "another-host:1:ee",
+        f"{socket.gethostname()}:{_a_pid_that_is_gone()}:ff:1",  # another container of this host's name
+        f"{socket.gethostname()}:cc:{os.getpid()}",  # not an id this riqr writes
+    ):
         answers[:] = [{"why": "same checkpoint, alive", "feeder": alive, "same_checkpoint": True}] * 100
         with pytest.raises(StoreInUse, match="same checkpoint, alive"):
             sink.claim_feed("ns", feeder, report, wait=0)  # type: ignore[arg-type]
@@ -708,3 +711,52 @@ def _a_pid_that_is_gone() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_materialize_all_claims_every_store_first_and_lets_go_of_those_it_did_not_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused on its second store, a topology starts none, and lets go of the first store's claim: held
+    by a process that feeds it nothing, it would refuse every other topology."""
+    from runtime.errors import StoreInUse
+    from runtime.ownership import ClusterView
+    from topologies import sink
+
+    feeder = Feeder()
+    monkeypatch.setattr(sink, "_declare", lambda df, store, *_: (df, [], store))
+    monkeypatch.setattr(sink, "create_stores", lambda ns, specs: ClusterView(1, {}))
+    monkeypatch.setattr(sink, "feeder_for", lambda ns: feeder)
+    started: list[str] = []
+    monkeypatch.setattr(sink, "materialize", lambda df, **options: started.append(options["store"]))
+
+    def claim(namespace: str, who: Any, report: Any, wait: float | None = None) -> None:
+        if report.store == "second":
+            raise StoreInUse("store 'second' is fed by another topology: x", store="second")
+        who.claimed(report)
+
+    monkeypatch.setattr(sink, "claim_feed", claim)
+    pairs = [(None, {"store": s, "key": "k", "checkpoint": f"/h/{s}", "namespace": "ns"}) for s in ("first", "second")]
+    with pytest.raises(StoreInUse):
+        sink.materialize_all(pairs)
+    assert started == []
+    assert feeder.updates == [{"claimed": "first"}, {"store": "first", "state": "stopped"}]
+
+
+class Feeder(FakeFeeder):
+    """A ``FakeFeeder`` that keeps what it claimed as live feeds, as ``topologies.feeder.Feeder`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: set[str] = set()
+
+    def claimed(self, report: Any) -> None:  # type: ignore[override]
+        self.taken.pop(report.store, None)
+        self.live.add(report.store)
+        self.updates.append({"claimed": report.store})
+
+    def live_stores(self) -> list[str]:
+        return sorted(self.live)
+
+    def update(self, store: str, **info: object) -> None:
+        self.live.discard(store)
+        self.updates.append({"store": store, **info})
