@@ -199,8 +199,12 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
             with ledger.lock:
                 produced = dict(ledger.produced)
             topology.wait_for(_caught_up(url, produced), timeout=180, what="the restarted topology feeding")
-            # It took its stores back at once, the killed run's process being gone (not 6 s later, stale).
-            assert "had ended" in topology.log(tail=None), topology.log()
+            # It took its stores back without waiting: the killed run's process gone from this host, it is
+            # displaced at once ("had ended"), or the registry had called it stale already (a restart slower
+            # than the bound). Never refused as if the killed run still fed them.
+            restarted = topology.log(tail=None)
+            assert "waiting up to" not in restarted and "fed by another topology" not in restarted, restarted
+            print("the restart", "displaced the killed run" if "had ended" in restarted else "found it stale")
         wait_for_every_order_counted(url, ledger)
         assert ledger.wrong == []
         assert ledger.answers[200] > 50, ledger.answers  # the reads ran all along
