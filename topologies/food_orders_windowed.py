@@ -65,40 +65,37 @@ def order_sessions(orders: Any, *, gap: str = "30 seconds", watermark: str) -> A
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS, *, watermark: str = "10 seconds") -> list[Any]:
-    """Start both queries; returns them (window store first), then their dead-letter queries."""
-    from topologies.sink import materialize
+    """Start both queries; returns them (window store first), then their dead-letter queries. Both stores'
+    feeds are taken before either query starts (``materialize_all``), and the dead-letter queries start
+    after them."""
+    from topologies.sink import materialize_all
 
-    dead_letters: list[Any] = []
-
-    def orders(consumer: str) -> Any:
-        records, rejects = options.read(spark, home, "order")
-        dead_letters.extend(options.dead_letters(home, "order", consumer, rejects))
-        return records
-
-    windows = materialize(
-        orders_per_window(orders(ORDERS_PER_MINUTE_STORE), watermark=watermark),
-        store=ORDERS_PER_MINUTE_STORE,
-        key="key",
-        value="orders",
-        kind="window",
-        **options.sink(home, ORDERS_PER_MINUTE_STORE),
-    )
-    sessions = materialize_sessions(orders(ORDER_SESSIONS_STORE), home, options, watermark=watermark)
+    window_orders, window_rejects = options.read(spark, home, "order")
+    session_orders, session_rejects = options.read(spark, home, "order")
+    windows, sessions = materialize_all([
+        (orders_per_window(window_orders, watermark=watermark),
+         {"store": ORDERS_PER_MINUTE_STORE, "key": "key", "value": "orders", "kind": "window",
+          **options.sink(home, ORDERS_PER_MINUTE_STORE)}),
+        (order_sessions(session_orders, watermark=watermark), _sessions_sink(home, options)),
+    ])  # fmt: skip
+    dead_letters = [
+        *options.dead_letters(home, "order", ORDERS_PER_MINUTE_STORE, window_rejects),
+        *options.dead_letters(home, "order", ORDER_SESSIONS_STORE, session_rejects),
+    ]
     return [windows, sessions, *dead_letters]
+
+
+def _sessions_sink(home: Path, options: TopologyOptions) -> dict[str, Any]:
+    """``materialize``'s options for ``order-sessions``."""
+    return {"store": ORDER_SESSIONS_STORE, "key": "key", "value": "orders", "kind": "session",
+            **options.sink(home, ORDER_SESSIONS_STORE)}  # fmt: skip
 
 
 def materialize_sessions(orders: Any, home: Path, options: TopologyOptions, *, watermark: str) -> Any:
     """Start the query feeding ``order-sessions`` from the parsed ``orders``; returns it."""
     from topologies.sink import materialize
 
-    return materialize(
-        order_sessions(orders, watermark=watermark),
-        store=ORDER_SESSIONS_STORE,
-        key="key",
-        value="orders",
-        kind="session",
-        **options.sink(home, ORDER_SESSIONS_STORE),
-    )
+    return materialize(order_sessions(orders, watermark=watermark), **_sessions_sink(home, options))
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -87,32 +87,29 @@ def latest_booking(bookings: Any) -> Any:
 
 
 def start(spark: Any, home: Path, options: TopologyOptions = DEFAULTS) -> list[Any]:
-    """Start both queries; returns them (latest-booking first), then their dead-letter queries."""
-    from topologies.sink import materialize
+    """Start both queries; returns them (latest-booking first), then their dead-letter queries. Both
+    stores' feeds are taken before either query starts (``materialize_all``), and the dead-letter queries
+    start after them."""
+    from topologies.sink import materialize_all
 
-    def bookings(consumer: str) -> tuple[Any, list[Any]]:
+    def bookings() -> tuple[Any, tuple[Any, Any]]:
         # Each store's query reads the topic itself, so each sends what it rejects to the dead letters.
         records, unreadable = options.read(spark, home, "booking")
         good, unparsable = split_bookings(records)
-        return good, options.dead_letters(home, "booking", consumer, unreadable, unparsable)
+        return good, (unreadable, unparsable)
 
-    latest_bookings, latest_rejects = bookings(LATEST_BOOKING_STORE)
-    latest = materialize(
-        latest_booking(latest_bookings),
-        store=LATEST_BOOKING_STORE,
-        key="customer",
-        value="latest",
-        **options.sink(home, LATEST_BOOKING_STORE),
-    )
-    every_booking, every_rejects = bookings(BOOKINGS_STORE)
-    every = materialize(
-        every_booking,
-        store=BOOKINGS_STORE,
-        key=["customer", "booked_at"],
-        value="trip",
-        **options.sink(home, BOOKINGS_STORE),
-    )
-    return [latest, every, *latest_rejects, *every_rejects]
+    latest_bookings, latest_rejects = bookings()
+    every_booking, every_rejects = bookings()
+    latest_sink = {"store": LATEST_BOOKING_STORE, "key": "customer", "value": "latest",
+                   **options.sink(home, LATEST_BOOKING_STORE)}  # fmt: skip
+    every_sink = {"store": BOOKINGS_STORE, "key": ["customer", "booked_at"], "value": "trip",
+                  **options.sink(home, BOOKINGS_STORE)}  # fmt: skip
+    latest, every = materialize_all([(latest_booking(latest_bookings), latest_sink), (every_booking, every_sink)])
+    dead_letters = [
+        *options.dead_letters(home, "booking", LATEST_BOOKING_STORE, *latest_rejects),
+        *options.dead_letters(home, "booking", BOOKINGS_STORE, *every_rejects),
+    ]
+    return [latest, every, *dead_letters]
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
