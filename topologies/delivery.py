@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -142,6 +143,7 @@ class BatchDelivery:
         # of whose owners is among them is another store, dropped and declared again meanwhile (``table``).
         self.owners: frozenset[str] | None = None
         self.replaced = False
+        self._replaced_lock = threading.Lock()
 
     # -- the cluster ----------------------------------------------------------------------------------
 
@@ -188,8 +190,9 @@ class BatchDelivery:
         table = view.table(self.spec.name)
         if table is None or self.owners is None or not self.owners.isdisjoint(table.all_owners()):
             return table
-        if not self.replaced:
-            self.replaced = True
+        with self._replaced_lock:  # the batch's thread and the looks' may both find it: said once
+            said, self.replaced = self.replaced, True
+        if not said:
             log.error("store %s was dropped and declared again (its query actors are all new): this topology "
                       "no longer feeds it", self.spec.name, extra={"store": self.spec.name})  # fmt: skip
         return None

@@ -102,6 +102,7 @@ class FakeDelivery:
         self.retired = False
         self.owners: frozenset[str] | None = None  # the actors it declared the store with (None: no check)
         self.replaced = False
+        self._replaced_lock = threading.Lock()
 
     def report(self, **info: object) -> None:
         self.reports.append(info)
@@ -567,6 +568,30 @@ def test_a_store_dropped_and_declared_again_is_not_the_one_a_delivery_feeds(capl
     assert delivery.replaced
     assert caplog.text.count("was dropped and declared again") == 1  # said once
     assert "dropped and declared again" in delivery.gone() and "no longer feeds it" in delivery.gone()
+
+
+def test_a_store_declared_again_is_said_once_when_the_batch_and_a_look_find_it_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.ownership import ClusterView
+    from topologies.delivery import BatchDelivery
+
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    delivery.declared(ClusterView(1, {"s": string_table(("a", ()), ("a", ()))}))
+    other = ClusterView(2, {"s": string_table(("c", ()), ("c", ()))})
+    start = threading.Barrier(8)
+
+    def look() -> None:
+        start.wait()
+        assert delivery.table(other) is None
+
+    with caplog.at_level(logging.ERROR):
+        threads = [threading.Thread(target=look) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert caplog.text.count("was dropped and declared again") == 1
 
 
 def test_a_batch_for_a_store_declared_again_is_refused_before_any_copy_is_called() -> None:
