@@ -658,6 +658,10 @@ def materialize(
     fails the query. A ``trigger`` Spark would not take (``topologies.options.check_interval``) or a
     ``delivery_timeout`` that is not positive is a ValueError before anything is created or started.
 
+    One store has one feed: the store's feed is claimed at the registry (``claim_feed``) before the
+    checkpoint or any copy is touched, and ``StoreInUse`` says, after up to ``CLAIM_WAIT`` seconds, that
+    another topology (another run, from another checkpoint or alive on this one) still feeds it.
+
     ``_rebuilding`` (``start_again``, internal): the store is being rebuilt in place, so an empty
     checkpoint is one a failed start had already set aside, not a new store's: its partitions are not
     told they start empty (``begin``), and they answer 503 until batch 0 is in. ``_owners`` (``start_again``,
