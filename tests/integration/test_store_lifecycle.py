@@ -101,6 +101,19 @@ def test_a_dead_owner_is_a_503_with_retry_after_never_a_wrong_answer_until_it_is
     node = ray.get(runtime_ns.registry().view.remote()).actors[owner["actor"]].node_id
     handle = ray.get_actor(owner["actor"], namespace=runtime_ns.namespace)
     ray.kill(handle, no_restart=True)  # Ray will not restart it
+
+    def dead() -> bool:
+        """ray.kill returns before the actor is gone: a call that reaches it first is answered (and so was a
+        GET, rightly: with the value it had)."""
+        try:
+            ray.get(handle.positions.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            pass
+        return False
+
+    wait_for(dead, timeout=30, what="the killed owner gone")
     for path in ["get/1", "all", "approximate-num-entries", "range?from=0&to=1000"]:
         status, headers, body = http_get(f"{url}/stores/scores/{path}")
         assert status == 503, (path, body)
