@@ -36,6 +36,7 @@ to every owner over Ray, until every owner has acknowledged it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -205,9 +206,10 @@ class BatchDelivery:
                     "what now feeds it")  # fmt: skip
         return f"store {self.spec.name!r} is no longer registered"
 
-    @property
+    @functools.cached_property
     def lineage(self) -> str:
-        """The feed's lineage (``FeedReport.checkpoint``): ``lineage_of`` its checkpoint."""
+        """The feed's lineage (``FeedReport.checkpoint``): ``lineage_of`` its checkpoint, resolved once (it
+        goes with every report and every batch's epoch call)."""
         return lineage_of(self.checkpoint)
 
     def handle(self, uuid: str) -> Any:

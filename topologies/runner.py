@@ -162,8 +162,10 @@ def run_topology(
             feeder.finish_all()  # the stores it had started feeding, if any, stop with it
             return 1
         except Exception as err:  # the stores it had started feeding fail with it, not go stale
+            from topologies.sink import query_name
+
             store = err.details.get("store") if isinstance(err, RiqrError) else None
-            feeder.finish_all(f"riqr-{args.namespace}-{store}" if store else "start", f"{type(err).__name__}: {err}")
+            feeder.finish_all(query_name(args.namespace, store) if store else "start", f"{type(err).__name__}: {err}")
             raise
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)

@@ -78,6 +78,7 @@ __all__ = [
     "StoreUnregistered",
     "StoreSuperseded",
     "claim_feed",
+    "query_name",
     "stop_for_rebuild",
     "stop_looking",
     "start_again",
@@ -570,9 +571,14 @@ def claim_feed(namespace: str, feeder: Feeder, report: FeedReport, wait: float |
         time.sleep(_CLAIM_PAUSE)
 
 
+def query_name(namespace: str, store: str) -> str:
+    """The name of the streaming query that feeds ``store`` in ``namespace`` (Spark's, and the feed's)."""
+    return f"riqr-{namespace}-{store}"
+
+
 def _claim_report(namespace: str, feeder: Feeder, store: str, checkpoint: str, owners: Any) -> FeedReport:
     """What ``claim_feed`` sends for ``store`` fed from ``checkpoint`` (``owners``: its actors' uuids)."""
-    return FeedReport(store, feeder.id, RUNNING, query=f"riqr-{namespace}-{store}", checkpoint=lineage_of(checkpoint),
+    return FeedReport(store, feeder.id, RUNNING, query=query_name(namespace, store), checkpoint=lineage_of(checkpoint),
                       owners=tuple(sorted(owners)))  # fmt: skip
 
 
@@ -688,7 +694,7 @@ def materialize(
     from pyspark.sql import functions as F
 
     shaped = df.select(*key_cols, *value_cols, *extra, F.expr(partition_sql).alias(PARTITION_COLUMN))
-    name = f"riqr-{namespace}-{store}"
+    name = query_name(namespace, store)
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
     # This store, not one declared again under its name later; started again in place, the store the first
     # start declared (``_owners``, internal): dropped meanwhile, or dropped and declared again, it is refused

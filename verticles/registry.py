@@ -446,7 +446,8 @@ class Registry:
         significant, refused = False, {}
         for report in reports:
             table = known.get(report.store)
-            if table is None or self.feeds.about_an_older_store(report, table.all_owners()):
+            owners = table.all_owners() if table is not None else {}
+            if table is None or self.feeds.about_an_older_store(report, owners):
                 continue
             why = self.feeds.refusal(report, now) if report.live else None
             if why is not None:
@@ -455,7 +456,7 @@ class Registry:
                                 extra={"store": report.store})  # fmt: skip
                 refused[report.store] = why
                 continue
-            significant = self.feeds.report(report, now, table.all_owners()) or significant
+            significant = self.feeds.report(report, now, owners) or significant
         self._save_feeds(now=significant)
         return refused
 
