@@ -268,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--home",
         default=None,
-        help="landing dirs, checkpoints and (unless $RIQR_DATA is set) the stores' state; "
-        "default $RIQR_HOME or ~/.riqr",
+        help="landing dirs, checkpoints and (unless $RIQR_DATA is set) the stores' state, all reset at start; "
+        "default demo/ under $RIQR_HOME or ~/.riqr, apart from a deployment's",
     )
     demo.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     demo.add_argument("--ready-timeout", type=float, default=180.0)

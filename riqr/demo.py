@@ -89,9 +89,15 @@ def load_seed(home: Path) -> None:
     write_records(home, "order", parse_console_lines(SEED_ORDERS.splitlines()))
 
 
+def demo_home(explicit: str | None) -> Path:
+    """Where the demo writes, and what it resets at start: ``--home``, else ``<riqr home>/demo``. Not the riqr
+    home itself: resetting that wiped the landing data and checkpoints of a deployment on the machine."""
+    return riqr_home(explicit) if explicit else riqr_home() / "demo"
+
+
 def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    home = riqr_home(args.home)
+    home = demo_home(args.home)
     namespace = args.namespace
     for sub in (home / "data" / "customer", home / "data" / "order", home / "checkpoints" / namespace):
         if sub.exists():
@@ -216,8 +222,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _say("\n  the web console: " + base + "/ (paste the token)")
         _say("  the API, browsable: " + base + "/docs (its OpenAPI document: " + base + "/openapi.json)")
         _say(
-            "\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order"
-            + ("" if args.home is None else f" --home {home}")
+            f"\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order --home {home}"
             + "\n\n[riqr demo] serving until Ctrl-C"
         )
 

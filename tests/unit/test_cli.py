@@ -1,6 +1,7 @@
 import io
 import json
 import shlex
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -47,6 +48,15 @@ def test_produce_reads_riqr_home_from_the_environment(tmp_path, monkeypatch) -> 
     monkeypatch.setattr("sys.stdin", stdin(b"k--v"))
     assert cli.main(["produce", "customer"]) == 0
     assert len(list((tmp_path / "data" / "customer").iterdir())) == 1
+
+
+def test_the_demo_writes_under_a_home_of_its_own(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The demo resets its home at start: by default not the riqr home a deployment's topologies use."""
+    monkeypatch.setenv("RIQR_HOME", str(tmp_path))
+    assert demo.demo_home(None) == tmp_path.resolve() / "demo"
+    assert demo.demo_home(str(tmp_path / "elsewhere")) == (tmp_path / "elsewhere").resolve()
+    monkeypatch.delenv("RIQR_HOME")
+    assert demo.demo_home(None) == Path.home() / ".riqr" / "demo"
 
 
 @pytest.fixture
