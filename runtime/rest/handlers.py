@@ -50,9 +50,17 @@ def _facade(request: web.Request) -> Facade:
 
 def _store(request: web.Request) -> str:
     """The store named in the path, decoded strictly: aiohttp's lenient decoding would turn ``%FF`` into
-    U+FFFD and answer 404 for a store nobody asked for."""
+    U+FFFD and answer 404 for a store nobody asked for. Its segment is the one the matched route names
+    (not found by reading the raw path's first segment, which ``/%6Detadata/...`` spells otherwise), and
+    the name must be the one aiohttp matched, which is the one the caller's token was checked against."""
+    metadata = request.match_info.route.resource is not None and (
+        request.match_info.route.resource.canonical.startswith("/metadata/")
+    )
     segments = request.rel_url.raw_path.split("/")
-    return _store_name(segments[3] if segments[1] == "metadata" else segments[2])
+    name = _store_name(segments[3] if metadata else segments[2])
+    if name != request.match_info.get("store"):
+        raise MalformedPath("the store name in the path is malformed: it decodes two ways")
+    return name
 
 
 # Store names as written in paths -> decoded: a deployment has a handful, asked on every request. A name

@@ -8,6 +8,7 @@ import json
 import msgpack
 import pytest
 from openapi_spec_validator import validate
+from yarl import URL
 
 from runtime.auth import AuthConfig, generate_secret, mint_token
 from runtime.config import MAX_KEY_CHARS, MAX_QUERY_PARAMS
@@ -163,6 +164,24 @@ async def test_listings_show_only_what_the_token_may_read(secured) -> None:  # t
     instances = (await (await secured.get("/metadata", headers=_bearer("longs"))).json())["result"]
     assert instances and {n for i in instances for n in i["state-store-names"]} == {"longs"}
     assert (await secured.get("/stores/strings/all", headers=_bearer("longs"))).status == 403
+
+
+async def test_the_store_answered_is_the_store_authorized_however_the_path_is_spelled(secured) -> None:  # type: ignore[no-untyped-def]
+    """``/%6Detadata/...`` is routed as ``/metadata/...``: the handler once read the raw first segment, took
+    the path for ``/stores/...`` and answered about a store named ``stores``, not the one the token was
+    checked against."""
+    for plain, spelled in (
+        ("/metadata/stores/longs", "/%6Detadata/stores/longs"),
+        ("/metadata/stores/longs/key/0", "/%6Detadata/%73tores/longs/key/0"),
+        ("/stores/longs/get/0", "/%73tores/lon%67s/get/0"),
+    ):
+        expected = await secured.get(plain, headers=_bearer("longs"))
+        # sent as spelled: yarl would otherwise normalize %6D to m on the client's side
+        raw = URL(str(secured.make_url("")).rstrip("/") + spelled, encoded=True)
+        got = await secured.session.get(raw, headers=_bearer("longs"))
+        assert expected.status == got.status == 200, spelled
+        assert await got.json() == await expected.json(), spelled
+        assert (await secured.session.get(raw, headers=_bearer("strings"))).status == 403, spelled
 
 
 async def test_docs_spec_and_health_need_no_token(secured) -> None:  # type: ignore[no-untyped-def]
