@@ -21,6 +21,7 @@ composite keys as tuples (JSON arrays).
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,9 @@ def _datetime_to_micros(value: _dt.datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
 @dataclass(frozen=True)
 class KeyType:
     """A supported key column type: its name in the catalog, its kind and bounds."""
@@ -107,11 +111,11 @@ class KeyType:
             return text
         if self.kind == "timestamp":
             return self._parse_timestamp(text)
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise MalformedKey(f"key {text!r} is not a valid {self.name}", key=text, type=self.name) from None
-        return self._check_int(value, text)
+        # ASCII digits with an optional sign, as Java's Long.parseLong reads them: Python's int() also takes
+        # "1_0", " 10 " and other scripts' digits, which gave one key several spellings in a URL.
+        if _INTEGER.fullmatch(text) is None:
+            raise MalformedKey(f"key {text!r} is not a valid {self.name}", key=text, type=self.name)
+        return self._check_int(int(text, 10), text)
 
     def _check_int(self, value: int, shown: Any) -> int:
         if not self.lo <= value <= self.hi:

@@ -7,6 +7,7 @@ composite key on '/' and decodes each component.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -42,6 +43,7 @@ FACADE: web.AppKey[Facade] = web.AppKey("riqr.facade", Facade)
 AUTH: web.AppKey[AuthConfig] = web.AppKey("riqr.auth", AuthConfig)
 
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _facade(request: web.Request) -> Facade:
@@ -109,10 +111,9 @@ def _int_param(request: web.Request, name: str) -> int | None:
     raw = request.query.get(name)
     if raw is None:
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidParameter(f"{name} must be an integer, got {raw!r}", parameter=name) from None
+    if _INTEGER.fullmatch(raw) is None:  # ASCII digits only: int() also reads "1_0", " 1" and other scripts
+        raise InvalidParameter(f"{name} must be an integer, got {raw!r}", parameter=name)
+    return int(raw)
 
 
 async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamResponse:

@@ -16,9 +16,13 @@ def test_long_keys_parse_numerically() -> None:
     assert LONG.parse("10") == 10
     assert LONG.parse("-12") == -12
     assert LONG.parse(str(2**63 - 1)) == 2**63 - 1
+    assert LONG.parse("+7") == 7 and LONG.parse("007") == 7  # as Java's Long.parseLong reads them
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1.5", str(2**63), "0x10"])
+# Python's int() reads "1_0", " 10", "10 ", other scripts' digits and "1\n": a URL must not spell one key several ways.
+@pytest.mark.parametrize(
+    "text", ["", "abc", "1.5", str(2**63), "0x10", "1_0", " 10", "10 ", "\u0661\u0660", "- 1", "1\n"]
+)
 def test_malformed_long_keys_are_400s(text: str) -> None:
     with pytest.raises(MalformedKey) as info:
         LONG.parse(text)

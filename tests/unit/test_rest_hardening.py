@@ -75,6 +75,9 @@ async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # ty
         ("/stores/strings/all?" + "&".join(f"p{i}=1" for i in range(MAX_QUERY_PARAMS + 1)), 400, "too-many-parameters"),
         ("/stores/strings/all?cursor=" + "A" * 5000, 400, "malformed-cursor"),
         ("/stores/clicks/windows?from=yesterday", 400, "malformed-range"),
+        ("/stores/strings/all?limit=1_0", 400, "invalid-parameter"),
+        ("/stores/longs/get/1_0", 400, "malformed-key"),
+        ("/stores/longs/get/%200", 400, "malformed-key"),
     ],
 )
 async def test_hostile_requests_get_their_code(client, path: str, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
