@@ -41,6 +41,11 @@ class TimeFilter:
             and (self.end_from is None or end >= self.end_from)
         )
 
+    def admits_none(self) -> bool:
+        """Whether no window can pass: its start bounds cross (``windows?from=`` after ``to``). Session bounds
+        never do: a session may start before ``latestStart`` and end after a later ``earliestEnd``."""
+        return self.start_from is not None and self.start_to is not None and self.start_from > self.start_to
+
     def to_wire(self) -> list[int | None]:
         return [self.start_from, self.start_to, self.end_from]
 
@@ -71,7 +76,10 @@ class Scan:
         return replace(self, lo=Bound(key, inclusive=False))
 
     def is_empty(self) -> bool:
-        """Whether no key can fall inside (for example ``from`` above ``to``)."""
+        """Whether no key can fall inside (for example ``from`` above ``to``), or no window (the time filter's
+        start bounds cross: without it a key range's windows were all read to be filtered out)."""
+        if self.times is not None and self.times.admits_none():
+            return True
         if self.lo is None or self.hi is None:
             return False
         if self.lo.key > self.hi.key:

@@ -70,6 +70,18 @@ async def test_fetch_a_key_range_and_all_keys_over_a_time_range(bus: FakeBus) ->
     assert len(everything) == 5 and all(isinstance(w, Windowed) for w in everything)
 
 
+async def test_crossed_time_bounds_are_empty_without_reading_a_window(bus: FakeBus) -> None:
+    """``from`` after ``to`` is empty for a key range as for one key (Kafka's fetch gives an empty iterator),
+    and the scan is known empty before any owner is asked: it once read every window to filter out all."""
+    core = Facade(bus)
+    for key in ("alice", None):
+        crossed = WindowQuery("orders-per-minute", key, time_from=minute(3), time_to=minute(1))
+        assert crossed.bind(windowed_spec("orders-per-minute")).is_empty(), key
+        assert await core.entries(crossed) == [], key
+    sessions = SessionQuery("order-sessions", earliest_end=minute(2), latest_start=T0)  # alice's first spans
+    assert not sessions.bind(windowed_spec("order-sessions", kind="session")).is_empty()
+
+
 async def test_sessions_of_a_key_a_range_and_find_sessions(bus: FakeBus) -> None:
     core = Facade(bus)
     alice = await core.entries(SessionQuery("order-sessions", "alice"))
