@@ -13,7 +13,7 @@ exists, so a caller cannot probe for store names it may not read.
 
 Secrets and tokens are never logged, never echoed in errors, and hidden in ``repr(AuthConfig)``.
 
-Wiring: riqr's REST app runs ``Authenticator.refusal`` in its request pipeline (``runtime.rest.pipeline``);
+Wiring: riqr's REST app runs ``Authenticator.check`` in its request pipeline (``runtime.rest.pipeline``);
 another aiohttp app can use ``auth_middleware(config)``. A handler finds the caller as
 ``request[PRINCIPAL]`` and may filter listings with ``visible(config, principal, store)``.
 """
@@ -394,11 +394,12 @@ class Authenticator:
         self.public = frozenset(public_paths)
         self.tokens = TokenCache(config)
 
-    def refusal(self, request: web.Request) -> web.Response | None:
-        """None when the request may go on (its caller is then ``request[PRINCIPAL]``), else the 401 or
-        403 to answer, in the app's error shape ``{"error": {"code", "message"}}``."""
+    def check(self, request: web.Request) -> None:
+        """Return when the request may go on (its caller is then ``request[PRINCIPAL]``), else raise the
+        ``Unauthorized`` (401) or ``Forbidden`` (403) to answer; riqr's pipeline renders it in the format
+        the caller asked for, as any error."""
         if request.rel_url.raw_path in self.public:  # public paths are plain ASCII: raw is decoded
-            return None
+            return
         try:
             principal = self.tokens.authenticate(request.headers.get(hdrs.AUTHORIZATION))
             store = request.match_info.get("store")
@@ -406,8 +407,16 @@ class Authenticator:
                 authorize(self.config, principal, store)
         except (Unauthorized, Forbidden) as err:
             log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
-            return web.json_response(err.to_json(), status=err.status, headers=err.headers())
+            raise
         request[PRINCIPAL] = principal
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """``check`` for a middleware: None when the request may go on, else the 401 or 403 to answer, as
+        JSON in the app's error shape ``{"error": {"code", "message"}}``."""
+        try:
+            self.check(request)
+        except (Unauthorized, Forbidden) as err:
+            return web.json_response(err.to_json(), status=err.status, headers=err.headers())
         return None
 
 

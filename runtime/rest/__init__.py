@@ -50,6 +50,6 @@ def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Applicat
     # aiohttp tries the routes under one path prefix in the order they were added: lookups by key first.
     for route in sorted(ROUTES, key=lambda r: r.handler is not h.get_key):
         resource = app.router.add_resource(route.path)
-        resource.add_route("GET", pipeline.wrap(route.handler, resource.canonical))  # no HEAD: 405
+        resource.add_route("GET", pipeline.wrap(route.handler, resource.canonical, route.query_params))  # no HEAD
     app.router.add_route("*", CATCH_ALL, pipeline.unrouted(), name=CATCH_ALL_NAME)
     return app

@@ -8,12 +8,14 @@ where no route reads one. The request pipeline (``runtime.rest.pipeline``) calls
 
 from __future__ import annotations
 
+from urllib.parse import unquote_plus
+
 from aiohttp import web
 
 from runtime.config import MAX_BODY_BYTES, MAX_QUERY_PARAMS, MAX_URL_CHARS
-from runtime.errors import PayloadTooLarge, TooManyParameters, UriTooLong
+from runtime.errors import InvalidParameter, PayloadTooLarge, TooManyParameters, UriTooLong
 
-__all__ = ["check_limits"]
+__all__ = ["check_limits", "check_params"]
 
 
 def check_limits(request: web.BaseRequest) -> None:
@@ -29,3 +31,22 @@ def check_limits(request: web.BaseRequest) -> None:
     if length is None or length > MAX_BODY_BYTES:
         # A chunked body has no length up front: no route reads one, so it is refused whatever its size.
         raise PayloadTooLarge(f"no route takes a request body over {MAX_BODY_BYTES} bytes", limit=MAX_BODY_BYTES)
+
+
+def check_params(request: web.BaseRequest, takes: frozenset[str]) -> None:
+    """``InvalidParameter`` for a query parameter the route does not take, or one given twice.
+
+    A store's routes ignored both: ``all?from=2&to=4`` answered the whole store and ``windows?from=a&from=b``
+    the first bound while ``range?from=1&from=5`` took the last. A filter the server drops is a wrong answer
+    to the caller who sent it, so it is refused, as Elasticsearch refuses an unrecognized parameter."""
+    seen: set[str] = set()
+    for pair in request.rel_url.raw_query_string.split("&"):
+        if not pair:
+            continue  # "?a=1&&b=2", or a trailing '&'
+        name = unquote_plus(pair.partition("=")[0])
+        if name not in takes:
+            taken = ", ".join(sorted(takes)) or "none"
+            raise InvalidParameter(f"this route takes no parameter {name!r} (it takes: {taken})", parameter=name)
+        if name in seen:
+            raise InvalidParameter(f"parameter {name!r} is given more than once", parameter=name)
+        seen.add(name)

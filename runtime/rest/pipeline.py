@@ -5,7 +5,8 @@
 2. turn every error into a JSON (or msgpack) answer (``render.error_response``);
 3. refuse what is over the request limits (``limits.check_limits``), before authentication;
 4. authenticate the bearer token and authorize the store the route names (``runtime.auth.Authenticator``);
-5. run the handler, and say ``Server: riqr`` (no version) on what it answers.
+5. refuse query parameters a store or metadata route does not take, or takes once (``limits.check_params``);
+6. run the handler, and say ``Server: riqr`` (no version) on what it answers.
 
 ``Pipeline.wrap`` puts these around each route's handler when the app is built, rather than as aiohttp
 middlewares: aiohttp runs every middleware as a coroutine wrapped around the next, adds one of its own
@@ -26,7 +27,7 @@ from aiohttp import web
 
 from runtime.auth import PUBLIC_PATHS, AuthConfig, Authenticator
 from runtime.metrics import Metrics
-from runtime.rest.limits import check_limits
+from runtime.rest.limits import check_limits, check_params
 from runtime.rest.probes import UNMATCHED, record_request
 from runtime.rest.render import SERVER_NAME, Handler, error_response
 
@@ -46,10 +47,11 @@ class Pipeline:
         self.recorder = recorder
         self.authenticator = Authenticator(auth, public_paths=public_paths)
 
-    def wrap(self, handler: Handler, route: str) -> Handler:
-        """``handler`` with the pipeline around it; ``route`` is its pattern, the metrics' route label."""
+    def wrap(self, handler: Handler, route: str, params: frozenset[str] | None = None) -> Handler:
+        """``handler`` with the pipeline around it; ``route`` is its pattern, the metrics' route label;
+        ``params``, when given, the only query parameters it takes, each at most once (``check_params``)."""
         recorder = self.recorder
-        refusal_of = self.authenticator.refusal
+        authenticate = self.authenticator.check
 
         async def pipeline(request: web.Request) -> web.StreamResponse:
             started = time.perf_counter()
@@ -57,8 +59,10 @@ class Pipeline:
             try:
                 try:
                     check_limits(request)
-                    refusal = refusal_of(request)
-                    response = refusal if refusal is not None else await handler(request)
+                    authenticate(request)  # a 401 or 403 is rendered below, in the format asked for
+                    if params is not None and request.rel_url.raw_query_string:
+                        check_params(request, params)
+                    response = await handler(request)
                 except Exception as exc:  # noqa: BLE001 - error_response logs what it does not know
                     response = error_response(request, exc)
                 if not response.prepared:  # a stream sets the header itself before it starts

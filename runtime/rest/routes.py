@@ -51,6 +51,14 @@ class Route:
     public: bool = False
     tag: str = "stores"
 
+    @property
+    def query_params(self) -> frozenset[str] | None:
+        """The query parameters a store or metadata route takes (any other, or one given twice, is a 400);
+        None for the service and console routes, which read none and ignore what they are sent."""
+        if self.tag not in ("stores", "metadata"):
+            return None
+        return frozenset(p.name for p in self.params if p.where == "query")
+
 
 STORE = Param("store", "path", "The store's name (percent-encoded).")
 KEY = Param(
@@ -65,8 +73,9 @@ REVERSE = Param("reverse", "query", "Descending key order.", (("type", "boolean"
 LIMIT = Param(
     "limit",
     "query",
-    "Page size: answer one page and the cursor of the next ('next'); with NDJSON, stop after this many.",
-    (("type", "integer"), ("minimum", 1), ("maximum", MAX_PAGE)),
+    f"Page size: answer one page and the cursor of the next ('next'), at most {MAX_PAGE}; with NDJSON, stop "
+    "after this many (any positive number).",
+    (("type", "integer"), ("minimum", 1)),
 )
 CURSOR = Param("cursor", "query", "The 'next' of the previous page: continues that scan (its bounds travel with it).")
 PAGING = (REVERSE, LIMIT, CURSOR)

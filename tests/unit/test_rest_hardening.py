@@ -85,6 +85,36 @@ async def test_hostile_requests_get_their_code(client, path: str, status: int, c
     assert resp.status == status and (await resp.json())["error"]["code"] == code
 
 
+@pytest.mark.parametrize(
+    ("path", "parameter"),
+    [
+        ("/stores/strings/all?from=a&to=b", "from"),  # once answered the whole store
+        ("/stores/strings/prefix/a?to=b", "to"),
+        ("/stores/strings/get/a?limit=1", "limit"),
+        ("/stores/visits/sessions?keyFrom=a&earliestEnd=2026-01-01T00:00:00Z", "earliestEnd"),
+        ("/stores/strings/range?from=a&from=b", "from"),  # took the last; windows' from took the first
+        ("/stores/clicks/windows?from=2026-01-01T00:00:00Z&from=2026-01-02T00:00:00Z", "from"),
+        ("/stores/strings/all?limit=1&limit=5", "limit"),
+        ("/stores/strings/all?Limit=1", "Limit"),
+        ("/stores?verbose=1", "verbose"),
+        ("/metadata/stores/strings?x", "x"),
+    ],
+)
+async def test_a_parameter_the_route_does_not_take_or_given_twice_is_a_400(client, path: str, parameter: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path)
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["code"] == "invalid-parameter" and error["parameter"] == parameter, error
+
+
+async def test_parameters_the_route_takes_empty_pairs_and_service_routes(client, secured) -> None:  # type: ignore[no-untyped-def]
+    got = await client.get("/stores/strings/range?from=a&&to=z&limit=2&")  # empty pairs are nothing
+    assert got.status == 200 and len((await got.json())["result"]) <= 2
+    for path in ("/health?probe=1", "/ready?x=1", "/openapi.json?v=2", "/docs?x"):
+        assert (await client.get(path)).status in (200, 503), path  # service routes ignore parameters
+    # a caller without a token learns nothing, not even which parameters a route takes
+    assert (await secured.get("/stores/strings/all?nope=1")).status == 401
+
+
 async def test_a_cursor_of_another_store_or_query_kind_is_a_400(client) -> None:  # type: ignore[no-untyped-def]
     page = await (await client.get("/stores/clicks/windows?limit=1")).json()
     for path in ("/stores/visits/sessions", "/stores/clicks/all", "/stores/strings/all"):
@@ -158,6 +188,17 @@ async def test_unrouted_paths_and_methods_need_a_token_like_any_other(secured) -
     # the same header twice is served from the token cache: the same caller, the same verdicts
     for _ in range(2):
         assert (await secured.get("/stores/strings/get/a", headers=_bearer("longs"))).status == 403
+
+
+async def test_refusals_come_in_the_format_asked_for(secured) -> None:  # type: ignore[no-untyped-def]
+    """401 and 403 were JSON whatever the caller's Accept said; every other error came as msgpack."""
+    msgpack_only = {"Accept": "application/msgpack"}
+    missing = await secured.get("/stores/strings/all", headers=msgpack_only)
+    assert missing.status == 401 and missing.headers["WWW-Authenticate"].startswith("Bearer")
+    assert msgpack.unpackb(await missing.read())["error"]["code"] == "unauthorized"
+    refused = await secured.get("/stores/strings/all", headers={**msgpack_only, **_bearer("longs")})
+    assert refused.status == 403 and msgpack.unpackb(await refused.read())["error"]["code"] == "forbidden"
+    assert (await (await secured.get("/stores/strings/all")).json())["error"]["code"] == "unauthorized"
 
 
 async def test_listings_show_only_what_the_token_may_read(secured) -> None:  # type: ignore[no-untyped-def]
