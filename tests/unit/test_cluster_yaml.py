@@ -28,3 +28,14 @@ def test_cluster_yaml_starts_ray_with_the_virtualenv_on_path() -> None:
         start = next(c for c in config[key] if "ray start" in c)
         assert 'export PATH="$HOME/riqr/.venv/bin:$PATH"' in start, start
         assert start.index("export PATH") < start.index("ray start"), start
+
+
+def test_cluster_yaml_starts_every_node_with_rays_token_auth() -> None:
+    """Ray's job API runs any code it is sent: no node of the shipped cluster starts Ray without token auth,
+    and every node gets the one token (Ray's default path, copied from the launching machine)."""
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = next(c for c in config[key] if "ray start" in c)
+        assert "export RAY_AUTH_MODE=token" in start, start
+        assert start.index("RAY_AUTH_MODE=token") < start.index("ray start"), start
