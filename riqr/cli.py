@@ -29,7 +29,7 @@ from runtime.config import (
     RuntimeConfig,
     riqr_home,
 )
-from runtime.errors import NotConnected, RiqrError
+from runtime.errors import BadRequest, NotConnected, RiqrError
 from runtime.landing import parse_console_bytes, write_records
 from runtime.queries import UrlKey
 from runtime.windows import Windowed
@@ -195,6 +195,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bound(args: argparse.Namespace, which: str) -> str | None:
+    """A range bound given as a positional or as ``--from``/``--to`` (``BadRequest`` if both)."""
+    positional, option = getattr(args, which), getattr(args, f"{which}_option", None)
+    if positional is not None and option is not None:
+        flag = "--from" if which == "lo" else "--to"
+        raise BadRequest(f"the {'lower' if which == 'lo' else 'upper'} bound is given twice: as an argument and {flag}")
+    return positional if positional is not None else option
+
+
 def _url_key(text: str | None) -> UrlKey | None:
     return None if text is None else UrlKey(text)
 
@@ -217,7 +226,7 @@ def query_lines(store: Any, args: argparse.Namespace) -> Iterator[str]:
         return
     bounds: dict[str, Any] = {}
     if args.op == "range":
-        bounds = {"lo": _url_key(args.lo), "hi": _url_key(args.hi)}
+        bounds = {"lo": _url_key(_bound(args, "lo")), "hi": _url_key(_bound(args, "hi"))}
     elif args.op == "prefix":
         bounds = {"prefix": UrlKey(args.prefix).text()}
     page_size = min(args.limit or DEFAULT_PAGE_SIZE, DEFAULT_PAGE_SIZE)
@@ -323,14 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     get = ops.add_parser("get", help="the value of a key")
     get.add_argument("key")
     scans = [ops.add_parser("all", help="every entry in key order")]
-    scans.append(ops.add_parser("range", help="entries between two keys, both inclusive, either optional"))
+    scans.append(
+        ops.add_parser(
+            "range",
+            help="entries between two keys, both inclusive, either optional",
+            description="FROM and TO, or --from and --to: `range --to 5` has no lower bound ('' is a key).",
+        )
+    )
     scans[-1].add_argument("lo", nargs="?", default=None, metavar="FROM")
     scans[-1].add_argument("hi", nargs="?", default=None, metavar="TO")
+    scans[-1].add_argument("--from", dest="lo_option", default=None, metavar="FROM", help="the lower bound")
+    scans[-1].add_argument("--to", dest="hi_option", default=None, metavar="TO", help="the upper bound")
     scans.append(ops.add_parser("prefix", help="entries whose key starts with a prefix"))
     scans[-1].add_argument("prefix")
     for scan in scans:
         scan.add_argument("--limit", type=_positive, default=None, help="stop after this many entries")
         scan.add_argument("--reverse", action="store_true", help="descending key order")
+    for op in (get, *scans):  # also after the query, as `riqr query STORE all --namespace x`
+        op.add_argument("--address", default=argparse.SUPPRESS, help="Ray address, as before the store")
+        op.add_argument("--namespace", default=argparse.SUPPRESS, help="riqr's namespace, as before the store")
     query.set_defaults(func=_cmd_query)
 
     down = sub.add_parser("down", help="remove the verticles (and the stores' state) from the Ray cluster")

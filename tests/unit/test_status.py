@@ -12,6 +12,7 @@ from rich.console import Console
 from riqr import cli
 from riqr.progress import Steps
 from riqr.status import endpoint_rows, lag, render_status, replicas_per_node, store_rows
+from runtime.errors import BadRequest
 from runtime.queries import UrlKey
 from runtime.windows import Windowed
 
@@ -167,6 +168,21 @@ def test_query_prints_json_lines() -> None:
     ]
     assert store.asked[-1]["page_size"] == 2  # never fetches more than it prints
     assert _lines(store, "prefix", "a%2F") == ['{"key":"a/b","value":[1.5]}']  # written as in a REST path
+
+
+def test_query_takes_either_bound_alone_and_its_options_after_the_query() -> None:
+    store = FakeStore({"1": "a", "2": "b", "3": "c"})
+    assert _lines(store, "range", "--to", "2") == ['{"key":"1","value":"a"}', '{"key":"2","value":"b"}']
+    assert _lines(store, "range", "--from", "3") == ['{"key":"3","value":"c"}']
+    assert _lines(store, "range", "2") == ['{"key":"2","value":"b"}', '{"key":"3","value":"c"}']
+    with pytest.raises(BadRequest, match="given twice"):
+        _lines(store, "range", "1", "--from", "2")
+    parser = cli.build_parser()
+    after = parser.parse_args(["query", "s", "all", "--namespace", "x", "--address", "auto"])
+    assert (after.namespace, after.address) == ("x", "auto")
+    before = parser.parse_args(["query", "--namespace", "x", "s", "get", "1"])
+    assert (before.namespace, before.address) == ("x", None)
+    assert parser.parse_args(["query", "s", "get", "1"]).namespace == "riqr"
 
 
 def test_query_prints_windows_with_their_bounds() -> None:
