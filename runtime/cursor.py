@@ -101,6 +101,10 @@ class CursorCodec:
     def decode(self, spec: StoreSpec, shape: str, token: str) -> Scan:
         """The scan a cursor continues, already moved past its last key; ``MalformedCursor`` unless this
         deployment issued it for ``spec``'s store and a ``shape`` query, and it fits the store's schema."""
+        return self.decode_with_origin(spec, shape, token)[1]
+
+    def decode_with_origin(self, spec: StoreSpec, shape: str, token: str) -> tuple[Scan, Scan]:
+        """``(the scan that issued the cursor, that scan moved past its last key)``, checked as ``decode``."""
         body = self._verified_body(spec.name, token)
         try:
             version, store, issued_for, reverse, lo, hi, last, times = msgpack.unpackb(
@@ -115,7 +119,7 @@ class CursorCodec:
                                   f"{spec.name!r}", store=spec.name)  # fmt: skip
         try:
             scan = Scan(_bound(spec, lo), _bound(spec, hi), _flag(reverse), _times(spec, times))
-            return scan.after(_key(spec, last, whole=True))
+            return scan, scan.after(_key(spec, last, whole=True))
         except _Invalid:
             raise MalformedCursor(f"the cursor does not fit store {spec.name!r}", store=spec.name) from None
 

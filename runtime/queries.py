@@ -119,6 +119,10 @@ class ScanQuery(Protocol):
 
     def bind(self, spec: StoreSpec) -> Scan: ...
 
+    def bare(self) -> ScanQuery:
+        """The same kind of query on the same store with none of its parameters: a cursor given alone."""
+        ...
+
 
 @dataclass(frozen=True)
 class RangeQuery:
@@ -131,6 +135,9 @@ class RangeQuery:
     hi: Any = None
     prefix: str | None = None
     reverse: bool = False
+
+    def bare(self) -> RangeQuery:
+        return RangeQuery(self.store)
 
     def bind(self, spec: StoreSpec) -> Scan:
         key = spec.key
@@ -175,6 +182,9 @@ class WindowQuery:
     time_to: Any = None
     reverse: bool = False
 
+    def bare(self) -> WindowQuery:
+        return WindowQuery(self.store)
+
     def bind(self, spec: StoreSpec) -> Scan:
         require_kind(spec, "window")
         return window_scan(
@@ -202,6 +212,9 @@ class SessionQuery:
     earliest_end: Any = None
     latest_start: Any = None
     reverse: bool = False
+
+    def bare(self) -> SessionQuery:
+        return SessionQuery(self.store)
 
     def bind(self, spec: StoreSpec) -> Scan:
         require_kind(spec, "session")

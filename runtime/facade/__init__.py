@@ -27,7 +27,7 @@ from runtime.codec import decode_value, encode_json
 from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
 from runtime.cursor import CursorCodec
 from runtime.deadline import Deadline, within
-from runtime.errors import RiqrError
+from runtime.errors import MalformedCursor, RiqrError
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, LocalCopies, route_or_unavailable
 from runtime.facade.scatter import ScatterGather
@@ -127,9 +127,22 @@ class Facade:
     # -- scans ----------------------------------------------------------------------------------------
 
     async def _bind(self, query: ScanQuery, cursor: str | None = None) -> tuple[OwnershipTable, Scan]:
+        """The store's table and the scan to run: ``query``'s, or the one ``cursor`` continues. A cursor
+        comes alone (a query with no parameters) or with the very parameters of the query whose page issued
+        it: with others (another prefix in the path, other bounds, the other direction) it once continued
+        its own scan silently, answering entries the request did not ask for."""
         table = await self.views.table(query.store)
         scan = query.bind(table.spec)  # validates the query even when a cursor continues it
-        return table, scan if cursor is None else self.cursors.decode(table.spec, query.shape, cursor)
+        if cursor is None:
+            return table, scan
+        origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor)
+        if scan != origin and scan != query.bare().bind(table.spec):
+            raise MalformedCursor(
+                "the cursor continues another scan than this request asks for: send it alone, or with the "
+                "parameters of the request whose page gave it",
+                store=query.store,
+            )
+        return table, continued
 
     async def entries(self, query: ScanQuery) -> list[Any]:
         """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries."""

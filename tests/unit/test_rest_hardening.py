@@ -122,6 +122,19 @@ async def test_a_cursor_of_another_store_or_query_kind_is_a_400(client) -> None:
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "malformed-cursor", path
 
 
+async def test_a_cursor_comes_alone_or_with_the_parameters_that_issued_it(client) -> None:  # type: ignore[no-untyped-def]
+    """With other bounds or the other direction, a cursor once continued its own scan silently."""
+    first = await (await client.get("/stores/longs/range?from=0&limit=1")).json()
+    assert first["result"] == [{"key": 0, "value": "zero"}] and first["next"]
+    rest = [{"key": 2**63 - 1, "value": "max"}]
+    for same in ("from=0&", ""):
+        got = await client.get(f"/stores/longs/range?{same}limit=1&cursor={first['next']}")
+        assert got.status == 200 and (await got.json())["result"] == rest, same
+    for other in ("from=-5&", "from=0&to=9&", "from=0&reverse=true&", "reverse=true&"):
+        got = await client.get(f"/stores/longs/range?{other}limit=1&cursor={first['next']}")
+        assert got.status == 400 and (await got.json())["error"]["code"] == "malformed-cursor", other
+
+
 async def test_a_cursor_pages_on_any_node_of_the_deployment(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
     key = generate_cursor_key()
     one, other = (
