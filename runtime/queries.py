@@ -190,8 +190,8 @@ class WindowQuery:
         return window_scan(
             spec,
             key=_maybe(spec, self.key),
-            key_from=_maybe(spec, self.key_from),
-            key_to=_maybe(spec, self.key_to),
+            key_from=_maybe_bound(spec, self.key_from),
+            key_to=_maybe_bound(spec, self.key_to),
             time_from=self.time_from,
             time_to=self.time_to,
             reverse=self.reverse,
@@ -221,8 +221,8 @@ class SessionQuery:
         return session_scan(
             spec,
             key=_maybe(spec, self.key),
-            key_from=_maybe(spec, self.key_from),
-            key_to=_maybe(spec, self.key_to),
+            key_from=_maybe_bound(spec, self.key_from),
+            key_to=_maybe_bound(spec, self.key_to),
             earliest_end=self.earliest_end,
             latest_start=self.latest_start,
             reverse=self.reverse,
@@ -233,11 +233,21 @@ def _maybe(spec: StoreSpec, key: Any) -> Any:
     return None if key is None else _user_key(spec, key)
 
 
+def _maybe_bound(spec: StoreSpec, key: Any) -> Any:
+    """A key range's bound (``keyFrom``, ``keyTo``): a malformed one is ``MalformedRange``, as for ``range``."""
+    try:
+        return _maybe(spec, key)
+    except KeyTooLong:
+        raise
+    except RiqrError as err:
+        raise MalformedRange(err.message, store=spec.name) from None
+
+
 @dataclass(frozen=True)
 class PageRequest:
     """At most ``limit`` entries (None: the default page size) of a scan, from its start or, with a
-    ``cursor``, from where the previous page ended (the cursor carries the scan; the query's bounds are
-    then ignored)."""
+    ``cursor``, from where the previous page ended (the cursor carries the scan: the query comes without
+    parameters or with those of the query that issued it, ``Facade._bind``)."""
 
     limit: int | None = None
     cursor: str | None = None

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
-from runtime.errors import InvalidParameter, MalformedRange, RiqrError
+from runtime.errors import InvalidParameter, KeyTooLong, MalformedKey, MalformedRange, RiqrError
 from runtime.keys import TIMESTAMP, TOP, micros_to_datetime
 from runtime.scan import Bound, Scan, TimeFilter
 
@@ -73,14 +73,22 @@ def time_bound(value: Any, name: str) -> int | None:
         ) from None
 
 
-def _user_parts(spec: StoreSpec, key: Any) -> list[Any]:
-    """The user's key as typed components (without the window start), or ``MalformedKey``."""
+def _user_parts(spec: StoreSpec, key: Any, *, bound: bool = False) -> list[Any]:
+    """The user's key as typed components (without the window start): ``MalformedKey`` if it is not one,
+    ``MalformedRange`` if it is a ``bound`` of a key range (``keyFrom``, ``keyTo``), as for ``range``."""
     parts = list(key) if isinstance(key, (tuple, list)) else [key]
     n = spec.user_key_columns
-    if len(parts) != n:
-        raise MalformedRange(f"the key of store {spec.name!r} has {n} column(s), got {len(parts)}")
-    columns = spec.key.columns[:n]
-    return [t.coerce(p) for p, (_, t) in zip(parts, columns)]
+    try:
+        if len(parts) != n:
+            raise MalformedKey(f"the key of store {spec.name!r} has {n} column(s), got {len(parts)}")
+        columns = spec.key.columns[:n]
+        return [t.coerce(p) for p, (_, t) in zip(parts, columns)]
+    except KeyTooLong:
+        raise
+    except RiqrError as err:
+        if bound:
+            raise MalformedRange(err.message, store=spec.name) from None
+        raise
 
 
 def window_scan(
@@ -101,8 +109,8 @@ def window_scan(
         lo = tuple(user) + ((start_from,) if start_from is not None else ())
         hi = tuple(user) + ((start_to,) if start_to is not None else (TOP,))
         return Scan(Bound(lo), Bound(hi), reverse, times)
-    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from)))
-    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to)) + (TOP,))
+    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound=True)))
+    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound=True)) + (TOP,))
     return Scan(lo_b, hi_b, reverse, times)
 
 
@@ -125,6 +133,6 @@ def session_scan(
         user = tuple(_user_parts(spec, key))
         hi = user + ((start_to,) if start_to is not None else (TOP,))
         return Scan(Bound(user), Bound(hi), reverse, times)
-    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from)))
-    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to)) + (TOP,))
+    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound=True)))
+    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound=True)) + (TOP,))
     return Scan(lo_b, hi_b, reverse, times)

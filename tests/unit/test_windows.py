@@ -5,8 +5,10 @@ import json
 
 import pytest
 
+from runtime.catalog import StoreSpec, ValueField
 from runtime.errors import InvalidParameter, MalformedRange
 from runtime.facade import Facade
+from runtime.keys import KeySchema
 from runtime.queries import KeyQuery, RangeQuery, SessionQuery, WindowQuery
 from runtime.rest import build_app
 from runtime.windows import Windowed
@@ -47,6 +49,15 @@ def bus() -> FakeBus:
         ],
     )
     b.create_store(kv_spec("plain"))
+    # Windows of (region, shop) keys, shop a number: for the errors of keys with more than one column.
+    b.create_store(
+        StoreSpec(
+            "shop-windows",
+            KeySchema("region", "string", (("shop", "long"), ("window_start", "timestamp"))),
+            (ValueField("count", "bigint"),),
+            kind="window",
+        )
+    )
     return b
 
 
@@ -181,6 +192,12 @@ async def test_rest_window_and_session_paths(client) -> None:  # type: ignore[no
         ("/stores/order-sessions/sessions/alice?latestStart=1700000000", "malformed-range"),
         ("/stores/orders-per-minute/get/alice", "invalid-parameter"),
         ("/stores/orders-per-minute/range?from=a", "invalid-parameter"),
+        # a key in the path is a key: malformed-key, as for get; a key range's bound is malformed-range
+        ("/stores/shop-windows/windows/eu", "malformed-key"),  # one column of two
+        ("/stores/shop-windows/windows/eu/x", "malformed-key"),  # the shop is no number
+        ("/stores/shop-windows/windows?keyFrom=eu", "malformed-range"),
+        ("/stores/shop-windows/windows?keyTo=eu/x", "malformed-range"),
+        ("/stores/shop-windows/windows?keyFrom=%FF", "malformed-range"),
     ],
 )
 async def test_rest_errors_say_what_was_wrong(client, path: str, code: str) -> None:  # type: ignore[no-untyped-def]
