@@ -28,9 +28,20 @@ facade, not across nodes.
 from __future__ import annotations
 
 import functools
+from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["Span", "Spans", "Mark", "Marks", "span_text", "POSITION_HEADER", "position_header"]
+__all__ = [
+    "Span",
+    "Spans",
+    "Mark",
+    "Marks",
+    "span_text",
+    "POSITION_HEADER",
+    "position_header",
+    "SpansSeen",
+    "SEEN",
+]
 
 # The response header of a key lookup saying what the answer reflects (docs/api.md, "Freshness").
 POSITION_HEADER = "X-Riqr-Position"
@@ -67,6 +78,34 @@ def position_header(partition: int, span: Span) -> str:
     when a batch was being applied during the read: the answer is one of the two states)."""
     source, lo, hi = span  # a span that crossed a codec may be a list: the cache below takes its parts
     return _position_text(partition, source, lo, hi)
+
+
+class SpansSeen:
+    """What an answer made of several owner calls reflects (a scan's pages, a count): per partition, the
+    span of every call admitted for it, merged. Calls of one source merge into ``lo`` of the earliest and
+    ``hi`` of the latest; a call at another source (a rebuild during a long scan) replaces the span, as the
+    facade's marks admit only a newer one."""
+
+    def __init__(self) -> None:
+        self.spans: Spans = {}
+
+    def add(self, spans: Spans) -> None:
+        for partition, span in spans.items():
+            source, lo, hi = span
+            seen = self.spans.get(partition)
+            if seen is not None and seen[0] == source:
+                lo, hi = min(lo, seen[1]), max(hi, seen[2])
+            self.spans[partition] = (source, lo, hi)
+
+    def header(self) -> str:
+        """Every partition read, as ``X-Riqr-Position`` lists them: a key lookup's form per partition, joined
+        by ", " in partition order (empty when nothing was read: an empty range)."""
+        return ", ".join(position_header(p, self.spans[p]) for p in sorted(self.spans))
+
+
+# The spans of the answer being built, set by the facade around one request's calls (asyncio tasks copy
+# the context when made, so every owner call of the request adds to the same ``SpansSeen``).
+SEEN: ContextVar[SpansSeen | None] = ContextVar("riqr_spans_seen", default=None)
 
 
 @functools.lru_cache(maxsize=4096)  # per answer: a few distinct values a batch, asked thousands of times

@@ -25,7 +25,7 @@ from runtime.engines.keycodec import KeyCodec
 from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
 from runtime.facade.view import ViewCache
 from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
-from runtime.monotonic import Marks
+from runtime.monotonic import SEEN, Marks
 from runtime.ownership import OwnershipTable
 from runtime.pages import PackedPage, Run, run_of, split_run
 from runtime.queries import Page, check_limit
@@ -169,6 +169,9 @@ class ScatterGather:
                 raise
             refused = self.marks.admit_all(table.spec.name, spans, active)
             if not refused:
+                seen = SEEN.get()
+                if seen is not None:
+                    seen.add(spans)
                 return answer
             others = _other_holders(table, partitions, tried | {uuid})
             covered = sorted(p for ps in others.values() for p in ps) == sorted(partitions)

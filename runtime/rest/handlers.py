@@ -16,7 +16,7 @@ from aiohttp import web
 from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
 from runtime.errors import InvalidParameter, MalformedKey, MalformedPath
 from runtime.facade import Facade
-from runtime.monotonic import POSITION_HEADER
+from runtime.monotonic import POSITION_HEADER, SEEN, SpansSeen
 from runtime.queries import KeyQuery, PageRequest, RangeQuery, ScanQuery, SessionQuery, UrlKey, WindowQuery
 from runtime.rest.render import entries_json, reply, stream_ndjson, wants_ndjson
 
@@ -117,7 +117,9 @@ def _int_param(request: web.Request, name: str) -> int | None:
 
 
 async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamResponse:
-    """Answer a scan: an NDJSON stream if asked, one page if ``limit``/``cursor`` given, else all at once."""
+    """Answer a scan: an NDJSON stream if asked, one page if ``limit``/``cursor`` given, else all at once.
+    A page or a whole answer says what it reflects per partition read (``X-Riqr-Position``); a stream,
+    whose headers go before its first entry, does not."""
     facade = _facade(request)
     limit = _int_param(request, "limit")
     cursor = request.query.get("cursor")
@@ -125,10 +127,23 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
         if limit is not None and limit < 1:
             raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
         return await stream_ndjson(request, facade.stream_ndjson(query, cursor, limit), limit)
-    if limit is not None or cursor is not None:
-        page = await facade.page(query, PageRequest(limit, cursor))
-        return reply(request, {"result": entries_json(page.entries), "next": page.next})
-    return reply(request, {"result": entries_json(await facade.entries(query))})
+    seen = SpansSeen()
+    token = SEEN.set(seen)
+    try:
+        if limit is not None or cursor is not None:
+            page = await facade.page(query, PageRequest(limit, cursor))
+            body = {"result": entries_json(page.entries), "next": page.next}
+        else:
+            body = {"result": entries_json(await facade.entries(query))}
+    finally:
+        SEEN.reset(token)
+    return reply(request, body, headers=_position(seen))
+
+
+def _position(seen: SpansSeen) -> dict[str, str] | None:
+    """The ``X-Riqr-Position`` header of an answer made of owner calls (none when none was made)."""
+    header = seen.header()
+    return {POSITION_HEADER: header} if header else None
 
 
 async def health(request: web.Request) -> web.Response:
@@ -227,4 +242,10 @@ async def sessions_of_range(request: web.Request) -> web.StreamResponse:
 
 
 async def approximate_num_entries(request: web.Request) -> web.Response:
-    return reply(request, {"result": await _facade(request).count(_store(request))})
+    seen = SpansSeen()
+    token = SEEN.set(seen)
+    try:
+        count = await _facade(request).count(_store(request))
+    finally:
+        SEEN.reset(token)
+    return reply(request, {"result": count}, headers=_position(seen))

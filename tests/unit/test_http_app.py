@@ -46,6 +46,26 @@ async def test_a_lookup_says_what_it_reflects_found_or_not(client) -> None:  # t
     assert "X-Riqr-Position" not in (await client.get("/stores/nope/get/1")).headers  # no partition was read
 
 
+async def test_scans_pages_and_counts_say_what_they_reflect_per_partition(client) -> None:  # type: ignore[no-untyped-def]
+    every = ", ".join(f"partition={p}; source=q; batch=0" for p in range(4))
+    for path in (
+        "/stores/customer-v1-changelog/all",
+        "/stores/customer-v1-changelog/range?from=1&to=5",
+        "/stores/customer-v1-changelog/all?limit=2",
+        "/stores/customer-v1-changelog/approximate-num-entries",
+    ):
+        resp = await client.get(path)
+        assert resp.status == 200 and resp.headers["X-Riqr-Position"] == every, path
+    first = await (await client.get("/stores/customer-v1-changelog/all?limit=2")).json()
+    resp = await client.get(f"/stores/customer-v1-changelog/all?limit=2&cursor={first['next']}")
+    assert resp.headers["X-Riqr-Position"] == every  # each page says its own
+    # nothing read, nothing said: an empty range is answered without asking an owner
+    assert "X-Riqr-Position" not in (await client.get("/stores/customer-v1-changelog/range?from=5&to=1")).headers
+    # a stream's headers go before its entries: it says nothing
+    streamed = await client.get("/stores/customer-v1-changelog/all", headers={"Accept": "application/x-ndjson"})
+    assert streamed.status == 200 and "X-Riqr-Position" not in streamed.headers
+
+
 async def test_get_the_empty_key(client) -> None:  # type: ignore[no-untyped-def]
     resp = await client.get("/stores/order-count/get/")
     assert await resp.json() == {"response": 1}

@@ -1,6 +1,6 @@
 """High-water marks: what a facade admits after what it served (runtime/monotonic.py)."""
 
-from runtime.monotonic import Marks, position_header, span_text
+from runtime.monotonic import Marks, SpansSeen, position_header, span_text
 
 
 def test_an_answer_older_than_what_was_served_is_refused_and_a_newer_one_raises_the_mark() -> None:
@@ -68,3 +68,14 @@ def test_the_position_header_spells_a_span_the_same_whatever_its_sequence_type()
         want = f"partition=2; source={span[0] or ''}; batch={batch}"
         assert position_header(2, span) == want
         assert position_header(2, list(span)) == want  # type: ignore[arg-type]  # unhashable: not a cache key
+
+
+def test_an_answer_of_several_calls_says_every_batch_it_may_reflect_per_partition() -> None:
+    seen = SpansSeen()
+    assert seen.header() == ""
+    seen.add({1: ("q", 5, 5), 0: ("q", 4, 4)})
+    seen.add({1: ("q", 6, 7)})  # a later page of partition 1, a batch or two on
+    seen.add({0: ("q", 3, 4)})  # and one of partition 0 that read a span starting earlier
+    assert seen.header() == "partition=0; source=q; batch=3-4, partition=1; source=q; batch=5-7"
+    seen.add({1: ("r", 0, 0)})  # a rebuild's new source, which the marks admitted: it replaces
+    assert seen.header().endswith("partition=1; source=r; batch=0")
