@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -12,6 +13,8 @@ from runtime.ownership import OwnershipTable
 
 __all__ = ["PARTITION_COLUMN", "WINDOW_END_COLUMN", "split_by_partition", "slices_for_owners"]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")  # a slice, or what stands for it (the sink hands over object references)
 
 # Columns the sink adds in Spark; their names cannot clash with a user's column by accident.
@@ -19,9 +22,12 @@ PARTITION_COLUMN = "__riqr_partition"
 WINDOW_END_COLUMN = "__riqr_window_end"
 
 
-def split_by_partition(table: pa.Table, partitions: int) -> dict[int, pa.Table]:
+def split_by_partition(table: pa.Table, partitions: int, store: str = "") -> dict[int, pa.Table]:
     """Rows of ``table`` grouped by ``PARTITION_COLUMN`` (dropped from the slices), in their order.
 
+    A row whose partition is null has a null key (its partition column is computed from the key): it is
+    dropped, as Kafka Streams drops them, with a warning naming ``store``. A batch of such rows only is
+    empty, not an error: it was once a ``ValueError`` that failed the query, and again at every replay.
     Raises ``ValueError`` if a row names a partition outside ``[0, partitions)``, which would mean the
     write path and the store disagree on the partition count.
 
@@ -35,8 +41,12 @@ def split_by_partition(table: pa.Table, partitions: int) -> dict[int, pa.Table]:
         return {}
     table = table.combine_chunks()
     part = table.column(PARTITION_COLUMN)
+    if part.null_count:
+        log.warning("store %s: dropped %d rows with a null key", store, part.null_count, extra={"store": store})
+        if part.null_count == table.num_rows:
+            return {}
     lo, hi = pc.min(part).as_py(), pc.max(part).as_py()
-    if lo is None or lo < 0 or hi >= partitions:
+    if lo < 0 or hi >= partitions:
         raise ValueError(f"partition column holds values in [{lo}, {hi}] but the store has {partitions} partitions")
     body = table.drop_columns([PARTITION_COLUMN])
     out: dict[int, pa.Table] = {}

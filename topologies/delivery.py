@@ -434,7 +434,7 @@ class BatchDelivery:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``, with ``hold`` (see
         ``hold``); returns rows sent."""
         clock = time.perf_counter()
-        split = split_by_partition(table, self.spec.partitions)
+        split = split_by_partition(table, self.spec.partitions, self.spec.name)
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}
         self._lap("split", clock)

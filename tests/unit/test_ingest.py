@@ -35,6 +35,25 @@ def test_split_of_an_empty_batch_is_empty() -> None:
     assert split_by_partition(batch([], []), 4) == {}
 
 
+def test_rows_with_a_null_key_are_dropped_with_a_warning_even_when_they_are_the_whole_batch(caplog) -> None:  # type: ignore[no-untyped-def]
+    """A null key has a null partition. A batch of such rows only (a groupBy's null group, alone in its
+    batch) was a ValueError blaming the partition count, which failed the query at every replay."""
+    only_nulls = pa.table(
+        {"key": [None, None], "value": ["x", "y"], PARTITION_COLUMN: pa.array([None, None], pa.int32())}
+    )
+    with caplog.at_level("WARNING", logger="runtime.ingest"):
+        assert split_by_partition(only_nulls, 4, "s") == {}
+    assert "store s: dropped 2 rows with a null key" in caplog.text
+    caplog.clear()
+    mixed = pa.table(
+        {"key": ["a", None, "b"], "value": ["A", "N", "B"], PARTITION_COLUMN: pa.array([1, None, 2], pa.int32())}
+    )
+    with caplog.at_level("WARNING", logger="runtime.ingest"):
+        out = split_by_partition(mixed, 4, "s")
+    assert {p: t.column("key").to_pylist() for p, t in out.items()} == {1: ["a"], 2: ["b"]}
+    assert "dropped 1 rows with a null key" in caplog.text  # once silent
+
+
 def test_split_refuses_partitions_the_store_does_not_have() -> None:
     with pytest.raises(ValueError, match="4 partitions"):
         split_by_partition(batch(["a"], [4]), 4)
