@@ -28,6 +28,8 @@ __all__ = [
     "RECORD_SCHEMA_DDL",
     "LANDING_SCHEMA_DDL",
     "CORRUPT_COLUMN",
+    "LINE_COLUMN",
+    "landing_lines",
     "SourceConfig",
     "FILES",
     "check_landing_records",
@@ -40,6 +42,7 @@ RECORD_SCHEMA_DDL = "key STRING, value STRING, ts BIGINT, seq BIGINT"
 SOURCE_KINDS = ("files", "kafka", "spark-kafka")
 CORRUPT_COLUMN = "_corrupt_record"
 LANDING_SCHEMA_DDL = f"{RECORD_SCHEMA_DDL}, {CORRUPT_COLUMN} STRING"
+LINE_COLUMN = "_line"  # a landing line as written, before it is parsed
 # Epoch millis of 0001-01-01 and 9999-12-31T23:59:59.999: the range a Spark timestamp can hold.
 MIN_TS, MAX_TS = -62_135_596_800_000, 253_402_300_799_999
 
@@ -74,22 +77,45 @@ def _kafka_columns(df: Any) -> Any:
     )
 
 
-def check_landing_records(df: Any) -> tuple[Any, Any]:
-    """Landing-file rows (with ``_corrupt_record``) as ``(good, bad)``: good has key, value, ts, seq only."""
+def check_landing_records(lines: Any) -> tuple[Any, Any]:
+    """Landing-file lines (a ``LINE_COLUMN`` of text, as Spark's text source reads them) as ``(good, bad)``:
+    good has key, value, ts, seq only; bad the dead-letter columns, each with its line as written.
+
+    Lines are parsed here rather than by Spark's JSON source, which reads a missing field as null: a record
+    without ``value`` (a misspelled field, a writer's bug) then deleted its key, and one without ``key`` was
+    dropped without a trace. Both fields must be present (null is a value: a null value deletes the key, a
+    null key is dropped, as in Kafka Streams); a line that is no JSON object of the record's types, or
+    lacks ``ts`` or ``seq``, or whose ``ts`` no timestamp can hold, is a dead letter too. Blank lines are
+    nothing, as for Spark's JSON source."""
     from pyspark.sql import functions as F
 
     from topologies.deadletter import split_valid
 
-    corrupt, ts, seq = F.col(CORRUPT_COLUMN), F.col("ts"), F.col("seq")
-    valid = corrupt.isNull() & ts.isNotNull() & seq.isNotNull() & ts.between(MIN_TS, MAX_TS)
+    line = F.col(LINE_COLUMN)
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    lines = lines.where(F.trim(line) != "")
+    parsed = lines.select(
+        line, F.from_json(line, LANDING_SCHEMA_DDL, options).alias("r"), F.json_object_keys(line).alias("fields")
+    )
+    rows = parsed.select(LINE_COLUMN, "r.*", "fields")
+    corrupt, ts, seq, fields = F.col(CORRUPT_COLUMN), F.col("ts"), F.col("seq"), F.col("fields")
+    # json_object_keys is null for what is no JSON object ("42", a cut line): malformed as well.
+    malformed = corrupt.isNotNull() | fields.isNull()
+    both = F.array_contains(fields, "key") & F.array_contains(fields, "value")
+    valid = ~malformed & both & ts.isNotNull() & seq.isNotNull() & ts.between(MIN_TS, MAX_TS)
     reason = (
-        F.when(corrupt.isNotNull(), F.lit("malformed line: not a JSON record of key, value, ts, seq"))
+        F.when(malformed, F.lit("malformed line: not a JSON record of key, value, ts, seq"))
+        .when(~both, F.lit("missing key or value (write null to delete a key; a null key is dropped)"))
         .when(ts.isNull() | seq.isNull(), F.lit("missing ts or seq"))
         .otherwise(F.lit("ts out of range"))
     )
-    fields = F.to_json(F.struct("key", "value", "ts", "seq"))
-    good, bad = split_valid(df, valid, reason, record=F.coalesce(corrupt, fields))
+    good, bad = split_valid(rows, valid, reason, record=line)
     return good.select("key", "value", "ts", "seq"), bad
+
+
+def landing_lines(reader: Any, directory: Path) -> Any:
+    """The lines of a landing directory's files, one row each (``LINE_COLUMN``), for ``check_landing_records``."""
+    return reader.text(str(directory)).withColumnRenamed("value", LINE_COLUMN)
 
 
 def _reader(spark: Any, streaming: bool) -> Any:
@@ -105,13 +131,7 @@ def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming
         # it (docs/design.md, "The rebuild path"): batch 0 of a fresh checkpoint resets every partition and
         # must carry the whole state, which a cap (this was 1000 files) cut short on a topic of more files,
         # leaving counts lower and keys missing until the next batches came.
-        rows = (
-            reader.schema(LANDING_SCHEMA_DDL)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-            .json(str(directory))
-        )
-        return check_landing_records(rows)
+        return check_landing_records(landing_lines(reader, directory))
     if source.kind == "kafka":
         from topologies.kafka_source import KafkaDataSource
 

@@ -45,32 +45,36 @@ HOSTILE_LINES = [
     json.dumps({**GOOD_LINE, "key": "4", "ts": 99_999_999_999_999_999}),  # overflows a timestamp
     "42",
     '{"key": "5", "value": ',  # cut short
+    json.dumps({"key": "6", "vaule": "x", "ts": 1, "seq": 1}),  # misspelled: no value (it deleted key 6)
+    json.dumps({"value": "x", "ts": 1, "seq": 2}),  # no key at all (dropped without a trace)
+    "   ",  # blank: nothing
 ]
+DELETE = {"key": "7", "value": None, "ts": 1, "seq": 3}  # a delete as written: a usable record
 
 
 def test_malformed_landing_lines_are_split_off_with_a_reason(spark: Any, tmp_path: Path) -> None:
-    _landing_lines(tmp_path, "order", HOSTILE_LINES)
+    _landing_lines(tmp_path, "order", [*HOSTILE_LINES, json.dumps(DELETE)])
     good = read_topic_batch(spark, tmp_path, "order")
     assert good.columns == ["key", "value", "ts", "seq"]
-    assert [r.asDict() for r in good.collect()] == [GOOD_LINE]
+    assert sorted((r.asDict() for r in good.collect()), key=lambda r: r["key"]) == [GOOD_LINE, DELETE]
     reasons = _rejects_of_batch(spark, tmp_path, "order")
+    missing = "missing key or value (write null to delete a key; a null key is dropped)"
     assert reasons == {
         "this is not json": "malformed line: not a JSON record of key, value, ts, seq",
         HOSTILE_LINES[2]: "malformed line: not a JSON record of key, value, ts, seq",
-        '{"key":"3","value":"x"}': "missing ts or seq",
-        '{"key":"4","value":"pizza","ts":99999999999999999,"seq":0}': "ts out of range",
+        HOSTILE_LINES[3]: "missing ts or seq",
+        HOSTILE_LINES[4]: "ts out of range",
         "42": "malformed line: not a JSON record of key, value, ts, seq",
         '{"key": "5", "value": ': "malformed line: not a JSON record of key, value, ts, seq",
+        HOSTILE_LINES[7]: missing,
+        HOSTILE_LINES[8]: missing,
     }
 
 
 def _rejects_of_batch(spark: Any, home: Path, topic: str) -> dict[str, str]:
-    from topologies.sources import CORRUPT_COLUMN, LANDING_SCHEMA_DDL, check_landing_records
+    from topologies.sources import check_landing_records, landing_lines
 
-    rows = spark.read.schema(LANDING_SCHEMA_DDL).option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-    # Spark refuses queries over raw JSON that reference only the corrupt-record column; cache first.
-    frame = rows.json(str(topic_dir(home, topic))).cache()
-    _, bad = check_landing_records(frame)
+    _, bad = check_landing_records(landing_lines(spark.read, topic_dir(home, topic)))
     return {r.record: r.reason for r in bad.collect()}
 
 
