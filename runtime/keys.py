@@ -94,6 +94,7 @@ def _datetime_to_micros(value: _dt.datetime) -> int:
 
 
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_MAX_INTEGER_CHARS = 64  # a sign and 19 digits fit any 64-bit integer, leading zeros aside
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class KeyType:
         # "1_0", " 10 " and other scripts' digits, which gave one key several spellings in a URL.
         if _INTEGER.fullmatch(text) is None:
             raise MalformedKey(f"key {text!r} is not a valid {self.name}", key=text, type=self.name)
+        if len(text) > _MAX_INTEGER_CHARS:  # out of any range; and int() refuses over 4,300 digits
+            raise MalformedKey(f"key {text[:24]!r}... is out of range for {self.name}", key=text[:24], type=self.name)
         return self._check_int(int(text, 10), text)
 
     def _check_int(self, value: int, shown: Any) -> int:

@@ -113,6 +113,8 @@ def _int_param(request: web.Request, name: str) -> int | None:
         return None
     if _INTEGER.fullmatch(raw) is None:  # ASCII digits only: int() also reads "1_0", " 1" and other scripts
         raise InvalidParameter(f"{name} must be an integer, got {raw!r}", parameter=name)
+    if len(raw) > 64:  # out of every range; and int() raises (a 500) on more than 4,300 digits
+        raise InvalidParameter(f"{name} is out of range ({len(raw)} digits)", parameter=name)
     return int(raw)
 
 

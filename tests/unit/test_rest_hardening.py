@@ -76,6 +76,8 @@ async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # ty
         ("/stores/strings/all?cursor=" + "A" * 5000, 400, "malformed-cursor"),
         ("/stores/clicks/windows?from=yesterday", 400, "malformed-range"),
         ("/stores/strings/all?limit=1_0", 400, "invalid-parameter"),
+        ("/stores/strings/all?limit=" + "9" * 5000, 400, "invalid-parameter"),  # int() raised: a 500
+        ("/stores/longs/get/" + "9" * 1000, 400, "malformed-key"),
         ("/stores/longs/get/1_0", 400, "malformed-key"),
         ("/stores/longs/get/%200", 400, "malformed-key"),
     ],
