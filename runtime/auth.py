@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -138,8 +139,8 @@ class AuthConfig:
         acl = {str(store): frozenset(roles) for store, roles in dict(self.acl).items()}
         object.__setattr__(self, "acl", acl)
         object.__setattr__(self, "algorithms", tuple(self.algorithms))
-        if self.leeway_seconds < 0:
-            raise ValueError("the JWT leeway must not be negative")
+        if not math.isfinite(self.leeway_seconds) or self.leeway_seconds < 0:  # nan or inf: no token would expire
+            raise ValueError(f"the JWT leeway must be a finite number of seconds, >= 0, got {self.leeway_seconds}")
         if not self.enabled:
             return
         if (self.secret is None) == (self.public_key is None):

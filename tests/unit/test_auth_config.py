@@ -199,3 +199,10 @@ def test_unauthorized_never_chains_pyjwts_message() -> None:
     with pytest.raises(Unauthorized) as refused:
         authenticate(config, "Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln")
     assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+@pytest.mark.parametrize("leeway", ["nan", "inf", "-1"])
+def test_a_leeway_that_would_let_expired_tokens_in_is_refused(leeway: str) -> None:
+    """``exp <= now - leeway`` is never true for nan or inf: every expired token would be accepted."""
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        AuthConfig(enabled=True, secret=SECRET, leeway_seconds=float(leeway))
