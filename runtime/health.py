@@ -155,6 +155,21 @@ class Readiness:
         return out
 
 
+# ``/ready`` needs no token, so it says why in fixed words: the copies' own reasons and a failed feed's
+# error (exception text that may quote paths, keys or values) are for ``GET /stores`` and ``riqr status``.
+_SEE_STATUS = "riqr status, or GET /metadata with a token, says why"
+_PARTITION_REASONS = {
+    "unavailable": "its actor is dead or did not answer in time",
+    "unassigned": "no actor holds it",
+    "loading": "its copy has no batch yet",
+    "incomplete": "its copy missed batches or lost its data; it is being rebuilt",
+    "catching-up": "its copy is catching up from a peer",
+    "rebuilding": "it is rebuilt from its input and waits for a batch with a watermark",
+    "lost": "its copy's data is lost; it is being rebuilt",
+}
+_FEED_FAILED = "its topology's query failed; GET /stores with a token, or riqr status, says why"
+
+
 def readiness(snapshot: ClusterSnapshot) -> Readiness:
     """Ready when every partition of every store has a serving copy (active or standby) and no store's
     feed failed or went silent (``runtime.feeds.UNREADY_STATES``: ``failed``, ``stale``).
@@ -167,7 +182,7 @@ def readiness(snapshot: ClusterSnapshot) -> Readiness:
     missing: list[dict[str, Any]] = []
     if view.epoch == 0 and snapshot.registry_error is not None:
         # Never saw the cluster: an empty view here means "unknown", not "no stores".
-        missing.append({"registry": "unreachable", "reason": snapshot.registry_error})
+        missing.append({"registry": "unreachable", "reason": "the registry did not answer"})
     partitions = 0
     for spec in view.stores():
         table = view.tables[spec.name]
@@ -177,15 +192,15 @@ def readiness(snapshot: ClusterSnapshot) -> Readiness:
             copies = [snapshot.partition_of(u, p) for u in holders]
             if any(c.get("state") == SERVING for c in copies):
                 continue
-            first = copies[0] if copies else {"state": "unassigned", "reason": "no actor holds it"}
-            entry = {"store": spec.name, "partition": p, "state": first.get("state", "unknown")}
-            if first.get("reason"):
-                entry["reason"] = first["reason"]
-            missing.append(entry)
+            state = (copies[0] if copies else {"state": "unassigned"}).get("state", "unknown")
+            reason = _PARTITION_REASONS.get(state, _SEE_STATUS)
+            missing.append({"store": spec.name, "partition": p, "state": state, "reason": reason})
         ingest = snapshot.ingest.get(spec.name) or {}
         if ingest.get("state") in UNREADY_STATES:
-            reason = ingest.get("reason") or ingest.get("error") or "unknown"
-            missing.append({"store": spec.name, "ingest": ingest["state"], "reason": reason})
+            # A stale feed's reason is the registry's own words (the query's name, the silence); a failed
+            # one's is its error's text, which may quote paths or data: only a token's holder sees it.
+            said = ingest.get("reason") if ingest["state"] == "stale" else None
+            missing.append({"store": spec.name, "ingest": ingest["state"], "reason": said or _FEED_FAILED})
     return Readiness(not missing, tuple(missing), len(view.tables), partitions)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -49,7 +50,8 @@ async def test_a_dead_actor_makes_its_partitions_missing_with_the_reason() -> No
     held = sorted(bus.state.view().tables["s"].by_owner()[dead])
     assert not verdict.ready
     assert [m["partition"] for m in verdict.missing] == held
-    assert all(m["store"] == "s" and m["state"] == "unavailable" and "down" in m["reason"] for m in verdict.missing)
+    assert all(m["store"] == "s" and m["state"] == "unavailable" for m in verdict.missing)
+    assert all(m["reason"] == "its actor is dead or did not answer in time" for m in verdict.missing)
     bus.owners[dead].down = False  # Ray restarted it: ready again
     assert readiness(await _snapshot(bus)).ready
 
@@ -69,11 +71,15 @@ async def test_an_incomplete_partition_is_missing_until_rebuilt() -> None:
     assert readiness(await _snapshot(bus)).ready
 
 
-async def test_a_failed_ingest_is_missing_with_its_error_and_a_later_batch_clears_it() -> None:
+async def test_a_failed_ingest_is_missing_without_its_error_and_a_later_batch_clears_it() -> None:
+    """``/ready`` needs no token: a failed feed's error (exception text, which may quote a path or a value)
+    is not in it; GET /stores, with a token, has it."""
     bus = _bus()
-    bus.ingest["s"] = {"state": "failed", "error": "OwnerUnavailable: gone"}
+    bus.ingest["s"] = {"state": "failed", "error": "ValueError: cannot cast 'secret-value' to BIGINT in /srv/x"}
     verdict = readiness(await _snapshot(bus))
-    assert verdict.missing == ({"store": "s", "ingest": "failed", "reason": "OwnerUnavailable: gone"},)
+    reason = "its topology's query failed; GET /stores with a token, or riqr status, says why"
+    assert verdict.missing == ({"store": "s", "ingest": "failed", "reason": reason},)
+    assert "secret-value" not in json.dumps(verdict.to_json())
     bus.ingest["s"] = {"state": "running", "batch_id": 1}
     assert readiness(await _snapshot(bus)).ready
 
@@ -100,7 +106,7 @@ async def test_a_feed_gone_silent_is_missing_and_stopped_or_never_fed_stores_are
 
 def test_a_registry_never_reached_is_not_ready_but_one_reached_before_is() -> None:
     never = ClusterSnapshot(ClusterView(), registry_error="no riqr registry")
-    assert readiness(never).missing == ({"registry": "unreachable", "reason": "no riqr registry"},)
+    assert readiness(never).missing == ({"registry": "unreachable", "reason": "the registry did not answer"},)
     assert readiness(ClusterSnapshot(ClusterView(epoch=3), registry_error="restarting")).ready
 
 
