@@ -105,8 +105,8 @@ def _json_safe(value: Any) -> Any:
         return [_json_safe(v) for v in value]
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
-    if value is None or isinstance(value, (bool, int, bytes, _dt.date, _dt.time)):
-        return value
+    if value is None or isinstance(value, (bool, int, float, bytes, _dt.date, _dt.time)):
+        return value  # a finite float stays a number: it once became text whenever its answer held a NaN
     return str(value)
 
 

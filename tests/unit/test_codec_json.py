@@ -52,6 +52,17 @@ def test_values_json_has_no_form_for_are_spelled_as_before() -> None:
     assert _parsed(encode_json({"n": 2**70})) == {"n": 2**70}
 
 
+def test_a_value_is_spelled_the_same_whatever_else_its_answer_holds() -> None:
+    """An answer with a NaN anywhere went through ``_json_safe``, which made every finite float in it text:
+    ``1.5`` read back as ``"1.5"`` in an ``all`` that also held a NaN, and as ``1.5`` alone."""
+    alone = _parsed(encode_json({"result": [{"key": "z", "value": {1: [None, True, 1.5]}}]}))
+    together = _parsed(
+        encode_json({"result": [{"key": "n", "value": math.nan}, {"key": "z", "value": {1: [None, True, 1.5]}}]})
+    )
+    assert together["result"][1] == alone["result"][0] == {"key": "z", "value": {"1": [None, True, 1.5]}}
+    assert _parsed(encode_json({"a": [1.5, "\ud800"]})) == {"a": [1.5, "\\ud800"]}
+
+
 def test_bytes_datetimes_and_integer_keys() -> None:
     import datetime as dt
 
