@@ -33,6 +33,8 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE",
+    "WHOLE_JSON_BYTES",
+    "MAX_WHOLE_MSGPACK_ENTRIES",
     "PAGE_BYTES",
     "DEFAULT_TRIGGER",
     "MAX_URL_CHARS",
@@ -89,6 +91,12 @@ DEFAULT_REQUEST_TIMEOUT = 10.0
 DEFAULT_PAGE_SIZE = 1000
 # The largest page a client may ask for; larger results are for NDJSON streams or cursors.
 MAX_PAGE = 10_000
+# A whole JSON answer of a scan (no limit, no cursor, not NDJSON) up to this many bytes of entries is
+# answered whole, with its X-Riqr-Position; a larger one is streamed as the facade merges it, with memory
+# flat (runtime.rest.render.json_result). A whole msgpack answer is built in memory (its array's length
+# comes first), so it is refused past MAX_WHOLE_MSGPACK_ENTRIES: page it, or ask for JSON or NDJSON.
+WHOLE_JSON_BYTES = 1 << 20
+MAX_WHOLE_MSGPACK_ENTRIES = 100_000
 # About how many bytes (stored keys and values) an owner puts in one page of a stream or of
 # ``Store.iterate`` (runtime.pages): large enough that a page's Ray hop costs little per entry, small
 # enough that a facade holds a few of them per owner with memory flat. A page of small entries costs the

@@ -23,6 +23,7 @@ __all__ = [
     "UriTooLong",
     "HeadersTooLarge",
     "InvalidParameter",
+    "ResultTooLarge",
     "NotFound",
     "StoreNotFound",
     "KeyNotFound",
@@ -151,6 +152,12 @@ class InvalidParameter(BadRequest):
     """A query parameter with a value riqr cannot use (a limit too large, ``reverse=maybe``...)."""
 
     code = "invalid-parameter"
+
+
+class ResultTooLarge(BadRequest):
+    """A whole answer (no page, no stream) that would be too large to build in memory."""
+
+    code = "result-too-large"
 
 
 class NotFound(RiqrError):

@@ -144,10 +144,11 @@ class Facade:
             )
         return table, continued
 
-    async def entries(self, query: ScanQuery) -> list[Any]:
-        """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries."""
+    async def entries(self, query: ScanQuery, max_entries: int | None = None) -> list[Any]:
+        """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries;
+        ``ResultTooLarge`` if there are more than ``max_entries`` (when given)."""
         table, scan = await self._bind(query)
-        entries = await self.scatter.collect(table, scan)
+        entries = await self.scatter.collect(table, scan, max_entries)
         self._scanned(query.store, len(entries))
         return entries
 

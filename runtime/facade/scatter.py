@@ -22,7 +22,7 @@ from runtime.catalog import StoreSpec
 from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE, PAGE_BYTES
 from runtime.deadline import Deadline, within
 from runtime.engines.keycodec import KeyCodec
-from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable
+from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable, ResultTooLarge
 from runtime.facade.view import ViewCache
 from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
 from runtime.monotonic import SEEN, Marks
@@ -375,10 +375,17 @@ class ScatterGather:
             await chunks.aclose()
         return out
 
-    async def collect(self, table: OwnershipTable, scan: Scan) -> list[Any]:
-        """Every entry of ``scan``, as callers see them."""
+    async def collect(self, table: OwnershipTable, scan: Scan, max_entries: int | None = None) -> list[Any]:
+        """Every entry of ``scan``, as callers see them; ``ResultTooLarge`` past ``max_entries``."""
         spec = table.spec
-        return [present(spec, k, v) for k, v in await self._collect_raw(table, scan, None)]
+        raw = await self._collect_raw(table, scan, None if max_entries is None else max_entries + 1)
+        if max_entries is not None and len(raw) > max_entries:
+            raise ResultTooLarge(
+                f"more than {max_entries:,} entries to answer whole: page them (limit, cursor), or stream them "
+                "(Accept: application/json or application/x-ndjson)",
+                limit=max_entries,
+            )
+        return [present(spec, k, v) for k, v in raw]
 
     async def page(
         self, table: OwnershipTable, scan: Scan, limit: int | None, cursor_after: Callable[[Any], str]

@@ -14,11 +14,12 @@ from urllib.parse import unquote_plus
 from aiohttp import web
 
 from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
+from runtime.config import MAX_WHOLE_MSGPACK_ENTRIES, WHOLE_JSON_BYTES
 from runtime.errors import InvalidParameter, MalformedKey, MalformedPath
 from runtime.facade import Facade
 from runtime.monotonic import POSITION_HEADER, SEEN, SpansSeen
 from runtime.queries import KeyQuery, PageRequest, RangeQuery, ScanQuery, SessionQuery, UrlKey, WindowQuery
-from runtime.rest.render import entries_json, reply, stream_ndjson, wants_ndjson
+from runtime.rest.render import entries_json, json_result, reply, stream_ndjson, wants_msgpack, wants_ndjson
 
 __all__ = [
     "FACADE",
@@ -135,8 +136,10 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
         if limit is not None or cursor is not None:
             page = await facade.page(query, PageRequest(limit, cursor))
             body = {"result": entries_json(page.entries), "next": page.next}
-        else:
-            body = {"result": entries_json(await facade.entries(query))}
+        elif wants_msgpack(request):  # built whole: its array's length goes first
+            body = {"result": entries_json(await facade.entries(query, MAX_WHOLE_MSGPACK_ENTRIES))}
+        else:  # the seed's shape, whole when small, else streamed as merged (render.json_result)
+            return await json_result(request, facade.stream_ndjson(query), lambda: _position(seen), WHOLE_JSON_BYTES)
     finally:
         SEEN.reset(token)
     return reply(request, body, headers=_position(seen))

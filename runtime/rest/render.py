@@ -30,6 +30,8 @@ __all__ = [
     "error_reply",
     "error_response",
     "stream_ndjson",
+    "json_result",
+    "wants_msgpack",
     "entries_json",
     "encode_json",
     "wants_ndjson",
@@ -49,7 +51,7 @@ _MINIMAL_ERROR = b'{"error":{"code":"internal","message":"the error could not be
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _wants_msgpack(request: web.BaseRequest) -> bool:
+def wants_msgpack(request: web.BaseRequest) -> bool:
     accept = request.headers.get("Accept", "")
     return MSGPACK in accept and "application/json" not in accept.split(MSGPACK)[0]
 
@@ -70,7 +72,7 @@ def _msgpack_default(obj: Any) -> Any:
 
 
 def _encode(request: web.BaseRequest, body: Any) -> tuple[bytes, str]:
-    if _wants_msgpack(request):
+    if wants_msgpack(request):
         packed: bytes = msgpack.packb(body, use_bin_type=True, default=_msgpack_default)
         return packed, MSGPACK
     return encode_json(body), "application/json"
@@ -123,6 +125,57 @@ def _entry_json(entry: Any) -> dict[str, Any]:
 def entries_json(entries: list[Any]) -> list[dict[str, Any]]:
     """Scan entries in the seed's ``{"key", "value"}`` shape (windows add ``"window"``)."""
     return [_entry_json(entry) for entry in entries]
+
+
+def _as_array_items(chunk: bytes) -> bytes:
+    """NDJSON lines (each a JSON value ending in a newline, none inside: JSON strings escape it) as the
+    items of a JSON array, comma-separated."""
+    return chunk[:-1].replace(b"\n", b",")
+
+
+async def json_result(
+    request: web.Request,
+    chunks: AsyncGenerator[bytes, None],
+    headers: Callable[[], dict[str, str] | None],
+    whole_bytes: int,
+) -> web.StreamResponse:
+    """``{"result": [...]}`` of a scan from its NDJSON chunks (``Facade.stream_ndjson``: whole lines), the
+    seed's shape with memory flat whatever the size.
+
+    Up to ``whole_bytes`` of entries it is one response with ``headers()`` (computed once the scan is
+    done: its position). A larger result is written as the facade merges it, without them. An error found
+    before the first byte gets its status; one after it cuts the connection, so the client sees a broken
+    body (curl exits 18, aiohttp raises ``ClientPayloadError``) and never a shorter list as if whole."""
+    try:
+        pieces: list[bytes] = []
+        size = 0
+        async for chunk in chunks:  # errors here go to the pipeline with their status
+            if chunk:
+                pieces.append(chunk)
+                size += len(chunk)
+                if size > whole_bytes:
+                    break
+        else:
+            items = _as_array_items(b"".join(pieces)) if pieces else b""
+            return web.Response(body=b'{"result":[' + items + b"]}", content_type="application/json", headers=headers())
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Server": SERVER_NAME})
+        await response.prepare(request)
+        await response.write(b'{"result":[' + _as_array_items(b"".join(pieces)))
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    await response.write(b"," + _as_array_items(chunk))
+        except Exception as err:  # noqa: BLE001 - the status is sent: the only honest end is a cut
+            log.warning("%s %s: the answer broke off after it began (%s: %s); connection cut", request.method,
+                        request.path, type(err).__name__, err)  # fmt: skip
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        await response.write(b"]}")
+        await response.write_eof()
+        return response
+    finally:
+        await chunks.aclose()
 
 
 async def stream_ndjson(

@@ -11,6 +11,7 @@ from aiohttp import web
 from runtime.auth import AuthConfig
 from runtime.codec import encode_value
 from runtime.facade import Facade
+from runtime.pages import encode_page, external_keys
 from runtime.rest import build_app
 from tests.unit.fakes import FakeBus, kv_spec, load_windowed, windowed_spec
 
@@ -46,6 +47,13 @@ class _OddValues:
     def scan(self, partitions: Sequence[int], scan: Any, limit: int | None) -> tuple[Sequence[tuple[Any, bytes]], Any]:
         entries, spans = self._core.scan(partitions, scan, limit)
         return [(k, encode_value(ODD_VALUES[k])) for k, _ in entries], spans
+
+    def scan_packed(self, partitions: Sequence[int], scan: Any, limit: int | None, max_bytes: int, fmt: str) -> Any:
+        """The same page, the same keys, with their odd values (whole JSON answers and NDJSON come this way)."""
+        page, spans = self._core.scan_packed(partitions, scan, limit, max_bytes, fmt)
+        codec, schema = self._core._codec, self._core.spec.key  # noqa: SLF001
+        values = [encode_value(ODD_VALUES[k]) for k in external_keys(schema, codec, page.keys)]
+        return encode_page(schema, codec, page.keys, values, fmt, page.more), spans
 
 
 def every_kind_bus() -> FakeBus:

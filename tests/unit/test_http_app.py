@@ -291,3 +291,52 @@ async def test_keys_and_prefixes_with_line_breaks_are_routed_like_any_other(aioh
     assert (await client.get("/stores/lines/get/a%0Ax")).status == 404
     found = await (await client.get("/stores/lines/prefix/a%0A")).json()
     assert found == {"result": [{"key": "a\nb", "value": "lf"}]}
+
+
+@pytest.fixture
+async def big(aiohttp_client, monkeypatch):  # type: ignore[no-untyped-def]
+    """A store of about 2.5 MB of entries (several owner pages each), and whole JSON answers capped at 1 KB."""
+    from runtime.rest import handlers
+
+    monkeypatch.setattr(handlers, "WHOLE_JSON_BYTES", 1024)
+    monkeypatch.setattr(handlers, "MAX_WHOLE_MSGPACK_ENTRIES", 100)
+    bus = FakeBus()
+    bus.create_store(kv_spec("big"))
+    bus.load("big", {f"k{i:06d}": "v" * 60 for i in range(40_000)})
+    return bus, await aiohttp_client(build_app(Facade(bus, timeout=5.0)))
+
+
+async def test_a_large_whole_answer_is_streamed_in_the_seeds_shape(big) -> None:  # type: ignore[no-untyped-def]
+    """An unpaged ``all`` was built whole in the HTTP verticle's memory; past the bound it is written as
+    merged, the same JSON, without the position header (sent before the entries it would describe)."""
+    _, client = big
+    resp = await client.get("/stores/big/all")
+    assert resp.status == 200 and resp.content_type == "application/json"
+    assert "X-Riqr-Position" not in resp.headers
+    body = json.loads(await resp.read())
+    assert body["result"] == [{"key": f"k{i:06d}", "value": "v" * 60} for i in range(40_000)]
+    back = await (await client.get("/stores/big/range?from=k039990&reverse=true")).json()  # small: whole
+    assert [e["key"] for e in back["result"]] == [f"k{i:06d}" for i in range(39_999, 39_989, -1)]
+
+
+async def test_a_streamed_answer_that_breaks_off_is_cut_never_short(big) -> None:  # type: ignore[no-untyped-def]
+    """Its status is sent: an owner failing after the first entries cuts the connection, so the client
+    gets a broken body rather than a shorter list that parses."""
+    import aiohttp
+
+    bus, client = big
+    for owner in bus.owners.values():
+        owner.down_after = len(owner.calls) + 2  # its first page and the one prefetched, then down
+    resp = await client.get("/stores/big/all")
+    assert resp.status == 200
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await resp.read()
+
+
+async def test_a_whole_msgpack_answer_past_its_bound_is_a_400_naming_the_ways_out(big) -> None:  # type: ignore[no-untyped-def]
+    _, client = big
+    resp = await client.get("/stores/big/all", headers={"Accept": "application/msgpack"})
+    error = msgpack.unpackb(await resp.read())["error"]
+    assert resp.status == 400 and error["code"] == "result-too-large" and "limit" in error["message"]
+    small = await client.get("/stores/big/range?from=k000000&to=k000009", headers={"Accept": "application/msgpack"})
+    assert small.status == 200 and len(msgpack.unpackb(await small.read())["result"]) == 10
