@@ -52,7 +52,7 @@ class Client:
     @property
     def keys(self) -> InProcessFacade:
         """This process's facade core for key lookups and ``iterate`` in ``namespace`` (started on first use)."""
-        if self._keys is None:
+        if self._keys is None or self._keys.closed:  # closed: a client kept across close_in_process_facades
             self._keys = in_process_facade(self.namespace)
         return self._keys
 

@@ -21,6 +21,7 @@ composite keys as tuples (JSON arrays).
 from __future__ import annotations
 
 import datetime as _dt
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -144,8 +145,8 @@ class KeyType:
         """The internal value of a key given by a caller: text, or a Python value of the right type."""
         if isinstance(value, str):
             return self.parse(value)
-        if self.kind == "integer" and isinstance(value, int) and not isinstance(value, bool):
-            return self._check_int(value, value)
+        if self.kind == "integer" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return self._check_int(int(value), value)  # numpy's and pandas' integers too, as plain ints
         if self.kind == "timestamp" and isinstance(value, _dt.datetime):
             return _datetime_to_micros(value)
         raise MalformedKey(
@@ -239,8 +240,8 @@ class KeySchema:
             return [value]  # a bound's leading part may be just the first column
         if isinstance(value, str):
             raise MalformedKey(
-                f"this store's key has {len(self.columns)} columns ({self.type_label}); write them as "
-                "components separated by '/'",
+                f"this store's key has {len(self.columns)} columns ({self.type_label}); give them as a tuple "
+                "in Python, or joined by '/' in a URL",
                 key=value,
             )
         parts = list(value) if isinstance(value, (tuple, list)) else [value]

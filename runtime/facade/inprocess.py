@@ -203,9 +203,17 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    def _running(self, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        """``coro``, unless the loop was stopped (``close``): it would never run it, and a caller awaiting
+        it without a timeout waited forever. Then ``NotConnected``."""
+        if not self.loop.is_running():
+            coro.close()
+            raise NotConnected("this process's riqr client was closed (close_in_process_facades); connect again")
+        return coro
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for it in this (other) thread."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        future = asyncio.run_coroutine_threadsafe(self._running(coro), self.loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -217,7 +225,7 @@ class LoopThread:
 
     async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and await it from another event loop (cancelling it with the caller)."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._running(coro), self.loop))
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon_threadsafe(callback)
@@ -255,6 +263,11 @@ class InProcessFacade:
     @property
     def timeout(self) -> float:
         return self.core.timeout
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` stopped it (``close_in_process_facades``): a new one serves from then on."""
+        return not self._thread.loop.is_running()
 
     def close(self) -> None:
         """Stop the view's long poll and the loop thread."""

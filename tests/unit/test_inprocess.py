@@ -13,7 +13,7 @@ import pytest
 from runtime.errors import KeyNotFound, OwnerUnavailable, StoreNotFound
 from runtime.facade.inprocess import InProcessFacade, LockedMarks, ThreadCoalescer
 from runtime.monotonic import Spans
-from runtime.queries import KeyQuery
+from runtime.queries import KeyQuery, RangeQuery
 from tests.integration.helpers import wait_for
 from tests.unit.fakes import FakeBus, kv_spec
 
@@ -233,3 +233,22 @@ def test_a_loop_thread_runs_its_loop_once_made_and_closing_it_at_once_stops_it()
             assert not made._thread.is_alive()
     finally:
         sys.setswitchinterval(interval)
+
+
+def test_a_closed_facade_refuses_at_once_rather_than_never_answering(replicated) -> None:  # type: ignore[no-untyped-def]
+    """``get_async`` on a facade that ``close_in_process_facades`` stopped scheduled its lookup on a loop that
+    never runs again, and its caller awaited forever; the blocking forms waited out their deadline."""
+    from runtime.errors import NotConnected
+
+    bus, facade, _ = replicated
+    assert facade.get(KeyQuery("r", "k001"), 2.0) == "v1" and not facade.closed
+    facade.close()
+    assert facade.closed
+
+    async def lookup() -> Any:
+        return await asyncio.wait_for(facade.get_async(KeyQuery("r", "k001"), 2.0), 10)
+
+    with pytest.raises(NotConnected, match="closed"):
+        asyncio.run(lookup())
+    with pytest.raises(NotConnected, match="closed"):
+        list(facade.chunks(lambda core: core.entry_chunks(RangeQuery("r"))))

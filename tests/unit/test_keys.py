@@ -105,7 +105,7 @@ def test_composite_keys_are_tuples_partitioned_by_their_first_column() -> None:
 def test_composite_keys_need_every_component_but_bounds_may_be_partial() -> None:
     with pytest.raises(MalformedKey, match="needs 2 components"):
         COMPOSITE.coerce(("42",))
-    with pytest.raises(MalformedKey, match="separated by '/'"):
+    with pytest.raises(MalformedKey, match="joined by '/' in a URL"):
         COMPOSITE.coerce("42")
     lo, hi = COMPOSITE.coerce_bound(("42",), upper=False), COMPOSITE.coerce_bound(("42",), upper=True)
     inside = COMPOSITE.coerce(("42", "2030-01-01T00:00:00Z"))
@@ -122,3 +122,13 @@ def test_top_sorts_after_everything_and_pickles_to_itself() -> None:
 def test_a_bound_may_be_just_the_first_column_as_a_scalar() -> None:
     assert COMPOSITE.coerce_bound("42", upper=False) == ("42",)
     assert COMPOSITE.coerce_bound("42", upper=True) == ("42", TOP)
+
+
+def test_integer_keys_from_numpy_and_pandas_are_integers() -> None:
+    import numpy as np
+
+    assert LONG.coerce(np.int64(5)) == 5 and INT.coerce(np.int32(-7)) == -7 and LONG.coerce(np.uint8(3)) == 3
+    with pytest.raises(MalformedKey):
+        INT.coerce(np.int64(2**40))  # still bounded by the column's type
+    with pytest.raises(MalformedKey):
+        LONG.coerce(True)
