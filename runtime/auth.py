@@ -227,8 +227,12 @@ def _secret_from_env(env: Mapping[str, str]) -> str | None:
     if secret and secret_file:
         raise ValueError("set RIQR_JWT_SECRET or RIQR_JWT_SECRET_FILE, not both")
     if secret_file:
+        path = Path(secret_file)
+        if path.stat().st_mode & 0o077:  # anyone else on the node who reads it mints tokens for every store
+            log.warning("RIQR_JWT_SECRET_FILE %s can be read by other users (mode %o): chmod 600 it", path,
+                        path.stat().st_mode & 0o777)  # fmt: skip
         # A trailing newline from `echo > file` is not part of the secret.
-        return Path(secret_file).read_text(encoding="utf-8").rstrip("\r\n")
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
     return secret or None
 
 

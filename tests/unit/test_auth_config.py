@@ -206,3 +206,18 @@ def test_a_leeway_that_would_let_expired_tokens_in_is_refused(leeway: str) -> No
     """``exp <= now - leeway`` is never true for nan or inf: every expired token would be accepted."""
     with pytest.raises(ValueError, match="finite number of seconds"):
         AuthConfig(enabled=True, secret=SECRET, leeway_seconds=float(leeway))
+
+
+def test_a_secret_file_others_can_read_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    secret.chmod(0o644)
+    with caplog.at_level("WARNING", logger="runtime.auth"):
+        assert AuthConfig.from_env({"RIQR_JWT_SECRET_FILE": str(secret)}).secret == SECRET
+    assert "can be read by other users (mode 644): chmod 600 it" in caplog.text
+    assert SECRET not in caplog.text
+    caplog.clear()
+    secret.chmod(0o600)
+    with caplog.at_level("WARNING", logger="runtime.auth"):
+        AuthConfig.from_env({"RIQR_JWT_SECRET_FILE": str(secret)})
+    assert "chmod" not in caplog.text
