@@ -19,7 +19,7 @@ WINDOWED_KINDS = ("window", "session")
 
 
 def is_store_name(name: str) -> bool:
-    return bool(_NAME.match(name))
+    return bool(_NAME.fullmatch(name))
 
 
 def validate_store_name(name: str) -> str:

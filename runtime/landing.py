@@ -56,7 +56,7 @@ class Record:
 
 def topic_dir(home: Path, topic: str) -> Path:
     """The landing directory of ``topic`` under ``home`` (topic names follow Kafka's rules)."""
-    if not TOPIC_PATTERN.match(topic) or topic in (".", ".."):
+    if not TOPIC_PATTERN.fullmatch(topic) or topic in (".", ".."):
         raise BadRequest(f"topic name {topic!r} is invalid: use letters, digits, '.', '_' or '-'", topic=topic)
     return home / "data" / topic
 

@@ -62,6 +62,8 @@ def test_invalid_specs_are_rejected(kw: dict) -> None:
 
 def test_names() -> None:
     assert validate_store_name("customer-v1-changelog") == "customer-v1-changelog"
+    with pytest.raises(Exception, match="store name"):
+        validate_store_name("orders\n")  # "$" matched before a last newline
 
 
 def test_same_layout_ignores_actor_count_but_not_partitions() -> None:

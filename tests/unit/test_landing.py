@@ -40,7 +40,7 @@ def test_write_records_is_one_atomic_json_lines_file(tmp_path) -> None:  # type:
     assert write_records(tmp_path, "order", []) is None
 
 
-@pytest.mark.parametrize("topic", ["", "..", "a/b", "sp ace"])
+@pytest.mark.parametrize("topic", ["", "..", "a/b", "sp ace", "order\n"])  # "$" matched before a last newline
 def test_bad_topic_names(tmp_path, topic: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BadRequest):
         topic_dir(tmp_path, topic)
