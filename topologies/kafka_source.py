@@ -33,7 +33,9 @@ from pyspark.sql.datasource import (
 
 __all__ = ["KafkaDataSource", "SCHEMA", "TopicRange"]
 
-SCHEMA = "key string, value string, ts bigint, seq bigint, topic string, partition int, offset bigint"
+# ``problem``: null for a usable record, else why it is not one (a key or value that is not UTF-8, kept in
+# the record with its bad bytes as \x escapes): such records go to the dead letters, not into a store.
+SCHEMA = "key string, value string, ts bigint, seq bigint, topic string, partition int, offset bigint, problem string"
 _TIMEOUT = 30.0
 
 
@@ -47,8 +49,22 @@ class TopicRange(InputPartition):  # type: ignore[misc]
     end: int
 
 
-def _decode(data: bytes | None) -> str | None:
-    return None if data is None else data.decode("utf-8", errors="replace")
+def _decode(data: bytes | None) -> tuple[str | None, bool]:
+    """The text of a key or value, and whether it was UTF-8. It was decoded with U+FFFD for bad bytes,
+    which made two binary keys one and changed values without a trace."""
+    if data is None:
+        return None, True
+    try:
+        return data.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="backslashreplace"), False
+
+
+def _problem(key_ok: bool, value_ok: bool) -> str | None:
+    if key_ok and value_ok:
+        return None
+    what = "key and value are" if not (key_ok or value_ok) else "key is" if not key_ok else "value is"
+    return f"the record's {what} not UTF-8 (bad bytes shown as \\x escapes)"
 
 
 class _Kafka:
@@ -119,14 +135,16 @@ class _Kafka:
                         position = part.end
                         break
                     _, timestamp = m.timestamp()
+                    (key, key_ok), (value, value_ok) = _decode(m.key()), _decode(m.value())
                     yield (
-                        _decode(m.key()),
-                        _decode(m.value()),
+                        key,
+                        value,
                         timestamp,
                         m.offset(),
                         part.topic,
                         part.partition,
                         m.offset(),
+                        _problem(key_ok, value_ok),
                     )
                     position = m.offset() + 1
         finally:

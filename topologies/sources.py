@@ -65,16 +65,35 @@ class SourceConfig:
 FILES = SourceConfig()
 
 
-def _kafka_columns(df: Any) -> Any:
-    """Spark's Kafka connector's columns as riqr's record columns."""
+def _kafka_columns(df: Any) -> tuple[Any, Any]:
+    """Spark's Kafka connector's columns as riqr's record columns, ``(good, bad)``: a key or value that is not
+    UTF-8 (a cast to string keeps its bytes, which fail the batch where Arrow hands them to Python) is a
+    dead letter, its bad bytes replaced in the record kept."""
     from pyspark.sql import functions as F
 
-    return df.select(
-        F.col("key").cast("string").alias("key"),
-        F.col("value").cast("string").alias("value"),
-        F.unix_millis("timestamp").alias("ts"),
-        F.col("offset").alias("seq"),
+    key, value = F.col("key").cast("string"), F.col("value").cast("string")
+    rows = df.select(
+        key.alias("key"), value.alias("value"), F.unix_millis("timestamp").alias("ts"), F.col("offset").alias("seq")
     )
+    return _split_undecodable(rows)
+
+
+def _split_undecodable(rows: Any, problem: Any = None) -> tuple[Any, Any]:
+    """``(good, bad)`` of Kafka records (key, value, ts, seq): bad where ``problem`` (riqr-kafka's column)
+    is set, or, without it, where Spark sees a key or value that is not UTF-8."""
+    from pyspark.sql import functions as F
+
+    from topologies.deadletter import split_valid
+
+    key, value = F.col("key"), F.col("value")
+    if problem is None:
+        utf8 = F.coalesce(F.is_valid_utf8(key), F.lit(True)) & F.coalesce(F.is_valid_utf8(value), F.lit(True))
+        problem = F.when(~utf8, F.lit("the record's key or value is not UTF-8"))
+    record = F.to_json(
+        F.struct(F.make_valid_utf8(key).alias("key"), F.make_valid_utf8(value).alias("value"), "ts", "seq")
+    )
+    good, bad = split_valid(rows, problem.isNull(), problem, record=record)
+    return good.select("key", "value", "ts", "seq"), bad
 
 
 def check_landing_records(lines: Any) -> tuple[Any, Any]:
@@ -123,6 +142,8 @@ def _reader(spark: Any, streaming: bool) -> Any:
 
 
 def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming: bool) -> tuple[Any, Any | None]:
+    from pyspark.sql import functions as F
+
     reader = _reader(spark, streaming)
     if source.kind == "files":
         directory = topic_dir(home, topic)
@@ -143,15 +164,16 @@ def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming
             .option("startingOffsets", source.starting_offsets)
             .load()
         )
-        return df.select("key", "value", "ts", "seq"), None
+        return _split_undecodable(df.select("key", "value", "ts", "seq", "problem"), F.col("problem"))
     df = reader.format("kafka").option("kafka.bootstrap.servers", source.bootstrap).option("subscribe", topic)
     if streaming:
         df = df.option("startingOffsets", source.starting_offsets)
-    return _kafka_columns(df.load()), None
+    return _kafka_columns(df.load())
 
 
 def read_topic_checked(spark: Any, home: Path, topic: str, source: SourceConfig = FILES) -> tuple[Any, Any | None]:
-    """``(records, rejects)`` of ``topic`` as streaming DataFrames; ``rejects`` is None for the Kafka sources.
+    """``(records, rejects)`` of ``topic`` as streaming DataFrames (Kafka's rejects: keys or values that are
+    not UTF-8).
 
     ``records`` has the columns key, value, ts, seq; ``rejects`` the dead-letter columns reason, record.
     """

@@ -8,9 +8,11 @@ seed's have 3. The source reads whatever partitions a topic has.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import confluent_kafka
 import pytest
@@ -87,6 +89,22 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
         )
         produce(kafka, "order", [("1", "soup")])
         wait_for(lambda: count(url, "1") == 2, what="a new order arriving through Kafka")
+        # Bytes that are not UTF-8: once decoded with U+FFFD (two binary keys became one key, values were
+        # changed), now a dead letter with its bad bytes escaped, never an order counted.
+        raw = confluent_kafka.Producer({"bootstrap.servers": kafka, "log_level": 3})
+        raw.produce("order", key=b"\xff\xfe", value=b"tea")
+        raw.produce("order", key=b"2", value=b"caf\xe9")
+        assert raw.flush(30) == 0
+        from topologies.deadletter import read_dead_letters
+
+        letters = wait_for(
+            lambda: (found := read_dead_letters(tmp_path, "order")) and len(found) >= 2 and found,
+            timeout=60,
+            what="the two records that are not UTF-8 in the dead letters",
+        )
+        assert sorted(json.loads(letter["record"])["key"] for letter in letters) == ["2", "\\xff\\xfe"]
+        assert all("not UTF-8" in letter["reason"] for letter in letters)
+        assert count(url, "2") == 1 and count(url, quote("\ufffd\ufffd")) is None
     finally:
         for q in queries:
             q.stop()
