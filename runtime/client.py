@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
 from runtime.deadline import Deadline
-from runtime.errors import NotConnected, StoreNotFound
+from runtime.errors import NotConnected, OwnerUnavailable, StoreNotFound
 from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
@@ -64,13 +65,45 @@ class Client:
         return await self.keys.get_async(query, self.timeout)
 
     def call(self, method: str, *args: Any) -> Any:
-        """Call the facade verticle and wait, with Ray's failures as riqr's errors."""
-        remote = getattr(self.facade, method).remote
-        return raycalls.call_sync(lambda: remote(*args), method, deadline=Deadline.after(self.timeout))
+        """Call the facade verticle and wait, with Ray's failures as riqr's errors. A facade that died (its
+        node gone) is replaced by another node's, once per call: scans and pages once failed for good with
+        the node the client was connected through, while key lookups went on."""
+        deadline = Deadline.after(self.timeout)
+        for attempt in (1, 2):
+            try:
+                return raycalls.call_sync(partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE)
+            except OwnerUnavailable as err:
+                if attempt == 2 or not self._facade_died(err) or not self._switch_facade():
+                    raise
+        raise AssertionError("unreachable")
 
     async def call_async(self, method: str, *args: Any) -> Any:
-        remote = getattr(self.facade, method).remote
-        return await raycalls.call(lambda: remote(*args), method, deadline=Deadline.after(self.timeout))
+        deadline = Deadline.after(self.timeout)
+        for attempt in (1, 2):
+            try:
+                return await raycalls.call(
+                    partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE
+                )
+            except OwnerUnavailable as err:
+                if attempt == 2 or not self._facade_died(err) or not self._switch_facade():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _submit(self, method: str, args: tuple[Any, ...]) -> Any:
+        return getattr(self.facade, method).remote(*args)
+
+    @staticmethod
+    def _facade_died(err: OwnerUnavailable) -> bool:
+        """Whether ``err`` is about the facade verticle itself (Ray said it died), not an answer it gave."""
+        return err.details.get("actor") == _FACADE
+
+    def _switch_facade(self) -> bool:
+        """Take another live facade verticle of the namespace; False if there is none."""
+        other = _other_facade(self.namespace, self.facade)
+        if other is None:
+            return False
+        self.facade = other
+        return True
 
     def store(self, name: str) -> Store:
         return Store(self, name)
@@ -312,6 +345,37 @@ def in_process_facade(namespace: str) -> InProcessFacade:
         return facade
 
 
+# The ``actor`` riqr's Ray-error translation names for a call to the facade verticle itself.
+_FACADE = "riqr-facade"
+
+
+def _facade_names(namespace: str) -> list[str]:
+    import ray
+
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == namespace and a["name"].startswith("riqr-facade-")
+    ]
+    return sorted(names)
+
+
+def _other_facade(namespace: str, current: Any) -> Any | None:
+    """A facade verticle of ``namespace`` other than ``current`` that answers (one is placed per node)."""
+    import ray
+
+    for name in _facade_names(namespace):
+        try:
+            handle = ray.get_actor(name, namespace=namespace)
+            if handle == current:
+                continue
+            ray.get(handle.__ray_ready__.remote(), timeout=2.0)
+            return handle
+        except Exception:  # noqa: BLE001 - gone, or on a dead node: try the next one
+            continue
+    return None
+
+
 def close_in_process_facades() -> None:
     """Stop every in-process facade of this process (their loop threads and registry long polls); call
     before ``ray.shutdown`` in a process that goes on without Ray. The next lookup starts a new one."""
@@ -332,15 +396,11 @@ def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, time
     try:
         facade = ray.get_actor(facade_name(node_id), namespace=namespace)
     except ValueError:
-        names = [
-            a["name"]
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == namespace and a["name"].startswith("riqr-facade-")
-        ]
+        names = _facade_names(namespace)
         if not names:
             raise NotConnected(
                 f"no riqr facade in Ray namespace {namespace!r}; run `riqr up --namespace {namespace}`",
                 namespace=namespace,
             ) from None
-        facade = ray.get_actor(sorted(names)[0], namespace=namespace)
+        facade = ray.get_actor(names[0], namespace=namespace)
     return Client(facade, namespace, timeout)

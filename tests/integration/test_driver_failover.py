@@ -115,3 +115,29 @@ def test_a_get_fails_over_when_the_active_owner_is_killed(runtime_ns: Runtime) -
     assert [store.get(u) for u in (0, 7, 399)] == [0, 70, 3990]
     with pytest.raises(runtime.KeyNotFound):
         store.get(100_000)
+
+
+def test_scans_go_on_through_another_nodes_facade_when_the_clients_dies(runtime_ns: Runtime) -> None:
+    """Scans, pages and the catalog go through a facade verticle, chosen at ``connect`` (this node's). Killed
+    for good, as with its node, the client's next scan failed and every later one too, while key lookups
+    went on; it now takes another node's facade. Last in this module: the facade stays dead."""
+    client = runtime.connect(runtime_ns.namespace)
+    store = client.store(SPEC.name)
+    expected = [(u, u * 10) for u in USERS]
+    assert store.all() == expected
+    dead = client.facade
+    ray.kill(dead, no_restart=True)
+    wait_for(lambda: _dead(dead), timeout=30, what="the killed facade gone")
+    assert store.all() == expected  # through the other node's facade
+    assert client.facade != dead
+    assert store.page(10).entries == expected[:10]
+    assert asyncio.run(store.range_async(5, 7)) == expected[5:8]
+    assert {s["name"] for s in client.stores()} == {SPEC.name}
+
+
+def _dead(handle: object) -> bool:
+    try:
+        ray.get(handle.__ray_ready__.remote(), timeout=5)  # type: ignore[attr-defined]
+    except ray.exceptions.RayActorError:
+        return True
+    return False
