@@ -127,14 +127,20 @@ class Facade:
     # -- scans ----------------------------------------------------------------------------------------
 
     async def _bind(self, query: ScanQuery, cursor: str | None = None) -> tuple[OwnershipTable, Scan]:
-        """The store's table and the scan to run: ``query``'s, or the one ``cursor`` continues. A cursor
-        comes alone (a query with no parameters) or with the very parameters of the query whose page issued
-        it: with others (another prefix in the path, other bounds, the other direction) it once continued
-        its own scan silently, answering entries the request did not ask for."""
+        """The store's table and the scan to run: ``query``'s, or the one ``cursor`` continues."""
+        table, scan, _ = await self._bind_with_origin(query, cursor)
+        return table, scan
+
+    async def _bind_with_origin(self, query: ScanQuery, cursor: str | None) -> tuple[OwnershipTable, Scan, Scan]:
+        """``_bind``, and the scan as the query that began it asked (what the next page's cursor carries).
+
+        A cursor comes alone (a query with no parameters) or with the very parameters of the query that
+        began the scan: with others (another prefix in the path, other bounds, the other direction) it once
+        continued its own scan silently, answering entries the request did not ask for."""
         table = await self.views.table(query.store)
         scan = query.bind(table.spec)  # validates the query even when a cursor continues it
         if cursor is None:
-            return table, scan
+            return table, scan, scan
         origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor)
         if scan != origin and scan != query.bare().bind(table.spec):
             raise MalformedCursor(
@@ -142,7 +148,7 @@ class Facade:
                 "parameters of the request whose page gave it",
                 store=query.store,
             )
-        return table, continued
+        return table, continued, origin
 
     async def entries(self, query: ScanQuery, max_entries: int | None = None) -> list[Any]:
         """Every entry of a scan, in its order: ``(key, value)`` pairs, or ``Windowed`` entries;
@@ -154,10 +160,11 @@ class Facade:
 
     async def page(self, query: ScanQuery, request: PageRequest) -> Page:
         """One page of a scan and the cursor of the next (None after the last page)."""
-        table, scan = await self._bind(query, request.cursor)
+        table, scan, origin = await self._bind_with_origin(query, request.cursor)
 
         def cursor_after(last_key: Any) -> str:
-            return self.cursors.encode(table.spec.name, query.shape, scan, last_key)
+            # The scan as begun, not as continued: every page's cursor then fits the query's parameters.
+            return self.cursors.encode(table.spec.name, query.shape, origin, last_key)
 
         page = await self.scatter.page(table, scan, request.limit, cursor_after)
         self._scanned(query.store, len(page.entries))

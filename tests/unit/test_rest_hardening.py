@@ -4,6 +4,7 @@ covers every route and validates; the server announces no version."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgpack
 import pytest
@@ -135,6 +136,34 @@ async def test_a_cursor_comes_alone_or_with_the_parameters_that_issued_it(client
     for other in ("from=-5&", "from=0&to=9&", "from=0&reverse=true&", "reverse=true&"):
         got = await client.get(f"/stores/longs/range?{other}limit=1&cursor={first['next']}")
         assert got.status == 400 and (await got.json())["error"]["code"] == "malformed-cursor", other
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/stores/strings/all?reverse=true&",
+        "/stores/longs/range?from=-9223372036854775808&",
+        "/stores/strings/prefix/?",  # the prefix in the path: never a bare request
+        "/stores/clicks/windows/alice?",
+        "/stores/clicks/windows?keyFrom=a&",
+        "/stores/visits/sessions?reverse=true&",
+    ],
+)
+async def test_every_page_to_the_end_with_the_parameters_repeated(client, path: str) -> None:  # type: ignore[no-untyped-def]
+    """A page's cursor carried the scan as continued, so the third page with the first's parameters was
+    refused as another scan's; the console keeps the path (and so a prefix or key) on every page."""
+    whole = (await (await client.get(path.rstrip("?&"))).json())["result"]
+    seen: list[Any] = []
+    cursor = None
+    while True:
+        resp = await client.get(f"{path}limit=1" + (f"&cursor={cursor}" if cursor else ""))
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        seen += body["result"]
+        cursor = body["next"]
+        if cursor is None:
+            break
+    assert seen == whole and len(whole) >= 3, path
 
 
 async def test_a_cursor_pages_on_any_node_of_the_deployment(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
