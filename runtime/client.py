@@ -19,6 +19,7 @@ the caller's node (any node's if that one is missing), which scatter-gathers ove
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -85,7 +86,9 @@ class Client:
                     partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE
                 )
             except OwnerUnavailable as err:
-                if attempt == 2 or not self._facade_died(err) or not self._switch_facade():
+                # Looking for another facade blocks (Ray's actor listing, a readiness call each): not on the
+                # caller's loop.
+                if attempt == 2 or not self._facade_died(err) or not await asyncio.to_thread(self._switch_facade):
                     raise
         raise AssertionError("unreachable")
 

@@ -157,7 +157,7 @@ class Readiness:
 
 # ``/ready`` needs no token, so it says why in fixed words: the copies' own reasons and a failed feed's
 # error (exception text that may quote paths, keys or values) are for ``GET /stores`` and ``riqr status``.
-_SEE_STATUS = "riqr status, or GET /metadata with a token, says why"
+_SEE_STATUS = "GET /metadata with a token, or riqr status, says why"
 _PARTITION_REASONS = {
     "unavailable": "its actor is dead or did not answer in time",
     "unassigned": "no actor holds it",

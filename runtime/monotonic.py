@@ -99,9 +99,15 @@ class SpansSeen:
 
     def header(self) -> str:
         """Every partition read, as ``X-Riqr-Position`` lists them: a key lookup's form per partition, joined
-        by ", " in partition order (empty when nothing was read: an empty range)."""
-        return ", ".join(position_header(p, self.spans[p]) for p in sorted(self.spans))
+        by ", " in partition order; empty when nothing was read (an empty range), or when the list would be
+        longer than ``MAX_POSITION_CHARS`` (about 50 partitions: proxies refuse headers of a few KiB)."""
+        text = ", ".join(position_header(p, self.spans[p]) for p in sorted(self.spans))
+        return text if len(text) <= MAX_POSITION_CHARS else ""
 
+
+# The longest X-Riqr-Position a scan sends: nginx's default proxy buffer (4 KiB on most platforms) holds
+# every header of a response, and aiohttp's client refuses a field over 8,190 bytes.
+MAX_POSITION_CHARS = 3072
 
 # The spans of the answer being built, set by the facade around one request's calls (asyncio tasks copy
 # the context when made, so every owner call of the request adds to the same ``SpansSeen``).

@@ -37,6 +37,7 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
         "malformed-path",
         "invalid-parameter",
         "too-many-parameters",
+        "result-too-large",
     ),  # fmt: skip
     401: ("unauthorized",),
     403: ("forbidden",),

@@ -165,6 +165,8 @@ async def json_result(
             async for chunk in chunks:
                 if chunk:
                     await response.write(b"," + _as_array_items(chunk))
+        except ConnectionResetError:  # the client went away: nothing to tell it
+            return response
         except Exception as err:  # noqa: BLE001 - the status is sent: the only honest end is a cut
             log.warning("%s %s: the answer broke off after it began (%s: %s); connection cut", request.method,
                         request.path, type(err).__name__, err)  # fmt: skip

@@ -79,3 +79,14 @@ def test_an_answer_of_several_calls_says_every_batch_it_may_reflect_per_partitio
     assert seen.header() == "partition=0; source=q; batch=3-4, partition=1; source=q; batch=5-7"
     seen.add({1: ("r", 0, 0)})  # a rebuild's new source, which the marks admitted: it replaces
     assert seen.header().endswith("partition=1; source=r; batch=0")
+
+
+def test_a_position_list_too_long_for_a_proxys_headers_is_left_out() -> None:
+    from runtime.monotonic import MAX_POSITION_CHARS
+
+    source = "0fc3ad25-98e1-4ac4-9e77-088980bf36cc"  # a Spark query id, as real sources are
+    seen = SpansSeen()
+    seen.add({p: (source, 41, 41) for p in range(40)})
+    assert 0 < len(seen.header()) <= MAX_POSITION_CHARS
+    seen.add({p: (source, 41, 41) for p in range(40, 200)})
+    assert seen.header() == ""  # 200 partitions: about 14 KB, over what nginx or aiohttp take
