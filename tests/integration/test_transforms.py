@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -48,15 +49,25 @@ def test_spark_kafka_connector_columns_map_to_riqr_records(spark: Any) -> None:
 
     when = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
     df = spark.createDataFrame(
-        [(b"1", b"pizza", "order", 0, 7, when, 0), (None, b"x", "order", 1, 3, when, 0)],
+        [
+            (b"1", b"pizza", "order", 0, 7, when, 0),
+            (None, b"x", "order", 1, 3, when, 0),
+            (b"\xff\xfe", b"tea", "order", 2, 9, when, 0),  # not UTF-8: a cast to string kept the bytes,
+            (b"2", b"caf\xe9", "order", 3, 4, when, 0),  # which failed the batch where Arrow met them
+        ],
         "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, timestampType int",
     )
-    rows = [r.asDict() for r in _kafka_columns(df).collect()]
+    good, bad = _kafka_columns(df)
+    rows = [r.asDict() for r in good.collect()]
     millis = int(when.timestamp() * 1000)
     assert rows == [
         {"key": "1", "value": "pizza", "ts": millis, "seq": 7},
         {"key": None, "value": "x", "ts": millis, "seq": 3},
     ]
+    letters = [(r.reason, json.loads(r.record)) for r in bad.collect()]
+    assert [reason for reason, _ in letters] == ["the record's key or value is not UTF-8"] * 2
+    assert sorted(record["seq"] for _, record in letters) == [4, 9]
+    assert all("\ufffd" in record["key"] + record["value"] for _, record in letters)  # replaced, readable
 
 
 def test_hopping_windows_count_each_order_in_every_window_that_covers_it(spark: Any) -> None:
