@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runtime.client import Client, Page, Store, connect
+    from runtime.client import Client, Lookup, Page, Store, connect
     from runtime.errors import (
         BadRequest,
         DeadlineExceeded,
@@ -29,6 +29,7 @@ __all__ = [
     "Client",
     "Store",
     "Page",
+    "Lookup",
     "RiqrError",
     "BadRequest",
     "MalformedKey",
@@ -40,7 +41,7 @@ __all__ = [
     "NotConnected",
 ]
 
-_HOMES = {name: "runtime.client" for name in ("connect", "Client", "Store", "Page")}
+_HOMES = {name: "runtime.client" for name in ("connect", "Client", "Store", "Page", "Lookup")}
 
 
 def __getattr__(name: str) -> Any:

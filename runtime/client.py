@@ -29,13 +29,13 @@ from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable, StoreNotFound
-from runtime.queries import KeyQuery, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
+from runtime.queries import KeyQuery, Lookup, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
 if TYPE_CHECKING:
     from runtime.facade.inprocess import InProcessFacade
 
-__all__ = ["connect", "Client", "Store", "Page"]
+__all__ = ["connect", "Client", "Store", "Page", "Lookup"]
 
 
 class Client:
@@ -134,6 +134,12 @@ class Store:
     def get(self, key: Any) -> Any:
         """The value of ``key``; raises ``KeyNotFound`` when absent."""
         return self._client.get(KeyQuery(self.name, key))
+
+    def lookup(self, key: Any) -> Lookup:
+        """``key``'s value and what it reflects (``Lookup(value, position)``, the position as REST's
+        ``X-Riqr-Position`` says it); raises ``KeyNotFound`` when absent, its ``position`` saying as of what."""
+        value, position = self._client.keys.lookup(KeyQuery(self.name, key), self._client.timeout)
+        return Lookup(value, position)
 
     def all(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         """Every ``(key, value)`` in key order (or reversed). For big stores prefer ``iterate``."""
@@ -243,6 +249,10 @@ class Store:
 
     async def get_async(self, key: Any) -> Any:
         return await self._client.get_async(KeyQuery(self.name, key))
+
+    async def lookup_async(self, key: Any) -> Lookup:
+        value, position = await self._client.keys.lookup_async(KeyQuery(self.name, key), self._client.timeout)
+        return Lookup(value, position)
 
     async def all_async(self, *, reverse: bool = False) -> list[tuple[Any, Any]]:
         return await self._client.call_async("entries", RangeQuery(self.name, reverse=reverse))

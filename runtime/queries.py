@@ -253,6 +253,14 @@ class PageRequest:
     cursor: str | None = None
 
 
+class Lookup(NamedTuple):
+    """A key's value and what it reflects: its partition, the source and the batch, as REST's
+    ``X-Riqr-Position`` header says it (``partition=3; source=<id>; batch=41``)."""
+
+    value: Any
+    position: str
+
+
 class Page(NamedTuple):
     """A page of a scan: its entries and the cursor of the next page (None after the last)."""
 

@@ -290,6 +290,23 @@ class InProcessFacade:
             return await core.get(query)
         return await within(Deadline.after(budget), core.get(query), f"get on {query.store}")
 
+    async def _lookup(self, query: KeyQuery, budget: float) -> tuple[Any, str]:
+        core = await self._core()
+        return await within(Deadline.after(min(budget, core.timeout)), core.lookup(query), f"get on {query.store}")
+
+    def lookup(self, query: KeyQuery, budget: float) -> tuple[Any, str]:
+        """A key's value and its position (``Facade.lookup``), blocking; through the loop's facade, which
+        fails over and keeps the marks as ``get`` does (not its thread fast path, which has no position)."""
+        if budget <= 0:
+            raise Deadline.after(budget).exceeded(f"get on {query.store}")
+        try:
+            return self._thread.run(self._lookup(query, budget), budget + 1.0)
+        except concurrent.futures.TimeoutError:  # only if the loop thread itself is stuck
+            raise DeadlineExceeded(f"get on {query.store} did not complete within {budget:g}s") from None
+
+    async def lookup_async(self, query: KeyQuery, budget: float) -> tuple[Any, str]:
+        return await self._thread.run_async(self._lookup(query, budget))
+
     async def get_async(self, query: KeyQuery, budget: float) -> Any:
         """The value of a key, for a caller on any event loop (coalesced on the loop thread)."""
         return await self._thread.run_async(self._get(query, budget))

@@ -43,6 +43,19 @@ def test_async_queries(client: runtime.Client) -> None:
     assert tail == [("6", "mathew"), ("7", "will")] and count == 7
 
 
+def test_a_lookup_says_what_it_reflects_as_rest_does(client: runtime.Client, seeded: Runtime) -> None:
+    from tests.integration.helpers import http_get
+
+    customers = client.store("customer-v1-changelog")
+    found = customers.lookup("2")
+    _, headers, body = http_get(f"{seeded.url}/stores/customer-v1-changelog/get/2")
+    assert found == runtime.Lookup("adam", headers["X-Riqr-Position"]) and body == {"response": "adam"}
+    assert asyncio.run(customers.lookup_async("2")) == found
+    with pytest.raises(runtime.KeyNotFound) as missing:
+        customers.lookup("99")
+    assert missing.value.position is not None and missing.value.position.startswith("partition=")
+
+
 def test_errors_are_riqrs_own(client: runtime.Client) -> None:
     with pytest.raises(runtime.KeyNotFound):
         client.store("order-count").get("99")

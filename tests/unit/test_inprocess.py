@@ -252,3 +252,25 @@ def test_a_closed_facade_refuses_at_once_rather_than_never_answering(replicated)
         asyncio.run(lookup())
     with pytest.raises(NotConnected, match="closed"):
         list(facade.chunks(lambda core: core.entry_chunks(RangeQuery("r"))))
+
+
+def test_a_lookup_says_what_it_reflects_found_or_not(replicated) -> None:  # type: ignore[no-untyped-def]
+    """The driver API's answer to "every answer can say what it reflects": the value with its position,
+    as REST's X-Riqr-Position; absent, the KeyNotFound carries it."""
+    from runtime.partitioner import partition_of
+
+    _, facade, _ = replicated
+    value, position = facade.lookup(KeyQuery("r", "k001"), 2.0)
+    assert value == "v1"
+    assert position == f"partition={partition_of(kv_spec('r').key.type, 'k001', 4)}; source=q; batch=0"
+    with pytest.raises(KeyNotFound) as missing:
+        facade.lookup(KeyQuery("r", "nope"), 2.0)
+    assert missing.value.position == f"partition={partition_of(kv_spec('r').key.type, 'nope', 4)}; source=q; batch=0"
+
+    async def both() -> Any:
+        return await facade.lookup_async(KeyQuery("r", "k002"), 2.0)
+
+    assert asyncio.run(both()) == (
+        "v2",
+        f"partition={partition_of(kv_spec('r').key.type, 'k002', 4)}; source=q; batch=0",
+    )
