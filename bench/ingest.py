@@ -408,8 +408,11 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
                 if mode == "riqr":
                     say(f"{label} sink stages (all batches so far): {timings_line(DELIVERIES[-1:])}")
                 say(f"{label}: p50 {statistics.median(lags) * 1000:.0f} ms, p99 {pct(lags, 0.99) * 1000:.0f} ms")
-            for q in spark.streams.active:
-                q.stop()
+            # Between batches, as a topology stops: a stop inside riqr's batch cancelled its Spark job, and
+            # Spark's stream thread then logged a StackOverflowError from a regex over the failure.
+            from topologies.inflight import stop_between_batches
+
+            stop_between_batches(list(spark.streams.active))
     finally:
         spark.streams.removeListener(listener)
     for name, batches in durations.items():
