@@ -230,6 +230,70 @@ class Store:
         query = WindowQuery(self.name, None, key_from, key_to, time_from, time_to, reverse)
         return self._client.call("entries", query)
 
+    def windows_page(
+        self,
+        limit: int,
+        cursor: str | None = None,
+        *,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        reverse: bool = False,
+    ) -> Page:
+        """At most ``limit`` windows of ``key`` (or of the keys in [``key_from``, ``key_to``]) whose start lies
+        in [``time_from``, ``time_to``], and the cursor of the next page, as ``page`` for key-value stores."""
+        query = WindowQuery(self.name, key, key_from, key_to, time_from, time_to, reverse)
+        return self._client.call("page", query, PageRequest(limit, cursor))
+
+    def iterate_windows(
+        self,
+        *,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        time_from: Any = None,
+        time_to: Any = None,
+        reverse: bool = False,
+    ) -> Iterator[Windowed]:
+        """Every window ``windows_page`` would page through, streamed from the owners a page at a time."""
+        query = WindowQuery(self.name, key, key_from, key_to, time_from, time_to, reverse)
+        for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query)):
+            yield from chunk
+
+    def sessions_page(
+        self,
+        limit: int,
+        cursor: str | None = None,
+        *,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        earliest_end: Any = None,
+        latest_start: Any = None,
+        reverse: bool = False,
+    ) -> Page:
+        """At most ``limit`` sessions of ``key`` (or of a key range; with ``earliest_end``/``latest_start``,
+        those ending at or after and starting at or before them), and the cursor of the next page."""
+        query = SessionQuery(self.name, key, key_from, key_to, earliest_end, latest_start, reverse)
+        return self._client.call("page", query, PageRequest(limit, cursor))
+
+    def iterate_sessions(
+        self,
+        *,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        earliest_end: Any = None,
+        latest_start: Any = None,
+        reverse: bool = False,
+    ) -> Iterator[Windowed]:
+        """Every session ``sessions_page`` would page through, streamed from the owners a page at a time."""
+        query = SessionQuery(self.name, key, key_from, key_to, earliest_end, latest_start, reverse)
+        for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query)):
+            yield from chunk
+
     def sessions(self, key: Any, *, reverse: bool = False) -> list[Windowed]:
         """Every session of ``key`` (``reverse``: newest first, Kafka's ``backwardFetch``)."""
         return self._client.call("entries", SessionQuery(self.name, key, reverse=reverse))

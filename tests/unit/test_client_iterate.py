@@ -168,3 +168,44 @@ def test_iterate_after_the_client_was_closed_raises_and_an_open_one_closes_witho
     entries.close()  # the loop is gone: nothing to end there, and no wait for it
     with pytest.raises(NotConnected):
         list(_store(facade, "many").iterate())
+
+
+class _PagingClient(_Client):
+    """``_Client`` with the facade verticle's ``call``, served by the same in-process facade's core."""
+
+    def call(self, method: str, *args: Any) -> Any:
+        async def on_the_loop() -> Any:
+            core = await self.keys._core()  # noqa: SLF001
+            return await getattr(core, method)(*args)
+
+        return self.keys._thread.run(on_the_loop(), 5.0)  # noqa: SLF001
+
+
+def test_windows_and_sessions_page_and_stream_in_python_as_over_rest(bus: FakeBus, facade: InProcessFacade) -> None:
+    """Python answered window and session queries as whole lists only; REST paged and streamed them."""
+    t0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+    bus.create_store(windowed_spec("w"))
+    windows = [
+        (user, t0 + dt.timedelta(minutes=m), t0 + dt.timedelta(minutes=m + 1), m) for user in "abc" for m in range(5)
+    ]
+    load_windowed(bus, "w", windows)
+    bus.create_store(windowed_spec("s", kind="session"))
+    load_windowed(bus, "s", windows)
+    store = Store(_PagingClient(facade), "w")  # type: ignore[arg-type]
+    every = store.windows_range()
+    assert len(every) == 15
+    assert list(store.iterate_windows()) == every
+    assert list(store.iterate_windows(key="b", reverse=True)) == store.windows("b", reverse=True)
+    seen: list[Any] = []
+    cursor = None
+    while True:
+        page = store.windows_page(4, cursor, key_from="a", key_to="b", time_from=t0 + dt.timedelta(minutes=1))
+        seen += page.entries
+        if (cursor := page.next) is None:
+            break
+    assert seen == store.windows_range("a", "b", t0 + dt.timedelta(minutes=1)) and len(seen) == 8
+    sessions = Store(_PagingClient(facade), "s")  # type: ignore[arg-type]
+    first = sessions.sessions_page(2, key="c")
+    rest = sessions.sessions_page(10, first.next, key="c")
+    assert first.entries + rest.entries == sessions.sessions("c") and rest.next is None
+    assert list(sessions.iterate_sessions(key_from="b")) == sessions.sessions_range("b")
