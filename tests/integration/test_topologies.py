@@ -110,6 +110,13 @@ def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Pat
             "alice", T0 + dt.timedelta(seconds=50), T0 + dt.timedelta(seconds=90)
         )
         assert asyncio.run(found_async) == found_py
+        # Paged and streamed as REST pages them: the same windows and sessions, a page at a time.
+        every = store.windows_range()
+        first = store.windows_page(1)
+        assert first.entries == every[:1] and list(store.iterate_windows()) == every
+        assert first.entries + store.windows_page(len(every), first.next).entries == every
+        assert list(sessions_py.iterate_sessions(key="alice")) == sessions_py.sessions("alice")
+        assert sessions_py.sessions_page(1, key="alice").entries == sessions_py.sessions("alice")[:1]
     finally:
         for q in queries:
             q.stop()
