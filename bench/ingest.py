@@ -412,7 +412,9 @@ def freshness(spark: Any, work: Path, namespace: str, url: str, args: argparse.N
             # Spark's stream thread then logged a StackOverflowError from a regex over the failure.
             from topologies.inflight import stop_between_batches
 
-            stop_between_batches(list(spark.streams.active))
+            cut = stop_between_batches(list(spark.streams.active))
+            if cut:
+                say(f"stopped inside a batch (it did not end within the grace): {', '.join(cut)}")
     finally:
         spark.streams.removeListener(listener)
     for name, batches in durations.items():

@@ -29,7 +29,7 @@ from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable, StoreNotFound
-from runtime.queries import KeyQuery, Lookup, Page, PageRequest, RangeQuery, SessionQuery, WindowQuery
+from runtime.queries import KeyQuery, Lookup, Page, PageRequest, RangeQuery, ScanQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
 if TYPE_CHECKING:
@@ -293,6 +293,31 @@ class Store:
         query = SessionQuery(self.name, key, key_from, key_to, earliest_end, latest_start, reverse)
         for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query)):
             yield from chunk
+
+    async def windows_page_async(self, limit: int, cursor: str | None = None, **query: Any) -> Page:
+        """``windows_page`` for async callers (the same keyword arguments)."""
+        return await self._client.call_async("page", WindowQuery(self.name, **query), PageRequest(limit, cursor))
+
+    async def sessions_page_async(self, limit: int, cursor: str | None = None, **query: Any) -> Page:
+        """``sessions_page`` for async callers (the same keyword arguments)."""
+        return await self._client.call_async("page", SessionQuery(self.name, **query), PageRequest(limit, cursor))
+
+    def iterate_windows_async(self, **query: Any) -> AsyncIterator[Windowed]:
+        """``iterate_windows`` for async callers (the same keyword arguments)."""
+        return self._entries_async(WindowQuery(self.name, **query))
+
+    def iterate_sessions_async(self, **query: Any) -> AsyncIterator[Windowed]:
+        """``iterate_sessions`` for async callers (the same keyword arguments)."""
+        return self._entries_async(SessionQuery(self.name, **query))
+
+    async def _entries_async(self, query: ScanQuery) -> AsyncIterator[Any]:
+        chunks = self._client.keys.chunks_async(lambda core: core.entry_chunks(query))
+        try:
+            async for chunk in chunks:
+                for entry in chunk:
+                    yield entry
+        finally:
+            await chunks.aclose()
 
     def sessions(self, key: Any, *, reverse: bool = False) -> list[Windowed]:
         """Every session of ``key`` (``reverse``: newest first, Kafka's ``backwardFetch``)."""

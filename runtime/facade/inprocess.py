@@ -292,7 +292,9 @@ class InProcessFacade:
 
     async def _lookup(self, query: KeyQuery, budget: float) -> tuple[Any, str]:
         core = await self._core()
-        return await within(Deadline.after(min(budget, core.timeout)), core.lookup(query), f"get on {query.store}")
+        if budget >= core.timeout:  # as ``_get``: the router's own deadline, its failover and reports, decide
+            return await core.lookup(query)
+        return await within(Deadline.after(budget), core.lookup(query), f"get on {query.store}")
 
     def lookup(self, query: KeyQuery, budget: float) -> tuple[Any, str]:
         """A key's value and its position (``Facade.lookup``), blocking; through the loop's facade, which

@@ -117,6 +117,8 @@ def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Pat
         assert first.entries + store.windows_page(len(every), first.next).entries == every
         assert list(sessions_py.iterate_sessions(key="alice")) == sessions_py.sessions("alice")
         assert sessions_py.sessions_page(1, key="alice").entries == sessions_py.sessions("alice")[:1]
+        assert asyncio.run(store.windows_page_async(1)).entries == every[:1]
+        assert asyncio.run(sessions_py.sessions_page_async(9, key="alice")).entries == sessions_py.sessions("alice")
     finally:
         for q in queries:
             q.stop()

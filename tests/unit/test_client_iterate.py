@@ -209,3 +209,11 @@ def test_windows_and_sessions_page_and_stream_in_python_as_over_rest(bus: FakeBu
     rest = sessions.sessions_page(10, first.next, key="c")
     assert first.entries + rest.entries == sessions.sessions("c") and rest.next is None
     assert list(sessions.iterate_sessions(key_from="b")) == sessions.sessions_range("b")
+
+    async def in_async_code() -> tuple[list[Any], list[Any]]:
+        streamed = [w async for w in store.iterate_windows_async(key="a")]
+        found = [s async for s in sessions.iterate_sessions_async(key_from="c")]
+        return streamed, found
+
+    streamed, found = asyncio.run(in_async_code())
+    assert streamed == store.windows("a") and found == sessions.sessions_range("c")
