@@ -29,6 +29,8 @@ from typing import Any
 from runtime.errors import MalformedKey, SchemaError
 
 __all__ = [
+    "INTEGER_TEXT",
+    "MAX_INTEGER_CHARS",
     "KeyType",
     "KeySchema",
     "STRING",
@@ -94,8 +96,12 @@ def _datetime_to_micros(value: _dt.datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
-_MAX_INTEGER_CHARS = 64  # a sign and 19 digits fit any 64-bit integer, leading zeros aside
+# An integer as text, in a URL or a query parameter: ASCII digits with an optional sign, as Java's
+# Long.parseLong reads them (Python's int() also takes "1_0", " 10 " and other scripts' digits), and no
+# longer than MAX_INTEGER_CHARS (a sign and 19 digits fit any 64-bit integer, leading zeros aside; int()
+# refuses over 4,300 digits).
+INTEGER_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+MAX_INTEGER_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -113,11 +119,10 @@ class KeyType:
             return text
         if self.kind == "timestamp":
             return self._parse_timestamp(text)
-        # ASCII digits with an optional sign, as Java's Long.parseLong reads them: Python's int() also takes
-        # "1_0", " 10 " and other scripts' digits, which gave one key several spellings in a URL.
-        if _INTEGER.fullmatch(text) is None:
+        # One spelling per key in a URL: INTEGER_TEXT.
+        if INTEGER_TEXT.fullmatch(text) is None:
             raise MalformedKey(f"key {text!r} is not a valid {self.name}", key=text, type=self.name)
-        if len(text) > _MAX_INTEGER_CHARS:  # out of any range; and int() refuses over 4,300 digits
+        if len(text) > MAX_INTEGER_CHARS:
             raise MalformedKey(f"key {text[:24]!r}... is out of range for {self.name}", key=text[:24], type=self.name)
         return self._check_int(int(text, 10), text)
 

@@ -7,7 +7,6 @@ composite key on '/' and decodes each component.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -17,7 +16,8 @@ from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
 from runtime.config import MAX_WHOLE_MSGPACK_ENTRIES, WHOLE_JSON_BYTES
 from runtime.errors import InvalidParameter, MalformedKey, MalformedPath
 from runtime.facade import Facade
-from runtime.monotonic import POSITION_HEADER, SEEN, SpansSeen
+from runtime.keys import INTEGER_TEXT, MAX_INTEGER_CHARS
+from runtime.monotonic import POSITION_HEADER, SpansSeen, collecting
 from runtime.queries import KeyQuery, PageRequest, RangeQuery, ScanQuery, SessionQuery, UrlKey, WindowQuery
 from runtime.rest.render import entries_json, json_result, reply, stream_ndjson, wants_msgpack, wants_ndjson
 
@@ -44,7 +44,6 @@ FACADE: web.AppKey[Facade] = web.AppKey("riqr.facade", Facade)
 AUTH: web.AppKey[AuthConfig] = web.AppKey("riqr.auth", AuthConfig)
 
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
-_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _facade(request: web.Request) -> Facade:
@@ -112,9 +111,9 @@ def _int_param(request: web.Request, name: str) -> int | None:
     raw = request.query.get(name)
     if raw is None:
         return None
-    if _INTEGER.fullmatch(raw) is None:  # ASCII digits only: int() also reads "1_0", " 1" and other scripts
+    if INTEGER_TEXT.fullmatch(raw) is None:  # as keys are (runtime.keys.INTEGER_TEXT)
         raise InvalidParameter(f"{name} must be an integer, got {raw!r}", parameter=name)
-    if len(raw) > 64:  # out of every range; and int() raises (a 500) on more than 4,300 digits
+    if len(raw) > MAX_INTEGER_CHARS:  # out of every range; int() raised on it (a 500)
         raise InvalidParameter(f"{name} is out of range ({len(raw)} digits)", parameter=name)
     return int(raw)
 
@@ -130,9 +129,7 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
         if limit is not None and limit < 1:
             raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
         return await stream_ndjson(request, facade.stream_ndjson(query, cursor, limit), limit)
-    seen = SpansSeen()
-    token = SEEN.set(seen)
-    try:
+    with collecting() as seen:
         if limit is not None or cursor is not None:
             page = await facade.page(query, PageRequest(limit, cursor))
             body = {"result": entries_json(page.entries), "next": page.next}
@@ -140,8 +137,6 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
             body = {"result": entries_json(await facade.entries(query, MAX_WHOLE_MSGPACK_ENTRIES))}
         else:  # the seed's shape, whole when small, else streamed as merged (render.json_result)
             return await json_result(request, facade.stream_ndjson(query), lambda: _position(seen), WHOLE_JSON_BYTES)
-    finally:
-        SEEN.reset(token)
     return reply(request, body, headers=_position(seen))
 
 
@@ -247,10 +242,6 @@ async def sessions_of_range(request: web.Request) -> web.StreamResponse:
 
 
 async def approximate_num_entries(request: web.Request) -> web.Response:
-    seen = SpansSeen()
-    token = SEEN.set(seen)
-    try:
+    with collecting() as seen:
         count = await _facade(request).count(_store(request))
-    finally:
-        SEEN.reset(token)
     return reply(request, {"result": count}, headers=_position(seen))
