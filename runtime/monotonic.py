@@ -27,7 +27,9 @@ facade, not across nodes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ __all__ = [
     "position_header",
     "SpansSeen",
     "SEEN",
+    "collecting",
 ]
 
 # The response header of a key lookup saying what the answer reflects (docs/api.md, "Freshness").
@@ -109,9 +112,20 @@ class SpansSeen:
 # every header of a response, and aiohttp's client refuses a field over 8,190 bytes.
 MAX_POSITION_CHARS = 3072
 
-# The spans of the answer being built, set by the facade around one request's calls (asyncio tasks copy
+# The spans of the answer being built, set around one request's calls (``collecting``; asyncio tasks copy
 # the context when made, so every owner call of the request adds to the same ``SpansSeen``).
 SEEN: ContextVar[SpansSeen | None] = ContextVar("riqr_spans_seen", default=None)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[SpansSeen]:
+    """The spans of every owner call made inside the ``with``, for one answer's position."""
+    seen = SpansSeen()
+    token = SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        SEEN.reset(token)
 
 
 @functools.lru_cache(maxsize=4096)  # per answer: a few distinct values a batch, asked thousands of times
