@@ -187,7 +187,10 @@ class Store:
         sends pages of about ``PAGE_BYTES`` (``page_size`` caps their entries too) as msgpack blobs, one
         page ahead, and they merge here in key order while the caller uses the entries merged before.
         """
-        query = RangeQuery(self.name, lo, hi, prefix, reverse)
+        return self._entries(RangeQuery(self.name, lo, hi, prefix, reverse), page_size)
+
+    def _entries(self, query: ScanQuery, page_size: int | None = None) -> Iterator[Any]:
+        """Every entry of ``query``, streamed from its owners into this process a chunk at a time."""
         for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query, page_size)):
             yield from chunk
 
@@ -258,9 +261,7 @@ class Store:
         reverse: bool = False,
     ) -> Iterator[Windowed]:
         """Every window ``windows_page`` would page through, streamed from the owners a page at a time."""
-        query = WindowQuery(self.name, key, key_from, key_to, time_from, time_to, reverse)
-        for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query)):
-            yield from chunk
+        return self._entries(WindowQuery(self.name, key, key_from, key_to, time_from, time_to, reverse))
 
     def sessions_page(
         self,
@@ -290,9 +291,7 @@ class Store:
         reverse: bool = False,
     ) -> Iterator[Windowed]:
         """Every session ``sessions_page`` would page through, streamed from the owners a page at a time."""
-        query = SessionQuery(self.name, key, key_from, key_to, earliest_end, latest_start, reverse)
-        for chunk in self._client.keys.chunks(lambda core: core.entry_chunks(query)):
-            yield from chunk
+        return self._entries(SessionQuery(self.name, key, key_from, key_to, earliest_end, latest_start, reverse))
 
     async def windows_page_async(self, limit: int, cursor: str | None = None, **query: Any) -> Page:
         """``windows_page`` for async callers (the same keyword arguments)."""
@@ -310,8 +309,9 @@ class Store:
         """``iterate_sessions`` for async callers (the same keyword arguments)."""
         return self._entries_async(SessionQuery(self.name, **query))
 
-    async def _entries_async(self, query: ScanQuery) -> AsyncIterator[Any]:
-        chunks = self._client.keys.chunks_async(lambda core: core.entry_chunks(query))
+    async def _entries_async(self, query: ScanQuery, page_size: int | None = None) -> AsyncIterator[Any]:
+        """``_entries`` for async callers."""
+        chunks = self._client.keys.chunks_async(lambda core: core.entry_chunks(query, page_size))
         try:
             async for chunk in chunks:
                 for entry in chunk:
@@ -365,7 +365,7 @@ class Store:
         query = RangeQuery(self.name, lo, hi, prefix, reverse)
         return await self._client.call_async("page", query, PageRequest(limit, cursor))
 
-    async def iterate_async(
+    def iterate_async(
         self,
         *,
         lo: Any = None,
@@ -375,14 +375,7 @@ class Store:
         page_size: int | None = None,
     ) -> AsyncIterator[tuple[Any, Any]]:
         """``iterate`` for async code: the same pages from the owners, merged in this process."""
-        query = RangeQuery(self.name, lo, hi, prefix, reverse)
-        chunks = self._client.keys.chunks_async(lambda core: core.entry_chunks(query, page_size))
-        try:
-            async for chunk in chunks:
-                for entry in chunk:
-                    yield entry
-        finally:
-            await chunks.aclose()
+        return self._entries_async(RangeQuery(self.name, lo, hi, prefix, reverse), page_size)
 
     async def approximate_num_entries_async(self) -> int:
         return await self._client.call_async("count", self.name)
