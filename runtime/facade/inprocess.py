@@ -322,7 +322,7 @@ class InProcessFacade:
         one. Stopping early (closing the iterator) ends the generator and its owners' calls."""
         ahead = _Ahead(self._core, make)
         try:
-            while (chunk := self._thread.run(self._open(ahead.next()))) is not None:
+            while (chunk := self._thread.run(ahead.next())) is not None:
                 yield chunk
         finally:
             if self._thread.loop.is_running():  # else closed: nothing runs there any more
@@ -333,19 +333,12 @@ class InProcessFacade:
         """``chunks`` for a caller on any event loop."""
         ahead = _Ahead(self._core, make)
         try:
-            while (chunk := await self._thread.run_async(self._open(ahead.next()))) is not None:
+            while (chunk := await self._thread.run_async(ahead.next())) is not None:
                 yield chunk
         finally:
             if self._thread.loop.is_running():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._thread.run_async(ahead.close()), _CLOSE_WAIT)
-
-    def _open(self, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
-        """``coro``, unless this facade was closed (its loop would never run it): then ``NotConnected``."""
-        if not self._thread.loop.is_running():
-            coro.close()
-            raise NotConnected("this process's riqr client was closed (close_in_process_facades); connect again")
-        return coro
 
     # -- the calling thread's side --------------------------------------------------------------------
 
