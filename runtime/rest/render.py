@@ -127,6 +127,18 @@ def entries_json(entries: list[Any]) -> list[dict[str, Any]]:
     return [_entry_json(entry) for entry in entries]
 
 
+BROKE_OFF = web.RequestKey("riqr.broke_off", int)
+"""The request's key for the status of an answer that failed after its 200 was sent (``broke_off``)."""
+CLIENT_LEFT = 499
+"""The status counted for a client that went away before its answer was whole (nginx's code for it)."""
+
+
+def broke_off(request: web.BaseRequest, status: int) -> None:
+    """Say that ``request``'s streamed answer ended in ``status`` after its 200 went out: the pipeline
+    counts that status, not the 200, so a cut answer shows in the error rate."""
+    request[BROKE_OFF] = status
+
+
 def _as_array_items(chunk: bytes) -> bytes:
     """NDJSON lines (each a JSON value ending in a newline, none inside: JSON strings escape it) as the
     items of a JSON array, comma-separated."""
@@ -166,10 +178,12 @@ async def json_result(
                 if chunk:
                     await response.write(b"," + _as_array_items(chunk))
         except ConnectionResetError:  # the client went away: nothing to tell it
+            broke_off(request, CLIENT_LEFT)
             return response
         except Exception as err:  # noqa: BLE001 - the status is sent: the only honest end is a cut
             log.warning("%s %s: the answer broke off after it began (%s: %s); connection cut", request.method,
                         request.path, type(err).__name__, err)  # fmt: skip
+            broke_off(request, err.status if isinstance(err, RiqrError) else 500)
             if request.transport is not None:
                 request.transport.abort()
             return response
@@ -206,7 +220,11 @@ async def stream_ndjson(
                 await response.write(chunk)
                 chunk = None if left == 0 else await anext(chunks, None)
         except RiqrError as err:
+            broke_off(request, err.status)
             await response.write(encode_json(err.to_json()) + b"\n")
+        except ConnectionResetError:  # the client went away: nothing to tell it
+            broke_off(request, CLIENT_LEFT)
+            return response
         await response.write_eof()
         return response
     finally:

@@ -9,6 +9,7 @@ from yarl import URL
 
 from runtime.facade import Facade
 from runtime.rest import build_app
+from tests.promtext import value as _value
 from tests.unit.fakes import FakeBus, kv_spec
 
 CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
@@ -331,6 +332,21 @@ async def test_a_streamed_answer_that_breaks_off_is_cut_never_short(big) -> None
     assert resp.status == 200
     with pytest.raises(aiohttp.ClientPayloadError):
         await resp.read()
+    counted = await (await client.get("/metrics")).text()  # as the error it ended in, not as the 200 sent
+    assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="503") == 1
+    assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="200") == 0
+
+
+async def test_an_ndjson_stream_that_breaks_off_ends_in_an_error_line_counted_as_that_error(big) -> None:  # type: ignore[no-untyped-def]
+    bus, client = big
+    for owner in bus.owners.values():
+        owner.down_after = len(owner.calls) + 2
+    resp = await client.get("/stores/big/all", headers={"Accept": "application/x-ndjson"})
+    lines = (await resp.read()).splitlines()
+    assert resp.status == 200 and json.loads(lines[-1])["error"]["code"] == "owner-unavailable"
+    assert all("key" in json.loads(line) for line in lines[:-1])
+    counted = await (await client.get("/metrics")).text()
+    assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="503") == 1
 
 
 async def test_a_whole_msgpack_answer_past_its_bound_is_a_400_naming_the_ways_out(big) -> None:  # type: ignore[no-untyped-def]
