@@ -8,7 +8,8 @@ missed one. The states:
 
 * ``serving``: complete at its position; answers reads;
 * ``loading``: nothing applied yet (a new actor, or a new source whose first batch has not arrived);
-* ``incomplete``: it saw a gap (for example a new, empty actor receiving batch 57); it stays so, across
+* ``incomplete``: it saw a gap (for example a new, empty actor receiving batch 57), or its actor restarted
+  and found nothing on disk (it may have held rows: never served as empty); it stays so, across
   restarts (an ``INCOMPLETE`` marker next to its data), until a new source's batch 0 rebuilds it;
 * ``lost``: its actor restarted and the state was not durable;
 * ``catching-up``: it lost its state and is being rebuilt from a live peer (``runtime.rebuild``): it
@@ -119,8 +120,17 @@ class PartitionState:
     """One partition: its engine (rows and position) and whether it may serve."""
 
     def __init__(
-        self, partition: int, engine: PartitionEngine, *, directory: Path | None, lost: bool = False, store: str = ""
+        self,
+        partition: int,
+        engine: PartitionEngine,
+        *,
+        directory: Path | None,
+        lost: bool = False,
+        restarted: bool = False,
+        store: str = "",
     ) -> None:
+        """``lost``: its actor restarted and kept nothing (no directory); ``restarted``: its actor restarted
+        (or was created again), whatever it kept."""
         self.partition = partition
         self.store = store  # for log lines
         self.engine = engine
@@ -139,13 +149,19 @@ class PartitionState:
         # The source whose batch 0 reset this partition here (None: none did since it opened): a read
         # that started at batch -1 of it may have seen the partition emptied (``span``).
         self._reset_for: str | None = None
-        self.reason = ""
+        self.state, self.reason = LOADING, ""
         if self._marker is not None and self._marker.exists():
             self.state = INCOMPLETE
             self.reason = self._marker.read_text(encoding="utf-8", errors="replace")
         elif lost and position == NONE:
             self.state = LOST
             self.reason = "its actor restarted and its state was not durable"
+        elif restarted and position == NONE:
+            # Durable, yet nothing on disk after a restart: a replacement on another node, or its data was
+            # wiped. It may have held rows before, so it must not serve empty at a new source's start
+            # (``begin``) while the source's batch 0 has yet to bring them back: incomplete, until that
+            # batch or a peer's copy.
+            self._mark_incomplete(-1, "its actor restarted with nothing on disk (a new node, or its data was lost)")
         elif position.batch_id < 0:
             # Nothing of its source applied yet. (A new source's reset, reopened before its batch 0 was
             # applied, lands here too: better a 503 for a moment than an empty store.)

@@ -186,7 +186,9 @@ class QueryCore:
                     remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
                 engine = _open_partition(spec, p, path, self._owner)
                 lost = recovered and path is None
-                self.partitions[p] = PartitionState(p, engine, directory=path, lost=lost, store=spec.name)
+                self.partitions[p] = PartitionState(
+                    p, engine, directory=path, lost=lost, restarted=recovered, store=spec.name
+                )
         except BaseException:
             for state in self.partitions.values():
                 state.engine.close()

@@ -123,6 +123,31 @@ def test_a_restarted_actor_answers_503_not_an_empty_store() -> None:
     assert info.value.details["partitions"] == [0] and info.value.details["retry_after"] == 5
 
 
+def test_a_restarted_copy_with_nothing_on_disk_never_serves_empty_at_a_new_sources_start(tmp_path: Path) -> None:
+    """A replacement on another node, or a copy whose data was wiped, reopens at no position. It may
+    have held rows: a topology started on a fresh checkpoint must not make it answer 404s (and scans
+    without its keys) until the source's batch 0 brings them back, as a never-fed copy rightly does."""
+    import shutil
+
+    where = tmp_path / "s" / "u1"
+    core = QueryCore(kv_spec(), [0, 2], directory=where)
+    core.apply("q", 0, {0: pa.table({"key": ["a"], "value": ["A"]}), 2: None})
+    core.close()
+    shutil.rmtree(where)
+    again = QueryCore(kv_spec(), [0, 2], directory=where, recovered=True)
+    assert again.begin("fresh") == []
+    with pytest.raises(PartitionIncomplete, match="nothing on disk"):
+        again.get_many([(0, "a")])
+    with pytest.raises(PartitionIncomplete):
+        again.scan([0, 2], Scan())
+    again.apply("fresh", 0, {0: pa.table({"key": ["a"], "value": ["A2"]}), 2: None})  # batch 0 brings them back
+    assert decode_value(again.get_many([(0, "a")])[0][0]) == "A2"
+    again.close()
+    never_fed = QueryCore(kv_spec(), [0], directory=tmp_path / "s" / "u2")
+    assert never_fed.begin("fresh") == [0]  # a new copy is complete when empty
+    never_fed.close()
+
+
 def test_windowed_rows_keep_the_end_and_the_time_filter_runs_on_the_owner() -> None:
     import datetime as dt
 

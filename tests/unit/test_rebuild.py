@@ -182,7 +182,7 @@ def test_a_restarted_actor_whose_data_was_wiped_rebuilds_without_waiting_for_a_b
     s = Setup(kind, tmp_path)
     s.me.close()
     again = s.me = s.open_copy(tmp_path / "me", recovered=True)  # an empty directory: nothing to reopen
-    assert again.positions()[0]["state"] == "loading"
+    assert again.positions()[0]["state"] == INCOMPLETE and "nothing on disk" in again.positions()[0]["reason"]
     assert again.rebuild_unserved() == [0]
     assert s.run() == "in-sync"
     assert s.contents(again) == s.contents(s.peer_core) and again.positions()[0]["batch_id"] == 56
