@@ -111,6 +111,13 @@ class Rebuilder:
                 why = err.message if isinstance(err, RiqrError) else f"{type(err).__name__}: {err}"
                 log.warning("partition %d: copy from a peer failed: %s", state.partition, why, extra=fields)
                 outcome = "retry"
+            except Exception as err:  # noqa: BLE001 - a bug or an engine's own error (RocksDB raises Exception)
+                # Retried like the others, then given up: a catch-up thread that ended here left its
+                # partition catching-up for good, buffering acknowledged batches no one would apply.
+                why = f"{type(err).__name__}: {err}"
+                log.error("partition %d: copy from a peer failed: %s", state.partition, why, extra=fields,
+                          exc_info=True)  # fmt: skip
+                outcome = "retry"
             if outcome != "retry":
                 log.info("partition %d: catch-up %s", state.partition, outcome, extra=fields)
                 return outcome
@@ -163,8 +170,8 @@ class Rebuilder:
         for uuid in self.peers.holders(partition):
             if uuid == self.me:
                 continue
-            peer = self.peers.peer(uuid)
-            try:
+            try:  # a holder Ray no longer names is skipped like one that gives no snapshot
+                peer = self.peers.peer(uuid)
                 return peer, peer.open_snapshot(partition)
             except RiqrError as err:
                 log.info("partition %d: peer %s gives no snapshot: %s", partition, uuid, err.message)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from runtime.codec import decode_value
-from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
+from runtime.errors import OwnerUnavailable, PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.partition import CATCHING_UP, INCOMPLETE, MARKER, REBUILDING, SERVING, Hold
 from runtime.query import QueryCore
 from runtime.rebuild import RebuildSettings
@@ -176,6 +176,46 @@ def test_without_a_serving_peer_it_gives_up_as_incomplete_and_the_next_batch_tri
     with pytest.raises(PartitionUnavailable):
         s.me.get_many([(0, "last")])
     assert s.me.apply("q", 58, batch(58))[0].state == CATCHING_UP and len(s.jobs) == 1
+
+
+def test_a_catch_up_that_fails_with_any_error_is_retried_then_given_up_never_left_catching_up(
+    kind: str, tmp_path: Path
+) -> None:
+    """RocksDB raises plain ``Exception`` (a lock, a full disk): such an error ended the catch-up's thread
+    and left its partition catching-up for good, buffering batches nothing would apply."""
+    s = Setup(kind, tmp_path)
+
+    def broken(partition: int) -> Any:
+        s.peer.opens += 1
+        raise RuntimeError("IO error: No space left on device")
+
+    s.peer.open_snapshot = broken  # type: ignore[method-assign]
+    s.me.apply("q", 57, batch(57))
+    assert s.run() == "gave-up" and s.peer.opens >= 2  # retried with backoff, then given up
+    state = s.me.positions()[0]
+    assert state["state"] == INCOMPLETE and "No space left" in state["reason"]
+    assert s.me.apply("q", 58, batch(58))[0].state == CATCHING_UP and len(s.jobs) == 1  # the next batch tries again
+
+
+def test_a_holder_ray_no_longer_names_is_skipped_for_the_next_one(kind: str, tmp_path: Path) -> None:
+    s = Setup(kind, tmp_path)
+
+    class WithAGoneHolder(Peers):
+        def holders(self, partition: int) -> list[str]:
+            return ["me", "gone", *self.peers]
+
+        def peer(self, uuid: str) -> Any:
+            if uuid == "gone":
+                raise OwnerUnavailable("no actor named gone", actor="gone")
+            return super().peer(uuid)
+
+    rebuilder = s.me._rebuilder
+    assert rebuilder is not None
+    rebuilder.peers = WithAGoneHolder({"peer": s.peer})
+    s.peer_core.apply("q", 57, batch(57))
+    s.me.apply("q", 57, batch(57))
+    assert s.run() == "in-sync" and s.peer.opens == 1
+    assert s.contents(s.me) == s.contents(s.peer_core)
 
 
 def test_a_restarted_actor_whose_data_was_wiped_rebuilds_without_waiting_for_a_batch(kind: str, tmp_path: Path) -> None:
