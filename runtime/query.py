@@ -367,13 +367,8 @@ class QueryCore:
         If any partition asked about cannot answer, the whole call raises ``PartitionUnavailable`` naming
         those partitions (``partitions``), so the caller can ask again for the keys of the others.
         """
-        states = self.partitions
-        asked = {p for p, _ in items}
-        broken = sorted(p for p in asked if p not in states or not states[p].serving)
-        if broken:
-            first = self._unavailable(broken[0])
-            raise type(first)(first.message, **{**first.details, "partitions": broken})
-        before = {p: states[p].engine.position() for p in asked}
+        states, before = self._start_read({p for p, _ in items}, name_all=True)
+        asked = before.keys()
         try:
             values = [states[p].engine.get(key) for p, key in items]
         except Exception as err:
@@ -383,14 +378,37 @@ class QueryCore:
 
     def get_one(self, partition: int, key: Any) -> tuple[bytes | None, Span]:
         """``get_many`` of one key: its packed value (None when absent) and the span its read reflects."""
-        state = self._partition(partition)
-        before = state.engine.position()
+        states, before = self._start_read((partition,))
+        state = states[partition]
         try:
             value = state.engine.get(key)
         except Exception as err:
             self._raise_if_destroyed(err, [partition])
             raise
-        return value, self._spans({partition: before})[partition]
+        return value, self._spans(before)[partition]
+
+    def _start_read(
+        self, partitions: Iterable[int], *, name_all: bool = False
+    ) -> tuple[dict[int, PartitionState], dict[int, Position]]:
+        """The states of ``partitions`` and their positions as a read starts (``before`` of ``_spans``),
+        or ``PartitionUnavailable`` for the first that cannot serve (``name_all``: naming every one of
+        them in ``partitions``).
+
+        The position is taken before the state is checked, never after: a new source's batch 0 that
+        landed between a check and the position (a reset that leaves the partition ``rebuilding``, at
+        batch 0 of the new source) would otherwise give a span that looks whole, for a read of a state
+        that is not. Taken first, a reset after it shows as a change of source in ``span``, and one before
+        it as a partition not serving."""
+        asked = dict.fromkeys(partitions)  # in the order given (a scan's runs merge in it)
+        states = {p: state for p in asked if (state := self.partitions.get(p)) is not None}
+        before = {p: state.engine.position() for p, state in states.items()}
+        broken = sorted(p for p in asked if p not in states or not states[p].serving)
+        if broken:
+            first = self._unavailable(broken[0])
+            if name_all:
+                raise type(first)(first.message, **{**first.details, "partitions": broken})
+            raise first
+        return states, before
 
     def _raise_if_destroyed(self, err: Exception, partitions: Iterable[int]) -> None:
         """A read that raised ``err``: unavailable (a 503 while the store is being dropped) if ``destroy``
@@ -432,8 +450,7 @@ class QueryCore:
 
         The partition engines are read lazily, so a page costs its own size, not the store's.
         """
-        states = {p: self._partition(p) for p in partitions}
-        before = {p: s.engine.position() for p, s in states.items()}
+        states, before = self._start_read(partitions)
         if scan.is_empty():
             return [], self._spans(before)
         guard = (
@@ -464,8 +481,7 @@ class QueryCore:
         """
         if self.spec.windowed:
             raise ValueError("packed pages are for key-value stores; window and session stores page as tuples")
-        states = {p: self._partition(p) for p in partitions}
-        before = {p: s.engine.position() for p, s in states.items()}
+        states, before = self._start_read(partitions)
         if scan.is_empty() or not states:
             return encode_page(self.spec.key, self._codec, [], [], fmt, False), self._spans(before)
         guard = (
@@ -492,8 +508,7 @@ class QueryCore:
 
     def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         """How many keys ``partitions`` hold, and the span of each."""
-        states = {p: self._partition(p) for p in partitions}
-        before = {p: s.engine.position() for p, s in states.items()}
+        states, before = self._start_read(partitions)
         try:
             total = sum(s.engine.count() for s in states.values())
         except Exception as err:

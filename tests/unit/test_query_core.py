@@ -148,6 +148,39 @@ def test_a_restarted_copy_with_nothing_on_disk_never_serves_empty_at_a_new_sourc
     never_fed.close()
 
 
+@pytest.mark.parametrize("read", ["get_many", "get_one", "scan", "count"])
+def test_a_reset_between_the_serving_check_and_the_position_is_never_answered(
+    read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new source's batch 0 that lands (held: ``rebuilding``, at batch 0 of the new source) just after
+    a read found the partition serving: the read must fail, not answer the partial state with a span
+    that looks whole (``(Y, 0, 0)``)."""
+    from runtime.partition import Hold, PartitionState
+
+    core = QueryCore(kv_spec(), [0])
+    core.apply("X", 0, {0: pa.table({"key": ["a"], "value": ["A"]})})
+    real = PartitionState.serving
+    landed: list[bool] = []
+
+    def serving_then_reset(state: PartitionState) -> bool:
+        answer = bool(real.fget(state))  # type: ignore[attr-defined]
+        if not landed:
+            landed.append(True)
+            core.apply("Y", 0, {0: None}, Hold(0))  # on the apply thread, right after the check
+        return answer
+
+    monkeypatch.setattr(PartitionState, "serving", property(serving_then_reset))
+    calls = {
+        "get_many": lambda: core.get_many([(0, "a")]),
+        "get_one": lambda: core.get_one(0, "a"),
+        "scan": lambda: core.scan([0], Scan()),
+        "count": lambda: core.count([0]),
+    }
+    with pytest.raises(PartitionUnavailable):
+        calls[read]()
+    assert landed and core.positions()[0]["state"] == "rebuilding"
+
+
 def test_windowed_rows_keep_the_end_and_the_time_filter_runs_on_the_owner() -> None:
     import datetime as dt
 
