@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "RiqrError",
+    "CannotListen",
     "BadRequest",
     "MalformedKey",
     "MalformedRange",
@@ -211,6 +212,12 @@ class Unavailable(RiqrError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(int(self.details.get("retry_after", 1)))}
+
+
+class CannotListen(Unavailable):
+    """An HTTP verticle could not bind its address (in use, not this host's, not allowed)."""
+
+    code = "cannot-listen"
 
 
 class PartitionUnavailable(Unavailable):

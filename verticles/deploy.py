@@ -39,7 +39,7 @@ from runtime.config import (
     riqr_data,
 )
 from runtime.deadline import Deadline
-from runtime.errors import OwnerUnavailable
+from runtime.errors import CannotListen, OwnerUnavailable
 from runtime.membership import UndecodableRecord
 from runtime.metrics import Metrics
 from runtime.orphans import ACTOR_NAME
@@ -561,11 +561,19 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
                 cursor_key=cursor_key,
             )  # fmt: skip
         )
-        starting.append((node_id, http.start.remote(), facade.ready.remote()))
+        starting.append((node_id, http, http.start.remote(), facade.ready.remote()))
     raycalls.get(resumed, "starting the registry")
     endpoints = []
-    for node_id, serving, ready in starting:
-        where = raycalls.get(serving, f"starting the REST API on node {node_id}")
+    unbound: list[str] = []
+    for node_id, http, serving, ready in starting:
+        try:
+            where = raycalls.get(serving, f"starting the REST API on node {node_id}")
+        except CannotListen as err:
+            # It serves nothing, and kept as it is it would try the same address at the next ``up``
+            # (``get_if_exists`` finds it with its first settings): gone, so a retry with another port works.
+            ray.kill(http, no_restart=True)
+            unbound.append(f"{err.message} (node {node_id})")
+            continue
         raycalls.get(ready, f"starting the facade on node {node_id}")
         # A verticle of an earlier riqr does not say what it was started with: its auth is "unknown".
         running = where.get("settings", {})
@@ -578,6 +586,8 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
                 kept=kept_settings(running, asked),
             )
         )
+    if unbound:
+        raise CannotListen(f"{'; '.join(unbound)}: free it, or choose another --host or --port", nodes=len(unbound))
     return Deployment(ns, tuple(endpoints))
 
 

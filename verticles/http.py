@@ -23,6 +23,7 @@ from runtime import logs
 from runtime.auth import AuthConfig
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name
+from runtime.errors import CannotListen
 from runtime.facade import Facade
 from runtime.metrics import Metrics
 from runtime.orphans import Sweeper, reclaim_after
@@ -176,7 +177,9 @@ class HttpVerticle:
                 await site.start()
             except OSError as err:
                 await runner.cleanup()
-                raise RuntimeError(f"cannot listen on {self.host}:{self.port}: {err.strerror}") from err
+                # A riqr error, so its reason reaches the caller of ``riqr up`` (Ray's translation turns any
+                # other exception into "failed inside the actor").
+                raise CannotListen(f"cannot listen on {self.host}:{self.port}: {err.strerror}") from err
             self._runner = runner
             addresses = runner.addresses
             self.bound_port = int(addresses[0][1]) if addresses else self.port

@@ -87,6 +87,32 @@ def test_riqr_up_again_with_auth_off_says_the_running_verticles_keep_theirs(
         assert http_get(f"{url}/stores", {"Authorization": f"Bearer {token}"})[0] == 200
 
 
+def test_riqr_up_on_a_busy_port_says_why_and_a_retry_on_another_port_works(ray_cluster: RayCluster) -> None:
+    """The bind's reason reached the operator as "failed inside the actor: RuntimeError", and the HTTP
+    verticle it left behind tried the same port again at the next `up`, whatever its --port said."""
+    import socket
+
+    from verticles import deploy
+
+    namespace = f"riqr-busy-{uuid.uuid4().hex[:8]}"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        try:
+            done = _riqr("up", "--address", ray_cluster.address, "--namespace", namespace, "--port", str(port))
+            assert done.returncode == 2, done.stderr
+            assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr, done.stderr
+            assert "choose another --host or --port" in done.stderr and "Traceback" not in done.stderr
+            again = _riqr("up", "--address", ray_cluster.address, "--namespace", namespace, "--port", "0")
+            assert again.returncode == 0, again.stderr
+            urls = re.findall(r"REST API at (http://\S+)", again.stdout)
+            assert len(urls) == 2 and all(not url.endswith(f":{port}") for url in urls), again.stdout
+            assert all(http_get(f"{url}/health")[0] == 200 for url in urls)
+        finally:
+            deploy.down(namespace)
+
+
 def test_riqr_token_without_a_deployment_says_so(ray_cluster: RayCluster) -> None:
     done = _riqr("token", "--address", ray_cluster.address, "--namespace", f"absent-{uuid.uuid4().hex[:8]}")
     assert done.returncode == 2 and "not up" in done.stderr
