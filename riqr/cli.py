@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -394,12 +396,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RiqrError as err:
         _say(f"riqr: {err.message}")
         return 2
+    except BrokenPipeError:  # `riqr query S all | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again
+        return 128 + signal.SIGPIPE
     except ConnectionError as err:
         _say(f"riqr: cannot reach the Ray cluster: {err}")
         return 2
     except ValueError as err:  # a bad auth setting (RIQR_JWT_*); its message never quotes a secret
         _say(f"riqr: {err}")
         return 2
+    except OSError as err:  # a file a setting names (RIQR_JWT_SECRET_FILE, an ACL) missing or unreadable
+        _say(f"riqr: {err}")
+        return 2
+    except Exception as err:
+        if type(err).__module__.startswith("ray."):  # Ray refused the connection (its auth token) or failed
+            _say(f"riqr: Ray: {type(err).__name__}: {err}")
+            return 2
+        raise
 
 
 if __name__ == "__main__":

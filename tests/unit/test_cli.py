@@ -2,6 +2,7 @@ import io
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -131,3 +132,42 @@ def test_riqr_drop_takes_a_store_and_is_safe_by_default() -> None:
     args = build_parser().parse_args(["drop", "order-count"])
     assert (args.store, args.force, args.namespace) == ("order-count", False, "riqr")
     assert build_parser().parse_args(["drop", "order-count", "--force", "--namespace", "ns"]).force is True
+
+
+def test_a_missing_secret_file_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("RIQR_JWT_SECRET_FILE", str(tmp_path / "absent"))
+    assert cli.main(["token"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("riqr: ") and "No such file or directory" in err and "absent" in err
+    assert "Traceback" not in err
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`riqr query S all | head`: the pipe's reader goes away; no traceback, the shell's code for SIGPIPE."""
+    import os
+    import signal
+
+    def closed_pipe(args: Any) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    saved = os.dup(1)
+    monkeypatch.setattr(cli, "_cmd_produce", closed_pipe)
+    monkeypatch.setattr(cli.sys, "stdout", cli.sys.__stdout__)  # a real descriptor to point at /dev/null
+    try:
+        assert cli.main(["produce", "order"]) == 128 + signal.SIGPIPE
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_error_raised_by_ray_is_said_in_one_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Ray's own exceptions (its AuthenticationError when the cluster wants a token) are not tracebacks."""
+    refused = type("AuthenticationError", (Exception,), {"__module__": "ray.exceptions"})
+
+    def ray_refuses(args: Any) -> int:
+        raise refused("the cluster requires a token")
+
+    monkeypatch.setattr(cli, "_cmd_produce", ray_refuses)
+    assert cli.main(["produce", "order"]) == 2
+    assert capsys.readouterr().err == "riqr: Ray: AuthenticationError: the cluster requires a token\n"
