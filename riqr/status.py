@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 __all__ = [
     "STORE_COLUMNS",
@@ -150,7 +151,7 @@ def render_status(
         stores.add_column(column, overflow="fold")
     rows = store_rows(catalog, instances, now)
     for row in rows:
-        stores.add_row(*row)
+        stores.add_row(*(Text(cell) for cell in row))  # as written: an error's "[/data/x]" is not markup
     if rows:
         console.print(stores)
     else:

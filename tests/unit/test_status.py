@@ -109,6 +109,16 @@ def test_the_rendered_tables_hold_every_store_and_endpoint() -> None:
     assert "no stores yet" in empty.getvalue()
 
 
+def test_an_error_with_brackets_is_printed_as_written_not_read_as_markup() -> None:
+    """rich read table cells as markup: "[/data/x]" raised MarkupError (on the failed feed one looks at),
+    and "[red]" vanished from the message."""
+    catalog = _catalog()
+    catalog[0]["ingest"] = {"state": "failed", "batch_id": 8, "error": "OSError: [/data/x] is gone [red]"}
+    out = io.StringIO()
+    render_status(Console(file=out, width=300, color_system=None), catalog, _instances(), {}, now=NOW)
+    assert "OSError: [/data/x] is gone [red]" in out.getvalue()
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
