@@ -229,7 +229,7 @@ def _query_families(snapshot: ClusterSnapshot) -> list[Metric]:
     for d in QUERY_METRICS:
         family = _family(d)
         prefix = d.base
-        for (name, labels), value in sorted(sums.items()):
+        for (name, labels), value in sorted(sums.items(), key=_exposition_order):
             if name == prefix or (name.startswith(prefix + "_") and name[len(prefix) + 1 :] in _SUFFIXES):
                 family.add_sample(name, dict(labels), value)
         families.append(family)
@@ -237,6 +237,14 @@ def _query_families(snapshot: ClusterSnapshot) -> list[Metric]:
 
 
 _SUFFIXES = ("total", "bucket", "sum", "count")
+
+
+def _exposition_order(item: tuple[tuple[str, tuple[tuple[str, str], ...]], float]) -> tuple[Any, ...]:
+    """Samples by name and labels, a histogram's buckets by increasing ``le`` (as a number: ``+Inf``
+    last, ``2.5`` before ``10.0``), as the text format asks; sorting the text put ``+Inf`` first."""
+    (name, labels), _ = item
+    le = dict(labels).get("le")
+    return name, tuple(pair for pair in labels if pair[0] != "le"), float(le) if le is not None else 0.0
 
 
 def cluster_families(snapshot: ClusterSnapshot, verdict: Readiness | None = None) -> list[Metric]:

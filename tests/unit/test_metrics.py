@@ -194,6 +194,16 @@ def test_cluster_metrics_count_copies_by_role_and_state_and_label_applies_by_rol
     assert _value(text, "riqr_apply_duration_seconds_count", store="s") == 1  # the live actor's one apply
 
 
+def test_the_query_actors_histogram_buckets_come_in_increasing_le() -> None:
+    """The text format wants a histogram's buckets by increasing ``le``; sorted as text, ``+Inf`` came
+    first and ``10.0`` before ``2.5``."""
+    _, snapshot = _snapshot()
+    text = _cluster_text(snapshot)
+    bounds = re.findall(r'^riqr_apply_duration_seconds_bucket\{le="([^"]+)",store="s"\}', text, re.M)
+    assert len(bounds) > 2 and bounds[-1] == "+Inf"
+    assert [float(b) for b in bounds] == sorted(float(b) for b in bounds)
+
+
 class _Target:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, dict[str, str], float, int]] = []
