@@ -16,10 +16,17 @@ plus ``topic``, ``partition`` and ``offset``. Offsets live in the Spark checkpoi
 ``{"topic/partition": next offset}``: a restarted query resumes where it left off and a replayed batch
 reads the same messages again, which riqr's idempotent sink turns into a no-op. Consumer group offsets
 are not used. A batch read (``spark.read``) returns every message up to the current end of each partition.
+
+Offsets Kafka no longer has when a batch reads them (retention removed them while the query was down)
+fail the batch, as Spark's connector does; ``.option("failOnDataLoss", "false")`` skips them with a
+warning instead. Offsets with no record (a transaction's markers, aborted records, compaction) are
+skipped: only committed records are read (librdkafka's ``isolation.level``, ``read_committed``).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +38,15 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
-__all__ = ["KafkaDataSource", "SCHEMA", "TopicRange"]
+__all__ = ["KafkaDataSource", "SCHEMA", "TopicRange", "later_offsets"]
+
+log = logging.getLogger(__name__)
 
 # ``problem``: null for a usable record, else why it is not one (a key or value that is not UTF-8, kept in
 # the record with its bad bytes as \x escapes): such records go to the dead letters, not into a store.
 SCHEMA = "key string, value string, ts bigint, seq bigint, topic string, partition int, offset bigint, problem string"
 _TIMEOUT = 30.0
+_POLL = 0.2
 
 
 @dataclass(frozen=True)
@@ -80,11 +90,28 @@ class _Kafka:
         if self.starting not in ("earliest", "latest"):
             raise ValueError(f"startingOffsets must be 'earliest' or 'latest', got {self.starting!r}")
         self.extra = {k[len("kafka.") :]: v for k, v in options.items() if k.startswith("kafka.")}
+        lossy = options.get("failOnDataLoss", "true").lower()
+        if lossy not in ("true", "false"):
+            raise ValueError(f"failOnDataLoss must be 'true' or 'false', got {lossy!r}")
+        self.fail_on_data_loss = lossy == "true"
 
     def consumer(self) -> Any:
         from confluent_kafka import Consumer
 
-        return Consumer({**self.extra, "group.id": "riqr-spark-source", "enable.auto.commit": False, "log_level": 3})
+        return Consumer(
+            {
+                **self.extra,
+                "group.id": "riqr-spark-source",
+                "enable.auto.commit": False,
+                "log_level": 3,
+                # An offset Kafka no longer has (retention, a topic made again) is an error to see, not a
+                # silent jump to the end (librdkafka's default), which skipped what was still there.
+                "auto.offset.reset": "error",
+                # The end of a partition is said, so a range that ends after a transaction's control record
+                # (never delivered) ends there rather than waiting for a message that never comes.
+                "enable.partition.eof": True,
+            }
+        )
 
     def watermarks(self, *, low: bool) -> dict[str, int]:
         """``{"topic/partition": offset}`` of the start (``low``) or the end of every partition."""
@@ -105,6 +132,30 @@ class _Kafka:
         finally:
             consumer.close()
 
+    def _lost(self, consumer: Any, part: TopicRange, position: int) -> int:
+        """Offset ``position`` of ``part`` is gone from Kafka: raise (``failOnDataLoss``, the default), or
+        go on from the partition's first offset and return where the read stands."""
+        from confluent_kafka import TopicPartition
+
+        low, high = consumer.get_watermark_offsets(TopicPartition(part.topic, part.partition), timeout=_TIMEOUT)
+        where = f"{part.topic}/{part.partition}"
+        if position < low:
+            what = f"offsets {position}-{min(low, part.end) - 1} of {where} are no longer in Kafka"
+        else:
+            what = f"offset {position} of {where} is past its end, {high}"
+        what += f" (it keeps {low}-{high - 1}: removed by retention, or the topic was made again)"
+        if self.fail_on_data_loss:
+            raise RuntimeError(
+                f"{what}: records were lost before this query read them. Start the topology on a fresh "
+                "checkpoint to rebuild its stores from what the topic holds, or set failOnDataLoss=false to "
+                "skip them"
+            )
+        log.warning("%s: skipped (failOnDataLoss=false)", what)
+        if low >= part.end or low <= position:
+            return part.end
+        consumer.assign([TopicPartition(part.topic, part.partition, low)])
+        return low
+
     def ranges(self, start: dict[str, int], end: dict[str, int]) -> list[TopicRange]:
         out = []
         for name, stop in sorted(end.items()):
@@ -115,22 +166,46 @@ class _Kafka:
         return out
 
     def read(self, part: TopicRange) -> Iterator[tuple[Any, ...]]:
-        from confluent_kafka import KafkaException, TopicPartition
+        """The records of ``part``. Offsets with no record (a transaction's control records, aborted
+        records, a compacted topic's removed ones) are skipped: the range ends where the consumer's
+        position reaches its end. Offsets Kafka no longer has fail the read (``failOnDataLoss``, as
+        Spark's connector) or are skipped from the partition's first offset with a warning."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         consumer = self.consumer()
+        where = f"{part.topic}/{part.partition}"
         try:
             consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
             position = part.start
+            waited_since = time.monotonic()
             while position < part.end:
-                messages = consumer.consume(min(1000, part.end - position), timeout=_TIMEOUT)
+                # Short waits: a call for n messages waits its whole timeout when fewer come (offsets with
+                # no record make fewer), so the read ends as soon as the position shows the range done.
+                messages = consumer.consume(min(1000, part.end - position), timeout=_POLL)
                 if not messages:
-                    raise TimeoutError(
-                        f"no message from {part.topic}/{part.partition} at offset {position} "
-                        f"(expected up to {part.end}) within {_TIMEOUT:g}s"
-                    )
+                    at = consumer.position([TopicPartition(part.topic, part.partition)])[0].offset
+                    if at >= part.end:  # past control or aborted records to the end: nothing more to read
+                        break
+                    if time.monotonic() - waited_since > _TIMEOUT:
+                        raise TimeoutError(
+                            f"no message from {where} at offset {position} (expected up to {part.end}) within "
+                            f"{_TIMEOUT:g}s; an open transaction holds back what follows until it ends"
+                        )
+                    continue
+                waited_since = time.monotonic()
                 for m in messages:
-                    if m.error() is not None:
-                        raise KafkaException(m.error())
+                    error = m.error()
+                    if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                        if m.offset() >= part.end:
+                            position = part.end
+                            break
+                        continue  # the end for now; what is up to part.end is still coming
+                    if error is not None and error.code() in (KafkaError._AUTO_OFFSET_RESET,
+                                                              KafkaError.OFFSET_OUT_OF_RANGE):  # fmt: skip
+                        position = self._lost(consumer, part, position)
+                        break
+                    if error is not None:
+                        raise KafkaException(error)
                     if m.offset() >= part.end:
                         position = part.end
                         break
@@ -154,14 +229,17 @@ class _Kafka:
 class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         self.kafka = _Kafka(options)
+        self._last: dict[str, int] = {}  # the last offsets this reader gave Spark
 
     def initialOffset(self) -> dict[str, int]:
-        return self.kafka.watermarks(low=self.kafka.starting == "earliest")
+        self._last = self.kafka.watermarks(low=self.kafka.starting == "earliest")
+        return dict(self._last)
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
         """The end of every partition. (Spark 4.2 passes the start and a read limit; before, nothing.
         Reading everything available is what the default limit asks for.)"""
-        return self.kafka.watermarks(low=False)
+        self._last = later_offsets({**self._last, **(start or {})}, self.kafka.watermarks(low=False))
+        return dict(self._last)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[TopicRange]:
         return self.kafka.ranges(start, end)
@@ -172,6 +250,14 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def commit(self, end: dict[str, int]) -> None:
         """Offsets live in Spark's checkpoint; nothing to tell Kafka."""
+
+
+def later_offsets(known: dict[str, int], fresh: dict[str, int]) -> dict[str, int]:
+    """The end offsets of a batch that starts at ``known``, from a read of the partitions' ends ``fresh``:
+    never below ``known``, and with every partition of ``known`` in it. A topic whose metadata one read
+    did not give (a leader election) was left out of the end, and the next batch began it again at 0,
+    counting its records twice."""
+    return {name: max(known.get(name, offset), fresh.get(name, offset)) for name, offset in {**fresh, **known}.items()}
 
 
 class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]

@@ -122,3 +122,49 @@ def test_food_orders_from_kafka_topics_and_a_restart_that_counts_nothing_twice(
         for q in spark.streams.active:
             if q.id not in before:
                 q.stop()
+
+
+def _reader(bootstrap: str, topic: str, **options: str) -> Any:
+    from topologies.kafka_source import KafkaStreamReader
+
+    return KafkaStreamReader({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, **options})
+
+
+def test_the_source_reads_transactions_to_their_end_and_skips_aborted_records(kafka: str) -> None:
+    """A range that ends after a transaction's commit marker (an offset with no record) waited 30 s for a
+    message that never comes, then failed the batch, at every replay."""
+    producer = confluent_kafka.Producer({"bootstrap.servers": kafka, "transactional.id": "riqr-test", "log_level": 3})
+    producer.init_transactions(10)
+    for values, commit in ((["1", "2", "3"], True), (["gone"], False), (["4", "5"], True)):
+        producer.begin_transaction()
+        for value in values:
+            producer.produce("tx-orders", key=b"k", value=value.encode(), partition=0)
+        producer.commit_transaction(10) if commit else producer.abort_transaction(10)
+    reader = _reader(kafka, "tx-orders")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start)
+    assert end["tx-orders/0"] > 5  # five records, and the offsets of markers and the aborted one
+    read = [row for part in reader.partitions(start, end) for row in reader.read(part)]
+    assert [row[1] for row in read] == ["1", "2", "3", "4", "5"]
+
+
+def test_offsets_kafka_no_longer_has_fail_the_batch_unless_told_to_skip_them(kafka: str) -> None:
+    """librdkafka's default jumped to the end of the partition: the batch read nothing, silently."""
+    from topologies.kafka_source import TopicRange
+
+    produce(kafka, "gone-orders", [("k", "1"), ("k", "2")])
+    beyond = TopicRange("gone-orders", 0, 100, 120)  # what a checkpoint holds after its topic was made again
+    with pytest.raises(RuntimeError, match="records were lost before this query read them"):
+        list(_reader(kafka, "gone-orders").read(beyond))
+    assert list(_reader(kafka, "gone-orders", failOnDataLoss="false").read(beyond)) == []
+    with pytest.raises(ValueError, match="failOnDataLoss"):
+        _reader(kafka, "gone-orders", failOnDataLoss="maybe")
+
+
+def test_a_batch_end_keeps_a_topic_whose_metadata_one_read_missed(kafka: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    produce(kafka, "flaky-orders", [("k", "1")])
+    reader = _reader(kafka, "flaky-orders")
+    start = reader.initialOffset()
+    first = reader.latestOffset(start)
+    monkeypatch.setattr(reader.kafka, "watermarks", lambda *, low: {})  # the topic's metadata had an error
+    assert reader.latestOffset(first) == first and reader.latestOffset(None) == first
