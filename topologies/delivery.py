@@ -140,6 +140,10 @@ class BatchDelivery:
         self.holds = False
         # Set while a rebuild has delivered no batch yet (``topologies.checkpoint.mark_rebuild_pending``).
         self.rebuild_pending = False
+        # False for a source whose fresh checkpoint does not read its input again (Kafka from the latest
+        # offsets): a rebuild would reset the store to what comes from now on (``topologies.sink``).
+        self.rebuild_from_input = True
+        self.said_no_rebuild = False
         # The query actors of the store this delivery declared (``declared``): a table of the same name none
         # of whose owners is among them is another store, dropped and declared again meanwhile (``table``).
         self.owners: frozenset[str] | None = None

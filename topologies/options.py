@@ -74,6 +74,8 @@ class TopologyOptions:
             "read_replicas": self.read_replicas,
             "trigger": self.trigger or DEFAULT_TRIGGER,
             "checkpoint": str(checkpoint_for(home, self.namespace, store)),
+            # Landing files are read whole by a fresh checkpoint; Kafka from the latest offsets is not.
+            "rebuild_from_input": self.source.kind == "files" or self.source.starting_offsets == "earliest",
         }
 
     def read(self, spark: Any, home: Path, topic: str) -> tuple[Any, Any | None]:

@@ -161,6 +161,11 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
     unheld = list(running[0].unheld) or sorted(set(before) & set(last))
     if not unheld:
         return []
+    if not running[0].rebuild_from_input:
+        if not running[0].said_no_rebuild:  # once a run, not at every poll
+            running[0].said_no_rebuild = True
+            log.error(_NO_REBUILD, running[0].spec.name, extra={"store": running[0].spec.name})
+        return []
     if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
         return []
     return unheld
@@ -415,6 +420,13 @@ def store_spec_for(
     )
 
 
+_NO_REBUILD = (
+    "store %s: partitions no copy serves cannot be rebuilt from this source (it starts at the latest "
+    "offsets, so a fresh checkpoint would hold only what comes from now on): they answer 503 and the query "
+    "goes on from its checkpoint; start the topology with --starting-offsets earliest to rebuild them"
+)
+
+
 def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     """How the query feeding a store starts from ``checkpoint``: ``"fresh"`` (the checkpoint never planned
     a batch), ``"resume"`` (every partition of the store has a copy at the checkpoint's source, at or past
@@ -640,6 +652,7 @@ def materialize(
     output_mode: str | None = None,
     delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
     read_replicas: bool = False,
+    rebuild_from_input: bool = True,
     _rebuilding: bool = False,
     _owners: frozenset[str] | None = None,
 ) -> Any:
@@ -668,6 +681,12 @@ def materialize(
     checkpoint or any copy is touched, and ``StoreInUse`` says, after up to ``CLAIM_WAIT`` seconds, that
     another topology (another run, from another checkpoint or alive on this one) still feeds it.
 
+    ``rebuild_from_input=False`` says that a fresh checkpoint of ``df``'s source does not read its input
+    again (Kafka from the latest offsets): a partition no copy serves is then never rebuilt by setting the
+    checkpoint aside, which would reset the store to the records from now on; it answers 503, the query
+    goes on from its checkpoint, and an error line says how to rebuild it (docs/design.md, "The rebuild
+    path").
+
     ``_rebuilding`` (``start_again``, internal): the store is being rebuilt in place, so an empty
     checkpoint is one a failed start had already set aside, not a new store's: its partitions are not
     told they start empty (``begin``), and they answer 503 until batch 0 is in. ``_owners`` (``start_again``,
@@ -679,7 +698,7 @@ def materialize(
         materialize, df, store=store, key=key, value=value, checkpoint=checkpoint, kind=kind,
         window_column=window_column, namespace=namespace, partitions=partitions, actors=actors, standbys=standbys,
         engine=engine, trigger=trigger, output_mode=output_mode, delivery_timeout=delivery_timeout,
-        read_replicas=read_replicas,
+        read_replicas=read_replicas, rebuild_from_input=rebuild_from_input,
     )  # fmt: skip
     df, key_cols, spec = _declare(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
@@ -696,6 +715,7 @@ def materialize(
     shaped = df.select(*key_cols, *value_cols, *extra, F.expr(partition_sql).alias(PARTITION_COLUMN))
     name = query_name(namespace, store)
     delivery = BatchDelivery(spec, namespace, checkpoint, delivery_timeout=delivery_timeout, query_name=name)
+    delivery.rebuild_from_input = rebuild_from_input
     # This store, not one declared again under its name later; started again in place, the store the first
     # start declared (``_owners``, internal): dropped meanwhile, or dropped and declared again, it is refused
     # here, before a query starts.
@@ -724,6 +744,9 @@ def _start(
     assert name is not None
     try:
         plan = plan_start(delivery, checkpoint)
+        if plan == "rebuild" and not delivery.rebuild_from_input:
+            log.error(_NO_REBUILD, store, extra={"store": store})
+            plan = "resume"
         mode = output_mode or ("append" if kind == "session" else "update")
         delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))
         if plan == "rebuild":

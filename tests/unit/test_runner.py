@@ -103,6 +103,8 @@ class FakeDelivery:
         self.owners: frozenset[str] | None = None  # the actors it declared the store with (None: no check)
         self.replaced = False
         self._replaced_lock = threading.Lock()
+        self.rebuild_from_input = True
+        self.said_no_rebuild = False
 
     def report(self, **info: object) -> None:
         self.reports.append(info)
@@ -179,6 +181,36 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
         waits.append(wait)
         sink._REBUILT["q"].append(last + wait)
     assert waits == [60, 120, 240, 480, 960, 1800, 1800, 1800]
+
+
+def test_a_store_whose_source_cannot_read_its_input_again_is_never_rebuilt_in_place(
+    running: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kafka from the latest offsets: a fresh checkpoint would reset the store to what comes from now on,
+    so the unserved partitions stay 503 (the query goes on) and an error line says how to rebuild them."""
+    from topologies import sink
+
+    delivery = FakeDelivery("s")
+    delivery.rebuild_from_input = False
+    delivery.unheld = [2]
+    running["q"] = (delivery, lambda **_: FakeQuery("q"))
+    with caplog.at_level(logging.ERROR):
+        assert sink.rebuild_due("q", now=0.0) == []
+        assert sink.rebuild_due("q", now=5000.0) == []
+    assert caplog.text.count("cannot be rebuilt from this source") == 1 and "--starting-offsets earliest" in caplog.text
+
+
+def test_topology_options_say_which_sources_rebuild_from_their_input() -> None:
+    from topologies.options import TopologyOptions
+    from topologies.sources import SourceConfig
+
+    def rebuilds(source: SourceConfig) -> bool:
+        return bool(TopologyOptions(source=source).sink(Path("/tmp/h"), "s")["rebuild_from_input"])
+
+    assert rebuilds(SourceConfig()) and rebuilds(SourceConfig("files", None, "latest"))  # files are read whole
+    assert rebuilds(SourceConfig("kafka", "b:9092", "earliest"))
+    assert not rebuilds(SourceConfig("kafka", "b:9092", "latest"))
+    assert not rebuilds(SourceConfig("spark-kafka", "b:9092", "latest"))
 
 
 def test_a_query_that_cannot_be_started_again_is_tried_again_then_fails_the_topology(
