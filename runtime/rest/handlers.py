@@ -236,6 +236,8 @@ async def sessions_of_range(request: web.Request) -> web.StreamResponse:
         _store(request),
         key_from=_query_key(request, "keyFrom"),
         key_to=_query_key(request, "keyTo"),
+        earliest_end=request.query.get("earliestEnd"),
+        latest_start=request.query.get("latestStart"),
         reverse=_bool_param(request, "reverse"),
     )
     return await _scan_reply(request, query)

@@ -184,8 +184,8 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "/stores/{store}/sessions",
         h.sessions_of_range,
-        "sessions of a key range",
-        (STORE, KEY_FROM, KEY_TO, *PAGING),
+        "sessions of a key range, those ending at or after earliestEnd and starting at or before latestStart",
+        (STORE, KEY_FROM, KEY_TO, EARLIEST_END, LATEST_START, *PAGING),
         errors=_SCAN,
     ),  # fmt: skip
     Route(

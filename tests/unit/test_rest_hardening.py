@@ -94,7 +94,8 @@ async def test_hostile_requests_get_their_code(client, path: str, status: int, c
         ("/stores/strings/all?from=a&to=b", "from"),  # once answered the whole store
         ("/stores/strings/prefix/a?to=b", "to"),
         ("/stores/strings/get/a?limit=1", "limit"),
-        ("/stores/visits/sessions?keyFrom=a&earliestEnd=2026-01-01T00:00:00Z", "earliestEnd"),
+        ("/stores/visits/sessions?keyFrom=a&from=2026-01-01T00:00:00Z", "from"),  # windows' bound, not sessions'
+        ("/stores/visits/sessions?earliestEnd=2026-01-01T00:00:00Z&earliestEnd=2026-01-02T00:00:00Z", "earliestEnd"),
         ("/stores/strings/range?from=a&from=b", "from"),  # took the last; windows' from took the first
         ("/stores/clicks/windows?from=2026-01-01T00:00:00Z&from=2026-01-02T00:00:00Z", "from"),
         ("/stores/strings/all?limit=1&limit=5", "limit"),

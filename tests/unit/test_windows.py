@@ -167,6 +167,18 @@ async def test_rest_window_and_session_paths(client) -> None:  # type: ignore[no
     assert [e["window"]["start"] for e in body["result"]] == ["2026-01-01T12:00:00+00:00"]
     body = await (await client.get("/stores/order-sessions/sessions?keyFrom=b")).json()
     assert [e["key"] for e in body["result"]] == ["bob"]
+    # findSessions(keyFrom, keyTo, earliestEnd, latestStart): each key's findSessions, over the range
+    bounds = "earliestEnd=2026-01-01T12:00:30Z&latestStart=2026-01-01T12:04:00Z"
+    everyone = await (await client.get("/stores/order-sessions/sessions")).json()
+    keys = sorted({e["key"] for e in everyone["result"]})
+    each = [
+        e
+        for k in keys
+        for e in (await (await client.get(f"/stores/order-sessions/sessions/{k}?{bounds}")).json())["result"]
+    ]
+    ranged = await client.get(f"/stores/order-sessions/sessions?keyFrom=a&keyTo=z&{bounds}")
+    assert ranged.status == 200 and (await ranged.json())["result"] == each
+    assert 0 < len(each) < len(everyone["result"])  # the bounds leave some sessions out
     body = await (await client.get("/stores/order-sessions/sessions/alice?reverse=true")).json()
     assert [e["window"]["start"] for e in body["result"]] == ["2026-01-01T12:05:00+00:00", "2026-01-01T12:00:00+00:00"]
     body = await (await client.get("/stores/order-sessions/sessions?reverse=true&limit=2")).json()

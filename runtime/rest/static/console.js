@@ -3,7 +3,7 @@
 "use strict";
 
 const TOKEN_KEY = "riqr.token";
-const state = {catalog: [], instances: [], selected: null, nextUrl: null, page: 0};
+const state = {catalog: [], instances: [], selected: null, nextUrl: null, scanUrl: null, page: 0};
 
 const $ = (id) => document.getElementById(id);
 
@@ -77,16 +77,28 @@ async function api(path) {
   return body;
 }
 
-// A key for a path: a composite key's components are joined by "/", each percent-encoded.
-function keyPath(store, text) {
+// How many columns a user's key has: a window or session store's key adds the window start.
+function userColumns(store) {
   const columns = store && store.key && store.key.columns ? store.key.columns.length : 1;
-  const parts = columns > 1 ? text.split("/") : [text];
+  return store && (store.kind === "window" || store.kind === "session") ? columns - 1 : columns;
+}
+
+// A key for a path or a key parameter: a composite key's components are joined by "/", each
+// percent-encoded (so a "/" inside a component stays one); a one-column key is encoded whole.
+function keyPath(store, text) {
+  const parts = userColumns(store) > 1 ? text.split("/") : [text];
   return parts.map(encodeURIComponent).join("/");
+}
+
+// A key parameter's value, already encoded by keyPath (query() leaves it as it is).
+function keyParam(store, text) {
+  return text ? {encoded: keyPath(store, text)} : "";
 }
 
 function query(params) {
   const pairs = Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== "");
-  return pairs.length ? "?" + pairs.map(([k, v]) => k + "=" + encodeURIComponent(v)).join("&") : "";
+  const value = (v) => (typeof v === "object" ? v.encoded : encodeURIComponent(v));
+  return pairs.length ? "?" + pairs.map(([k, v]) => k + "=" + value(v)).join("&") : "";
 }
 
 // -- the catalog ---------------------------------------------------------------------------------------
@@ -269,14 +281,14 @@ function queryUrl() {
   switch (op) {
     case "get": return base + "/get/" + keyPath(store, key);
     case "all": return base + "/all" + query(paging);
-    case "range": return base + "/range" + query({from, to, ...paging});
+    case "range": return base + "/range" + query({from: keyParam(store, from), to: keyParam(store, to), ...paging});
     case "prefix": return base + "/prefix/" + encodeURIComponent(key) + query(paging);
     case "windows":
-      if (key) return base + "/windows/" + encodeURIComponent(key) + query({from: tfrom, to: tto, ...paging});
-      return base + "/windows" + query({keyFrom: from, keyTo: to, from: tfrom, to: tto, ...paging});
+      if (key) return base + "/windows/" + keyPath(store, key) + query({from: tfrom, to: tto, ...paging});
+      return base + "/windows" + query({keyFrom: keyParam(store, from), keyTo: keyParam(store, to), from: tfrom, to: tto, ...paging});
     case "sessions":
-      if (key) return base + "/sessions/" + encodeURIComponent(key) + query({earliestEnd: tfrom, latestStart: tto, ...paging});
-      return base + "/sessions" + query({keyFrom: from, keyTo: to, ...paging});
+      if (key) return base + "/sessions/" + keyPath(store, key) + query({earliestEnd: tfrom, latestStart: tto, ...paging});
+      return base + "/sessions" + query({keyFrom: keyParam(store, from), keyTo: keyParam(store, to), earliestEnd: tfrom, latestStart: tto, ...paging});
     default: throw new Error("unknown query " + op);
   }
 }
@@ -306,9 +318,11 @@ async function run(url, page) {
     showEntries(body.result);
     const shown = body.result.length;
     if (body.next) {
-      const cursor = "cursor=" + encodeURIComponent(body.next);
-      const limit = $("q-limit").value ? "&limit=" + encodeURIComponent($("q-limit").value) : "";
-      state.nextUrl = url.split("?")[0] + "?" + cursor + limit;
+      // The next page repeats the scan as it began (its path, bounds, direction and limit) with the cursor:
+      // the server takes a cursor alone or with the parameters that began its scan, and a prefix or key
+      // in the path is one of them.
+      const scan = state.scanUrl;
+      state.nextUrl = scan + (scan.includes("?") ? "&" : "?") + "cursor=" + encodeURIComponent(body.next);
       $("q-next").disabled = false;
     }
     const paged = body.next !== undefined ? "page " + page + ": " : "";
@@ -379,6 +393,7 @@ document.addEventListener("DOMContentLoaded", () => {
       return;
     }
     state.page = 1;
+    state.scanUrl = url;
     run(url, state.page);
   });
   $("q-next").addEventListener("click", () => {
