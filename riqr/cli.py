@@ -124,7 +124,16 @@ def _cmd_token(args: argparse.Namespace) -> int:
         return 2
     stores = [s.strip() for s in args.stores.split(",") if s.strip()] or ["*"]
     auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=())
-    print(token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl))
+    token = token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl)
+    if env.secret is None:  # minted with the deployment's own key: is it the one its REST API checks?
+        from verticles import deploy
+
+        refusal = deploy.token_refusal(args.namespace, token or "")
+        if refusal is not None:
+            _say(f"riqr: the REST API of namespace {args.namespace!r} would refuse this token ({refusal}): "
+                 "it runs with other auth settings; mint with the RIQR_JWT_* settings riqr up ran with")  # fmt: skip
+            return 2
+    print(token)
     return 0
 
 

@@ -518,6 +518,22 @@ def existing_secrets(namespace: str) -> DeploymentSecrets | None:
     return secrets
 
 
+def token_refusal(namespace: str, token: str) -> str | None:
+    """Why the REST API of ``namespace`` would refuse ``token`` (asked of one node's HTTP verticle; they
+    all run with the same settings), or None when it takes it or no HTTP verticle answers."""
+    prefix = http_name("")
+    for name in sorted(n for n in _named_in(namespace) if n.startswith(prefix)):
+        try:
+            refusal: str | None = raycalls.get(
+                ray.get_actor(name, namespace=namespace).token_refusal.remote(token), "checking the token",
+                timeout=_CALL_TIMEOUT,
+            )  # fmt: skip
+        except (ValueError, OwnerUnavailable):  # gone meanwhile, or its node is: ask another
+            continue
+        return refusal
+    return None
+
+
 def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent: a
     verticle that is running already keeps its settings (``riqr down`` first to change auth or binding);
@@ -564,7 +580,7 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
         starting.append((node_id, http, http.start.remote(), facade.ready.remote()))
     raycalls.get(resumed, "starting the registry")
     endpoints = []
-    unbound: list[str] = []
+    unbound: dict[str, list[str]] = {}  # why, and the nodes it is why for
     for node_id, http, serving, ready in starting:
         try:
             where = raycalls.get(serving, f"starting the REST API on node {node_id}")
@@ -572,7 +588,7 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
             # It serves nothing, and kept as it is it would try the same address at the next ``up``
             # (``get_if_exists`` finds it with its first settings): gone, so a retry with another port works.
             ray.kill(http, no_restart=True)
-            unbound.append(f"{err.message} (node {node_id})")
+            unbound.setdefault(err.message, []).append(node_id[:12])
             continue
         raycalls.get(ready, f"starting the facade on node {node_id}")
         # A verticle of an earlier riqr does not say what it was started with: its auth is "unknown".
@@ -587,7 +603,8 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
             )
         )
     if unbound:
-        raise CannotListen(f"{'; '.join(unbound)}: free it, or choose another --host or --port", nodes=len(unbound))
+        said = "; ".join(f"{why} (node {', '.join(nodes)})" for why, nodes in unbound.items())
+        raise CannotListen(f"{said}: free it, or choose another --host or --port")
     return Deployment(ns, tuple(endpoints))
 
 

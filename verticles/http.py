@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,10 +21,10 @@ import pyarrow as pa
 from aiohttp import web
 
 from runtime import logs
-from runtime.auth import AuthConfig
+from runtime.auth import AuthConfig, authenticate
 from runtime.bus import Bus
 from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name
-from runtime.errors import CannotListen
+from runtime.errors import CannotListen, RiqrError
 from runtime.facade import Facade
 from runtime.metrics import Metrics
 from runtime.orphans import Sweeper, reclaim_after
@@ -179,7 +180,8 @@ class HttpVerticle:
                 await runner.cleanup()
                 # A riqr error, so its reason reaches the caller of ``riqr up`` (Ray's translation turns any
                 # other exception into "failed inside the actor").
-                raise CannotListen(f"cannot listen on {self.host}:{self.port}: {err.strerror}") from err
+                reason = os.strerror(err.errno) if err.errno else str(err)  # aiohttp's own text repeats the address
+                raise CannotListen(f"cannot listen on {self.host}:{self.port}: {reason}") from err
             self._runner = runner
             addresses = runner.addresses
             self.bound_port = int(addresses[0][1]) if addresses else self.port
@@ -190,6 +192,18 @@ class HttpVerticle:
                 log.warning("the REST API on %s:%s has no authentication: anyone who reaches it reads every store",
                             self.host, self.bound_port)  # fmt: skip
         return self._where()
+
+    async def token_refusal(self, token: str) -> str | None:
+        """Why this node's REST API would refuse ``token`` (None: it takes it). ``riqr token`` asks before
+        printing one: it mints with the deployment's generated key, which a REST API started with an
+        operator's key, a public key or no auth at all does not use."""
+        if not self.auth.enabled:
+            return "its REST API checks no tokens (riqr up --no-auth): requests need none"
+        try:
+            authenticate(self.auth, f"Bearer {token}")
+        except RiqrError as err:
+            return err.message
+        return None
 
     async def where(self) -> dict[str, object] | None:
         """Where this verticle serves, or None if it is not serving (a restarted registry asks)."""

@@ -87,7 +87,7 @@ def test_riqr_up_again_with_auth_off_says_the_running_verticles_keep_theirs(
         assert http_get(f"{url}/stores", {"Authorization": f"Bearer {token}"})[0] == 200
 
 
-def test_riqr_up_on_a_busy_port_says_why_and_a_retry_on_another_port_works(ray_cluster: RayCluster) -> None:
+def test_riqr_up_on_a_busy_port_says_why_and_a_retry_with_other_settings_works(ray_cluster: RayCluster) -> None:
     """The bind's reason reached the operator as "failed inside the actor: RuntimeError", and the HTTP
     verticle it left behind tried the same port again at the next `up`, whatever its --port said."""
     import socket
@@ -104,11 +104,14 @@ def test_riqr_up_on_a_busy_port_says_why_and_a_retry_on_another_port_works(ray_c
             assert done.returncode == 2, done.stderr
             assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr, done.stderr
             assert "choose another --host or --port" in done.stderr and "Traceback" not in done.stderr
-            again = _riqr("up", "--address", ray_cluster.address, "--namespace", namespace, "--port", "0")
+            again = _riqr("up", "--address", ray_cluster.address, "--namespace", namespace, "--port", "0", "--no-auth")
             assert again.returncode == 0, again.stderr
             urls = re.findall(r"REST API at (http://\S+)", again.stdout)
             assert len(urls) == 2 and all(not url.endswith(f":{port}") for url in urls), again.stdout
-            assert all(http_get(f"{url}/health")[0] == 200 for url in urls)
+            assert all(http_get(f"{url}/stores")[0] == 200 for url in urls)  # the settings of this up, not the first
+            # A token of the deployment's key is no use to a REST API that checks none: said, not printed.
+            token = _riqr("token", "--address", ray_cluster.address, "--namespace", namespace)
+            assert token.returncode == 2 and "checks no tokens" in token.stderr and not token.stdout, token.stderr
         finally:
             deploy.down(namespace)
 
