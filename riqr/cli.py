@@ -138,10 +138,17 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
+    from riqr.progress import Steps
     from verticles import deploy
 
-    _connect_ray(args.address, args.namespace)
-    stopped = deploy.down(args.namespace)
+    with Steps("[riqr down]") as steps:
+        with steps.step("joining the Ray cluster"):
+            _connect_ray(args.address, args.namespace)
+        if not deploy.is_up(args.namespace):  # a mistyped --namespace is not a successful down
+            _say(f"riqr: riqr is not up in namespace {args.namespace!r}: nothing to stop")
+            return 2
+        with steps.step("stopping every riqr actor and deleting the stores' data"):
+            stopped = deploy.down(args.namespace)
     _say(f"stopped {len(stopped)} riqr actors in namespace {args.namespace}")
     return 0
 

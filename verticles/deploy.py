@@ -633,6 +633,11 @@ def _setting(key: str, value: Any) -> str:
     return str(value) if value else "its bound address"
 
 
+def is_up(namespace: str) -> bool:
+    """Whether any riqr actor runs in ``namespace`` (its registry, a verticle or a query actor)."""
+    return any(n == REGISTRY_NAME or n.startswith("riqr-") or ACTOR_NAME.match(n) for n in _named_in(namespace))
+
+
 def down(namespace: str) -> list[str]:
     """Stop every riqr actor of ``namespace``: HTTP servers first, then facades, query actors, registry.
 

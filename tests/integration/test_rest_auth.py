@@ -116,9 +116,12 @@ def test_riqr_up_on_a_busy_port_says_why_and_a_retry_with_other_settings_works(r
             deploy.down(namespace)
 
 
-def test_riqr_token_without_a_deployment_says_so(ray_cluster: RayCluster) -> None:
-    done = _riqr("token", "--address", ray_cluster.address, "--namespace", f"absent-{uuid.uuid4().hex[:8]}")
+def test_riqr_token_and_down_without_a_deployment_say_so(ray_cluster: RayCluster) -> None:
+    absent = f"absent-{uuid.uuid4().hex[:8]}"
+    done = _riqr("token", "--address", ray_cluster.address, "--namespace", absent)
     assert done.returncode == 2 and "not up" in done.stderr
+    down = _riqr("down", "--address", ray_cluster.address, "--namespace", absent)  # a mistyped namespace
+    assert down.returncode == 2 and f"riqr is not up in namespace '{absent}'" in down.stderr, down.stderr
 
 
 def test_the_demo_token_and_curls_work(ray_cluster: RayCluster) -> None:
