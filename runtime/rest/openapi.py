@@ -342,5 +342,8 @@ fetch("openapi.json").then(r => r.json()).then(spec => {
 async def docs_page(request: web.Request) -> web.Response:
     """A self-contained page rendering ``/openapi.json`` (relative URL: works behind a path prefix)."""
     # The page may load nothing but itself and this server's openapi.json.
-    csp = "default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
+    csp = (
+        "default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    )
     return web.Response(text=_DOCS_HTML, content_type="text/html", headers={"Content-Security-Policy": csp})

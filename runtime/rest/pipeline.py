@@ -29,7 +29,7 @@ from runtime.auth import PUBLIC_PATHS, AuthConfig, Authenticator
 from runtime.metrics import Metrics
 from runtime.rest.limits import check_limits, check_params
 from runtime.rest.probes import UNMATCHED, record_request
-from runtime.rest.render import BROKE_OFF, CLIENT_LEFT, SERVER_NAME, Handler, error_response
+from runtime.rest.render import BROKE_OFF, CLIENT_LEFT, COMMON_HEADERS, Handler, error_response
 
 __all__ = ["Pipeline", "unrouted", "CATCH_ALL", "CATCH_ALL_NAME"]
 
@@ -65,12 +65,12 @@ class Pipeline:
                     response = await handler(request)
                 except Exception as exc:  # noqa: BLE001 - error_response logs what it does not know
                     response = error_response(request, exc)
-                if not response.prepared:  # a stream sets the header itself before it starts
-                    response.headers["Server"] = SERVER_NAME
+                if not response.prepared:  # a stream sets the headers itself before it starts
+                    response.headers.update(COMMON_HEADERS)
                 status = request.get(BROKE_OFF, response.status)  # a stream that broke off counts as its error
                 return response
             except web.HTTPException as exc:  # below 400: aiohttp answers it (a redirect)
-                exc.headers["Server"] = SERVER_NAME
+                exc.headers.update(COMMON_HEADERS)
                 status = exc.status
                 raise
             except asyncio.CancelledError:

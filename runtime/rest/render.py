@@ -38,6 +38,7 @@ __all__ = [
     "MSGPACK",
     "NDJSON",
     "SERVER_NAME",
+    "COMMON_HEADERS",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ MSGPACK = "application/msgpack"
 NDJSON = "application/x-ndjson"
 # What the Server header says: no product version for scanners to match against known vulnerabilities.
 SERVER_NAME = "riqr"
+# On every answer: no version in ``Server``, and no content sniffing (a JSON body with markup in a value is
+# never rendered as a page).
+COMMON_HEADERS = {"Server": SERVER_NAME, "X-Content-Type-Options": "nosniff"}
 _MINIMAL_ERROR = b'{"error":{"code":"internal","message":"the error could not be encoded"}}'
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -170,7 +174,7 @@ async def json_result(
         else:
             items = _as_array_items(b"".join(pieces)) if pieces else b""
             return web.Response(body=b'{"result":[' + items + b"]}", content_type="application/json", headers=headers())
-        response = web.StreamResponse(headers={"Content-Type": "application/json", "Server": SERVER_NAME})
+        response = web.StreamResponse(headers={"Content-Type": "application/json", **COMMON_HEADERS})
         await response.prepare(request)
         await response.write(b'{"result":[' + _as_array_items(b"".join(pieces)))
         try:
@@ -206,7 +210,7 @@ async def stream_ndjson(
     """
     try:
         chunk = await anext(chunks, None)  # errors here go to the middleware with their status
-        response = web.StreamResponse(headers={"Content-Type": NDJSON, "Server": SERVER_NAME})
+        response = web.StreamResponse(headers={"Content-Type": NDJSON, **COMMON_HEADERS})
         await response.prepare(request)
         left = limit
         try:

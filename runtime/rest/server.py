@@ -24,7 +24,7 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_request import BaseRequest
 
 from runtime.config import MAX_URL_CHARS
-from runtime.rest.render import SERVER_NAME, encode_json
+from runtime.rest.render import COMMON_HEADERS, encode_json
 
 __all__ = ["JsonErrorRequestHandler", "serve_json_parser_errors", "start_runner", "parser_error"]
 
@@ -136,7 +136,7 @@ class JsonErrorRequestHandler(web.RequestHandler):
             # Only the kind: the exception text quotes request bytes, which may hold credentials.
             log.info("rejected a malformed request with %d: %s", status, type(exc).__name__)
         response = web.Response(
-            body=encode_json(body), status=status, content_type="application/json", headers={"Server": SERVER_NAME}
+            body=encode_json(body), status=status, content_type="application/json", headers=COMMON_HEADERS
         )
         response.force_close()
         if isinstance(self.transport, _LingeringTransport):
