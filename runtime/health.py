@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,8 @@ class ClusterSnapshot:
     failures: Mapping[str, str] = field(default_factory=dict)  # actor uuid -> why it gave no stats
     registry_error: str | None = None
     taken_at: float = 0.0
+    # The query actors' samples for /metrics (``Totals``): None, each actor's own from ``stats``.
+    totals: Mapping[str, ActorStats] | None = None
 
     def partition_of(self, uuid: str, partition: int) -> dict[str, Any]:
         """What ``uuid`` said about its copy of ``partition`` (``unavailable`` if it did not answer)."""
@@ -65,6 +67,51 @@ class ClusterSnapshot:
             return {"state": "unavailable", "reason": self.failures[uuid]}
         known = self.stats.get(uuid, {}).get("partitions", {})
         return dict(known.get(partition, {"state": "unknown", "reason": "the actor does not report it"}))
+
+
+_CUMULATIVE = ("_total", "_bucket", "_sum", "_count")
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Totals:
+    """Each query actor's cumulative samples (counters, histogram series) as this node exposes them: they
+    never go back. An actor that misses a look (slower than the deadline) keeps its last samples rather
+    than dropping out of the sums, and one that restarted from zero continues from its last values: either
+    had made the sums fall, which ``rate()`` reads as a reset and shows as a spike of the whole total."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, dict[SampleKey, float]] = {}  # the actor's own last values
+        self._offset: dict[str, dict[SampleKey, float]] = {}  # added for its restarts
+        self._shown: dict[str, list[tuple[str, Any, float]]] = {}  # what was exposed for it last
+
+    def look(self, stats: Mapping[str, ActorStats], failed: Iterable[str], alive: Iterable[str]) -> dict[str, Any]:
+        """``stats`` with each answering actor's cumulative samples carried over its restarts, plus
+        ``{uuid: {"samples": ...}}`` for each actor of ``failed`` seen before; forgets actors not in
+        ``alive`` (the view's)."""
+        out: dict[str, Any] = {}
+        for uuid, answer in stats.items():
+            raw = self._raw.setdefault(uuid, {})
+            offset = self._offset.setdefault(uuid, {})
+            shown = []
+            for name, labels, value in answer.get("samples", ()):
+                key = (name, tuple(sorted(dict(labels).items())))
+                value = float(value)
+                if name.endswith(_CUMULATIVE):
+                    if value < raw.get(key, 0.0):  # the actor restarted: it counts from zero again
+                        offset[key] = offset.get(key, 0.0) + raw[key]
+                    raw[key] = value
+                    value += offset.get(key, 0.0)
+                shown.append((name, labels, value))
+            self._shown[uuid] = shown
+            out[uuid] = {**answer, "samples": shown}
+        for uuid in failed:
+            if uuid in self._shown:
+                out[uuid] = {"samples": self._shown[uuid]}
+        keep = set(alive)
+        for table in (self._raw, self._offset, self._shown):
+            for uuid in [u for u in table if u not in keep]:
+                del table[uuid]
+        return out
 
 
 class ClusterProbe:
@@ -86,6 +133,7 @@ class ClusterProbe:
         self._clock = clock
         self._last: ClusterSnapshot | None = None
         self._pending: asyncio.Task[ClusterSnapshot] | None = None
+        self._totals = Totals()
         self.taken = 0  # snapshots taken (tests read it)
 
     async def snapshot(self) -> ClusterSnapshot:
@@ -125,7 +173,8 @@ class ClusterProbe:
         else:
             ingest = dict(status.get("ingest", {}))
         self.taken += 1
-        snapshot = ClusterSnapshot(view, ingest, stats, failures, registry_error, self._clock())
+        totals = self._totals.look(stats, failures, uuids)
+        snapshot = ClusterSnapshot(view, ingest, stats, failures, registry_error, self._clock(), totals)
         self._last = snapshot
         return snapshot
 
@@ -218,7 +267,7 @@ def _role(view: ClusterView, store: str, partition: int, uuid: str) -> str:
 def _query_families(snapshot: ClusterSnapshot) -> list[Metric]:
     """The query actors' own metrics, summed over actors; per-partition ones get a ``role`` label."""
     sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for uuid, stats in snapshot.stats.items():
+    for uuid, stats in (snapshot.stats if snapshot.totals is None else snapshot.totals).items():
         for name, labels, value in stats.get("samples", ()):
             labels = dict(labels)
             if "partition" in labels:

@@ -244,3 +244,35 @@ def test_the_copy_into_ray_sends_counter_differences_and_histogram_states_once()
     mirror.flush()
     [(_, _, _, state, _)] = target.calls[1:]
     assert state.count == 4 and dict(state.buckets)[0.25] == 3  # the whole state again, cumulative
+
+
+def test_query_actors_totals_never_go_back_when_an_actor_misses_a_look_or_restarts() -> None:
+    """An actor slower than the probe's deadline dropped out of the sums, and one restarted counted from
+    zero: the sum fell, and Prometheus' rate() read a reset, a spike of the whole total."""
+    from runtime.health import Totals
+
+    def stats(rows: float) -> dict[str, Any]:
+        labels = (("store", "s"), ("partition", "0"))
+        return {"partitions": {}, "samples": [("riqr_rows_applied_total", labels, rows)]}
+
+    def rows(looked: dict[str, Any], uuid: str) -> float:
+        return float(looked[uuid]["samples"][0][2])
+
+    totals = Totals()
+    assert rows(totals.look({"a": stats(10), "b": stats(5)}, [], ["a", "b"]), "a") == 10
+    missed = totals.look({"b": stats(7)}, ["a"], ["a", "b"])  # a did not answer in time
+    assert rows(missed, "a") == 10 and rows(missed, "b") == 7
+    restarted = totals.look({"a": stats(3), "b": stats(8)}, [], ["a", "b"])  # a restarted: 3 since
+    assert rows(restarted, "a") == 13
+    assert rows(totals.look({"a": stats(4)}, [], ["a"]), "a") == 14  # b left the view: forgotten
+    assert rows(totals.look({"b": stats(1)}, [], ["a", "b"]), "b") == 1  # back as a new actor: from its own
+
+
+def test_the_cluster_metrics_sum_the_carried_totals() -> None:
+    bus, snapshot = _snapshot()
+    dead = sorted(bus.owners)[0]
+    kept = {u: s for u, s in snapshot.stats.items()}  # what the probe carried for every actor
+    alive = {u: s for u, s in snapshot.stats.items() if u != dead}
+    missing = ClusterSnapshot(snapshot.view, {}, alive, {dead: "slow"}, totals=kept)
+    text = _cluster_text(missing)
+    assert _value(text, "riqr_apply_duration_seconds_count", store="s") == 2  # both actors' applies, still
