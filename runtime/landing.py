@@ -2,7 +2,9 @@
 
 A topic is a directory ``<home>/data/<topic>/`` of JSON-lines files; each line is one record
 ``{"key": str|null, "value": str|null, "ts": epoch millis, "seq": n}``. ``ts`` and ``seq`` order records
-the way a Kafka partition's offsets do, so "latest value per key" is well defined even within one file.
+the way a Kafka partition's offsets do, so "latest value per key" is well defined within a file and
+across files: a file's ``seq`` numbers its records on from the nanosecond clock at its write (two files
+written in the same millisecond tied when ``seq`` started at 0 in each, and "latest" then kept either).
 Files are written under a hidden name and renamed into place, so Spark's file source never sees half a
 file (it skips names starting with ``.`` or ``_``). A failed or interrupted write removes its hidden file;
 only a hard kill (SIGKILL, power loss) can leave one behind, and Spark never reads it.
@@ -111,14 +113,15 @@ def parse_console_bytes(data: bytes, separator: str = "--", *, split_escaped_new
     return parse_console_lines(text.split("\n"), separator, split_escaped_newlines=split_escaped_newlines)
 
 
-def _encode(seq: int, record: Record, now: int) -> bytes:
+def _encode(seq: int, record: Record, now: int, index: int) -> bytes:
     ts = now if record.ts is None else record.ts
     line = json.dumps({"key": record.key, "value": record.value, "ts": ts, "seq": seq}, ensure_ascii=False)
     try:
         return line.encode("utf-8") + b"\n"
     except UnicodeEncodeError:
         # Lone surrogates (text decoded with surrogateescape, for one) have no UTF-8 form.
-        raise BadRequest(f"record {seq + 1} is not encodable as UTF-8; nothing was written", record=seq + 1) from None
+        raise BadRequest(f"record {index + 1} is not encodable as UTF-8; nothing was written",
+                         record=index + 1) from None  # fmt: skip
 
 
 def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | None:
@@ -131,14 +134,15 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
         return None
     directory = topic_dir(home, topic)
     directory.mkdir(parents=True, exist_ok=True)
-    now = int(time.time() * 1000)
+    clock = time.time_ns()
+    now = clock // 1_000_000
     name = f"{now:015d}-{uuid.uuid4().hex[:12]}.json"
     tmp = directory / f".{name}.tmp"
     final = directory / name
     try:
         with open(tmp, "xb") as out:
-            for seq, record in enumerate(records):
-                out.write(_encode(seq, record, now))
+            for seq, record in enumerate(records, start=clock):
+                out.write(_encode(seq, record, now, seq - clock))
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, final)
