@@ -65,11 +65,13 @@ def latest_by_key(records: Any) -> Any:
 
 
 def order_counts(orders: Any, customers: Any) -> Any:
-    """Orders left-joined with customers (latest name per key), grouped by key, counted."""
+    """Orders left-joined with customers (latest name per key), grouped by key, counted. An order with a
+    null key or a null value (a Kafka tombstone, ``"value": null``) is not an order: Kafka Streams' join and
+    ``count`` skip such records, and so does this."""
     from pyspark.sql import functions as F
 
     enriched = (
-        orders.where(F.col("key").isNotNull())
+        orders.where(F.col("key").isNotNull() & F.col("value").isNotNull())
         .select("key", F.col("value").alias("food"))
         .join(customers.select("key", F.col("value").alias("customer")), on="key", how="left")
     )

@@ -41,7 +41,7 @@ def _with_event_time(orders: Any, watermark: str) -> Any:
     from pyspark.sql import functions as F
 
     return (
-        orders.where(F.col("key").isNotNull())
+        orders.where(F.col("key").isNotNull() & F.col("value").isNotNull())  # not orders (``order_counts``)
         .withColumn("event_time", F.timestamp_millis("ts"))
         .withWatermark("event_time", watermark)
     )

@@ -32,9 +32,10 @@ def test_latest_by_key_orders_by_ts_then_seq_and_keeps_deletes(spark: Any) -> No
 
 def test_order_counts_keep_every_order_including_unknown_customers_and_the_empty_key(spark: Any) -> None:
     orders = spark.createDataFrame(
-        [("1", "spagety", 1, 0), ("2", "pizza", 1, 1), ("", "pasta", 1, 2), ("1", "soup", 2, 0), (None, "x", 3, 0)],
+        [("1", "spagety", 1, 0), ("2", "pizza", 1, 1), ("", "pasta", 1, 2), ("1", "soup", 2, 0), (None, "x", 3, 0),
+         ("2", None, 4, 0)],  # a tombstone is no order: Kafka Streams' join and count skip it
         SCHEMA,
-    )
+    )  # fmt: skip
     customers = spark.createDataFrame([("1", "john"), ("2", "adam"), ("3", "daniel")], "key string, value string")
     counts = {r.key: r["count"] for r in order_counts(orders, customers).collect()}
     assert counts == {"1": 2, "2": 1, "": 1}
@@ -70,13 +71,35 @@ def test_spark_kafka_connector_columns_map_to_riqr_records(spark: Any) -> None:
     assert all("\ufffd" in record["key"] + record["value"] for _, record in letters)  # replaced, readable
 
 
+def test_a_kafka_record_whose_time_spark_cannot_hold_is_a_dead_letter(spark: Any) -> None:
+    """A producer sets a Kafka record's time: Long.MAX_VALUE made the windowed query's timestamp_millis
+    throw, failing it at every replay."""
+    from pyspark.sql import functions as F
+
+    from topologies.sources import _split_undecodable
+
+    rows = spark.createDataFrame(
+        [("1", "pizza", 1_767_268_800_000, 0, None), ("2", "tea", 9_223_372_036_854_775_807, 1, None),
+         ("3", "soup", -9_000_000_000_000_000, 2, None)],
+        "key string, value string, ts bigint, seq bigint, problem string",
+    )  # fmt: skip
+    good, bad = _split_undecodable(rows, F.col("problem"))
+    assert [r.key for r in good.collect()] == ["1"]
+    assert sorted((json.loads(r.record)["key"], r.reason) for r in bad.collect()) == [
+        ("2", "ts out of range"),
+        ("3", "ts out of range"),
+    ]
+
+
 def test_hopping_windows_count_each_order_in_every_window_that_covers_it(spark: Any) -> None:
     from topologies.food_orders_windowed import orders_per_window
 
     base = 1_767_268_800_000  # 2026-01-01T12:00:00Z in epoch millis
     orders = spark.createDataFrame(
-        [("alice", "a", base + 10_000, 0), ("alice", "b", base + 40_000, 1), ("bob", "c", base + 70_000, 2)], SCHEMA
-    )
+        [("alice", "a", base + 10_000, 0), ("alice", "b", base + 40_000, 1), ("bob", "c", base + 70_000, 2),
+         ("bob", None, base + 75_000, 3)],  # no order (a tombstone)
+        SCHEMA,
+    )  # fmt: skip
     rows = orders_per_window(orders, duration="1 minute", slide="30 seconds", watermark="5 seconds").collect()
     got = sorted((r.key, r.window.start.strftime("%H:%M:%S"), r.orders) for r in rows)
     assert got == [
