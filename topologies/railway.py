@@ -13,8 +13,9 @@ Every booking is a record on topic ``booking``: key the customer id, value
 
     ray job submit --working-dir . -- python -m topologies.railway --namespace riqr
 
-A booking without a customer (null key), with a time that does not parse, or without a trip is not
-stored: it goes, with the reason, to the dead letters of topic ``booking`` (``topologies.deadletter``).
+A booking without a customer (null key), with a time that does not parse, has no time of day (a date
+alone) or lies outside years 1 to 9999, or without a trip is not stored: it goes, with the reason, to the
+dead letters of topic ``booking`` (``topologies.deadletter``).
 """
 
 from __future__ import annotations
@@ -50,16 +51,25 @@ def split_bookings(records: Any) -> tuple[Any, Any]:
     from pyspark.sql import functions as F
 
     from topologies.deadletter import split_valid
+    from topologies.sources import MAX_TS, MIN_TS
 
     parts = F.split(F.col("value"), " ", 2)
+    when = F.try_element_at(parts, F.lit(1))
     parsed = records.select(
         "*",
-        F.try_to_timestamp(F.try_element_at(parts, F.lit(1))).alias("booked_at"),
+        F.try_to_timestamp(when).alias("booked_at"),
         F.try_element_at(parts, F.lit(2)).alias("trip"),
     )
+    # A date alone ("2026-03-01 09:30 Berlin", a space for the T) parses as midnight, the clock time going
+    # into the trip: two bookings of a day became one key. A time alone parses as today. Both refused.
+    timed = when.contains("T")
+    # Spark parses years of up to six digits; Python (the store's reads) holds 1 to 9999 only.
+    in_range = F.col("booked_at").between(F.timestamp_millis(F.lit(MIN_TS)), F.timestamp_millis(F.lit(MAX_TS)))
     valid = (
         F.col("key").isNotNull()
         & F.col("booked_at").isNotNull()
+        & timed
+        & in_range
         & F.col("trip").isNotNull()
         & (F.trim(F.col("trip")) != "")
     )
@@ -67,6 +77,8 @@ def split_bookings(records: Any) -> tuple[Any, Any]:
         F.when(F.col("key").isNull(), F.lit("booking without a customer (null key)"))
         .when(F.col("value").isNull(), F.lit("booking without a value"))
         .when(F.col("booked_at").isNull(), F.lit("booking time does not parse"))
+        .when(~timed, F.lit("booking time without a time of day (write it as 2026-03-01T09:30:00Z)"))
+        .when(~in_range, F.lit("booking time out of range (years 1 to 9999)"))
         .otherwise(F.lit("booking without a trip"))
     )
     original = F.to_json(F.struct(*[F.col(c) for c in records.columns]))

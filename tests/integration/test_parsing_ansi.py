@@ -105,6 +105,8 @@ BOOKINGS = [
     ("9", None),
     (None, "2026-03-01T09:30:00Z Bonn-Cologne"),
     ("10", "garbage"),
+    ("11", "2026-03-01 09:30 Hamburg-Berlin"),  # a space for the T: midnight, "09:30 ..." the trip
+    ("12", "12000-03-01T09:30:00Z Far-Future"),  # Spark parses it; Python cannot hold it
 ]
 
 
@@ -124,6 +126,10 @@ def test_railway_bookings_split_into_bookings_and_dead_letters(spark: Any) -> No
         ("9", None): "booking without a value",
         (None, "2026-03-01T09:30:00Z Bonn-Cologne"): "booking without a customer (null key)",
         ("10", "garbage"): "booking time does not parse",
+        ("11", "2026-03-01 09:30 Hamburg-Berlin"): (
+            "booking time without a time of day (write it as 2026-03-01T09:30:00Z)"
+        ),
+        ("12", "12000-03-01T09:30:00Z Far-Future"): "booking time out of range (years 1 to 9999)",
     }
 
 
