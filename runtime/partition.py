@@ -130,7 +130,7 @@ class PartitionState:
         store: str = "",
     ) -> None:
         """``lost``: its actor restarted and kept nothing (no directory); ``restarted``: its actor restarted
-        (or was created again), whatever it kept."""
+        (or was created again) and found none of the partition's files."""
         self.partition = partition
         self.store = store  # for log lines
         self.engine = engine

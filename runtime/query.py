@@ -184,10 +184,14 @@ class QueryCore:
                 path = None if directory is None else directory / f"p{p}"
                 if directory is not None:
                     remove_leftovers(directory, f"p{p}")  # an interrupted copy or install of this partition
+                # A restart that finds the partition's files (at no position: it was never fed) is not one
+                # that lost them (a replacement on another node, a wiped disk): only the latter may have
+                # held rows, and must not be made to serve empty.
+                found = path is not None and path.is_dir() and any(path.iterdir())
                 engine = _open_partition(spec, p, path, self._owner)
                 lost = recovered and path is None
                 self.partitions[p] = PartitionState(
-                    p, engine, directory=path, lost=lost, restarted=recovered, store=spec.name
+                    p, engine, directory=path, lost=lost, restarted=recovered and not found, store=spec.name
                 )
         except BaseException:
             for state in self.partitions.values():
@@ -202,6 +206,8 @@ class QueryCore:
         )
         self._spawn = spawn or _start_thread
         self._exports: SnapshotExports | None = None
+        # Tells this core's counters from an earlier one's of the same actor (restarted: they start from zero).
+        self._incarnation = uuidlib.uuid4().hex
 
     def _unavailable(self, p: int) -> PartitionUnavailable:
         name = self.spec.name
@@ -527,7 +533,7 @@ class QueryCore:
     def stats(self) -> dict[str, Any]:
         """Positions and states plus this core's metric samples: what a node's probe asks for (``runtime.health``)."""
         samples = [(s.name, s.labels, s.value) for s in self.metrics.samples()]
-        return {"partitions": self.positions(), "samples": samples}
+        return {"partitions": self.positions(), "samples": samples, "incarnation": self._incarnation}
 
     def close(self) -> None:
         """Close every partition's engine (its data stays on disk)."""

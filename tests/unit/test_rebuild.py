@@ -5,6 +5,7 @@ is another ``QueryCore`` in-process; the catch-up runs when the test says (``spa
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,8 @@ def test_a_holder_ray_no_longer_names_is_skipped_for_the_next_one(kind: str, tmp
 def test_a_restarted_actor_whose_data_was_wiped_rebuilds_without_waiting_for_a_batch(kind: str, tmp_path: Path) -> None:
     s = Setup(kind, tmp_path)
     s.me.close()
-    again = s.me = s.open_copy(tmp_path / "me", recovered=True)  # an empty directory: nothing to reopen
+    shutil.rmtree(tmp_path / "me")  # wiped: nothing to reopen
+    again = s.me = s.open_copy(tmp_path / "me", recovered=True)
     assert again.positions()[0]["state"] == INCOMPLETE and "nothing on disk" in again.positions()[0]["reason"]
     assert again.rebuild_unserved() == [0]
     assert s.run() == "in-sync"
