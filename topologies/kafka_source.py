@@ -17,8 +17,9 @@ plus ``topic``, ``partition`` and ``offset``. Offsets live in the Spark checkpoi
 reads the same messages again, which riqr's idempotent sink turns into a no-op. Consumer group offsets
 are not used. A batch read (``spark.read``) returns every message up to the current end of each partition.
 
-Offsets Kafka no longer has when a batch reads them (retention removed them while the query was down)
-fail the batch, as Spark's connector does; ``.option("failOnDataLoss", "false")`` skips them with a
+Offsets Kafka no longer has when a batch reads them (retention removed them while the query was down),
+or a partition whose end went back below what the query has read (the topic made again), fail the
+batch, as Spark's connector does; ``.option("failOnDataLoss", "false")`` skips them with a
 warning instead. Offsets with no record (a transaction's markers, aborted records, compaction) are
 skipped: only committed records are read (librdkafka's ``isolation.level``, ``read_committed``).
 """
@@ -236,9 +237,24 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return dict(self._last)
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
-        """The end of every partition. (Spark 4.2 passes the start and a read limit; before, nothing.
-        Reading everything available is what the default limit asks for.)"""
-        self._last = later_offsets({**self._last, **(start or {})}, self.kafka.watermarks(low=False))
+        """The end of every partition. (Spark 4.2 passes the start and a read limit. Reading everything
+        available is what the default limit asks for.)"""
+        known = {**self._last, **(start or {})}
+        fresh = self.kafka.watermarks(low=False)
+        behind = {name: (known[name], end) for name, end in fresh.items() if end < known.get(name, end)}
+        if behind:
+            what = ", ".join(
+                f"{name} ends at {end}, below the {at} this query has read" for name, (at, end) in behind.items()
+            )
+            what += " (the topic was made again, or a partition lost records to an unclean leader election)"
+            if self.kafka.fail_on_data_loss:
+                raise RuntimeError(
+                    f"{what}: records may have been lost. Start the topology on a fresh checkpoint to rebuild "
+                    "its stores from what the topic holds, or set failOnDataLoss=false"
+                )
+            log.warning("%s: going on from where the topic ends now (failOnDataLoss=false)", what)
+            known = {name: at for name, at in known.items() if name not in behind}
+        self._last = later_offsets(known, fresh)
         return dict(self._last)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[TopicRange]:
@@ -254,9 +270,9 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
 def later_offsets(known: dict[str, int], fresh: dict[str, int]) -> dict[str, int]:
     """The end offsets of a batch that starts at ``known``, from a read of the partitions' ends ``fresh``:
-    never below ``known``, and with every partition of ``known`` in it. A topic whose metadata one read
-    did not give (a leader election) was left out of the end, and the next batch began it again at 0,
-    counting its records twice."""
+    with every partition of ``known`` in it, and none below ``known`` (``latestOffset`` says when a
+    partition's end went back). A topic whose metadata one read did not give (a leader election) was left
+    out of the end, and the next batch began it again at 0, counting its records twice."""
     return {name: max(known.get(name, offset), fresh.get(name, offset)) for name, offset in {**fresh, **known}.items()}
 
 

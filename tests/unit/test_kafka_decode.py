@@ -1,5 +1,7 @@
 """riqr's Kafka source: keys and values that are not UTF-8 become dead letters, not altered records."""
 
+import pytest
+
 from topologies.kafka_source import _decode, _problem
 
 
@@ -31,3 +33,18 @@ def test_a_batch_end_never_drops_a_partition_nor_goes_below_its_start() -> None:
         "order/1": 30,
         "customer/0": 7,  # a new topic
     }
+
+
+def test_an_end_below_where_the_query_stands_is_data_loss_not_a_silent_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic made again (or truncated) ends below the checkpoint's offsets: keeping the old end read
+    nothing, then skipped the new topic's first records once it grew past it, without a word."""
+    from topologies.kafka_source import KafkaStreamReader
+
+    def reader(**options: str) -> KafkaStreamReader:
+        made = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t", **options})
+        monkeypatch.setattr(made.kafka, "watermarks", lambda *, low: {"t/0": 2, "t/1": 50})
+        return made
+
+    with pytest.raises(RuntimeError, match="t/0 ends at 2, below the 100 this query has read"):
+        reader().latestOffset({"t/0": 100, "t/1": 40})
+    assert reader(failOnDataLoss="false").latestOffset({"t/0": 100, "t/1": 40}) == {"t/0": 2, "t/1": 50}
