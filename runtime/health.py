@@ -83,6 +83,7 @@ class Totals:
         self._raw: dict[str, dict[SampleKey, float]] = {}  # the actor's own last values
         self._offset: dict[str, dict[SampleKey, float]] = {}  # added for its restarts
         self._shown: dict[str, list[tuple[str, Any, float]]] = {}  # what was exposed for it last
+        self._incarnation: dict[str, Any] = {}  # its core's, as its stats say (a restart makes a new one)
 
     def look(self, stats: Mapping[str, ActorStats], failed: Iterable[str], alive: Iterable[str]) -> dict[str, Any]:
         """``stats`` with each answering actor's cumulative samples carried over its restarts, plus
@@ -92,13 +93,24 @@ class Totals:
         for uuid, answer in stats.items():
             raw = self._raw.setdefault(uuid, {})
             offset = self._offset.setdefault(uuid, {})
+            samples = [
+                (name, labels, float(value), (name, tuple(sorted(dict(labels).items()))))
+                for name, labels, value in answer.get("samples", ())
+            ]
+            # Restarted (a new incarnation; or, from a core that does not say, any total fell): every
+            # series starts from zero again, so every one goes on from its last value (a histogram's
+            # buckets stay in order), even one that has climbed back past it since.
+            incarnation = answer.get("incarnation")
+            known = self._incarnation.get(uuid)
+            fell = any(name.endswith(_CUMULATIVE) and value < raw.get(key, 0.0) for name, _, value, key in samples)
+            if raw and ((incarnation is not None and known is not None and incarnation != known) or fell):
+                for key, last in raw.items():
+                    offset[key] = offset.get(key, 0.0) + last
+                raw.clear()
+            self._incarnation[uuid] = incarnation
             shown = []
-            for name, labels, value in answer.get("samples", ()):
-                key = (name, tuple(sorted(dict(labels).items())))
-                value = float(value)
+            for name, labels, value, key in samples:
                 if name.endswith(_CUMULATIVE):
-                    if value < raw.get(key, 0.0):  # the actor restarted: it counts from zero again
-                        offset[key] = offset.get(key, 0.0) + raw[key]
                     raw[key] = value
                     value += offset.get(key, 0.0)
                 shown.append((name, labels, value))
@@ -108,7 +120,7 @@ class Totals:
             if uuid in self._shown:
                 out[uuid] = {"samples": self._shown[uuid]}
         keep = set(alive)
-        for table in (self._raw, self._offset, self._shown):
+        for table in (self._raw, self._offset, self._shown, self._incarnation):
             for uuid in [u for u in table if u not in keep]:
                 del table[uuid]
         return out

@@ -268,6 +268,21 @@ def test_query_actors_totals_never_go_back_when_an_actor_misses_a_look_or_restar
     assert rows(totals.look({"b": stats(1)}, [], ["a", "b"]), "b") == 1  # back as a new actor: from its own
 
 
+def test_a_restart_carries_every_series_of_the_actor_so_histogram_buckets_stay_in_order() -> None:
+    from runtime.health import Totals
+
+    def stats(incarnation: str, fast: float, every: float) -> dict[str, Any]:
+        bucket = "riqr_apply_duration_seconds_bucket"
+        series = [((("store", "s"), ("le", "0.1")), fast), ((("store", "s"), ("le", "+Inf")), every)]
+        return {"incarnation": incarnation, "samples": [(bucket, labels, value) for labels, value in series]}
+
+    totals = Totals()
+    totals.look({"a": stats("one", 9, 9)}, [], ["a"])
+    # Restarted, and already past its old count in one series by the next look: only the incarnation tells.
+    after = totals.look({"a": stats("two", 1, 10)}, [], ["a"])["a"]["samples"]
+    assert [value for _, _, value in after] == [10, 19]  # le=0.1 <= +Inf, both carried
+
+
 def test_the_cluster_metrics_sum_the_carried_totals() -> None:
     bus, snapshot = _snapshot()
     dead = sorted(bus.owners)[0]
