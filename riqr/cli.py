@@ -127,8 +127,12 @@ def _cmd_token(args: argparse.Namespace) -> int:
     token = token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl)
     if env.secret is None:  # minted with the deployment's own key: is it the one its REST API checks?
         from verticles import deploy
+        from verticles.http import NO_AUTH
 
         refusal = deploy.token_refusal(args.namespace, token or "")
+        if refusal == NO_AUTH:
+            _say(f"riqr: the REST API of namespace {args.namespace!r} {NO_AUTH}; no token printed")
+            return 2
         if refusal is not None:
             _say(f"riqr: the REST API of namespace {args.namespace!r} would refuse this token ({refusal}): "
                  "it runs with other auth settings; mint with the RIQR_JWT_* settings riqr up ran with")  # fmt: skip

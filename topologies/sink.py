@@ -746,6 +746,7 @@ def _start(
         plan = plan_start(delivery, checkpoint)
         if plan == "rebuild" and not delivery.rebuild_from_input:
             log.error(_NO_REBUILD, store, extra={"store": store})
+            delivery.said_no_rebuild = True  # said for this run: rebuild_due does not say it again
             plan = "resume"
         mode = output_mode or ("append" if kind == "session" else "update")
         delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))

@@ -39,7 +39,7 @@ from runtime.config import (
     riqr_data,
 )
 from runtime.deadline import Deadline
-from runtime.errors import CannotListen, OwnerUnavailable
+from runtime.errors import CannotListen, DeadlineExceeded, OwnerUnavailable
 from runtime.membership import UndecodableRecord
 from runtime.metrics import Metrics
 from runtime.orphans import ACTOR_NAME
@@ -528,7 +528,8 @@ def token_refusal(namespace: str, token: str) -> str | None:
                 ray.get_actor(name, namespace=namespace).token_refusal.remote(token), "checking the token",
                 timeout=_CALL_TIMEOUT,
             )  # fmt: skip
-        except (ValueError, OwnerUnavailable):  # gone meanwhile, or its node is: ask another
+        except (ValueError, OwnerUnavailable, DeadlineExceeded, AttributeError):
+            # gone meanwhile, its node gone or slow, or a verticle of an earlier riqr: ask another
             continue
         return refusal
     return None

@@ -50,6 +50,10 @@ def http_settings(host: str, port: int, advertise_host: str | None, auth: AuthCo
             "auth": auth.fingerprint() if auth is not None else "off"}  # fmt: skip
 
 
+# ``token_refusal``'s answer for a REST API that checks no tokens.
+NO_AUTH = "checks no tokens (riqr up --no-auth): requests need none"
+
+
 class HttpVerticle:
     """Serves the REST API on ``host:port`` (port 0 picks a free port)."""
 
@@ -178,9 +182,13 @@ class HttpVerticle:
                 await site.start()
             except OSError as err:
                 await runner.cleanup()
+                await self.core.stop()  # its read replicas unpublished: up kills this verticle next
                 # A riqr error, so its reason reaches the caller of ``riqr up`` (Ray's translation turns any
-                # other exception into "failed inside the actor").
-                reason = os.strerror(err.errno) if err.errno else str(err)  # aiohttp's own text repeats the address
+                # other exception into "failed inside the actor"). The errno's own words (aiohttp's text
+                # repeats the address); a name that does not resolve (socket.gaierror, errno below 0) has its
+                # resolver's.
+                errno = err.errno or 0
+                reason = os.strerror(errno) if errno > 0 else (err.strerror or str(err))
                 raise CannotListen(f"cannot listen on {self.host}:{self.port}: {reason}") from err
             self._runner = runner
             addresses = runner.addresses
@@ -198,7 +206,7 @@ class HttpVerticle:
         printing one: it mints with the deployment's generated key, which a REST API started with an
         operator's key, a public key or no auth at all does not use."""
         if not self.auth.enabled:
-            return "its REST API checks no tokens (riqr up --no-auth): requests need none"
+            return NO_AUTH
         try:
             authenticate(self.auth, f"Bearer {token}")
         except RiqrError as err:
