@@ -99,10 +99,17 @@ def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     home = demo_home(args.home)
     namespace = args.namespace
-    for sub in (home / "data" / "customer", home / "data" / "order", home / "checkpoints" / namespace):
+    # The dead letters too: an old run's would add to the new run's counts.
+    resets = (
+        home / "data" / "customer",
+        home / "data" / "order",
+        home / "deadletter",
+        home / "checkpoints" / namespace,
+    )
+    for sub in resets:
         if sub.exists():
             shutil.rmtree(sub)
-    _say(f"[riqr demo] home {home} (landing dirs and checkpoints reset)")
+    _say(f"[riqr demo] home {home} (landing dirs, dead letters and checkpoints reset)")
     # The stores' state follows the home too (unless $RIQR_DATA says where): the query actors read where it
     # goes from their environment, which the Ray cluster the demo starts takes from this process.
     if not os.environ.get("RIQR_DATA"):

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from topologies.checkpoint import query_id
 from topologies.inflight import IN_FLIGHT
 
 log = logging.getLogger(__name__)
@@ -132,12 +133,18 @@ def write_dead_letters(
         ).alias("letter")
     )
 
+    run: list[str] = []  # the checkpoint's query id, read at the first batch (Spark writes it as it starts)
+
     def deliver(batch: Any, batch_id: int) -> None:
-        # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites. Counted
-        # while it runs: a stop lets the batch end rather than cancel it (``topologies.inflight``).
+        # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites. The
+        # file names the checkpoint's query too: a new checkpoint (batch ids from 0 again) overwrote an
+        # earlier one's letters. Counted while it runs: a stop lets the batch end rather than cancel it
+        # (``topologies.inflight``).
         with IN_FLIGHT.batch(name, jvm=lambda: batch.sparkSession._jvm):  # a job a stop cancels: quietly
+            if not run:
+                run.append((query_id(str(checkpoint)) or "none")[:8])
             rows = (row.letter for row in batch.toLocalIterator())
-            _write_batch(directory, f"{writer}-{batch_id:012d}{_SUFFIX}", rows)
+            _write_batch(directory, f"{writer}-{run[0]}-{batch_id:012d}{_SUFFIX}", rows)
             if namespace is not None:
                 _report(namespace, consumer, topic, _count(directory, writer))
 

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import logging
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,11 @@ def test_the_dead_letter_query_writes_what_a_topology_rejects(spark: Any, tmp_pa
     again.awaitTermination()
     assert dead_letter_count(tmp_path, "booking") == len(BOOKINGS)
     assert not [p for p in (tmp_path / "deadletter" / "booking").iterdir() if p.name.startswith(".")]
+    # A new checkpoint (its batch ids from 0 again) adds its letters beside the first one's: it overwrote them.
+    shutil.rmtree(checkpoint)
+    anew = write_dead_letters(bad, tmp_path, "booking", checkpoint, consumer="bookings", trigger={"availableNow": True})
+    anew.awaitTermination()
+    assert dead_letter_count(tmp_path, "booking") == 2 * len(BOOKINGS)
 
 
 def test_a_topology_runs_its_dead_letter_queries_at_the_trigger_it_is_given(spark: Any, tmp_path: Path) -> None:
