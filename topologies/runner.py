@@ -151,7 +151,11 @@ def run_topology(
 
     from topologies.spark import shared_archive_options, spark_session
 
-    ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
+    try:
+        ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
+    except ConnectionError as err:  # no Ray cluster there: said plainly, no traceback
+        log.error("not started: cannot reach the Ray cluster (%s); start one (riqr up) or give --address", err)
+        return 1
     java_options = () if args.no_class_archive else shared_archive_options()
     spark = spark_session(args.master, app_name=parser.prog, java_options=java_options)
     try:
@@ -166,6 +170,9 @@ def run_topology(
 
             store = err.details.get("store") if isinstance(err, RiqrError) else None
             feeder.finish_all(query_name(args.namespace, store) if store else "start", f"{type(err).__name__}: {err}")
+            if isinstance(err, RiqrError):  # riqr's own words (not up in the namespace, an owner gone): no traceback
+                log.error("not started: %s", err.message, extra={"store": store})
+                return 1
             raise
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)

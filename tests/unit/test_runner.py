@@ -817,3 +817,22 @@ class Feeder(FakeFeeder):
     def update(self, store: str, **info: object) -> None:
         self.live.discard(store)
         self.updates.append({"store": store, **info})
+
+
+def test_a_topology_that_cannot_reach_ray_says_so_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import argparse
+
+    import ray
+
+    from topologies.runner import run_topology
+
+    def no_cluster(**_: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    started: list[object] = []
+    with caplog.at_level(logging.ERROR):
+        assert run_topology(argparse.ArgumentParser(prog="t"), ["--log-format", "kv"], lambda *a: started) == 1
+    assert not started and "not started: cannot reach the Ray cluster" in caplog.text
