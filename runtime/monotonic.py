@@ -17,7 +17,9 @@ relies on standbys getting every batch (the first of a new source included) befo
 * an answer from another source is admitted, and the mark moves to it, unless that source is one the
   mark has left after the active copy had shown it (``retired``): copies only move forward, and a
   standby at another source than the one the active showed is ahead (it got the new source first), so a
-  source left that way never comes back;
+  source left that way does not come back (refused for ``RETIRE_FOR``, long past any delivery: a bound,
+  so that a mark that left the new source for an old one, which a restarted active can show before the
+  sink's retry reaches it, does not refuse every copy for good);
 * the one case it cannot tell: a facade whose first answer for a partition came from a standby already
   at a new source, then from the active still at the old one, goes back once (see docs/design.md).
 
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -60,13 +63,23 @@ class Mark:
     """The highest position a facade has served from one partition.
 
     ``settled``: the active copy has answered from ``source`` (so a copy at another source is ahead).
-    ``retired``: the source the mark left after it was settled; answers from it are refused.
+    ``retired``: the source the mark left after it was settled; answers from it are refused, for
+    ``RETIRE_FOR`` seconds from ``retired_at`` (``Marks``).
     """
 
     source: str | None
     batch: int
     settled: bool
     retired: str | None = None
+    retired_at: float = 0.0
+
+
+# How long a source the marks left stays refused. Long past a batch's delivery to every copy (the sink
+# retries an owner for a minute): a copy still at an old source by then missed the new one's first batch
+# and every batch since, and no serving copy does. Without a bound, a mark that left the new source for
+# an old one (a restarted active answering from where it stopped, before the sink's retry brought it the
+# new source) refused every copy for good once they all reached the new source.
+RETIRE_FOR = 300.0
 
 
 def span_text(span: Span) -> str:
@@ -140,8 +153,10 @@ class Marks:
     ``admit`` decides and records in one step; the facade runs on one event loop, so nothing interleaves.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, retire_for: float = RETIRE_FOR) -> None:
         self._marks: dict[tuple[str, int], Mark] = {}
+        self._clock = clock
+        self._retire_for = retire_for
 
     def get(self, store: str, partition: int) -> Mark | None:
         return self._marks.get((store, partition))
@@ -160,10 +175,13 @@ class Marks:
             mark.batch = max(mark.batch, hi)
             mark.settled = mark.settled or active
             return True
-        if source == mark.retired:
+        now = self._clock()
+        if source == mark.retired and now - mark.retired_at < self._retire_for:
             return False
-        retired = mark.source if mark.settled else mark.retired
-        self._marks[(store, partition)] = Mark(source, hi, active, retired)
+        if mark.settled:
+            self._marks[(store, partition)] = Mark(source, hi, active, mark.source, now)
+        else:
+            self._marks[(store, partition)] = Mark(source, hi, active, mark.retired, mark.retired_at)
         return True
 
     def admit_all(self, store: str, spans: Spans, active: frozenset[int] | set[int]) -> list[int]:
@@ -183,7 +201,7 @@ class Marks:
 
     def _copy(self, store: str, partition: int) -> Mark | None:
         mark = self._marks.get((store, partition))
-        return None if mark is None else Mark(mark.source, mark.batch, mark.settled, mark.retired)
+        return None if mark is None else Mark(mark.source, mark.batch, mark.settled, mark.retired, mark.retired_at)
 
     def forget(self, store: str) -> None:
         """Drop a store's marks (it was dropped or recreated: its new partitions start over)."""

@@ -66,8 +66,8 @@ class LockedMarks(Marks):
     """``Marks`` shared by threads: the fast path's callers and the loop thread decide under one lock,
     so a mark never moves back when two answers are admitted at once."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self._lock = threading.RLock()
 
     def get(self, store: str, partition: int) -> Mark | None:

@@ -45,6 +45,22 @@ def test_a_first_answer_from_a_standby_at_a_new_source_can_be_followed_once_by_t
     assert marks.admit("s", 0, ("new", 1, 1), active=True)
 
 
+def test_a_source_the_marks_left_is_refused_for_a_bounded_time_only() -> None:
+    """A restarted active answering from where it stopped (the old source) before the sink's retry
+    brought it the new one moved the mark back and retired the new source: once every copy had it, every
+    answer was refused, for good (found in review)."""
+    now = [0.0]
+    marks = Marks(clock=lambda: now[0], retire_for=300.0)
+    assert marks.admit("s", 0, ("old", 50, 50), active=False)  # a read replica's answers: never settled
+    assert marks.admit("s", 0, ("new", 0, 0), active=True)  # a promoted standby, at the rebuild's batch 0
+    assert marks.admit("s", 0, ("old", 50, 50), active=True)  # the restarted active, given back: "new" retired
+    now[0] = 299.0
+    assert not marks.admit("s", 0, ("new", 1, 1), active=True)  # every copy has "new" now
+    now[0] = 301.0
+    assert marks.admit("s", 0, ("new", 1, 1), active=True)  # the bound passed: it serves again
+    assert not marks.admit("s", 0, ("old", 50, 50), active=True)  # and "old" is the retired one now
+
+
 def test_admit_all_moves_no_mark_when_one_partition_is_refused() -> None:
     marks = Marks()
     assert marks.admit_all("s", {0: ("q", 3, 3), 1: ("q", 3, 3)}, {0, 1}) == []
