@@ -38,6 +38,7 @@ __all__ = [
     "DEAD_LETTER_TRIGGER",
     "split_valid",
     "dead_letter_dir",
+    "record_json",
     "write_dead_letters",
     "read_dead_letters",
     "dead_letter_count",
@@ -46,6 +47,14 @@ __all__ = [
 # Dead letters are for people to look at later: no need to poll as often as a store is fed.
 DEAD_LETTER_TRIGGER: dict[str, Any] = {"processingTime": "2 seconds"}
 _SUFFIX = ".jsonl"
+
+
+def record_json(*columns: Any) -> Any:
+    """A record's ``columns`` as a JSON object, its null fields kept (``"key": null``): Spark's ``to_json``
+    leaves them out by default, and a dead letter for a null key then had no key at all."""
+    from pyspark.sql import functions as F
+
+    return F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
 
 
 def split_valid(df: Any, valid: Any, reason: Any, *, record: Any = None) -> tuple[Any, Any]:
@@ -58,7 +67,7 @@ def split_valid(df: Any, valid: Any, reason: Any, *, record: Any = None) -> tupl
     from pyspark.sql import functions as F
 
     usable = F.coalesce(valid, F.lit(False))
-    text = record if record is not None else F.to_json(F.struct(*[F.col(c) for c in df.columns]))
+    text = record if record is not None else record_json(*df.columns)
     bad = df.where(~usable).select(reason.cast("string").alias("reason"), text.alias("record"))
     return df.where(usable), bad
 

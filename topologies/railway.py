@@ -50,7 +50,7 @@ def split_bookings(records: Any) -> tuple[Any, Any]:
     """
     from pyspark.sql import functions as F
 
-    from topologies.deadletter import split_valid
+    from topologies.deadletter import record_json, split_valid
     from topologies.sources import MAX_TS, MIN_TS
 
     parts = F.split(F.col("value"), " ", 2)
@@ -81,7 +81,7 @@ def split_bookings(records: Any) -> tuple[Any, Any]:
         .when(~in_range, F.lit("booking time out of range (years 1 to 9999)"))
         .otherwise(F.lit("booking without a trip"))
     )
-    original = F.to_json(F.struct(*[F.col(c) for c in records.columns]))
+    original = record_json(*records.columns)
     good, bad = split_valid(parsed, valid, reason, record=original)
     return good.select(F.col("key").alias("customer"), "booked_at", "trip"), bad
 

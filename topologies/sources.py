@@ -83,7 +83,7 @@ def _split_undecodable(rows: Any, problem: Any = None) -> tuple[Any, Any]:
     is set, or, without it, where Spark sees a key or value that is not UTF-8."""
     from pyspark.sql import functions as F
 
-    from topologies.deadletter import split_valid
+    from topologies.deadletter import record_json, split_valid
 
     key, value = F.col("key"), F.col("value")
     if problem is None:
@@ -92,9 +92,7 @@ def _split_undecodable(rows: Any, problem: Any = None) -> tuple[Any, Any]:
     # A producer's clock sets a record's time: one far off (Long.MAX_VALUE) made timestamp_millis throw,
     # failing the query at every replay, as the landing lines' check prevents for files.
     problem = F.coalesce(problem, F.when(~F.col("ts").between(MIN_TS, MAX_TS), F.lit("ts out of range")))
-    record = F.to_json(
-        F.struct(F.make_valid_utf8(key).alias("key"), F.make_valid_utf8(value).alias("value"), "ts", "seq")
-    )
+    record = record_json(F.make_valid_utf8(key).alias("key"), F.make_valid_utf8(value).alias("value"), "ts", "seq")
     good, bad = split_valid(rows, problem.isNull(), problem, record=record)
     return good.select("key", "value", "ts", "seq"), bad
 
