@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "key string, value string, ts bigint, seq bigint, topic string, partition int, offset bigint, problem string"
 _TIMEOUT = 30.0
 _POLL = 0.2
+_END_READS, _END_RETRY = 3, 1.0  # reads of a partition's end below the query's position, seconds between
 
 
 @dataclass(frozen=True)
@@ -240,8 +241,15 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         """The end of every partition. (Spark 4.2 passes the start and a read limit. Reading everything
         available is what the default limit asks for.)"""
         known = {**self._last, **(start or {})}
-        fresh = self.kafka.watermarks(low=False)
-        behind = {name: (known[name], end) for name, end in fresh.items() if end < known.get(name, end)}
+        for attempt in range(_END_READS):
+            if attempt:
+                time.sleep(_END_RETRY)
+            fresh = self.kafka.watermarks(low=False)
+            behind = {name: (known[name], end) for name, end in fresh.items() if end < known.get(name, end)}
+            if not behind:
+                break
+            # A new leader's high watermark can lag the old one's for a moment (Spark's connector reads the
+            # ends again too before it calls it data loss).
         if behind:
             what = ", ".join(
                 f"{name} ends at {end}, below the {at} this query has read" for name, (at, end) in behind.items()
