@@ -114,6 +114,10 @@ class Totals:
                     raw[key] = value
                     value += offset.get(key, 0.0)
                 shown.append((name, labels, value))
+            # A restarted core records a series again only when it next moves (a partition's next batch):
+            # until then it goes on at what it had reached.
+            answered = {key for _, _, _, key in samples}
+            shown += [(key[0], key[1], total) for key, total in offset.items() if key not in answered]
             self._shown[uuid] = shown
             out[uuid] = {**answer, "samples": shown}
         for uuid in failed:

@@ -281,6 +281,9 @@ def test_a_restart_carries_every_series_of_the_actor_so_histogram_buckets_stay_i
     # Restarted, and already past its old count in one series by the next look: only the incarnation tells.
     after = totals.look({"a": stats("two", 1, 10)}, [], ["a"])["a"]["samples"]
     assert [value for _, _, value in after] == [10, 19]  # le=0.1 <= +Inf, both carried
+    # Restarted again, and nothing recorded yet (its series come back at its next apply): still there.
+    quiet = totals.look({"a": {"incarnation": "three", "samples": []}}, [], ["a"])["a"]["samples"]
+    assert sorted(value for _, _, value in quiet) == [10, 19]
 
 
 def test_the_cluster_metrics_sum_the_carried_totals() -> None:
