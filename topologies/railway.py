@@ -62,7 +62,7 @@ def split_bookings(records: Any) -> tuple[Any, Any]:
     )
     # A date alone ("2026-03-01 09:30 Berlin", a space for the T) parses as midnight, the clock time going
     # into the trip: two bookings of a day became one key. A time alone parses as today. Both refused.
-    timed = when.contains("T")
+    timed = when.rlike(r"^[+-]?[0-9]{4,}-[0-9]{1,2}-[0-9]{1,2}T[0-9]")  # a date, then T and a time
     # Spark parses years of up to six digits; Python (the store's reads) holds 1 to 9999 only.
     in_range = F.col("booked_at").between(F.timestamp_millis(F.lit(MIN_TS)), F.timestamp_millis(F.lit(MAX_TS)))
     valid = (

@@ -108,6 +108,7 @@ BOOKINGS = [
     ("10", "garbage"),
     ("11", "2026-03-01 09:30 Hamburg-Berlin"),  # a space for the T: midnight, "09:30 ..." the trip
     ("12", "12000-03-01T09:30:00Z Far-Future"),  # Spark parses it; Python cannot hold it
+    ("13", "T09:30 Berlin-Hamburg"),  # a time alone: Spark's cast takes it as today
 ]
 
 
@@ -133,6 +134,7 @@ def test_railway_bookings_split_into_bookings_and_dead_letters(spark: Any) -> No
             "booking time without a time of day (write it as 2026-03-01T09:30:00Z)"
         ),
         ("12", "12000-03-01T09:30:00Z Far-Future"): "booking time out of range (years 1 to 9999)",
+        ("13", "T09:30 Berlin-Hamburg"): "booking time without a time of day (write it as 2026-03-01T09:30:00Z)",
     }
 
 
