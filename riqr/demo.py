@@ -99,11 +99,12 @@ def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     home = demo_home(args.home)
     namespace = args.namespace
-    # The dead letters too: an old run's would add to the new run's counts.
+    # The demo's topics' dead letters too (an old run's would add to the new run's counts), not others'.
     resets = (
         home / "data" / "customer",
         home / "data" / "order",
-        home / "deadletter",
+        home / "deadletter" / "customer",
+        home / "deadletter" / "order",
         home / "checkpoints" / namespace,
     )
     for sub in resets:
