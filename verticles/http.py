@@ -182,7 +182,7 @@ class HttpVerticle:
                 await site.start()
             except OSError as err:
                 await runner.cleanup()
-                await self.core.stop()  # its read replicas unpublished: up kills this verticle next
+                await self._unpublish("its REST API could not listen")  # up kills this verticle next
                 # A riqr error, so its reason reaches the caller of ``riqr up`` (Ray's translation turns any
                 # other exception into "failed inside the actor"). The errno's own words (aiohttp's text
                 # repeats the address); a name that does not resolve (socket.gaierror, errno below 0) has its
@@ -200,6 +200,14 @@ class HttpVerticle:
                 log.warning("the REST API on %s:%s has no authentication: anyone who reaches it reads every store",
                             self.host, self.bound_port)  # fmt: skip
         return self._where()
+
+    async def _unpublish(self, why: str) -> None:
+        """Stop following the cluster and withdraw this verticle's read replicas from the registry."""
+        await self.core.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        for replica in self.replicas.close():
+            await self._env.drop_reader(replica.uuid, why)
 
     async def token_refusal(self, token: str) -> str | None:
         """Why this node's REST API would refuse ``token`` (None: it takes it). ``riqr token`` asks before
@@ -225,9 +233,5 @@ class HttpVerticle:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        await self.core.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        for replica in self.replicas.close():
-            await self._env.drop_reader(replica.uuid, "its HTTP verticle stopped")
+        await self._unpublish("its HTTP verticle stopped")
         await self._env.unregister_endpoint(self.node_id)
