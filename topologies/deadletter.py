@@ -191,7 +191,8 @@ def _files(home: Path, topic: str) -> list[Path]:
     directory = dead_letter_dir(home, topic)
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if p.name.endswith(_SUFFIX) and not p.name.startswith("."))
+    files = [p for p in directory.iterdir() if p.name.endswith(_SUFFIX) and not p.name.startswith(".")]
+    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))  # oldest first: names lead with a query id
 
 
 def read_dead_letters(home: Path, topic: str) -> list[dict[str, Any]]:

@@ -148,9 +148,9 @@ class _Kafka:
         what += f" (it keeps {low}-{high - 1}: removed by retention, or the topic was made again)"
         if self.fail_on_data_loss:
             raise RuntimeError(
-                f"{what}: records were lost before this query read them. Start the topology on a fresh "
-                "checkpoint to rebuild its stores from what the topic holds, or set failOnDataLoss=false to "
-                "skip them"
+                f"{what}: records were lost before this query read them. Start the topology on fresh checkpoints "
+                "(its stores' and their dead-letter queries', all under <home>/checkpoints/<namespace>) to "
+                "rebuild its stores from what the topic holds, or set failOnDataLoss=false to skip them"
             )
         log.warning("%s: skipped (failOnDataLoss=false)", what)
         if low >= part.end or low <= position:
@@ -257,8 +257,9 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             what += " (the topic was made again, or a partition lost records to an unclean leader election)"
             if self.kafka.fail_on_data_loss:
                 raise RuntimeError(
-                    f"{what}: records may have been lost. Start the topology on a fresh checkpoint to rebuild "
-                    "its stores from what the topic holds, or set failOnDataLoss=false"
+                    f"{what}: records may have been lost. Start the topology on fresh checkpoints (its stores' and "
+                    "their dead-letter queries', all under <home>/checkpoints/<namespace>) to rebuild its stores "
+                    "from what the topic holds, or set failOnDataLoss=false"
                 )
             log.warning("%s: going on from where the topic ends now (failOnDataLoss=false)", what)
             known = {name: at for name, at in known.items() if name not in behind}
