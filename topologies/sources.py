@@ -119,8 +119,13 @@ def check_landing_records(lines: Any) -> tuple[Any, Any]:
     )
     rows = parsed.select(LINE_COLUMN, "r.*", "fields")
     corrupt, ts, seq, fields = F.col(CORRUPT_COLUMN), F.col("ts"), F.col("seq"), F.col("fields")
-    # json_object_keys is null for what is no JSON object ("42", a cut line): malformed as well.
-    malformed = corrupt.isNotNull() | fields.isNull()
+    # json_object_keys is null for what is no JSON object ("42", a cut line): malformed as well. Both it and
+    # from_json stop after the first object, so '{...}{...}' (a writer that left out a newline) kept the
+    # first record and lost the second, and '{...} garbage' passed: a line that may hold more than one
+    # value (not ending in '}', or '}' then '{') is parsed once more, as the items of an array.
+    suspect = ~F.rtrim(line).endswith("}") | line.rlike(r"\}\s*\{")
+    one = F.when(suspect, F.coalesce(F.json_array_length(F.concat(F.lit("["), line, F.lit("]"))) == 1, F.lit(False)))
+    malformed = corrupt.isNotNull() | fields.isNull() | ~F.coalesce(one, F.lit(True))
     both = F.array_contains(fields, "key") & F.array_contains(fields, "value")
     valid = ~malformed & both & ts.isNotNull() & seq.isNotNull() & ts.between(MIN_TS, MAX_TS)
     reason = (

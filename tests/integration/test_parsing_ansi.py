@@ -49,15 +49,19 @@ HOSTILE_LINES = [
     json.dumps({"key": "6", "vaule": "x", "ts": 1, "seq": 1}),  # misspelled: no value (it deleted key 6)
     json.dumps({"value": "x", "ts": 1, "seq": 2}),  # no key at all (dropped without a trace)
     "   ",  # blank: nothing
+    json.dumps({**GOOD_LINE, "key": "8"}) + json.dumps({**GOOD_LINE, "key": "9"}),  # a newline left out: 9 lost
+    json.dumps({**GOOD_LINE, "key": "10"}) + " garbage",  # passed as key 10
 ]
+BRACES = {**GOOD_LINE, "key": "11", "value": "a}{b"}  # braces in a value (the line looks like two): usable
 DELETE = {"key": "7", "value": None, "ts": 1, "seq": 3}  # a delete as written: a usable record
 
 
 def test_malformed_landing_lines_are_split_off_with_a_reason(spark: Any, tmp_path: Path) -> None:
-    _landing_lines(tmp_path, "order", [*HOSTILE_LINES, json.dumps(DELETE)])
+    _landing_lines(tmp_path, "order", [*HOSTILE_LINES, json.dumps(DELETE), json.dumps(BRACES) + "  "])
     good = read_topic_batch(spark, tmp_path, "order")
     assert good.columns == ["key", "value", "ts", "seq"]
-    assert sorted((r.asDict() for r in good.collect()), key=lambda r: r["key"]) == [GOOD_LINE, DELETE]
+    usable = [GOOD_LINE, BRACES, DELETE]
+    assert sorted((r.asDict() for r in good.collect()), key=lambda r: r["key"]) == usable
     reasons = _rejects_of_batch(spark, tmp_path, "order")
     missing = "missing key or value (write null to delete a key; a null key is dropped)"
     assert reasons == {
@@ -69,6 +73,8 @@ def test_malformed_landing_lines_are_split_off_with_a_reason(spark: Any, tmp_pat
         '{"key": "5", "value": ': "malformed line: not a JSON record of key, value, ts, seq",
         HOSTILE_LINES[7]: missing,
         HOSTILE_LINES[8]: missing,
+        HOSTILE_LINES[10]: "malformed line: not a JSON record of key, value, ts, seq",
+        HOSTILE_LINES[11]: "malformed line: not a JSON record of key, value, ts, seq",
     }
 
 
