@@ -97,8 +97,8 @@ def parse_console_bytes(data: bytes, separator: str = "--", *, split_escaped_new
 
     Input that is not UTF-8 is a ``BadRequest`` naming the line and the byte offset (from the start of the
     input, 0-based) of the first bad byte. Lines end at ``\\n`` (a ``\\r`` before it is dropped), as
-    ``kafka-console-producer`` reads them; a leading UTF-8 byte-order mark, as some editors write, is
-    not part of the first key.
+    ``kafka-console-producer`` reads them; a UTF-8 byte-order mark at the start of a line, as some editors
+    write at the top of a file, is not part of its key.
     """
     try:
         text = data.decode("utf-8")
@@ -109,8 +109,10 @@ def parse_console_bytes(data: bytes, separator: str = "--", *, split_escaped_new
             line=line,
             offset=exc.start,
         ) from None
-    text = text.removeprefix("\ufeff")
-    return parse_console_lines(text.split("\n"), separator, split_escaped_newlines=split_escaped_newlines)
+    # A byte-order mark starts a line, not a key: at the top of the input, or of each file concatenated
+    # into it (`cat a.txt b.txt | riqr produce`, both from an editor that writes one).
+    lines = [line.removeprefix("\ufeff") for line in text.split("\n")]
+    return parse_console_lines(lines, separator, split_escaped_newlines=split_escaped_newlines)
 
 
 def _encode(seq: int, record: Record, now: int, index: int) -> bytes:

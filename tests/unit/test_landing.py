@@ -68,6 +68,8 @@ def test_console_bytes_parse_like_lines_including_crlf_utf8_and_a_bom() -> None:
     ]
     assert parse_console_bytes(b"1::x", "::") == [Record("1", "x")]
     assert parse_console_bytes(b"") == []
+    two_files = "\ufeff1--a\n".encode() + "\ufeff2--b\n".encode()  # `cat a.txt b.txt | riqr produce`
+    assert parse_console_bytes(two_files) == [Record("1", "a"), Record("2", "b")]  # not key "\ufeff2"
 
 
 def test_invalid_utf8_names_the_line_and_byte_offset() -> None:
