@@ -14,7 +14,7 @@ Every booking is a record on topic ``booking``: key the customer id, value
     ray job submit --working-dir . -- python -m topologies.railway --namespace riqr
 
 A booking without a customer (null key), with a time that does not parse, has no time of day (a date
-alone) or lies outside years 1 to 9999, or without a trip is not stored: it goes, with the reason, to the
+alone) or lies outside 0001-01-01 to 9999-12-30, or without a trip is not stored: it goes, with the reason, to the
 dead letters of topic ``booking`` (``topologies.deadletter``).
 """
 
@@ -78,7 +78,7 @@ def split_bookings(records: Any) -> tuple[Any, Any]:
         .when(F.col("value").isNull(), F.lit("booking without a value"))
         .when(F.col("booked_at").isNull(), F.lit("booking time does not parse"))
         .when(~timed, F.lit("booking time without a time of day (write it as 2026-03-01T09:30:00Z)"))
-        .when(~in_range, F.lit("booking time out of range (years 1 to 9999)"))
+        .when(~in_range, F.lit("booking time out of range (0001-01-01 to 9999-12-30)"))
         .otherwise(F.lit("booking without a trip"))
     )
     original = record_json(*records.columns)

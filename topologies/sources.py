@@ -43,8 +43,10 @@ SOURCE_KINDS = ("files", "kafka", "spark-kafka")
 CORRUPT_COLUMN = "_corrupt_record"
 LANDING_SCHEMA_DDL = f"{RECORD_SCHEMA_DDL}, {CORRUPT_COLUMN} STRING"
 LINE_COLUMN = "_line"  # a landing line as written, before it is parsed
-# Epoch millis of 0001-01-01 and 9999-12-31T23:59:59.999: the range a Spark timestamp can hold.
-MIN_TS, MAX_TS = -62_135_596_800_000, 253_402_300_799_999
+# Epoch millis of 0001-01-01 and 9999-12-30T23:59:59.999: the range a Spark timestamp (and Python, which
+# reads the stores) can hold, less a day at the top: a window or session of an event in the last day
+# could end past year 9999, and every read of its key failed.
+MIN_TS, MAX_TS = -62_135_596_800_000, 253_402_214_399_999
 
 
 @dataclass(frozen=True)
