@@ -150,7 +150,8 @@ class _Kafka:
             raise RuntimeError(
                 f"{what}: records were lost before this query read them. Start the topology on fresh checkpoints "
                 "(its stores' and their dead-letter queries', all under <home>/checkpoints/<namespace>) to "
-                "rebuild its stores from what the topic holds, or set failOnDataLoss=false to skip them"
+                "rebuild its stores from what the topic holds, or skip them (failOnDataLoss=false: a riqr "
+                "topology's --skip-lost-offsets)"
             )
         log.warning("%s: skipped (failOnDataLoss=false)", what)
         if low >= part.end or low <= position:
@@ -259,7 +260,8 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 raise RuntimeError(
                     f"{what}: records may have been lost. Start the topology on fresh checkpoints (its stores' and "
                     "their dead-letter queries', all under <home>/checkpoints/<namespace>) to rebuild its stores "
-                    "from what the topic holds, or set failOnDataLoss=false"
+                    "from what the topic holds, or go on past the loss (failOnDataLoss=false: a riqr topology's "
+                    "--skip-lost-offsets)"
                 )
             log.warning("%s: going on from where the topic ends now (failOnDataLoss=false)", what)
             known = {name: at for name, at in known.items() if name not in behind}

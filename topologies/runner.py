@@ -108,6 +108,12 @@ def run_topology(
     parser.add_argument("--kafka-bootstrap", default=None, help="Kafka bootstrap servers, for the Kafka sources")
     parser.add_argument("--starting-offsets", default="earliest", choices=["earliest", "latest"])
     parser.add_argument(
+        "--skip-lost-offsets",
+        action="store_true",
+        help="Kafka: go on past offsets Kafka no longer has (retention, a topic made again) with a warning, "
+        "instead of failing the batch (the sources' failOnDataLoss=false)",
+    )
+    parser.add_argument(
         "--no-class-archive",
         action="store_true",
         help="load Spark's classes from its jars even if `riqr demo` left a class archive (~/.cache/riqr) that "
@@ -130,7 +136,9 @@ def run_topology(
     from topologies.sources import SourceConfig
 
     try:
-        source = SourceConfig(args.source, args.kafka_bootstrap, args.starting_offsets)
+        source = SourceConfig(
+            args.source, args.kafka_bootstrap, args.starting_offsets, fail_on_data_loss=not args.skip_lost_offsets
+        )
     except ValueError as err:
         parser.error(str(err))
     from topologies.options import TopologyOptions

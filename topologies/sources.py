@@ -56,6 +56,8 @@ class SourceConfig:
     kind: str = "files"
     bootstrap: str | None = None
     starting_offsets: str = "earliest"
+    # Offsets gone from Kafka (retention, a topic made again) fail the batch; False skips them with a warning.
+    fail_on_data_loss: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -170,10 +172,12 @@ def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming
             .option("kafka.bootstrap.servers", source.bootstrap)
             .option("subscribe", topic)
             .option("startingOffsets", source.starting_offsets)
+            .option("failOnDataLoss", str(source.fail_on_data_loss).lower())
             .load()
         )
         return _split_undecodable(df.select("key", "value", "ts", "seq", "problem"), F.col("problem"))
     df = reader.format("kafka").option("kafka.bootstrap.servers", source.bootstrap).option("subscribe", topic)
+    df = df.option("failOnDataLoss", str(source.fail_on_data_loss).lower())  # Spark's connector: the same option
     if streaming:
         df = df.option("startingOffsets", source.starting_offsets)
     return _kafka_columns(df.load())

@@ -111,6 +111,36 @@ def test_riqr_run_help_shows_the_topology_options(capsys) -> None:  # type: igno
     assert out.startswith("usage: riqr run food_orders_windowed")
     for option in ["--watermark", "--partitions", "--actors", "--namespace", "--source", "--trigger"]:
         assert option in out
+    assert "--skip-lost-offsets" in out  # the Kafka sources' failOnDataLoss=false, named by the loss's error
+
+
+def test_a_topology_skips_lost_kafka_offsets_only_when_told(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The data-loss error names --skip-lost-offsets: the flag reaches the source's configuration."""
+    import argparse
+
+    import ray
+
+    from topologies.runner import run_topology
+
+    seen = []
+
+    def stop_at_ray(**_: object) -> None:
+        raise ConnectionError("no cluster in a unit test")
+
+    monkeypatch.setattr(ray, "init", stop_at_ray)
+    import topologies.sources as sources
+
+    real = sources.SourceConfig
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(sources, "SourceConfig", recording)
+    for flags in ([], ["--skip-lost-offsets"]):
+        argv = ["--source", "kafka", "--kafka-bootstrap", "b:9092", *flags]
+        assert run_topology(argparse.ArgumentParser(prog="t"), argv, lambda *a: []) == 1
+    assert [config.fail_on_data_loss for config in seen] == [True, False]
 
 
 def test_wait_until_returns_or_times_out() -> None:
