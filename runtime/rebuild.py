@@ -107,16 +107,14 @@ class Rebuilder:
         while True:
             try:
                 outcome = self._attempt(state, generation)
-            except (RiqrError, OSError) as err:
-                why = err.message if isinstance(err, RiqrError) else f"{type(err).__name__}: {err}"
-                log.warning("partition %d: copy from a peer failed: %s", state.partition, why, extra=fields)
-                outcome = "retry"
             except Exception as err:  # noqa: BLE001 - a bug or an engine's own error (RocksDB raises Exception)
-                # Retried like the others, then given up: a catch-up thread that ended here left its
-                # partition catching-up for good, buffering acknowledged batches no one would apply.
-                why = f"{type(err).__name__}: {err}"
-                log.error("partition %d: copy from a peer failed: %s", state.partition, why, extra=fields,
-                          exc_info=True)  # fmt: skip
+                # Any error is retried, then given up: a catch-up thread that ended here left its partition
+                # catching-up for good, buffering acknowledged batches no one would apply. One riqr or the
+                # OS did not foresee is an error, with its traceback.
+                foreseen = isinstance(err, (RiqrError, OSError))
+                why = err.message if isinstance(err, RiqrError) else f"{type(err).__name__}: {err}"
+                log.log(logging.WARNING if foreseen else logging.ERROR, "partition %d: copy from a peer failed: %s",
+                        state.partition, why, extra=fields, exc_info=not foreseen)  # fmt: skip
                 outcome = "retry"
             if outcome != "retry":
                 log.info("partition %d: catch-up %s", state.partition, outcome, extra=fields)

@@ -134,6 +134,17 @@ class _Kafka:
         finally:
             consumer.close()
 
+    def data_loss(self, what: str, verdict: str, going_on: str) -> None:
+        """Records of a topic are gone (``what``, ``verdict``): raise (``failOnDataLoss``, the default),
+        or warn that the read goes on (``going_on``)."""
+        if self.fail_on_data_loss:
+            raise RuntimeError(
+                f"{what}: {verdict}. Start the topology on fresh checkpoints (its stores' and their dead-letter "
+                "queries', all under <home>/checkpoints/<namespace>) to rebuild its stores from what the topic "
+                "holds, or go on past the loss (failOnDataLoss=false: a riqr topology's --skip-lost-offsets)"
+            )
+        log.warning("%s: %s (failOnDataLoss=false)", what, going_on)
+
     def _lost(self, consumer: Any, part: TopicRange, position: int) -> int:
         """Offset ``position`` of ``part`` is gone from Kafka: raise (``failOnDataLoss``, the default), or
         go on from the partition's first offset and return where the read stands."""
@@ -146,14 +157,7 @@ class _Kafka:
         else:
             what = f"offset {position} of {where} is past its end, {high}"
         what += f" (it keeps {low}-{high - 1}: removed by retention, or the topic was made again)"
-        if self.fail_on_data_loss:
-            raise RuntimeError(
-                f"{what}: records were lost before this query read them. Start the topology on fresh checkpoints "
-                "(its stores' and their dead-letter queries', all under <home>/checkpoints/<namespace>) to "
-                "rebuild its stores from what the topic holds, or skip them (failOnDataLoss=false: a riqr "
-                "topology's --skip-lost-offsets)"
-            )
-        log.warning("%s: skipped (failOnDataLoss=false)", what)
+        self.data_loss(what, "records were lost before this query read them", "skipped")
         if low >= part.end or low <= position:
             return part.end
         consumer.assign([TopicPartition(part.topic, part.partition, low)])
@@ -256,14 +260,7 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 f"{name} ends at {end}, below the {at} this query has read" for name, (at, end) in behind.items()
             )
             what += " (the topic was made again, or a partition lost records to an unclean leader election)"
-            if self.kafka.fail_on_data_loss:
-                raise RuntimeError(
-                    f"{what}: records may have been lost. Start the topology on fresh checkpoints (its stores' and "
-                    "their dead-letter queries', all under <home>/checkpoints/<namespace>) to rebuild its stores "
-                    "from what the topic holds, or go on past the loss (failOnDataLoss=false: a riqr topology's "
-                    "--skip-lost-offsets)"
-                )
-            log.warning("%s: going on from where the topic ends now (failOnDataLoss=false)", what)
+            self.kafka.data_loss(what, "records may have been lost", "going on from where the topic ends now")
             known = {name: at for name, at in known.items() if name not in behind}
         self._last = later_offsets(known, fresh)
         return dict(self._last)

@@ -162,9 +162,7 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
     if not unheld:
         return []
     if not running[0].rebuild_from_input:
-        if not running[0].said_no_rebuild:  # once a run, not at every poll
-            running[0].said_no_rebuild = True
-            log.error(_NO_REBUILD, running[0].spec.name, extra={"store": running[0].spec.name})
+        _say_no_rebuild(running[0])
         return []
     if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
         return []
@@ -420,11 +418,17 @@ def store_spec_for(
     )
 
 
-_NO_REBUILD = (
-    "store %s: partitions no copy serves cannot be rebuilt from this source (it starts at the latest "
-    "offsets, so a fresh checkpoint would hold only what comes from now on): they answer 503 and the query "
-    "goes on from its checkpoint; start the topology with --starting-offsets earliest to rebuild them"
-)
+def _say_no_rebuild(delivery: BatchDelivery) -> None:
+    """Say, once a run (at its start or at a later look), that ``delivery``'s store cannot be rebuilt from
+    its source's input."""
+    if delivery.said_no_rebuild:
+        return
+    delivery.said_no_rebuild = True
+    store = delivery.spec.name
+    log.error("store %s: partitions no copy serves cannot be rebuilt from this source (it starts at the latest "
+              "offsets, so a fresh checkpoint would hold only what comes from now on): they answer 503 and the "
+              "query goes on from its checkpoint; start the topology with --starting-offsets earliest to rebuild "
+              "them", store, extra={"store": store})  # fmt: skip
 
 
 def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
@@ -745,8 +749,7 @@ def _start(
     try:
         plan = plan_start(delivery, checkpoint)
         if plan == "rebuild" and not delivery.rebuild_from_input:
-            log.error(_NO_REBUILD, store, extra={"store": store})
-            delivery.said_no_rebuild = True  # said for this run: rebuild_due does not say it again
+            _say_no_rebuild(delivery)
             plan = "resume"
         mode = output_mode or ("append" if kind == "session" else "update")
         delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))

@@ -636,7 +636,7 @@ def _setting(key: str, value: Any) -> str:
 
 def is_up(namespace: str) -> bool:
     """Whether any riqr actor runs in ``namespace`` (its registry, a verticle or a query actor)."""
-    return any(n == REGISTRY_NAME or n.startswith("riqr-") or ACTOR_NAME.match(n) for n in _named_in(namespace))
+    return any(n.startswith("riqr-") or ACTOR_NAME.match(n) for n in _named_in(namespace))  # the registry's too
 
 
 def down(namespace: str) -> list[str]:
