@@ -100,6 +100,8 @@ def _ingest(ingest: Mapping[str, Any] | None, now: float) -> str:
         text += f", batch {ingest['batch_id']}"
     if isinstance(ingest.get("at"), (int, float)):
         text += f", {max(0, round(now - ingest['at']))} s ago"
+    if isinstance(ingest.get("late_rows"), int) and ingest["late_rows"] > 0:
+        text += f", {ingest['late_rows']} late rows dropped"
     if ingest.get("error"):
         text += f": {ingest['error']}"
     return text

@@ -65,7 +65,9 @@ class FeedReport:
 
     ``feeder`` names one run of one process (host, pid and a random part), so the registry can tell a
     new run from the old one's last words. ``at`` is the feeder's wall clock when the state last changed
-    or a batch was delivered (heartbeats do not move it). ``dead_letters`` are totals per topic.
+    or a batch was delivered (heartbeats do not move it). ``dead_letters`` are totals per topic;
+    ``late_rows`` the input rows the store's query dropped as later than its event-time watermark, in all
+    (``topologies.lateness``; None: not told, for a query with no watermark or an older feeder).
     ``owners`` are the query actors of the store as the feeder declared it (``BatchDelivery.declared``):
     the registry ignores a report about a store of that name that was dropped and declared again since
     (``FeedBook.report``). Empty: not known (an older feeder), never ignored for it. ``checkpoint`` is the
@@ -86,6 +88,7 @@ class FeedReport:
     catching_up: tuple[int, ...] = ()
     error: str | None = None
     dead_letters: Mapping[str, int] = field(default_factory=dict)
+    late_rows: int | None = None
     owners: tuple[str, ...] = ()
     checkpoint: str | None = None
 
@@ -110,6 +113,8 @@ class FeedReport:
             out["catching_up"] = list(self.catching_up)
         if self.dead_letters:
             out["dead_letters"] = dict(self.dead_letters)
+        if self.late_rows is not None:
+            out["late_rows"] = self.late_rows
         if self.owners:
             out["owners"] = list(self.owners)
         return out
@@ -131,6 +136,7 @@ class FeedReport:
             catching_up=tuple(int(p) for p in data.get("catching_up", ())),
             error=data.get("error"),
             dead_letters={str(t): int(n) for t, n in (data.get("dead_letters") or {}).items()},
+            late_rows=None if data.get("late_rows") is None else int(data["late_rows"]),
             owners=tuple(str(u) for u in data.get("owners", ())),
         )
 
@@ -195,7 +201,7 @@ class FeedBook:
         The last words of a run that is no longer the store's feeder (a ``stopped`` or ``failed`` from an
         old run, arriving after a new run started feeding) are ignored; a live report from any run takes
         the store over. Dead-letter totals are per topic: a report that does not mention a topic keeps
-        its last total.
+        its last total, and one without ``late_rows`` keeps the last one heard.
 
         ``owners`` are the store's query actors now. A report whose own ``owners`` are none of them is
         about another store of that name, dropped since (``riqr drop --force``) and declared again: its
@@ -211,7 +217,10 @@ class FeedBook:
                      report.feeder, extra={"store": report.store})  # fmt: skip
             return False
         if current is not None:
-            report = replace(report, dead_letters={**current.report.dead_letters, **report.dead_letters})
+            late = current.report.late_rows if report.late_rows is None else report.late_rows
+            report = replace(
+                report, dead_letters={**current.report.dead_letters, **report.dead_letters}, late_rows=late
+            )
         if report.batch_id is not None and report.live:
             self._acks.setdefault(report.store, AckLog()).record(report.source, report.batch_id, now)
         self._feeds[report.store] = _Feed(report, now)

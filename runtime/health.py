@@ -356,6 +356,10 @@ def cluster_families(snapshot: ClusterSnapshot, verdict: Readiness | None = None
             fam["riqr_dead_letters_total"].add_sample(
                 "riqr_dead_letters_total", {"store": name, "topic": str(topic)}, float(count)
             )
+        if isinstance(ingest.get("late_rows"), int):
+            fam["riqr_late_rows_dropped_total"].add_sample(
+                "riqr_late_rows_dropped_total", {"store": name}, float(ingest["late_rows"])
+            )
     fam["riqr_ready"].add_sample("riqr_ready", {}, 1.0 if verdict.ready else 0.0)
     assert set(fam) <= set(BY_NAME)
     return [*fam.values(), *_query_families(snapshot)]

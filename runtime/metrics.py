@@ -120,6 +120,8 @@ CATALOG: tuple[MetricDef, ...] = (
               "when the store's feeder last delivered a batch or changed state (Unix time)", ("store",), CLUSTER),
     MetricDef("riqr_dead_letters_total", "counter", "records of a topic dead-lettered by a store's topology",
               ("store", "topic"), CLUSTER),
+    MetricDef("riqr_late_rows_dropped_total", "counter", "input rows a store's query dropped as later than its "
+              "event-time watermark (Spark's numRowsDroppedByWatermark; kept in its checkpoint)", ("store",), CLUSTER),
     MetricDef("riqr_ready", "gauge", "1 when GET /ready on this node answers 200", (), CLUSTER),
 )  # fmt: skip
 

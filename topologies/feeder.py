@@ -2,11 +2,11 @@
 keeps the state of every store this process feeds and tells the registry.
 
 * **Right away, without waiting**, when something changes: a query starts, a batch is delivered, a batch
-  fails, a dead-letter total moves (``update``, ``dead_letters``). A slow or restarting registry never
-  holds up a batch. A report the registry turns out not to take (it died, or ``riqr down`` and ``riqr
-  up`` made a new one while this process held the old one's handle) wakes the heartbeat at once, which
-  looks the registry up again and sends the whole state: the report is late by one lookup, not lost
-  until the next beats.
+  fails, a dead-letter or late-row total moves (``update``, ``dead_letters``, ``late_rows``). A slow or
+  restarting registry never holds up a batch. A report the registry turns out not to take (it died, or
+  ``riqr down`` and ``riqr up`` made a new one while this process held the old one's handle) wakes the
+  heartbeat at once, which looks the registry up again and sends the whole state: the report is late by
+  one lookup, not lost until the next beats.
 * **Every ``FEED_HEARTBEAT_INTERVAL`` seconds**, from a daemon thread: the whole state of every live feed,
   in one call, waiting for the answer (so calls never pile up behind a registry that is down). Before
   each beat the thread asks each feed's streaming query whether it still runs: one that ended is reported
@@ -15,7 +15,7 @@ keeps the state of every store this process feeds and tells the registry.
 * **Last words** from the supervisor (``finish``): ``stopped`` on SIGTERM, ``failed`` naming the query
   that failed; sent and waited for before the process exits, after which the feeder says nothing more.
 
-Every report carries the feed's whole state, dead-letter totals included, so a registry that restarted
+Every report carries the feed's whole state, dead-letter and late-row totals included, so a registry that restarted
 and lost what it had not yet saved is whole again after one heartbeat.
 """
 
@@ -180,7 +180,9 @@ class Feeder:
         self._clock = clock
         self._name = name
         self._feeds: dict[str, _Feed] = {}
-        self._dead_letters: dict[str, dict[str, int]] = {}
+        # Per store, the report fields every report of it carries once told (``dead_letters``, ``late_rows``):
+        # totals kept by the topology, so a report made anew (a claim, a state change) never drops them.
+        self._carried: dict[str, dict[str, Any]] = {}
         # Stores another feed holds now, each with why (the registry's answers): this process no longer
         # feeds them. ``_claims`` counts this process's claims per store, so an answer to a report sent
         # before a claim of its own does not undo it.
@@ -212,7 +214,7 @@ class Feeder:
                     changes[name] = tuple(changes[name])
             if changes.get("state", feed.report.state) != FAILED:
                 changes.setdefault("error", None)
-            report = replace(feed.report, **changes, dead_letters=dict(self._dead_letters.get(store, {})))
+            report = replace(feed.report, **{**changes, **self._carried.get(store, {})})
             if report.live and store in self._superseded:
                 return  # another topology feeds it: this one says no more about it (its next batch fails)
             if report.live:
@@ -235,14 +237,25 @@ class Feeder:
         """``store``'s topology has dead-lettered ``total`` records of ``topic`` so far. Sent with the
         store's feed, now if this process feeds it already, else once it does."""
         with self._lock:
-            if self.closed:
-                return
-            self._dead_letters.setdefault(store, {})[topic] = total
-            feed = self._feeds.get(store)
-            if feed is not None:
-                report = replace(feed.report, dead_letters=dict(self._dead_letters[store]))
-                self._feeds[store] = replace(feed, report=report)
-                self._send_now([report])
+            letters = {**self._carried.get(store, {}).get("dead_letters", {}), topic: total}
+            self._carry(store, dead_letters=letters)
+
+    def late_rows(self, store: str, total: int) -> None:
+        """``store``'s query has dropped ``total`` input rows as late so far (``topologies.lateness``). Sent
+        like ``dead_letters``."""
+        with self._lock:
+            self._carry(store, late_rows=total)
+
+    def _carry(self, store: str, **fields: Any) -> None:
+        """Under the lock: every report of ``store`` carries ``fields`` from now on; the feed's, now."""
+        if self.closed:
+            return
+        self._carried.setdefault(store, {}).update(fields)
+        feed = self._feeds.get(store)
+        if feed is not None:
+            report = replace(feed.report, **fields)
+            self._feeds[store] = replace(feed, report=report)
+            self._send_now([report])
 
     def superseded(self, store: str) -> str | None:
         """Why this process no longer feeds ``store``, if the registry said another feed holds it (a
@@ -262,8 +275,7 @@ class Feeder:
             self._claims[store] = self._claims.get(store, 0) + 1
             feed = self._feeds.get(store)
             if feed is None:
-                dead_letters = dict(self._dead_letters.get(store, {}))
-                self._feeds[store] = _Feed(replace(report, dead_letters=dead_letters))
+                self._feeds[store] = _Feed(replace(report, **self._carried.get(store, {})))
         self._ensure_beating()
 
     def _take_answers(self) -> None:

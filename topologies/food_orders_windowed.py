@@ -8,7 +8,8 @@ Stores:
   only mode Spark allows for sessions), so a session appears in the store when it is over.
 
 Both read the ``order`` topic; a record more than ``--watermark`` behind the newest is dropped once the
-watermark has passed the end of the window (or session) it would fall in.
+watermark has passed the end of the window (or session) it would fall in, and counted
+(``riqr_late_rows_dropped_total``, ``topologies.lateness``).
 
     ray job submit --working-dir . -- python -m topologies.food_orders_windowed --namespace riqr
 """

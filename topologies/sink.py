@@ -54,6 +54,7 @@ from runtime.keys import KeySchema, key_type_for_spark
 from runtime.ownership import ClusterView
 from runtime.partition import REBUILDING, SERVING
 from runtime.partitioner import spark_partition_sql
+from topologies import lateness
 from topologies.checkpoint import (
     last_committed,
     last_planned,
@@ -779,6 +780,7 @@ def _start(
         raise
     delivery.report(state="rebuilding" if plan == "rebuild" or rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
+    _count_late_rows(df, query, delivery)
     _register(name, delivery, again)
     if plan == "fresh" and not rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
@@ -786,6 +788,19 @@ def _start(
         log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,
                  extra={"store": store})  # fmt: skip
     return query
+
+
+def _count_late_rows(df: Any, query: Any, delivery: BatchDelivery) -> None:
+    """A query under an event-time watermark drops late input rows: count them into the store's feed
+    (``topologies.lateness``). Best effort: a count that cannot be kept is logged, and the store is fed."""
+    if not lateness.has_watermark(df):
+        return
+    store = delivery.spec.name
+    try:
+        lateness.watch(df.sparkSession, query, store, delivery.checkpoint, delivery.feeder)
+    except Exception as err:
+        log.warning("store %s: its late rows are not counted (%s: %s)", store, type(err).__name__, err,
+                    extra={"store": store})  # fmt: skip
 
 
 def _holds_until_a_watermark(df: Any, *, default: bool) -> bool:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,8 @@ import runtime
 from runtime.landing import Record, write_records
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import T0, SessionReader, at, http_get, iso, session_triples, wait_for
-from topologies.options import TopologyOptions
+from topologies.lateness import LATE_ROWS_FILE
+from topologies.options import TopologyOptions, checkpoint_for
 
 pytestmark = pytest.mark.integration
 
@@ -119,9 +122,42 @@ def test_windowed_and_session_food_orders(rt: Runtime, spark: Any, tmp_path: Pat
         assert sessions_py.sessions_page(1, key="alice").entries == sessions_py.sessions("alice")[:1]
         assert asyncio.run(store.windows_page_async(1)).entries == every[:1]
         assert asyncio.run(sessions_py.sessions_page_async(9, key="alice")).entries == sessions_py.sessions("alice")
+
+        # An order behind the watermark (at(600) - 5 s) is dropped by both stores, as Kafka Streams drops a
+        # record past its grace period, and counted: in each store's feed, and at /metrics.
+        write_records(tmp_path, "order", [Record("alice", "late soup", at(5))])
+        late = wait_for(
+            lambda: (f := _late_rows(url)).get("orders-per-minute") and f.get("order-sessions") and f,
+            what="the late order counted by both stores",
+        )
+        assert late == {"orders-per-minute": 1, "order-sessions": 1}
+        metrics = _metric_samples(url, "riqr_late_rows_dropped_total")
+        assert metrics == {"orders-per-minute": 1.0, "order-sessions": 1.0}
+        window = result(f"{url}/stores/orders-per-minute/windows/alice?from={z(0)}&to={z(0)}")
+        assert [w["value"] for w in window] == [2]  # dropped: the closed window is as it was
+        counted = {name: json.loads((checkpoint_for(tmp_path, rt.namespace, name) / LATE_ROWS_FILE).read_text())
+                   for name in late}  # fmt: skip
+        assert {name: c["total"] for name, c in counted.items()} == late  # kept in each query's checkpoint
     finally:
         for q in queries:
             q.stop()
+
+
+def _late_rows(url: str) -> dict[str, int | None]:
+    return {s["name"]: (s["ingest"] or {}).get("late_rows") for s in http_get(f"{url}/stores")[2]["result"]}
+
+
+def _metric_samples(url: str, name: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return {
+        sample.labels["store"]: float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
 
 
 def test_a_session_store_rebuilt_from_a_fresh_checkpoint_never_shows_fewer_sessions(

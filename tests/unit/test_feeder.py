@@ -102,6 +102,23 @@ def test_every_change_is_sent_at_once_and_every_beat_carries_the_whole_state() -
     assert link.last() == {"s": link.sent[-2][0]} and link.waited == waited + 1  # a beat waits; updates do not
 
 
+def test_late_rows_are_carried_by_every_later_report_of_the_store() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.late_rows("s", 4)  # told as the query starts, before the feed's first report: held
+    assert link.sent == []
+    feeder.update("s", state="running", query="riqr-ns-s")
+    assert link.last()["s"].late_rows == 4
+    feeder.dead_letters("s", "order", 1)
+    feeder.late_rows("s", 6)
+    assert (link.last()["s"].late_rows, link.last()["s"].dead_letters) == (6, {"order": 1})
+    feeder.update("s", state="running", batch_id=9)  # a state change keeps both totals
+    assert (link.last()["s"].late_rows, link.last()["s"].dead_letters) == (6, {"order": 1})
+    feeder.claimed(FeedReport("t", feeder.id, "running"))
+    feeder.beat()
+    assert link.last()["t"].late_rows is None  # another store: nothing said about it
+
+
 def test_a_query_that_ends_is_reported_once_then_never_again() -> None:
     link = FakeLink()
     feeder = _feeder(link)

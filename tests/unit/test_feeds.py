@@ -47,6 +47,18 @@ def test_a_new_run_takes_over_and_the_old_runs_last_words_are_ignored() -> None:
     assert book.verdict("s", 1e6) == ("stopped", None)
 
 
+def test_a_late_row_total_is_kept_until_a_report_tells_another() -> None:
+    book = FeedBook(stale_after=6.0)
+    book.report(FeedReport("s", "run", "running", late_rows=5), now=0.0)
+    book.report(FeedReport("s", "run", "running", batch_id=3), now=1.0)  # a report that does not say
+    assert book.status(1.0)["s"]["late_rows"] == 5
+    book.report(FeedReport("s", "new", "running", late_rows=0), now=2.0)  # a rebuilt checkpoint counts anew
+    assert book.status(2.0)["s"]["late_rows"] == 0
+    assert "late_rows" not in book.status(2.0).get("never", {})
+    book.report(FeedReport("t", "run", "running"), now=2.0)
+    assert "late_rows" not in book.status(2.0)["t"]  # no watermark, nothing said: no total shown
+
+
 def test_reports_about_a_store_dropped_and_declared_again_since_are_ignored() -> None:
     """The old store's feeder beats and says its last words until it sees the drop; the store of that name
     now has other actors and another feeder, whose record they must neither take over nor fail."""
@@ -122,14 +134,16 @@ def test_the_book_survives_a_save_and_load_and_restored_feeds_get_one_bound(tmp_
     path = tmp_path / "_registry" / "ingest.json"
     book = FeedBook(stale_after=6.0)
     book.report(FeedReport("s", "r", "running", query="q", batch_id=4, at=50.0, incomplete=(1,),
-                           dead_letters={"order": 2}, owners=("a1", "a2"), checkpoint="/h/s"), now=50.0)  # fmt: skip
+                           dead_letters={"order": 2}, late_rows=4, owners=("a1", "a2"), checkpoint="/h/s"),
+                now=50.0)  # fmt: skip
     book.report(FeedReport("t", "r", "failed", error="boom"), now=50.0)
     save_book(book, path)
     assert not book.dirty and [p.name for p in path.parent.iterdir()] == ["ingest.json"]  # no temporary left
     restored = load_book(path, now=1000.0, stale_after=6.0)
     assert restored.status(1000.0) == {
         "s": {"state": "running", "feeder": "r", "query": "q", "checkpoint": "/h/s", "at": 50.0, "batch_id": 4,
-              "incomplete": [1], "dead_letters": {"order": 2}, "owners": ["a1", "a2"], "heard_at": 1000.0},
+              "incomplete": [1], "dead_letters": {"order": 2}, "late_rows": 4, "owners": ["a1", "a2"],
+              "heard_at": 1000.0},
         "t": {"state": "failed", "feeder": "r", "error": "boom", "heard_at": 1000.0},
     }  # fmt: skip
     assert restored.verdict("s", 1006.0) == ("running", None)

@@ -68,6 +68,14 @@ def test_a_row_per_store_says_what_serves_how_far_behind_and_how_ingest_goes() -
     assert clicks[5] == "-" and clicks[6] == "no sink reported" and clicks[7] == "0"
 
 
+def test_the_ingest_column_says_how_many_late_rows_a_windowed_store_dropped() -> None:
+    catalog = _catalog()[1:]
+    catalog[0]["ingest"] = {"state": "running", "batch_id": 2, "at": NOW - 1, "late_rows": 0}
+    assert store_rows(catalog, _instances(), NOW)[0][6] == "running, batch 2, 1 s ago"  # none: not said
+    catalog[0]["ingest"]["late_rows"] = 12
+    assert store_rows(catalog, _instances(), NOW)[0][6] == "running, batch 2, 1 s ago, 12 late rows dropped"
+
+
 def test_the_lag_column_shows_the_copy_furthest_behind_standbys_included() -> None:
     catalog = _catalog()[:1]
     for p in catalog[0]["positions"]:
