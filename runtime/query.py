@@ -45,7 +45,7 @@ from runtime.partition import (
     write_marker,
 )
 from runtime.rebuild import PeerSource, Rebuilder, RebuildSettings
-from runtime.scan import Scan, TimeFilter
+from runtime.scan import Scan, TimeWalk
 from runtime.snapshots import SnapshotCorrupt, SnapshotExports, SnapshotOffer, describe_files, remove_leftovers
 
 __all__ = ["QueryCore", "ApplyResult", "rows_from_arrow", "packed_values", "internal_keys"]
@@ -57,11 +57,10 @@ def _start_thread(work: Callable[[], object]) -> None:
     threading.Thread(target=work, name="riqr-rebuild", daemon=True).start()
 
 
-def _window_filter(entries: Iterator[tuple[Any, bytes]], times: TimeFilter) -> Iterator[tuple[Any, bytes]]:
-    for key, raw in entries:
-        end = decode_value(raw)[0] if times.end_from is not None else 0
-        if times.admits(key[-1], end):
-            yield key, raw
+def _window_end(raw: bytes) -> int:
+    """A stored window's or session's end (the first value column of a windowed store)."""
+    end: int = decode_value(raw)[0]
+    return end
 
 
 # A partition whose data is damaged is moved to ``p<n>.unreadable-<time>-<id>`` beside it (kept for an
@@ -463,11 +462,12 @@ class QueryCore:
             self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
         )
         try:
+            walk = None
+            if scan.times is not None:  # each owner filters its windows, seeking past long runs it refuses
+                walk = TimeWalk(scan.times, self.spec.user_key_columns, scan.reverse, _window_end)
             with guard:
-                runs = [s.engine.scan(scan) for s in states.values()]
+                runs = [s.engine.scan(scan, walk) for s in states.values()]
                 merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
-                if scan.times is not None:
-                    merged = _window_filter(merged, scan.times)
                 entries = list(merged if limit is None else itertools.islice(merged, limit))
         except Exception as err:
             self._raise_if_destroyed(err, states)

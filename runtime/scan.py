@@ -8,10 +8,19 @@ present throughout. ``runtime.cursor`` makes that position an opaque token for c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["Bound", "Scan", "TimeFilter", "prefix_scan"]
+from runtime.keys import TOP
+
+__all__ = ["Bound", "Scan", "TimeFilter", "TimeWalk", "prefix_scan", "JUMP_AFTER", "JUMP_AFTER_MAX"]
+
+# A time-filtered walk seeks past the windows its filter refuses after this many refused in a row: short
+# runs are stepped over (a seek costs about what a few steps do), long ones (a key's windows outside the
+# time range) cost one seek, not one step each. Seeks that do not pay double the wait, up to the max.
+JUMP_AFTER = 8
+JUMP_AFTER_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,57 @@ class TimeFilter:
 
     def to_wire(self) -> list[int | None]:
         return [self.start_from, self.start_to, self.end_from]
+
+
+class TimeWalk:
+    """How an engine walks a window or session scan with a ``TimeFilter`` (``PartitionEngine.scan``) without
+    reading every window of every key in its key range.
+
+    Keys are the user's key columns then the window start, so one key's windows lie together in start
+    order. ``admits`` says whether an entry passes the filter (``end_of`` reads a window's end from its
+    stored value: only sessions' ``earliestEnd`` needs it). After ``JUMP_AFTER`` refused in a row, ``jump``
+    says where the walk may seek instead of stepping on: in scan order, to the key's first window that
+    can pass (its start bound), or past the key's windows when its last that can pass is behind. A walk
+    whose refusals ``jump`` cannot skip (sessions ending before ``earliestEnd``: ends are not in the key)
+    steps, as a filter over the whole range would.
+
+    Engines step once before they seek: where that step is already at or past the jump's target
+    (keys with a window or two each), seeking would not pay, and the walk waits twice as long before it
+    looks again, up to ``JUMP_AFTER_MAX``; a seek that pays sets the wait back.
+    """
+
+    def __init__(
+        self, times: TimeFilter, user_columns: int, reverse: bool = False, end_of: Callable[[bytes], int] | None = None
+    ) -> None:
+        self.times = times
+        self.user_columns = user_columns
+        self.reverse = reverse
+        lo = -_INF if times.start_from is None else times.start_from
+        hi = _INF if times.start_to is None else times.start_to
+        end_from = times.end_from
+        if end_from is None or end_of is None:
+            self.admits: Callable[[Any, bytes], bool] = lambda key, raw: lo <= key[-1] <= hi
+        else:
+            self.admits = lambda key, raw: lo <= key[-1] <= hi and end_of(raw) >= end_from
+
+    def jump(self, key: Any) -> Bound | None:
+        """Where to seek after ``key`` (refused), in scan order, or None to step on. Always strictly
+        past ``key`` in scan order, and never past an entry the filter would keep."""
+        start, user, times = key[-1], tuple(key[: self.user_columns]), self.times
+        if not self.reverse:
+            if times.start_from is not None and start < times.start_from:
+                return Bound(user + (times.start_from,))
+            if times.start_to is not None and start > times.start_to:
+                return Bound(user + (TOP,), inclusive=False)  # the next key's first window
+        else:
+            if times.start_to is not None and start > times.start_to:
+                return Bound(user + (times.start_to,))
+            if times.start_from is not None and start < times.start_from:
+                return Bound(user, inclusive=False)  # the previous key's last window
+        return None
+
+
+_INF = float("inf")
 
 
 @dataclass(frozen=True)

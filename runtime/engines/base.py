@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from runtime.config import ENGINES
 from runtime.errors import RiqrError
 from runtime.keys import KeySchema
-from runtime.scan import Scan
+from runtime.scan import Scan, TimeWalk
 
 __all__ = [
     "Position",
@@ -94,8 +94,10 @@ class PartitionEngine(Protocol):
         """One value (or None) per key, in order."""
         ...
 
-    def scan(self, scan: Scan) -> Iterator[tuple[Any, bytes]]:
-        """The entries within the scan's bounds, lazily, in its direction. ``scan.times`` is not applied."""
+    def scan(self, scan: Scan, walk: TimeWalk | None = None) -> Iterator[tuple[Any, bytes]]:
+        """The entries within the scan's bounds, lazily, in its direction. ``scan.times`` is not applied;
+        with ``walk`` (a window or session store's time filter) only the entries it admits come out, and
+        the engine seeks where it says rather than stepping over long runs of refused windows."""
         ...
 
     def read_encoded(self, scan: Scan, limit: int | None, max_bytes: int) -> tuple[list[bytes], list[bytes], bool]:

@@ -43,7 +43,7 @@ from runtime.engines.base import (
 )
 from runtime.engines.keycodec import KeyCodec
 from runtime.keys import KeySchema
-from runtime.scan import Scan
+from runtime.scan import JUMP_AFTER, JUMP_AFTER_MAX, Bound, Scan, TimeWalk
 
 __all__ = ["MemoryEngine", "SNAPSHOT_RECORDS", "SNAPSHOT_ROWS"]
 
@@ -125,18 +125,46 @@ class MemoryEngine:
         get = self._rows.get
         return [get(k) for k in keys]
 
-    def scan(self, scan: Scan) -> Iterator[tuple[Any, bytes]]:
-        """The entries within the scan's bounds, lazily, in its direction."""
-        lo, hi = scan.lo, scan.hi
+    def scan(self, scan: Scan, walk: TimeWalk | None = None) -> Iterator[tuple[Any, bytes]]:
+        """The entries within the scan's bounds, lazily, in its direction (``PartitionEngine.scan``)."""
+        if walk is not None:
+            return self._walk(scan, walk)
+        return self._entries(scan.lo, scan.hi, scan.reverse)
+
+    def _entries(self, lo: Bound | None, hi: Bound | None, reverse: bool) -> Iterator[tuple[Any, bytes]]:
         keys = self._rows.irange(
             None if lo is None else lo.key,
             None if hi is None else hi.key,
             inclusive=(lo is None or lo.inclusive, hi is None or hi.inclusive),
-            reverse=scan.reverse,
+            reverse=reverse,
         )
         rows = self._rows
         for key in keys:
             yield key, rows[key]
+
+    def _walk(self, scan: Scan, walk: TimeWalk) -> Iterator[tuple[Any, bytes]]:
+        """The entries ``walk`` admits; a run of refused ones that ``walk`` can jump over starts a new range
+        where it says (the caller holds the write lock throughout: every range reads the same rows)."""
+        reverse = scan.reverse
+        entries = self._entries(scan.lo, scan.hi, reverse)
+        refused, patience = 0, JUMP_AFTER
+        entry = next(entries, None)
+        while entry is not None:
+            key, raw = entry
+            if walk.admits(key, raw):
+                refused = 0
+                yield entry
+            elif (refused := refused + 1) >= patience:
+                refused, to = 0, walk.jump(key)
+                if to is not None and (to.key < key if reverse else to.key > key):  # never back
+                    entry = next(entries, None)  # one step first: is it there already?
+                    if entry is not None and (entry[0] > to.key if reverse else entry[0] < to.key):
+                        entries = self._entries(scan.lo, to, True) if reverse else self._entries(to, scan.hi, False)
+                        entry, patience = next(entries, None), JUMP_AFTER
+                    else:
+                        patience = min(2 * patience, JUMP_AFTER_MAX)
+                    continue
+            entry = next(entries, None)
 
     def read_encoded(self, scan: Scan, limit: int | None, max_bytes: int) -> tuple[list[bytes], list[bytes], bool]:
         """A page of the scan with ``KeyCodec`` keys (``PartitionEngine.read_encoded``); keys are encoded here."""

@@ -59,7 +59,7 @@ from runtime.config import ROCKSDB_CACHE_BYTES
 from runtime.engines.base import NONE, Position, new_directory, prepare_directory
 from runtime.engines.keycodec import KEYS_HI, KEYS_LO, META_PREFIX, KeyCodec
 from runtime.keys import KeySchema
-from runtime.scan import Scan
+from runtime.scan import JUMP_AFTER, JUMP_AFTER_MAX, Scan, TimeWalk
 
 __all__ = ["RocksEngine"]
 
@@ -230,8 +230,9 @@ class RocksEngine:
             return []
         return cast(list[bytes | None], self.db.get(cast(list[Any], keys)))
 
-    def scan(self, scan: Scan) -> Iterator[tuple[Any, bytes]]:
-        """The entries within the scan's bounds, in its direction, read from a RocksDB iterator as consumed.
+    def scan(self, scan: Scan, walk: TimeWalk | None = None) -> Iterator[tuple[Any, bytes]]:
+        """The entries within the scan's bounds, in its direction, read from a RocksDB iterator as consumed
+        (``PartitionEngine.scan``; with ``walk``, the same iterator seeks where it says: one snapshot).
 
         The iterator is created here, so the scan sees the partition as it is at this call.
         """
@@ -239,19 +240,38 @@ class RocksEngine:
         lo = None if scan.lo is None else (encode(scan.lo.key), scan.lo.inclusive)
         hi = None if scan.hi is None else (encode(scan.hi.key), scan.hi.inclusive)
         it = self.db.iter()
-        walk = self._backward(it, lo, hi) if scan.reverse else self._forward(it, lo, hi)
-        self._scans.add(walk)
-        return walk
+        entries = self._backward(it, lo, hi, walk) if scan.reverse else self._forward(it, lo, hi, walk)
+        self._scans.add(entries)
+        return entries
+
+    @staticmethod
+    def _seek(it: RdictIter, key: bytes, inclusive: bool) -> None:
+        """``it`` at the first key at or after ``key`` (after it, if not ``inclusive``)."""
+        it.seek(key)
+        if not inclusive and it.valid() and it.key() == key:
+            it.next()
+
+    @staticmethod
+    def _seek_back(it: RdictIter, key: bytes, inclusive: bool) -> None:
+        """``it`` at the last key at or before ``key`` (before it, if not ``inclusive``)."""
+        it.seek_for_prev(key)
+        if not inclusive and it.valid() and it.key() == key:
+            it.prev()
 
     def _forward(
-        self, it: RdictIter, lo: tuple[bytes, bool] | None, hi: tuple[bytes, bool] | None
+        self, it: RdictIter, lo: tuple[bytes, bool] | None, hi: tuple[bytes, bool] | None, walk: TimeWalk | None
     ) -> Generator[tuple[Any, bytes], None, None]:
         if lo is None:
             it.seek(KEYS_LO)
         else:
-            it.seek(lo[0])
-            if not lo[1] and it.valid() and it.key() == lo[0]:
-                it.next()
+            self._seek(it, *lo)
+
+        def past(key: bytes) -> bool:
+            return key >= KEYS_HI or (hi is not None and (key > hi[0] or (key == hi[0] and not hi[1])))
+
+        if walk is not None:
+            yield from self._walk(it, past, it.next, self._seek, walk)
+            return
         decode = self._codec.decode
         while it.valid():
             key = it.key()
@@ -262,14 +282,19 @@ class RocksEngine:
         it.status()
 
     def _backward(
-        self, it: RdictIter, lo: tuple[bytes, bool] | None, hi: tuple[bytes, bool] | None
+        self, it: RdictIter, lo: tuple[bytes, bool] | None, hi: tuple[bytes, bool] | None, walk: TimeWalk | None
     ) -> Generator[tuple[Any, bytes], None, None]:
         if hi is None:
             it.seek_for_prev(KEYS_HI)
         else:
-            it.seek_for_prev(hi[0])
-            if not hi[1] and it.valid() and it.key() == hi[0]:
-                it.prev()
+            self._seek_back(it, *hi)
+
+        def past(key: bytes) -> bool:
+            return key < KEYS_LO or (lo is not None and (key < lo[0] or (key == lo[0] and not lo[1])))
+
+        if walk is not None:
+            yield from self._walk(it, past, it.prev, self._seek_back, walk)
+            return
         decode = self._codec.decode
         while it.valid():
             key = it.key()
@@ -277,6 +302,40 @@ class RocksEngine:
                 return
             yield decode(key), it.value()
             it.prev()
+        it.status()
+
+    def _walk(
+        self,
+        it: RdictIter,
+        past: Callable[[bytes], bool],
+        step: Callable[[], None],
+        seek: Callable[[RdictIter, bytes, bool], None],
+        walk: TimeWalk,
+    ) -> Generator[tuple[Any, bytes], None, None]:
+        """The entries from ``it`` on, in scan order (``step``), until one is ``past`` the far bound, that
+        ``walk`` admits; after a run of refused ones it can jump over, ``seek`` where it says."""
+        decode, encode, reverse = self._codec.decode, self._codec.encode, walk.reverse
+        refused, patience = 0, JUMP_AFTER
+        while it.valid():
+            key = it.key()
+            if past(key):
+                return
+            entry, raw = decode(key), it.value()
+            if walk.admits(entry, raw):
+                refused = 0
+                yield entry, raw
+            elif (refused := refused + 1) >= patience:
+                refused, to = 0, walk.jump(entry)
+                target = None if to is None else encode(to.key)
+                if target is not None and (target < key if reverse else target > key):  # never back
+                    step()  # one step first: is it there already?
+                    if it.valid() and (it.key() > target if reverse else it.key() < target):
+                        seek(it, target, to is not None and to.inclusive)
+                        patience = JUMP_AFTER
+                    else:
+                        patience = min(2 * patience, JUMP_AFTER_MAX)
+                    continue
+            step()
         it.status()
 
     def read_encoded(self, scan: Scan, limit: int | None, max_bytes: int) -> tuple[list[bytes], list[bytes], bool]:

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.engines import ENGINES, NONE, EngineMismatch, PartitionEngine, Position, open_engine
 from runtime.keys import TOP, KeySchema
-from runtime.scan import Bound, Scan
+from runtime.scan import JUMP_AFTER, Bound, Scan, TimeFilter, TimeWalk
 
 STRING_KEY = KeySchema("k", "string")
 LONG_KEY = KeySchema("k", "long")
@@ -343,3 +343,64 @@ def test_the_count_stays_exact_from_an_empty_partition_on(opener: Opener) -> Non
     engine.reset(Position("q2", -1))
     engine.apply(Position("q2", 0), [("a", b"1"), ("a", None), ("e", b"6")])
     assert engine.count() == 1 and engine.get("a") is None
+
+
+class CountingWalk(TimeWalk):
+    """A ``TimeWalk`` that counts the entries the engine looked at."""
+
+    def __init__(self, times: TimeFilter, reverse: bool, end_of: Any = None) -> None:
+        super().__init__(times, 1, reverse, end_of)
+        self.looked: list[Any] = []
+        admits = self.admits
+
+        def counted(key: Any, raw: bytes) -> bool:
+            self.looked.append(key)
+            return admits(key, raw)
+
+        self.admits = counted
+
+
+def _counting(times: TimeFilter, reverse: bool, end_of: Any = None) -> CountingWalk:
+    return CountingWalk(times, reverse, end_of)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_time_filtered_walk_returns_what_filtering_every_window_does(opener: Opener, seed: int) -> None:
+    """Random window stores (some keys with long runs of windows, some with one), random key bounds and
+    time filters, both directions: the walk's seeks never skip a window the filter keeps or add one."""
+    rng = random.Random(seed)
+    engine = opener(WINDOWED)
+    users = sorted({f"u{rng.randrange(40):02d}" for _ in range(12)})
+    rows = []
+    for user in users:
+        for start in sorted(rng.sample(range(-50, 200), rng.choice([1, 3, 30, 120]))):
+            rows.append(((user, start), (start + rng.randrange(1, 40)).to_bytes(4, "big", signed=True)))
+    engine.apply(P1, rows)
+
+    def end_of(raw: bytes) -> int:
+        return int.from_bytes(raw, "big", signed=True)
+
+    for _ in range(25):
+        a, b = sorted(rng.sample(range(-60, 210), 2))
+        times = rng.choice(
+            [TimeFilter(a, b), TimeFilter(a, None), TimeFilter(None, b), TimeFilter(None, b, a), TimeFilter(b, a)]
+        )
+        lo = rng.choice([None, Bound((rng.choice(users),), rng.random() < 0.5), Bound((rng.choice(users), a))])
+        hi = rng.choice([None, Bound((rng.choice(users), TOP)), Bound((rng.choice(users), b), rng.random() < 0.5)])
+        for reverse in (False, True):
+            scan = Scan(lo, hi, reverse, times)
+            expected = [(k, v) for k, v in engine.scan(scan) if times.admits(k[-1], end_of(v))]
+            walk = _counting(times, reverse, end_of)
+            assert list(engine.scan(scan, walk)) == expected, (times, lo, hi, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_time_filtered_walk_seeks_past_a_keys_windows_outside_the_range(opener: Opener, reverse: bool) -> None:
+    """A day of one-minute windows for each of 50 keys, an hour asked of all keys: the walk looks at the
+    hour's windows and a few on either side per key, not at every window."""
+    engine = opener(WINDOWED)
+    engine.apply(P1, [((f"user-{u:02d}", m), b"1") for u in range(50) for m in range(1440)])
+    walk = _counting(TimeFilter(600, 659), reverse)
+    found = list(engine.scan(Scan(reverse=reverse), walk))
+    assert len(found) == 50 * 60 and {k[1] for k, _ in found} == set(range(600, 660))
+    assert len(walk.looked) <= 50 * (60 + 2 * JUMP_AFTER)  # against 72,000 windows in the store
