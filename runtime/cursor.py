@@ -1,9 +1,13 @@
 """Cursors: the position of a paged scan as an opaque, authenticated token for clients.
 
 A cursor is the scan (bounds, direction, time filter) plus the last key returned, so the next page starts
-strictly after that key. Its body is msgpack naming the store and the kind of query that issued it; an
+strictly after that key. Its body is msgpack naming the store and the kind of query that issued it,
+deflated when that makes it shorter (a window scan of one key carries that key three times: in both
+bounds and as the last key; deflated bodies start with a zero byte, which no msgpack array does); an
 HMAC-SHA-256 tag (truncated to 128 bits, as RFC 4868 does for IPsec) keyed per deployment follows it, and
-both travel as URL-safe base64: ``<body>.<tag>``.
+both travel as URL-safe base64: ``<body>.<tag>``. A cursor that does not fit in a URL (a scan's last key
+of thousands of characters: keys the sink stored, not ones a URL could name) is still a valid cursor
+for the Python API; over REST, the NDJSON stream reads such a store without one.
 
 Why both a tag and validation: the tag makes a cursor unforgeable (any change is a 400 before anything is
 unpacked), and it is keyed per deployment so every node's facades accept each other's cursors and a
@@ -20,6 +24,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
+import zlib
 from typing import Any
 
 import msgpack
@@ -34,8 +39,10 @@ __all__ = ["CursorCodec", "MAX_CURSOR_CHARS", "generate_cursor_key"]
 _CURSOR_VERSION = 2
 _TOP_EXT = 1
 _TAG_BYTES = 16
-# Far above any cursor riqr issues (bounds are keys, themselves limited), so only junk is refused unread.
-MAX_CURSOR_CHARS = 4096
+# Refused unread above this: far above a cursor a URL can carry (``MAX_URL_CHARS``), and room for the
+# Python API's cursors after long stored keys.
+MAX_CURSOR_CHARS = 65536
+_DEFLATED = b"\x00"
 _NOT_OURS = "the cursor is not one this server issued"
 
 
@@ -96,6 +103,9 @@ class CursorCodec:
             use_bin_type=True,
             default=_pack_default,
         )
+        if len(body) > 64:  # short bodies do not shrink
+            deflated = _DEFLATED + zlib.compress(body, 9)
+            body = deflated if len(deflated) < len(body) else body
         return f"{_b64(body)}.{_b64(self._tag(body))}"
 
     def decode(self, spec: StoreSpec, shape: str, token: str) -> Scan:
@@ -107,12 +117,17 @@ class CursorCodec:
         """``(the scan that issued the cursor, that scan moved past its last key)``, checked as ``decode``."""
         body = self._verified_body(spec.name, token)
         try:
+            if body[:1] == _DEFLATED:  # ours (the tag checked out), so its size is bounded by what we issue
+                inflate = zlib.decompressobj()
+                body = inflate.decompress(body[1:], 16 * MAX_CURSOR_CHARS)
+                if not inflate.eof:
+                    raise ValueError("not a whole deflated body")
             version, store, issued_for, reverse, lo, hi, last, times = msgpack.unpackb(
                 body, raw=False, ext_hook=_ext_hook, strict_map_key=True
             )
         except MalformedCursor:
             raise MalformedCursor(_NOT_OURS, store=spec.name) from None
-        except (ValueError, TypeError, msgpack.UnpackException):
+        except (ValueError, TypeError, zlib.error, msgpack.UnpackException):
             raise MalformedCursor(_NOT_OURS, store=spec.name) from None
         if version != _CURSOR_VERSION or store != spec.name or issued_for != shape:
             raise MalformedCursor(f"the cursor belongs to another query, not to this {shape} query of store "

@@ -109,3 +109,50 @@ def test_big_integers_do_not_pass_as_long_keys() -> None:
     with pytest.raises(MalformedCursor):
         codec.decode(kv_spec("s", key_type="int"), "range", _forge(codec, [2, "s", "range", False, None, None,
                                                                           2**40, None]))  # fmt: skip
+
+
+async def test_pages_go_on_after_the_longest_key_a_url_names_and_long_stored_keys(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """A window scan of one 1,024-character key (the URL's limit) carries the key in both bounds and as
+    the last key; a store can hold far longer keys than a URL names. Page 2 of each must be served: the
+    cursor was over the decode limit, and every continuation a 400."""
+    import datetime as dt
+    import random
+    from urllib.parse import quote
+
+    from runtime.facade import Facade
+    from runtime.rest import build_app
+    from tests.unit.fakes import FakeBus, load_windowed
+
+    day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rng = random.Random(7)
+    user = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(1024))
+    stored = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(3500)) + str(i) for i in range(3)
+    ]
+    bus = FakeBus()
+    bus.create_store(windowed_spec("clicks"))
+    load_windowed(bus, "clicks", [(user, day + dt.timedelta(minutes=m), day + dt.timedelta(minutes=m + 1), m)
+                                  for m in range(3)])  # fmt: skip
+    bus.create_store(kv_spec("long-keys"))
+    bus.load("long-keys", {k: "v" for k in stored})
+    client = await aiohttp_client(build_app(Facade(bus, timeout=1.0)))
+
+    starts = []
+    url = f"/stores/clicks/windows/{user}?limit=1"
+    while url:
+        resp = await client.get(url)
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        starts += [w["window"]["start"] for w in body["result"]]
+        url = body["next"] and f"/stores/clicks/windows/{user}?limit=1&cursor={quote(body['next'])}"
+    assert starts == [(day + dt.timedelta(minutes=m)).isoformat() for m in range(3)]
+
+    keys = []
+    url = "/stores/long-keys/all?limit=1"
+    while url:
+        resp = await client.get(url)
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        keys += [e["key"] for e in body["result"]]
+        url = body["next"] and f"/stores/long-keys/all?limit=1&cursor={quote(body['next'])}"
+    assert keys == sorted(stored)
