@@ -24,6 +24,7 @@ from runtime.deadline import Deadline, within
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable, ResultTooLarge
 from runtime.facade.view import ViewCache
+from runtime.keys import TOP
 from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
 from runtime.monotonic import SEEN, Marks
 from runtime.ownership import OwnershipTable
@@ -32,7 +33,7 @@ from runtime.queries import Page, check_limit
 from runtime.scan import Scan
 from runtime.windows import present
 
-__all__ = ["ScatterGather", "owners_or_unavailable"]
+__all__ = ["ScatterGather", "owners_or_unavailable", "scan_partitions"]
 
 RawEntry = tuple[Any, bytes]
 
@@ -89,9 +90,25 @@ async def _merged(
             await source.aclose()
 
 
-def owners_or_unavailable(table: OwnershipTable) -> dict[str, list[int]]:
-    """Owner uuid -> its partitions, or ``PartitionUnavailable`` if any partition has no owner."""
-    missing = table.unassigned()
+def scan_partitions(table: OwnershipTable, scan: Scan) -> frozenset[int] | None:
+    """The one partition a scan can touch when both its bounds hold the same partition-column value (a
+    composite key's leading column: one key's windows or sessions, a range over the rest of one customer's
+    bookings; or a one-key range); None when it may touch any."""
+    if scan.lo is None or scan.hi is None:
+        return None
+    key, lo, hi = table.spec.key, scan.lo.key, scan.hi.key
+    if key.composite:
+        if not (isinstance(lo, tuple) and isinstance(hi, tuple) and lo and hi) or lo[0] is TOP or lo[0] != hi[0]:
+            return None
+    elif lo != hi or lo is TOP:
+        return None
+    return frozenset({table.partition_of(lo)})
+
+
+def owners_or_unavailable(table: OwnershipTable, only: frozenset[int] | None = None) -> dict[str, list[int]]:
+    """Owner uuid -> its partitions (``only`` those, if given), or ``PartitionUnavailable`` if one of them has
+    no owner."""
+    missing = [p for p in table.unassigned() if only is None or p in only]
     if missing:
         raise PartitionUnavailable(
             f"partitions {missing} of store {table.spec.name} have no owner right now; a partial answer "
@@ -99,7 +116,10 @@ def owners_or_unavailable(table: OwnershipTable) -> dict[str, list[int]]:
             store=table.spec.name,
             partitions=missing,
         )
-    return table.by_owner()
+    owners = table.by_owner()
+    if only is None:
+        return owners
+    return {u: kept for u, ps in owners.items() if (kept := [p for p in ps if p in only])}
 
 
 def _failover_groups(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
@@ -322,7 +342,7 @@ class ScatterGather:
         memory stays flat. At most ``limit`` entries, and no owner is asked for more than that."""
         if scan.is_empty():
             return
-        owners = owners_or_unavailable(table).items()
+        owners = owners_or_unavailable(table, scan_partitions(table, scan)).items()
         sources = [
             self._owner_runs(table, u, p, scan, fmt, max_bytes, limit, page_entries=page_entries) for u, p in owners
         ]
@@ -344,7 +364,8 @@ class ScatterGather:
         if scan.is_empty():
             return
         size = page_size or self.page_size
-        sources = [self._owner_pages(table, u, p, scan, size) for u, p in owners_or_unavailable(table).items()]
+        owners = owners_or_unavailable(table, scan_partitions(table, scan)).items()
+        sources = [self._owner_pages(table, u, p, scan, size) for u, p in owners]
         async for chunk in _merged(merge_pages_async, sources, reverse=scan.reverse):
             yield chunk
 

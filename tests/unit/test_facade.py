@@ -18,9 +18,9 @@ from runtime.errors import (
 from runtime.facade import Facade
 from runtime.facade.scatter import PAGES_AHEAD
 from runtime.ownership import Endpoint, OwnershipTable, PartitionOwners
-from runtime.queries import KeyQuery, PageRequest, RangeQuery
+from runtime.queries import KeyQuery, PageRequest, RangeQuery, WindowQuery
 from runtime.scan import Scan
-from tests.unit.fakes import FakeBus, eventually, kv_spec
+from tests.unit.fakes import FakeBus, eventually, kv_spec, load_windowed, windowed_spec
 
 CUSTOMERS = {"1": "john", "2": "adam", "3": "daniel", "4": "james", "5": "jack", "6": "mathew", "7": "will"}
 
@@ -99,6 +99,46 @@ async def test_a_partition_without_owner_is_503_never_a_partial_answer(facade: F
     key_in_1 = next(k for k in CUSTOMERS if table.partition_of(k) == 1)
     with pytest.raises(PartitionUnavailable):
         await facade.get(KeyQuery("customers", key_in_1))
+
+
+async def test_one_keys_windows_and_a_leading_key_range_ask_only_that_keys_partition(bus: FakeBus) -> None:
+    """A partition column value's windows (or a composite range over one leading value) live in one
+    partition: only its owner is asked, and another partition without an owner is no reason for a 503."""
+    day = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    users = [f"user-{i}" for i in range(16)]
+    bus.create_store(windowed_spec("clicks"))
+    load_windowed(bus, "clicks", [(u, day + dt.timedelta(minutes=m), day + dt.timedelta(minutes=m + 1), m)
+                                  for u in users for m in range(2)])  # fmt: skip
+    bus.create_store(kv_spec("bookings", rest=(("ts", "timestamp"),)))
+    bus.load("bookings", {(u, day + dt.timedelta(days=d)): f"{u}@{d}" for u in users for d in range(2)})
+    core = Facade(bus, timeout=1.0)
+    await core.start()
+    try:
+        for store in ("clicks", "bookings"):
+            table = bus.state.view().tables[store]
+            owners = list(table.partitions)
+            owners[0] = PartitionOwners(None)
+            bus.state.install(OwnershipTable(table.spec, tuple(owners)), [])
+        await core.views.refresh()
+        for owner in bus.owners.values():
+            owner.calls.clear()
+        clicks = bus.state.view().tables["clicks"]
+        alice = next(u for u in users if clicks.partition_of((u,)) != 0)
+        windows = await core.entries(WindowQuery("clicks", alice))
+        assert [(w.key, w.value) for w in windows] == [(alice, 0), (alice, 1)]
+        asked = [u for u, o in bus.owners.items() if "scan" in o.calls]
+        assert asked == [clicks.partitions[clicks.partition_of((alice,))].active]
+        bookings = bus.state.view().tables["bookings"]
+        bob = next(u for u in users if bookings.partition_of((u,)) != 0)
+        booked = await core.entries(RangeQuery("bookings", (bob,), (bob,)))  # a partial upper bound: all of bob
+        assert [v for _, v in booked] == [f"{bob}@0", f"{bob}@1"]
+        lost = next(u for u in users if clicks.partition_of((u,)) == 0)
+        with pytest.raises(PartitionUnavailable):  # its own partition has no owner: still a 503
+            await core.entries(WindowQuery("clicks", lost))
+        with pytest.raises(PartitionUnavailable):  # a range over many keys needs every partition
+            await core.entries(WindowQuery("clicks", key_from=users[0], key_to=users[-1]))
+    finally:
+        await core.stop()
 
 
 async def test_a_down_owner_is_503_and_triggers_a_refresh(facade: Facade, bus: FakeBus) -> None:
