@@ -11,7 +11,13 @@ import pyarrow.compute as pc
 
 from runtime.ownership import OwnershipTable
 
-__all__ = ["PARTITION_COLUMN", "WINDOW_END_COLUMN", "split_by_partition", "slices_for_owners"]
+__all__ = [
+    "PARTITION_COLUMN",
+    "WINDOW_END_COLUMN",
+    "drop_unrepresentable_windows",
+    "split_by_partition",
+    "slices_for_owners",
+]
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +26,41 @@ T = TypeVar("T")  # a slice, or what stands for it (the sink hands over object r
 # Columns the sink adds in Spark; their names cannot clash with a user's column by accident.
 PARTITION_COLUMN = "__riqr_partition"
 WINDOW_END_COLUMN = "__riqr_window_end"
+
+
+# The instants answers are made of: years 1 to 9999 (Python's ``datetime``, and ISO-8601's four digits).
+MIN_MICROS = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
+MAX_MICROS = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+
+
+def drop_unrepresentable_windows(table: pa.Table, start_column: str, store: str = "") -> pa.Table:
+    """``table`` without the windows whose start (``start_column``) or end (``WINDOW_END_COLUMN``) lies
+    outside years 1 to 9999, with a warning naming ``store`` and how many.
+
+    Spark computes a window's bounds as plain numbers: a seven-day window of an event on 9999-12-30 ends
+    in year 10000, a sliding window of an event in year 1 starts in year 0. Such a window stored was one no
+    answer can hold (``OverflowError`` turning it into a datetime): every scan that came to it failed, and
+    paging could never get past it. A batch without one (every usual batch) is returned as it is, after
+    one min/max of each column."""
+    outside = None
+    for name in (start_column, WINDOW_END_COLUMN):
+        if name not in table.column_names:
+            continue
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
+        bounds = pc.min_max(column)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is None or (low >= MIN_MICROS and high <= MAX_MICROS):
+            continue
+        out = pc.fill_null(pc.or_(pc.less(column, MIN_MICROS), pc.greater(column, MAX_MICROS)), False)
+        outside = out if outside is None else pc.or_(outside, out)
+    if outside is None:
+        return table
+    dropped = pc.sum(outside).as_py()
+    log.warning("store %s: dropped %d windows that start or end outside years 1 to 9999", store, dropped,
+                extra={"store": store})  # fmt: skip
+    return table.filter(pc.invert(outside))
 
 
 def split_by_partition(table: pa.Table, partitions: int, store: str = "") -> dict[int, pa.Table]:

@@ -52,7 +52,7 @@ from runtime.catalog import StoreSpec
 from runtime.config import READ_REPLICA_APPLY_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
-from runtime.ingest import slices_for_owners, split_by_partition
+from runtime.ingest import drop_unrepresentable_windows, slices_for_owners, split_by_partition
 from runtime.ownership import ClusterView, OwnershipTable, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
@@ -438,6 +438,8 @@ class BatchDelivery:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``, with ``hold`` (see
         ``hold``); returns rows sent."""
         clock = time.perf_counter()
+        if self.spec.windowed:
+            table = drop_unrepresentable_windows(table, self.spec.key.columns[-1][0], self.spec.name)
         split = split_by_partition(table, self.spec.partitions, self.spec.name)
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}

@@ -70,3 +70,26 @@ def test_every_holder_gets_every_partition_it_holds_even_empty_ones() -> None:
     assert set(out["a"]) == {0, 2} and set(out["b"]) == {0, 1, 3}
     assert out["a"][0] is split[0] and out["b"][0] is split[0]
     assert out["a"][2] is None
+
+
+def test_windows_outside_years_1_to_9999_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A seven-day window of an event on 9999-12-30 ends in year 10000; a sliding window of an event in
+    year 1 starts in year 0. Stored, no answer could hold them (every scan reaching them failed)."""
+    import logging
+
+    from runtime.ingest import MAX_MICROS, MIN_MICROS, WINDOW_END_COLUMN, drop_unrepresentable_windows
+
+    day = 86_400_000_000
+    starts = [0, MAX_MICROS - 2 * day, MIN_MICROS - day, MIN_MICROS, None]
+    ends = [day, MAX_MICROS + 5 * day, MIN_MICROS, MIN_MICROS + day, None]
+    table = pa.table({
+        "user": ["ok", "year-10000-end", "year-0-start", "first-day", "null-window"],
+        "window_start": pa.array(starts, pa.timestamp("us", tz="UTC")),
+        WINDOW_END_COLUMN: pa.array(ends, pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        kept = drop_unrepresentable_windows(table, "window_start", "clicks")
+    assert kept.column("user").to_pylist() == ["ok", "first-day", "null-window"]
+    assert "store clicks: dropped 2 windows that start or end outside years 1 to 9999" in caplog.text
+    usual = table.slice(0, 1)
+    assert drop_unrepresentable_windows(usual, "window_start") is usual  # the usual batch: untouched
