@@ -91,6 +91,13 @@ def _user_parts(spec: StoreSpec, key: Any, *, bound: bool = False) -> list[Any]:
         raise
 
 
+def _one_or_range(spec: StoreSpec, key: Any, key_from: Any, key_to: Any) -> None:
+    """A key, or a key range, not both: a range given beside a key was ignored (REST refuses ``keyFrom``
+    on the one-key route; the Python API now does the same)."""
+    if key is not None and (key_from is not None or key_to is not None):
+        raise InvalidParameter("give a key, or a key range (key_from, key_to), not both", store=spec.name)
+
+
 def window_scan(
     spec: StoreSpec,
     *,
@@ -102,6 +109,7 @@ def window_scan(
     reverse: bool = False,
 ) -> Scan:
     """The scan of windows of one key (``key``) or a key range, whose start lies in [from, to]."""
+    _one_or_range(spec, key, key_from, key_to)
     start_from, start_to = time_bound(time_from, "from"), time_bound(time_to, "to")
     times = TimeFilter(start_from, start_to)
     if key is not None:
@@ -127,6 +135,7 @@ def session_scan(
     """Sessions of one key or a key range; with bounds, those ending at or after ``earliest_end`` and
     starting at or before ``latest_start`` (Kafka's ``findSessions``); ``reverse``: newest first, keys
     descending (Kafka's ``backwardFetch``, ``backwardFindSessions``)."""
+    _one_or_range(spec, key, key_from, key_to)
     end_from, start_to = time_bound(earliest_end, "earliestEnd"), time_bound(latest_start, "latestStart")
     times = None if end_from is None and start_to is None else TimeFilter(None, start_to, end_from)
     if key is not None:

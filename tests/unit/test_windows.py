@@ -93,6 +93,17 @@ async def test_crossed_time_bounds_are_empty_without_reading_a_window(bus: FakeB
     assert not sessions.bind(windowed_spec("order-sessions", kind="session")).is_empty()
 
 
+async def test_a_key_with_a_key_range_is_refused_not_ignored(bus: FakeBus) -> None:
+    core = Facade(bus)
+    for query in (
+        WindowQuery("orders-per-minute", "alice", key_from="b"),
+        WindowQuery("orders-per-minute", "alice", key_to="b"),
+        SessionQuery("order-sessions", "alice", key_from="a", key_to="z"),
+    ):
+        with pytest.raises(InvalidParameter, match="not both"):
+            await core.entries(query)
+
+
 async def test_sessions_of_a_key_a_range_and_find_sessions(bus: FakeBus) -> None:
     core = Facade(bus)
     alice = await core.entries(SessionQuery("order-sessions", "alice"))
