@@ -229,33 +229,60 @@ def test_a_restarting_active_is_promoted_away_from_and_given_its_partitions_back
 def test_a_stream_whose_owner_dies_midway_completes_with_every_key_once(
     runtime_ns: Runtime, store: BatchDelivery
 ) -> None:
-    url = runtime_ns.url
+    from runtime.config import PAGE_BYTES
+
+    url, ns = runtime_ns.url, runtime_ns.namespace
+    # Enough rows that each owner's share is many pages of PAGE_BYTES (one is fetched ahead): most of the
+    # victim's rows can only come from its standbys once it is dead.
+    extra = list(range(1_000, 1_000 + 200_000))
+    store.deliver("q", 1, _batch(1, extra, 1))
+    everyone = sorted([*USERS, *extra])
     victim = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["actor"]
-    request = urllib.request.Request(
-        f"{url}/stores/replicated/all?limit=100000", headers={"Accept": "application/x-ndjson"}
-    )
+    view = raycalls.get(runtime_ns.registry().view.remote(), "view")
+    victims = set(view.tables[SPEC.name].by_owner()[victim])
+    share = sum(1 for u in everyone if partition_of(SPEC.key.type, u, SPEC.partitions) in victims)
+    assert share * 16 > 6 * PAGE_BYTES  # at least 16 bytes a row as a page carries it: six pages or more
+
+    def dead() -> bool:
+        try:
+            ray.get_actor(victim, namespace=ns)
+        except ValueError:
+            return True
+        return False
+
+    request = urllib.request.Request(f"{url}/stores/replicated/all", headers={"Accept": "application/x-ndjson"})
     keys = []
     with urllib.request.urlopen(request, timeout=60) as resp:
         for n, line in enumerate(resp):
             keys.append(json.loads(line)["key"])
             if n == 10:  # the first pages are out: the owner dies while the stream goes on
-                ray.kill(ray.get_actor(victim, namespace=runtime_ns.namespace), no_restart=True)
-    assert keys == list(USERS)
+                ray.kill(ray.get_actor(victim, namespace=ns), no_restart=True)
+                wait_for(dead, what="the victim gone before the stream reads on")
+    assert keys == everyone  # every key once, in order: the victim's later pages came from its standbys
     # Pages with cursors go on too.
     first = http_get(f"{url}/stores/replicated/all?limit=150")[2]
     rest = http_get(f"{url}/stores/replicated/all?limit=1000&cursor={first['next']}")[2]
-    assert [e["key"] for e in first["result"] + rest["result"]] == list(USERS)
+    assert [e["key"] for e in first["result"] + rest["result"]] == everyone[:1150]
 
 
 def test_a_batch_delivered_while_an_owner_restarts_reaches_every_copy(
     runtime_ns: Runtime, store: BatchDelivery, spark: Any
 ) -> None:
+    import os
+    import signal
+
+    from bench.faults import worker_pid
+
     url = runtime_ns.url
     owner = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]
-    ray.kill(ray.get_actor(owner["actor"], namespace=runtime_ns.namespace), no_restart=False)
-    table = pa.table({"user": pa.array([7], pa.int64()), "score": pa.array([777], pa.int64())})
-    partition = http_get(f"{url}/metadata/stores/replicated/key/7")[2]["result"]["partition"]
-    store.deliver("q", 1, table.append_column(PARTITION_COLUMN, pa.array([partition], pa.int32())))
+    handle = ray.get_actor(owner["actor"], namespace=runtime_ns.namespace)
+    killed = worker_pid(handle)
+    os.kill(killed, signal.SIGKILL)  # dead before the batch is sent (ray.kill only asks): Ray restarts it
+    wait_for(lambda: not os.path.exists(f"/proc/{killed}"), what="the owner's process gone")
+    store.deliver("q", 1, _batch(1, [7], 777))
+    assert worker_pid(handle) != killed  # the batch went to the restarted actor
+    copies = _every_copy(runtime_ns, [7])
+    assert len(copies) == 2 and all(values == [777] for values in copies.values()), copies
     assert http_get(f"{url}/stores/replicated/get/7")[2] == {"response": 777}
 
 
