@@ -148,6 +148,10 @@ def orders_under_load(
         stop.set()
         for t in threads:
             t.join(timeout=60)
+    # A load that broke (a writer that could not write, a reader that got no JSON) leaves the fault it was
+    # for unexercised: that fails the test, after the block's own checks had their say.
+    assert ledger.errors == [], ledger.errors[:10]
+    assert not any(t.is_alive() for t in threads), "a load thread did not stop"
 
 
 def wait_for_every_order_counted(url: str, ledger: Ledger) -> None:
@@ -203,6 +207,29 @@ def session_triples(body: Any) -> list[tuple[str, str, int]]:
     return [(x["window"]["start"], x["window"]["end"], x["value"]) for x in body["result"]]
 
 
+class GrowingReads:
+    """Judges one reader's answers (one thread, through one REST node, so reads are monotonic) for keys
+    whose value grows with every batch that writes them: right is a 503, or a value that was written
+    (``history``) and is not older than one this reader saw already. A value merely ever written was
+    accepted before, which let an older answer after a failover or a give-back pass."""
+
+    def __init__(self, history: dict[int, set[int]]) -> None:
+        self.history = history
+        self.seen: dict[int, int] = {}
+
+    def judge(self, key: int, status: int, body: Any) -> str | None:
+        """None when the answer is right, else what was wrong with it."""
+        if status == 503:
+            return None
+        value = body.get("response") if status == 200 and isinstance(body, dict) else None
+        if value not in self.history[key]:
+            return f"{key}: {status} {body}"
+        if value < self.seen.get(key, value):
+            return f"{key}: {value} after {self.seen[key]}: back in time"
+        self.seen[key] = value
+        return None
+
+
 class SessionReader:
     """Reads a session store's answers for ``keys`` over REST in a loop, keeping every answer that is neither
     the expected one nor a 503: a rebuild must never show a store missing sessions it had."""
@@ -213,19 +240,32 @@ class SessionReader:
         self.url, self.store, self.expected, self.pause = url, store, expected, pause
         self.wrong: list[tuple[str, int, Any]] = []
         self.answers = {200: 0, 503: 0}
+        self.errors: list[str] = []  # what broke a read (no answer, a body that is no JSON): checked at exit
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stop.is_set():
             for key, sessions in self.expected.items():
-                status, _, body = http_get(f"{self.url}/stores/{self.store}/sessions/{key}")
-                got = session_triples(body) if status == 200 else None
+                try:
+                    status, _, body = http_get(f"{self.url}/stores/{self.store}/sessions/{key}")
+                except Exception as err:  # recorded, and the reader reads on: a silent stop hid every fault
+                    self.errors.append(f"{key}: {type(err).__name__}: {err}"[:300])
+                    continue
+                try:
+                    got = session_triples(body) if status == 200 else None
+                except (KeyError, TypeError) as err:
+                    got = f"a 200 that is no list of sessions: {err!r}"
                 if status in self.answers:
                     self.answers[status] += 1
                 if status != 503 and got != sessions:
                     self.wrong.append((key, status, got if status == 200 else body))
             self.stop.wait(self.pause)
+
+    def more(self, answers: int, what: str) -> None:
+        """Wait until the reader got ``answers`` more 200s than it had (what was served goes on being served)."""
+        had = self.answers[200]
+        wait_for(lambda: self.answers[200] >= had + answers, what=what)
 
     def __enter__(self) -> SessionReader:
         self.thread.start()
@@ -234,3 +274,6 @@ class SessionReader:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(10)
+        if exc[0] is None:  # the block's own failure, if any, is the one to see
+            assert not self.thread.is_alive(), "the session reader did not stop"
+            assert self.errors == [], self.errors[:10]

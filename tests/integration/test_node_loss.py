@@ -27,7 +27,7 @@ from runtime.ingest import PARTITION_COLUMN
 from runtime.keys import KeySchema
 from runtime.scan import Scan
 from tests.integration.conftest import SLOW_DEAD_LETTERS, RayCluster, deploy_runtime
-from tests.integration.helpers import Load, http_get, wait_for
+from tests.integration.helpers import GrowingReads, Load, http_get, wait_for
 from topologies.delivery import BatchDelivery
 
 pytestmark = pytest.mark.integration
@@ -76,6 +76,7 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
 
         delivery = BatchDelivery(SPEC, runtime.namespace, checkpoint="unused")
         history: dict[int, set[int]] = {u: {u * 10} for u in USERS}
+        judged = GrowingReads(history)  # one reader thread (Load), through one REST node
         latest = {u: u * 10 for u in USERS}
 
         def batch(batch_id: int, users: list[int]) -> pa.Table:
@@ -116,8 +117,7 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
             started = time.monotonic()
             status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/{u}")
             reads.append((started, time.monotonic(), status, u in lost_set))
-            right = status == 503 or status == 200 and body["response"] in history[u]
-            return None if right else f"{u}: {status} {body}"
+            return judged.judge(u, status, body)
 
         with Load() as load:
             load.every(write)
@@ -159,8 +159,11 @@ def test_a_lost_nodes_copies_are_re_created_elsewhere_and_rebuilt_while_reads_an
             f"restored after {restored_in:.2f}s; {len(after)} reads after the removal, "
             f"{sum(1 for r in after if r[2] != 200)} not 200 ({len(failed_late)} later than 2 s)"
         )
-        assert first_lost_ok <= 2.0
-        assert failed_late == []
+        # How soon is bench/faults.py's to measure (no timed assert on a shared machine): here, that the lost
+        # keys were answered again, and that once the copies are back every read is answered.
+        assert first_lost_ok != float("inf"), "no key of the lost node was answered after the removal"
+        settled = reads[seen:]
+        assert settled and [r for r in settled if r[2] != 200] == [], settled[:10]
 
         # Every copy agrees and is complete: the re-created one holds what its peers hold.
         final = raycalls.get(registry.view.remote(), "view")
@@ -304,6 +307,7 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
 
         delivery = BatchDelivery(SPEC, namespace, checkpoint="unused")
         history: dict[int, set[int]] = {u: {u} for u in USERS}
+        judged = GrowingReads(history)  # one reader thread (Load), through one REST node
         latest = {u: u for u in USERS}
 
         def batch(users: list[int]) -> pa.Table:
@@ -346,8 +350,7 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
         def read() -> str | None:
             u = choices.choice(USERS)
             status, _, body = http_get(f"{url}/stores/{SPEC.name}/get/{u}")
-            right = status == 503 or status == 200 and body["response"] in history[u]
-            return None if right else f"{u}: {status} {body}"
+            return judged.judge(u, status, body)
 
         def registry_view() -> Any:
             return raycalls.get(runtime.registry().view.remote(), "view", timeout=10)

@@ -55,6 +55,10 @@ def _batch(score: int) -> pa.Table:
     )
 
 
+class IngestFailed(Exception):
+    """A delivery that raised: ends a ``wait_for`` at once (``fatal``), instead of counting as "not yet"."""
+
+
 class Feed:
     """The sink's delivery path with a batch counter: ``next()`` delivers the next batch and returns it."""
 
@@ -64,7 +68,10 @@ class Feed:
 
     def next(self) -> int:
         batch = self.last + 1
-        self.delivery.deliver("q", batch, _batch(batch))
+        try:
+            self.delivery.deliver("q", batch, _batch(batch))
+        except Exception as err:  # ingest must never fail here, whatever a replica does
+            raise IngestFailed(f"batch {batch}: {type(err).__name__}: {err}") from err
         self.last = batch
         return batch
 
@@ -105,7 +112,8 @@ def feed(runtime_ns: Runtime, ray_cluster: RayCluster) -> Iterator[Feed]:
         feed.next()  # a replica answers once a batch reached it through the sink
         return all(_answering(ray_cluster, runtime_ns.namespace, n) for n in runtime_ns.endpoints)
 
-    wait_for(every_node_answers_locally, what="a read replica answering on every node", interval=0.2)
+    wait_for(every_node_answers_locally, what="a read replica answering on every node", interval=0.2,
+             fatal=(IngestFailed,))  # fmt: skip
     yield feed
     raycalls.get(registry.drop_store.remote(SPEC.name), "drop_store")
 
@@ -171,7 +179,8 @@ def test_an_http_verticle_killed_under_reads_and_batches_gets_a_new_replica_and_
             found = _replicas(ray_cluster, runtime_ns.namespace, node_b)
             return _answering(ray_cluster, runtime_ns.namespace, node_b) and [r["uuid"] for r in found] != old
 
-        wait_for(b_answers_from_a_new_replica, what="node B's new read replica answering", interval=0.2)
+        wait_for(b_answers_from_a_new_replica, what="node B's new read replica answering", interval=0.2,
+                 fatal=(IngestFailed,))  # fmt: skip
         for _ in range(5):
             acknowledged[0] = feed.next()
     wrong = load.wrong

@@ -8,7 +8,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,7 +197,7 @@ def test_a_session_store_rebuilt_from_a_fresh_checkpoint_never_shows_fewer_sessi
         query = start(second)  # a new checkpoint: its batch 0 resets every partition
         try:
             wait_for(rebuilt, what="the sessions again after the new checkpoint's batch 1")
-            time.sleep(0.5)  # and they stay
+            reader.more(2 * len(expected), "reads after the rebuild")  # and they stay
         finally:
             query.stop()
     assert reader.wrong == []
@@ -215,7 +214,7 @@ def test_a_session_store_rebuilt_from_a_fresh_checkpoint_never_shows_fewer_sessi
         try:
             assert list(tmp_path.glob("cp-2.superseded-*"))
             wait_for(rebuilt, what="the sessions again after the rebuild's batch 1")
-            time.sleep(0.5)
+            reader.more(2 * len(expected), "reads after the rebuild")
         finally:
             query.stop()
     assert reader.wrong == []
