@@ -361,7 +361,8 @@ class Registry:
         started = self._env.start_query_actors([(spec, members) for spec, _, members in planned])
         for (spec, table, _), actors in zip(planned, started):
             self.state.install(table, actors)
-            log.info("created store %s: %d partitions on %d actors", spec.name, spec.partitions, len(actors),
+            log.info("created store %s: %d partitions on %d actors, %d standby copies each, %d nodes alive",
+                     spec.name, spec.partitions, len(actors), spec.standbys or 0, len(nodes),
                      extra={"store": spec.name})  # fmt: skip
         return self.state.view()
 
