@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "RiqrError",
     "CannotListen",
+    "DeploymentConflict",
     "BadRequest",
     "MalformedKey",
     "MalformedRange",
@@ -196,6 +197,13 @@ class StoreInUse(Conflict):
     while another one feeds it (one store, one feed: ``runtime.feeds.FeedBook.refusal``)."""
 
     code = "store-in-use"
+
+
+class DeploymentConflict(Conflict):
+    """``riqr up`` asked to start verticles on new nodes with other settings (auth, binding) than the running
+    ones keep: the nodes of one deployment would differ."""
+
+    code = "deployment-conflict"
 
 
 class SchemaError(BadRequest):

@@ -39,7 +39,7 @@ from runtime.config import (
     riqr_data,
 )
 from runtime.deadline import Deadline
-from runtime.errors import CannotListen, DeadlineExceeded, OwnerUnavailable
+from runtime.errors import CannotListen, DeadlineExceeded, DeploymentConflict, OwnerUnavailable
 from runtime.membership import UndecodableRecord
 from runtime.metrics import Metrics
 from runtime.orphans import ACTOR_NAME
@@ -554,10 +554,12 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     resumed = registry.resume.remote()
     env = RayEnv(ns)
     asked = http_settings(config.http_host, config.http_port, config.advertise_host, config.auth)
+    targets = list(nodes if nodes is not None else alive_nodes())
+    _refuse_other_settings_for_new_nodes(ns, targets, asked)
     # Every node's verticles are created first and waited for together: each is a new worker process
     # (seconds to start and import), so the nodes start side by side rather than one after the other.
     starting = []
-    for node_id in nodes if nodes is not None else alive_nodes():
+    for node_id in targets:
         bus = RayBus(ns, config.request_timeout)
         facade = (
             _remote(FacadeVerticle)
@@ -607,6 +609,34 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
         said = "; ".join(f"{why} (node {', '.join(nodes)})" for why, nodes in unbound.items())
         raise CannotListen(f"{said}: free it, or choose another --host or --port")
     return Deployment(ns, tuple(endpoints))
+
+
+def _refuse_other_settings_for_new_nodes(namespace: str, targets: Sequence[str], asked: Mapping[str, Any]) -> None:
+    """``DeploymentConflict``, before anything is created, when ``up`` would start HTTP verticles on nodes
+    that have none (nodes that joined since the first ``up``, or came back with a new id) with settings
+    that differ from those the running verticles keep: without it, a second ``up`` from a shell without the
+    first one's ``--host``, ``RIQR_JWT_SECRET_FILE`` or with ``--no-auth`` left new nodes on loopback, on
+    another key, or without auth, beside nodes that check tokens."""
+    prefix = http_name("")
+    named = set(_named_in(namespace))
+    new = [n for n in targets if http_name(n) not in named]
+    if not new:
+        return
+    for name in sorted(n for n in named if n.startswith(prefix)):
+        try:
+            verticle = ray.get_actor(name, namespace=namespace)
+            where = raycalls.get(verticle.start.remote(), "asking a REST API its settings", timeout=_CALL_TIMEOUT)
+        except (ValueError, OwnerUnavailable, DeadlineExceeded, CannotListen):
+            continue  # gone meanwhile, its node gone or slow, or it cannot bind: ask another
+        running = where.get("settings") or {}
+        differs = kept_settings(running, asked) if running else ()
+        if differs:
+            raise DeploymentConflict(
+                f"the running REST API keeps its settings ({'; '.join(differs)}), and {len(new)} node(s) without "
+                "one would get these instead: run riqr up with the settings it first ran with (or riqr down "
+                "first, which deletes the stores' data)"
+            )
+        return
 
 
 def kept_settings(running: Mapping[str, Any], asked: Mapping[str, Any]) -> tuple[str, ...]:

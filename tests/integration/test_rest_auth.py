@@ -156,3 +156,34 @@ def test_a_cursor_from_one_node_pages_on_the_other(seeded) -> None:  # type: ign
     status, _, rest = http_get(f"{second}/stores/customer-v1-changelog/all?limit=10&cursor={page['next']}")
     assert status == 200, rest
     assert [e["key"] for e in page["result"] + rest["result"]] == list("1234567")
+
+
+def test_riqr_up_for_a_node_without_a_rest_api_refuses_settings_the_running_ones_do_not_keep(
+    ray_cluster: RayCluster,
+) -> None:
+    """A node that joined after the first `up` gets its verticles from the next one: with other settings
+    (here auth off, the first up's on), they would serve beside nodes that check tokens. Refused before
+    anything is created; with the first settings, the node joins."""
+    import dataclasses
+
+    from runtime.auth import AuthConfig, generate_secret
+    from runtime.config import RuntimeConfig
+    from runtime.errors import DeploymentConflict
+    from verticles import deploy
+    from verticles.http import http_name
+
+    namespace = f"riqr-join-{uuid.uuid4().hex[:8]}"
+    first, joined = ray_cluster.node_ids[:2]
+    config = RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1",
+                           auth=AuthConfig(enabled=True, secret=generate_secret()))  # fmt: skip
+    try:
+        assert len(deploy.up(config, nodes=[first]).endpoints) == 1
+        with pytest.raises(DeploymentConflict, match=r"REST auth on \(asked: off\).*1 node\(s\) without one"):
+            deploy.up(dataclasses.replace(config, auth=None), nodes=[first, joined])
+        assert http_name(joined) not in deploy._named_in(namespace)  # nothing was created for it
+        done = deploy.up(config, nodes=[first, joined])
+        assert len(done.endpoints) == 2 and all(ep.kept == () and ep.auth != "off" for ep in done.endpoints)
+        for ep in done.endpoints:
+            assert http_get(f"http://{ep.host}:{ep.port}/stores")[0] == 401  # both check tokens
+    finally:
+        deploy.down(namespace)
