@@ -81,6 +81,8 @@ def test_timestamps_parse_iso_8601_into_epoch_micros_and_show_as_datetimes() -> 
     assert TIMESTAMP.canonical_bytes(micros) == str(micros).encode()
     assert TIMESTAMP.parse("1969-12-31T23:59:59.999999Z") == -1
     assert TIMESTAMP.parse("2026-01-31T11:00:00 01:00") == micros  # '+01:00' after query-string decoding
+    assert TIMESTAMP.parse("2026-01-31T11:00:00 0100") == micros  # '+0100', the basic form, likewise
+    assert TIMESTAMP.parse("2026-01-31T11:00:00+0100") == micros
     with pytest.raises(MalformedKey, match="ISO-8601"):
         TIMESTAMP.parse("yesterday")
     with pytest.raises(MalformedKey):
