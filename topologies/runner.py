@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 import time
@@ -155,6 +156,13 @@ def run_topology(
         dead_letter_trigger=args.dead_letter_trigger,
     )
 
+    # A Ray job runs in the environment Ray was started with, not the submitting shell's: a RIQR_HOME set
+    # there never reaches it. Said at start, so a home other than the one ``riqr produce`` writes shows.
+    home = riqr_home(args.home)
+    whence = "--home" if args.home else "$RIQR_HOME" if os.environ.get("RIQR_HOME") else "the default"
+    log.info("home %s (from %s): landing directories under %s, checkpoints under %s", home, whence,
+             home / "data", home / "checkpoints")  # fmt: skip
+
     import ray
 
     from topologies.spark import shared_archive_options, spark_session
@@ -162,13 +170,14 @@ def run_topology(
     try:
         ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
     except ConnectionError as err:  # no Ray cluster there: said plainly, no traceback
-        log.error("not started: cannot reach the Ray cluster (%s); start one (riqr up) or give --address", err)
+        log.error("not started: cannot reach the Ray cluster (%s); start one (`ray start --head`, then "
+                  "`riqr up`) or give --address", err)  # fmt: skip
         return 1
     java_options = () if args.no_class_archive else shared_archive_options()
     spark = spark_session(args.master, app_name=parser.prog, java_options=java_options)
     try:
         try:
-            queries = start(spark, riqr_home(args.home), args.topology, **(extra(args) if extra else {}))
+            queries = start(spark, home, args.topology, **(extra(args) if extra else {}))
         except StoreInUse as err:  # another topology feeds one of its stores: said plainly, no traceback
             log.error("not started: %s", err, extra={"store": err.details.get("store")})
             feeder.finish_all()  # the stores it had started feeding, if any, stop with it

@@ -39,3 +39,23 @@ def test_cluster_yaml_starts_every_node_with_rays_token_auth() -> None:
         start = next(c for c in config[key] if "ray start" in c)
         assert "export RAY_AUTH_MODE=token" in start, start
         assert start.index("RAY_AUTH_MODE=token") < start.index("ray start"), start
+
+
+def test_cluster_yaml_makes_the_token_the_ssh_users_alone_on_every_node() -> None:
+    """Ray writes ~/.ray/auth_token with the umask's mode and the mount keeps it: anyone who reads the token
+    submits jobs. The setup (after the file mount) makes it 600, and never fails for its sake."""
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    setup = config["setup_commands"]
+    chmod = next(c for c in setup if "chmod" in c)
+    assert "chmod 700 ~/.ray" in chmod and "chmod 600 ~/.ray/auth_token" in chmod, chmod
+    assert chmod.rstrip().endswith("|| true"), chmod  # a missing file must not stop the node's setup
+    assert setup.index(chmod) < next(i for i, c in enumerate(setup) if "scripts/setup" in c)
+
+
+def test_cluster_yaml_starts_ray_even_where_the_open_files_limit_is_lower() -> None:
+    """`ulimit -n 65536 && ray start` never starts Ray where the hard limit is lower."""
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = next(c for c in config[key] if "ray start" in c)
+        assert "ulimit -n 65536 &&" not in start, start
+        assert '{ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true; } && ray start' in start, start

@@ -127,15 +127,25 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
 
     old, other, delivery = FakeQuery("riqr-ns-order-count"), FakeQuery("riqr-ns-customers"), FakeDelivery("order-count")
     started: list[FakeQuery] = []
-    asked = threading.Event()
+    stop = threading.Event()
+    polled_new: list[bool] = []
+
+    class NewQuery(FakeQuery):
+        """The query started again: its first poll by ``supervise`` (the topology ran on) asks it to stop."""
+
+        @property
+        def isActive(self) -> bool:  # noqa: N802 (Spark's name)
+            if not stop.is_set():
+                polled_new.append(True)
+                stop.set()
+            return super().isActive
 
     def again(**extra: object) -> FakeQuery:  # materialize with the same arguments, as the sink registers it
         # ...told it rebuilds: an empty checkpoint then is one a failed start set aside, not a new store's
         assert extra == {"_rebuilding": True, "_owners": frozenset({"actor-1"})}  # the store it declared
-        new = FakeQuery("riqr-ns-order-count")
+        new = NewQuery("riqr-ns-order-count")
         started.append(new)
         delivery.unheld = []  # the new query's delivery (the same object here) has not seen a gap
-        asked.set()
         return new
 
     running["riqr-ns-order-count"] = (delivery, again)
@@ -145,12 +155,14 @@ def test_a_store_left_with_partitions_no_copy_serves_is_rebuilt_in_place_and_the
     old_stop = old.stop
     old.stop = lambda: (delivery.report(state="running", batch_id=8), old_stop())  # type: ignore[method-assign]
     queries = [old, other]
-    stop = threading.Event()
-    stopper = threading.Thread(target=lambda: (asked.wait(5), time.sleep(0.05), stop.set()))
-    stopper.start()
-    with caplog.at_level(logging.WARNING):
-        assert supervise(queries, poll=0.001, stop=stop) == 0  # the topology ran on, then was asked to stop
-    stopper.join()
+    hang_guard = threading.Timer(30, stop.set)  # only if the new query is never polled (the test then fails)
+    hang_guard.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert supervise(queries, poll=0.001, stop=stop) == 0  # the topology ran on, then was asked to stop
+    finally:
+        hang_guard.cancel()
+    assert polled_new == [True]  # the stop came from a poll of the new query, not the hang guard
     assert len(started) == 1 and old.stopped and queries[0] is started[0]  # in the old one's place
     assert started[0].stopped and other.stopped  # the stop at the end reached the new query
     assert delivery.feeder.attached == [("order-count", None)]  # no "stopped" beat while it starts again
@@ -398,7 +410,10 @@ def test_looks_go_only_to_the_stores_a_supervise_asks_about(
     sink._ASKED.update({"asked": now, "broken": now, "retired": now, "forgotten": now - 60})
     import ray
 
-    sink._look_at_all()  # Ray not initialized (shut down, or never started): no look at all
+    # Ray not initialized (shut down, or never started; run after the integration tests, this process may
+    # still be connected): no look at all.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    sink._look_at_all()
     assert looked == []
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # the looks themselves are faked here
     sink._look_at_all()
@@ -836,3 +851,37 @@ def test_a_topology_that_cannot_reach_ray_says_so_and_exits_1(
     with caplog.at_level(logging.ERROR):
         assert run_topology(argparse.ArgumentParser(prog="t"), ["--log-format", "kv"], lambda *a: started) == 1
     assert not started and "not started: cannot reach the Ray cluster" in caplog.text
+    assert "`ray start --head`, then `riqr up`" in caplog.text  # what starts a cluster: `riqr up` does not
+
+
+@pytest.mark.parametrize("given", ["--home", "$RIQR_HOME", "the default"])
+def test_a_topology_says_at_start_which_home_it_reads(
+    given: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A Ray job runs in the environment Ray started with, not the submitting shell's: the home it reads
+    (and where from) is logged before anything else can fail, so a RIQR_HOME that never reached it shows."""
+    import argparse
+
+    import ray
+
+    from topologies.runner import run_topology
+
+    def no_cluster(**_: object) -> None:
+        raise ConnectionError("no cluster in a unit test")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.delenv("RIQR_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = ["--log-level", "info", "--log-format", "kv"]
+    home = tmp_path / ".riqr"
+    if given == "--home":
+        home = tmp_path / "given"
+        argv += ["--home", str(home)]
+    elif given == "$RIQR_HOME":
+        home = tmp_path / "from-env"
+        monkeypatch.setenv("RIQR_HOME", str(home))
+    with caplog.at_level(logging.INFO):
+        assert run_topology(argparse.ArgumentParser(prog="t"), argv, lambda *a: []) == 1
+    home = home.resolve() if given != "the default" else home
+    assert f"home {home} (from {given}): landing directories under {home / 'data'}, " in caplog.text
+    assert f"checkpoints under {home / 'checkpoints'}" in caplog.text
