@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from runtime.catalog import StoreSpec
 from runtime.ownership import OwnershipTable
 
 __all__ = [
     "PARTITION_COLUMN",
     "WINDOW_END_COLUMN",
-    "drop_unrepresentable_windows",
+    "drop_unrepresentable_times",
+    "time_columns",
     "split_by_partition",
     "slices_for_owners",
 ]
@@ -33,17 +35,18 @@ MIN_MICROS = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
 MAX_MICROS = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 
 
-def drop_unrepresentable_windows(table: pa.Table, start_column: str, store: str = "") -> pa.Table:
-    """``table`` without the windows whose start (``start_column``) or end (``WINDOW_END_COLUMN``) lies
-    outside years 1 to 9999, with a warning naming ``store`` and how many.
+def drop_unrepresentable_times(table: pa.Table, columns: Sequence[str], store: str = "") -> pa.Table:
+    """``table`` without the rows whose timestamp key ``columns`` (a window's end among them) lie outside
+    years 1 to 9999, with a warning naming ``store`` and how many.
 
-    Spark computes a window's bounds as plain numbers: a seven-day window of an event on 9999-12-30 ends
-    in year 10000, a sliding window of an event in year 1 starts in year 0. Such a window stored was one no
-    answer can hold (``OverflowError`` turning it into a datetime): every scan that came to it failed, and
-    paging could never get past it. A batch without one (every usual batch) is returned as it is, after
-    one min/max of each column."""
+    Spark holds a timestamp as a plain number and computes window bounds as numbers: a seven-day window of
+    an event on 9999-12-30 ends in year 10000, a sliding window of an event in year 1 starts in year 0,
+    and milliseconds read as seconds land in year 55000. Such a key stored was one no answer can hold
+    (``OverflowError`` turning it into a datetime): every scan that came to it failed, and paging could
+    never get past it. A batch without one (every usual batch) is returned as it is, after one min/max
+    of each column."""
     outside = None
-    for name in (start_column, WINDOW_END_COLUMN):
+    for name in columns:
         if name not in table.column_names:
             continue
         column = table.column(name)
@@ -58,9 +61,16 @@ def drop_unrepresentable_windows(table: pa.Table, start_column: str, store: str 
     if outside is None:
         return table
     dropped = pc.sum(outside).as_py()
-    log.warning("store %s: dropped %d windows that start or end outside years 1 to 9999", store, dropped,
-                extra={"store": store})  # fmt: skip
+    log.warning("store %s: dropped %d rows whose timestamp key or window lies outside years 1 to 9999", store,
+                dropped, extra={"store": store})  # fmt: skip
     return table.filter(pc.invert(outside))
+
+
+def time_columns(spec: StoreSpec) -> list[str]:
+    """The columns of ``spec``'s rows ``drop_unrepresentable_times`` checks: its timestamp key columns, and
+    a windowed store's window end."""
+    columns = [name for name, key_type in spec.key.columns if key_type.kind == "timestamp"]
+    return columns + [WINDOW_END_COLUMN] if spec.windowed else columns
 
 
 def split_by_partition(table: pa.Table, partitions: int, store: str = "") -> dict[int, pa.Table]:

@@ -136,9 +136,9 @@ class KeyType:
             # "+01:00" in a query string arrives as " 01:00" ('+' means space there); a space is
             # never valid in that position, so read it as the '+' the caller meant.
             text = text[:-6] + "+" + text[-5:]
-        elif len(text) > 5 and text[-5] == " " and text[-4:].isdigit() and "T" in text:
-            # The same for ISO-8601's basic offset, "+0100" (after a time: a space before four digits
-            # in a date alone would be no timestamp either way).
+        elif len(text) > 5 and text[-5] == " " and text[-4:].isdigit() and ":" in text[:-5]:
+            # The same for ISO-8601's basic offset, "+0100", after a time ("2026-01-31 0100", a date and
+            # a basic time, is left as it is).
             text = text[:-5] + "+" + text[-4:]
         try:
             parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)

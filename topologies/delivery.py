@@ -52,7 +52,7 @@ from runtime.catalog import StoreSpec
 from runtime.config import READ_REPLICA_APPLY_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
 from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
-from runtime.ingest import drop_unrepresentable_windows, slices_for_owners, split_by_partition
+from runtime.ingest import drop_unrepresentable_times, slices_for_owners, split_by_partition, time_columns
 from runtime.ownership import ClusterView, OwnershipTable, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
@@ -115,6 +115,7 @@ class BatchDelivery:
         feeder: Feeder | None = None,
     ) -> None:
         self.spec = spec
+        self._times = time_columns(spec)  # the timestamp columns a batch's rows are checked on (the sink)
         self.namespace = namespace
         self.checkpoint = checkpoint
         self.delivery_timeout = delivery_timeout
@@ -438,8 +439,8 @@ class BatchDelivery:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``, with ``hold`` (see
         ``hold``); returns rows sent."""
         clock = time.perf_counter()
-        if self.spec.windowed:
-            table = drop_unrepresentable_windows(table, self.spec.key.columns[-1][0], self.spec.name)
+        if self._times:
+            table = drop_unrepresentable_times(table, self._times, self.spec.name)
         split = split_by_partition(table, self.spec.partitions, self.spec.name)
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}

@@ -178,6 +178,7 @@ def watch(spark: Any, query: Any, store: str, checkpoint: str, feeder: Any) -> i
     told now. Returns it."""
     query_id = str(query.id)
     count = LateCount(local_path(checkpoint) / LATE_ROWS_FILE, query_id)
+    total = count.total
+    feeder.late_rows(store, total)  # first: a progress event counted once it is watched tells a later total
     _listener(spark).watch(query_id, _Watched(store, count, feeder))
-    feeder.late_rows(store, count.total)
-    return count.total
+    return total

@@ -613,10 +613,10 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
 
 def _refuse_other_settings_for_new_nodes(namespace: str, targets: Sequence[str], asked: Mapping[str, Any]) -> None:
     """``DeploymentConflict``, before anything is created, when ``up`` would start HTTP verticles on nodes
-    that have none (nodes that joined since the first ``up``, or came back with a new id) with settings
-    that differ from those the running verticles keep: without it, a second ``up`` from a shell without the
-    first one's ``--host``, ``RIQR_JWT_SECRET_FILE`` or with ``--no-auth`` left new nodes on loopback, on
-    another key, or without auth, beside nodes that check tokens."""
+    that have none (nodes that joined since the first ``up``, or came back with a new id) with other auth
+    than the running verticles keep: without it, a second ``up`` from a shell without the first one's
+    ``RIQR_JWT_SECRET_FILE``, or with ``--no-auth``, left new nodes on another key or without auth beside
+    nodes that check tokens."""
     prefix = http_name("")
     named = set(_named_in(namespace))
     new = [n for n in targets if http_name(n) not in named]
@@ -629,12 +629,14 @@ def _refuse_other_settings_for_new_nodes(namespace: str, targets: Sequence[str],
         except (ValueError, OwnerUnavailable, DeadlineExceeded, CannotListen):
             continue  # gone meanwhile, its node gone or slow, or it cannot bind: ask another
         running = where.get("settings") or {}
-        differs = kept_settings(running, asked) if running else ()
-        if differs:
+        # Auth only: a port or host that differs is what the bind error advises ("choose another --port")
+        # for a node whose address was taken, and is said as kept settings afterwards.
+        if running and running.get("auth", "off") != asked["auth"]:
+            differs = [k for k in kept_settings(running, asked) if k.startswith("REST auth")]
             raise DeploymentConflict(
-                f"the running REST API keeps its settings ({'; '.join(differs)}), and {len(new)} node(s) without "
-                "one would get these instead: run riqr up with the settings it first ran with (or riqr down "
-                "first, which deletes the stores' data)"
+                f"the running REST API keeps its auth ({'; '.join(differs)}), and {len(new)} node(s) without one "
+                "would get this instead: run riqr up with the auth settings it first ran with (RIQR_JWT_*, "
+                "RIQR_AUTH, --no-auth), or riqr down first, which deletes the stores' data"
             )
         return
 

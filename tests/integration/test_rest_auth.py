@@ -161,9 +161,9 @@ def test_a_cursor_from_one_node_pages_on_the_other(seeded) -> None:  # type: ign
 def test_riqr_up_for_a_node_without_a_rest_api_refuses_settings_the_running_ones_do_not_keep(
     ray_cluster: RayCluster,
 ) -> None:
-    """A node that joined after the first `up` gets its verticles from the next one: with other settings
-    (here auth off, the first up's on), they would serve beside nodes that check tokens. Refused before
-    anything is created; with the first settings, the node joins."""
+    """A node that joined after the first `up` gets its verticles from the next one: with other auth (here
+    off, the first up's on), they would serve beside nodes that check tokens. Refused before anything is
+    created; with the first settings, the node joins."""
     import dataclasses
 
     from runtime.auth import AuthConfig, generate_secret

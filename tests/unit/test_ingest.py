@@ -72,12 +72,15 @@ def test_every_holder_gets_every_partition_it_holds_even_empty_ones() -> None:
     assert out["a"][2] is None
 
 
-def test_windows_outside_years_1_to_9999_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_timestamp_keys_and_windows_outside_years_1_to_9999_are_dropped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A seven-day window of an event on 9999-12-30 ends in year 10000; a sliding window of an event in
     year 1 starts in year 0. Stored, no answer could hold them (every scan reaching them failed)."""
     import logging
 
-    from runtime.ingest import MAX_MICROS, MIN_MICROS, WINDOW_END_COLUMN, drop_unrepresentable_windows
+    from runtime.ingest import MAX_MICROS, MIN_MICROS, WINDOW_END_COLUMN, drop_unrepresentable_times, time_columns
+    from tests.unit.fakes import windowed_spec
 
     day = 86_400_000_000
     starts = [0, MAX_MICROS - 2 * day, MIN_MICROS - day, MIN_MICROS, None]
@@ -87,9 +90,23 @@ def test_windows_outside_years_1_to_9999_are_dropped_with_a_warning(caplog: pyte
         "window_start": pa.array(starts, pa.timestamp("us", tz="UTC")),
         WINDOW_END_COLUMN: pa.array(ends, pa.timestamp("us", tz="UTC")),
     })  # fmt: skip
+    columns = time_columns(windowed_spec("clicks"))
+    assert columns == ["window_start", WINDOW_END_COLUMN]
     with caplog.at_level(logging.WARNING):
-        kept = drop_unrepresentable_windows(table, "window_start", "clicks")
+        kept = drop_unrepresentable_times(table, columns, "clicks")
     assert kept.column("user").to_pylist() == ["ok", "first-day", "null-window"]
-    assert "store clicks: dropped 2 windows that start or end outside years 1 to 9999" in caplog.text
+    assert "store clicks: dropped 2 rows whose timestamp key or window lies outside years 1 to 9999" in caplog.text
     usual = table.slice(0, 1)
-    assert drop_unrepresentable_windows(usual, "window_start") is usual  # the usual batch: untouched
+    assert drop_unrepresentable_times(usual, columns) is usual  # the usual batch: untouched
+    # A key-value store keyed by (customer, ts): milliseconds read as seconds land in year 55000.
+    bookings = kv_spec("bookings", rest=(("ts", "timestamp"),))
+    assert time_columns(bookings) == ["ts"] and time_columns(kv_spec("s")) == []
+    rows = pa.table({"key": ["a", "b"], "ts": pa.array([0, 1_700_000_000_000 * 1_000_000], pa.int64())})
+    assert drop_unrepresentable_times(rows, time_columns(bookings)).column("key").to_pylist() == ["a"]
+
+
+def test_the_sink_checks_the_timestamp_columns_of_every_batch_it_delivers() -> None:
+    from topologies.delivery import BatchDelivery
+
+    delivery = BatchDelivery(kv_spec("bookings", rest=(("ts", "timestamp"),)), "ns", "unused", feeder=object())  # type: ignore[arg-type]
+    assert delivery._times == ["ts"]

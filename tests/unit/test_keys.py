@@ -83,6 +83,7 @@ def test_timestamps_parse_iso_8601_into_epoch_micros_and_show_as_datetimes() -> 
     assert TIMESTAMP.parse("2026-01-31T11:00:00 01:00") == micros  # '+01:00' after query-string decoding
     assert TIMESTAMP.parse("2026-01-31T11:00:00 0100") == micros  # '+0100', the basic form, likewise
     assert TIMESTAMP.parse("2026-01-31T11:00:00+0100") == micros
+    assert TIMESTAMP.parse("2026-01-31 11:00:00 0100") == micros  # a space for the T too
     with pytest.raises(MalformedKey, match="ISO-8601"):
         TIMESTAMP.parse("yesterday")
     with pytest.raises(MalformedKey):
