@@ -710,11 +710,17 @@ async def test_owners_are_asked_for_their_next_page_on_arrival_and_no_further_th
     table = await core.table("many")
     runs = core.scatter.packed_chunks(table, Scan(), "ndjson", page_entries=100)
     first = await anext(runs)
-    await asyncio.sleep(0.05)
     # Per owner: the page being merged, PAGES_AHEAD waiting, and one arrived that waits for room.
     owners = table.by_owner()
-    asked = [bus.owners[uuid].calls.count("scan") for uuid in owners]
-    assert asked == [1 + PAGES_AHEAD + 1] * len(owners)
+    ahead = 1 + PAGES_AHEAD + 1
+
+    def asked() -> list[int]:
+        return [bus.owners[uuid].calls.count("scan") for uuid in owners]
+
+    await eventually(lambda: min(asked()) >= ahead, what=f"{ahead} pages asked of every owner")
+    for _ in range(100):  # the fetchers' turns on the loop (the fake owners answer at once): no further
+        await asyncio.sleep(0)
+    assert asked() == [ahead] * len(owners)
     rest = [r async for r in runs]
     keys = [json.loads(line)["key"] for r in [first, *rest] for line in r.columns[0]]
     assert keys == [f"k{i:05d}" for i in range(3000)]

@@ -296,39 +296,58 @@ def test_finish_returns_once_a_beat_waiting_on_the_registry_has_ended(caplog: py
     ``finish`` waits for the heartbeat's thread, within its own timeout."""
 
     class SlowLink(FakeLink):
-        def __init__(self) -> None:
+        """The first beat's call is answered only when ``answer`` is set (or after ``hold`` seconds, a hang
+        guard far past anything waited here); ``events`` says what happened in which order."""
+
+        def __init__(self, hold: float = 30.0) -> None:
             super().__init__()
+            self.hold = hold
             self.inside = threading.Event()
             self.answer = threading.Event()
+            self.last_words = threading.Event()
+            self.events: list[str] = []
 
         def wait(self, pending: Any, timeout: float) -> dict[str, str]:
             if len(self.sent) == 2:  # the first beat: the registry answers only when told to
                 self.inside.set()
-                self.answer.wait(timeout)
+                self.answer.wait(self.hold)
+                self.events.append("beat answered")
+            elif len(self.sent) == 3:  # finish's last words, sent while that beat waits
+                self.last_words.set()
             return super().wait(pending, timeout)
 
     link = SlowLink()
-    feeder = Feeder(link, interval=1.0)  # a beat waits up to this long on the registry
+    feeder = Feeder(link, interval=1.0)
     feeder.update("s", state="running")  # sent at once (1); the heartbeat thread starts
     assert link.inside.wait(5.0), "no beat waited on the registry"
-    threading.Timer(0.3, link.answer.set).start()
-    started = time.monotonic()
-    feeder.finish(timeout=5.0)
-    assert feeder._thread is not None and not feeder._thread.is_alive()
-    assert 0.2 < time.monotonic() - started < 0.9  # until the beat's call returned, not the whole timeout
 
-    # A beat that outlasts the timeout: finish still returns within it, and says so.
+    def finish() -> None:
+        feeder.finish(timeout=60.0)  # far longer than the test waits: returning means the beat ended
+        link.events.append("finish returned")
+
+    finishing = threading.Thread(target=finish, daemon=True)
+    finishing.start()
+    assert link.last_words.wait(5.0), "finish did not send its last words"
+    finishing.join(0.2)  # not a sync: a finish that does not wait returns within it, a working one never
+    assert finishing.is_alive() and link.events == [], "finish returned while a beat still waited on the registry"
+    link.answer.set()
+    finishing.join(10.0)  # a hang guard: well short of finish's own 60 s
+    assert not finishing.is_alive(), "finish waited on after the beat's call returned"
+    assert feeder._thread is not None and not feeder._thread.is_alive()
+    assert link.events == ["beat answered", "finish returned"]  # until the beat's call returned, no longer
+
+    # A beat that outlasts the timeout: finish still returns within it (the beat still waiting), and says so.
     link = SlowLink()
     feeder = Feeder(link, interval=1.0)
     feeder.update("s", state="running")
     assert link.inside.wait(5.0)
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING):
         feeder.finish(timeout=0.3)
-    assert time.monotonic() - started < 2.0 and feeder._thread is not None and feeder._thread.is_alive()
+    assert feeder._thread is not None and feeder._thread.is_alive() and link.events == []  # not answered yet
     assert "heartbeat" in caplog.text and "still waiting on the registry" in caplog.text
     link.answer.set()
     feeder._thread.join(5.0)
+    assert link.events == ["beat answered"]
 
 
 def _one_supervised_feed(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeLink, FakeQuery]:

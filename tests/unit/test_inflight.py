@@ -11,6 +11,8 @@ import signal
 import threading
 import time
 import traceback
+import types
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,12 +23,18 @@ from topologies.runner import supervise
 pytestmark = pytest.mark.usefixtures("no_feeders")
 
 
-class Query:
-    """A query whose ``stop()`` records whether a batch of it was inside its function at that moment."""
+Event = tuple[str, str]  # ("stop", query), ("end", query): a batch's end, just before it leaves; ("wait", ...)
 
-    def __init__(self, name: str, in_flight: InFlight = IN_FLIGHT) -> None:
+
+class Query:
+    """A query whose ``stop()`` records whether a batch of it was inside its function at that moment (and,
+    given ``events``, that it was stopped, in order with the batches' ends; then calls ``on_stop``)."""
+
+    def __init__(self, name: str, in_flight: InFlight = IN_FLIGHT, events: list[Event] | None = None) -> None:
         self.name = name
         self.in_flight = in_flight
+        self.events = events
+        self.on_stop: Callable[[], None] | None = None
         self.stopped = False
         self.stopped_inside: bool | None = None
 
@@ -38,6 +46,10 @@ class Query:
         self.stopped_inside = self.in_flight.inside(self.name)
         self.given_up = self.in_flight.given_up(self.name)
         self.stopped = True
+        if self.events is not None:
+            self.events.append(("stop", self.name))
+        if self.on_stop is not None:
+            self.on_stop()
 
     def exception(self) -> Exception | None:
         return None
@@ -56,6 +68,47 @@ def batch_for(in_flight: InFlight, name: str, seconds: float) -> tuple[threading
     thread.start()
     assert inside.wait(5)
     return thread, inside
+
+
+class HeldBatch:
+    """A thread inside a batch of ``name`` until ``release()`` (or ``hold`` seconds, a hang guard longer than
+    any grace it is tested with); it appends ``("end", name)`` to ``events`` just before leaving the batch."""
+
+    def __init__(self, in_flight: InFlight, name: str, events: list[Event], hold: float = 30.0) -> None:
+        self._released = threading.Event()
+        inside = threading.Event()
+
+        def run() -> None:
+            with in_flight.batch(name):
+                inside.set()
+                self._released.wait(hold)
+                events.append(("end", name))
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert inside.wait(5)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class RecordingFlight(InFlight):
+    """An ``InFlight`` whose waits for a batch to end are recorded in ``events`` as ``("wait", names)``; each
+    calls ``on_wait`` first (a test lets a batch end only once the stop waits for it)."""
+
+    def __init__(self, events: list[Event]) -> None:
+        super().__init__()
+        self.events = events
+        self.on_wait: Callable[[], None] = lambda: None
+
+    def wait_any_out(self, names: Sequence[str], timeout: float) -> bool:
+        self.events.append(("wait", ",".join(names)))
+        self.on_wait()
+        return super().wait_any_out(names, timeout)
+
+
+def without_waits(events: list[Event]) -> list[Event]:
+    return [e for e in events if e[0] != "wait"]
 
 
 def test_batches_are_counted_per_query_and_leave_on_errors_too() -> None:
@@ -77,58 +130,67 @@ def test_batches_are_counted_per_query_and_leave_on_errors_too() -> None:
 
 
 def test_a_stop_waits_for_the_batch_in_progress_then_stops_between_batches() -> None:
-    flight = InFlight()
-    query = Query("riqr-ns-order-count", flight)
-    thread, _ = batch_for(flight, query.name, 0.2)
-    started = time.monotonic()
+    events: list[Event] = []
+    flight = RecordingFlight(events)
+    name = "riqr-ns-order-count"
+    query = Query(name, flight, events)
+    batch = HeldBatch(flight, name, events)
+    flight.on_wait = batch.release  # the batch ends only once the stop waits for it
     assert stop_between_batches([query], 10, in_flight=flight) == []
-    assert 0.1 < time.monotonic() - started < 5
+    # It waited while the batch was in progress, and stopped the query after the batch ended.
+    assert events[0] == ("wait", name) and without_waits(events) == [("end", name), ("stop", name)]
     assert query.stopped and query.stopped_inside is False
-    thread.join(5)
+    batch.thread.join(5)
 
 
 def test_each_query_is_stopped_as_soon_as_its_own_batch_ends_not_after_the_others() -> None:
-    flight = InFlight()
-    quick, slow, idle = Query("quick", flight), Query("slow", flight), Query("idle", flight)
-    stopped_at: dict[str, float] = {}
-    for q in (quick, slow, idle):
-        q.stop = lambda q=q: (stopped_at.setdefault(q.name, time.monotonic()), Query.stop(q))  # type: ignore[method-assign]
-    threads = [batch_for(flight, "quick", 0.2)[0], batch_for(flight, "slow", 0.8)[0]]
-    started = time.monotonic()
+    events: list[Event] = []
+    flight = RecordingFlight(events)
+    quick, slow, idle = Query("quick", flight, events), Query("slow", flight, events), Query("idle", flight, events)
+    quick_batch, slow_batch = HeldBatch(flight, "quick", events), HeldBatch(flight, "slow", events)
+    flight.on_wait = quick_batch.release  # the quick one's batch ends once the stop waits
+    quick.on_stop = slow_batch.release  # the slow one's only once the quick one is stopped
     assert stop_between_batches([slow, quick, idle], 10, in_flight=flight) == []
     assert [q.stopped_inside for q in (quick, slow, idle)] == [False, False, False]
-    assert stopped_at["idle"] - started < 0.1  # at once
-    assert stopped_at["quick"] - started < 0.6 < stopped_at["slow"] - started  # each at its own batch's end
-    for thread in threads:
-        thread.join(5)
+    # The idle one at once, before any batch ended; each other one at its own batch's end (waiting for the
+    # slow one's before stopping the quick one would wait out the grace: the slow one's ends only after).
+    assert without_waits(events) == [("stop", "idle"), ("end", "quick"), ("stop", "quick"), ("end", "slow"),
+                                     ("stop", "slow")]  # fmt: skip
+    for batch in (quick_batch, slow_batch):
+        batch.thread.join(5)
 
 
 def test_a_batch_longer_than_the_grace_is_stopped_in_progress_and_said_so(caplog: pytest.LogCaptureFixture) -> None:
-    flight = InFlight()
-    query = Query("riqr-ns-order-count", flight)
-    thread, _ = batch_for(flight, query.name, 1.0)
-    started = time.monotonic()
+    events: list[Event] = []
+    flight = RecordingFlight(events)
+    query = Query("riqr-ns-order-count", flight, events)
+    batch = HeldBatch(flight, query.name, events, hold=10.0)  # ends when released below
     assert stop_between_batches([query], 0.05, in_flight=flight) == [query.name]
-    assert time.monotonic() - started < 0.9
+    # Returned with the batch still in progress: the grace, not the batch, bounded the wait.
+    assert flight.inside(query.name) and without_waits(events) == [("stop", query.name)]
+    batch.release()
     assert query.stopped and query.stopped_inside is True
     assert query.given_up  # its function is told too: Spark's stop() waits for it
     assert not flight.given_up(query.name)  # and only while the stop runs
     assert "did not end within" in caplog.text and query.name in caplog.text
-    thread.join(5)
+    batch.thread.join(5)
 
 
 def test_batches_are_told_the_stop_gave_up_on_them_only_while_their_querys_stop_runs() -> None:
     """Each query is marked given up around its own stop() (one whose batch ended before has none inside to
     tell, but one that enters during that stop is told too), and only then."""
-    flight = InFlight()
-    ended, cut = Query("ended", flight), Query("cut", flight)
-    threads = [batch_for(flight, "ended", 0.05)[0], batch_for(flight, "cut", 1.0)[0]]
+    events: list[Event] = []
+    flight = RecordingFlight(events)
+    ended, cut = Query("ended", flight, events), Query("cut", flight, events)
+    batches = [HeldBatch(flight, "ended", events), HeldBatch(flight, "cut", events)]
+    flight.on_wait = batches[0].release  # "ended" ends within the grace, "cut" only after the stop
     assert not flight.given_up("ended") and not flight.given_up("cut")
     assert stop_between_batches([ended, cut], 0.5, in_flight=flight) == ["cut"]
+    batches[1].release()
     assert (ended.stopped_inside, cut.stopped_inside) == (False, True) and ended.given_up and cut.given_up
     assert not flight.given_up("cut") and not flight.given_up(None)
-    for thread in threads:
-        thread.join(5)
+    for batch in batches:
+        batch.thread.join(5)
 
 
 def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,8 +206,24 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
     feeder = FakeFeeder()
     delivery = BatchDelivery(one_string_store(), "ns", "unused", query_name=name, feeder=feeder)  # type: ignore[arg-type]
 
+    # Each time the sink looks the owner up, and each slice of its pauses between: whether the stop had
+    # given up on the batch by then.
+    lookups: list[bool] = []
+    pauses: list[bool] = []
+    retrying = threading.Event()
+
     def gone(uuid: str) -> None:
+        lookups.append(IN_FLIGHT.given_up(name))
+        if len(lookups) == 5:  # its backoff doubles from 50 ms: from here on a pause takes several slices
+            retrying.set()
         raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid)
+
+    def pause(seconds: float) -> None:  # the only sleep of topologies.delivery: its pause between tries
+        pauses.append(IN_FLIGHT.given_up(name))
+        time.sleep(seconds)
+
+    sleeps = types.SimpleNamespace(monotonic=time.monotonic, perf_counter=time.perf_counter, sleep=pause)
+    monkeypatch.setattr("topologies.delivery.time", sleeps)
 
     monkeypatch.setattr(delivery, "handle", gone)
     errors: list[BaseException] = []
@@ -160,13 +238,16 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     query = Query(name)
-    # As Spark's: stop() returns once the query's thread has, and so its function.
+    # As Spark's: stop() returns once the query's thread has, and so its function (10 s: a hang guard; the
+    # sink would retry for its 60 s).
     query.stop = lambda: (Query.stop(query), thread.join(10))  # type: ignore[method-assign]
-    time.sleep(0.2)  # retrying by now (its first backoff is 50 ms)
-    started = time.monotonic()
+    assert retrying.wait(10), "the sink never asked the gone owner again"
     assert stop_between_batches([query], 0.1) == [name]
     thread.join(5)
-    assert not thread.is_alive() and time.monotonic() - started < 1.5
+    assert not thread.is_alive()
+    # Its pause saw the stop give up within a slice: no slice of it begun after that, nor an owner asked
+    # again (one at most, begun as the stop came), where retrying on would go on until the hang guard.
+    assert sum(pauses) <= 1 and sum(lookups) <= 1, (pauses, lookups)
     assert len(errors) == 1 and isinstance(errors[0], BatchGivenUp), errors
     assert "runs again at the next start" in str(errors[0])
 
@@ -177,7 +258,13 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
             def remote(*_args: Any, **_kwargs: Any) -> str:
                 return "ref"
 
+    # Each wait on the owner: whether the stop had given up on the batch as it began.
+    owner_waits: list[bool] = []
+    waiting = threading.Event()
+
     def never_ready(refs: list[Any], *, num_returns: int, timeout: float) -> tuple[list[Any], list[Any]]:
+        owner_waits.append(IN_FLIGHT.given_up(name))
+        waiting.set()
         time.sleep(timeout)
         return [], list(refs)
 
@@ -194,10 +281,13 @@ def test_a_sink_retrying_gone_owners_gives_up_when_the_stop_does(monkeypatch: py
     thread.start()
     query = Query(name)
     query.stop = lambda: (Query.stop(query), thread.join(10))  # type: ignore[method-assign]
-    time.sleep(0.3)  # waiting on the owner by now
-    started = time.monotonic()
+    assert waiting.wait(10), "the sink never waited on the owner"
     assert stop_between_batches([query], 0.1) == [name]
-    assert not thread.is_alive() and time.monotonic() - started < 1.5
+    assert not thread.is_alive()
+    # Seen within the wait's slice in progress: no wait on the owner begun after the stop gave up (one at
+    # most, begun as it came), where waiting on would take slices until the call's timeout (3 s, then
+    # ``no_ray``'s error).
+    assert sum(owner_waits) <= 1, owner_waits
     assert len(errors) == 1 and isinstance(errors[0], BatchGivenUp), errors
 
     class Given:
@@ -242,9 +332,16 @@ class JavaError:
 
 class JvmSession:
     """A session's ``_jvm`` whose ``java.lang.Thread.sleep`` raises as the JVM does on a thread a query's
-    stop interrupted, from the ``interrupted_after``-th call on (None: never; ``error``: that Java class)."""
+    stop interrupted, from the ``interrupted_after``-th call on (None: never; ``error``: that Java class).
+    With ``clock`` (a fake ``time.monotonic``'s reading, ``[seconds]``), a sleep moves that clock on instead
+    of sleeping, and more than a thousand of them fail (a hang guard)."""
 
-    def __init__(self, interrupted_after: int | None, error: str = "java.lang.InterruptedException") -> None:
+    def __init__(
+        self,
+        interrupted_after: int | None,
+        error: str = "java.lang.InterruptedException",
+        clock: list[float] | None = None,
+    ) -> None:
         self.sleeps: list[int] = []
         session = self
 
@@ -256,7 +353,11 @@ class JvmSession:
                 session.sleeps.append(ms)
                 if interrupted_after is not None and len(session.sleeps) >= interrupted_after:
                     raise Py4JJavaError("An error occurred while calling z:java.lang.Thread.sleep.\n", JavaError(error))
-                time.sleep(ms / 1000)
+                if clock is None:
+                    time.sleep(ms / 1000)
+                    return
+                assert len(session.sleeps) <= 1000, "slept on and on: the wait for the interruption never ended"
+                clock[0] += ms / 1000
 
         self._jvm = type("Jvm", (), {"java": type("java", (), {"lang": type("lang", (), {"Thread": Thread})})})
 
@@ -269,7 +370,9 @@ SPARK_PROXY_ERROR = re.compile(
 )
 
 
-def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts_the_querys_thread() -> None:
+def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts_the_querys_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Spark ends a query stopped while its Python function ran as stopped only if the function's error is
     the stop's interruption, which it finds with ``SPARK_PROXY_ERROR`` over the whole message: a long one
     overflowed its stream thread's stack. ``ended_by_stop`` calls into the JVM until the interruption comes,
@@ -290,10 +393,14 @@ def test_a_batch_given_up_ends_as_the_stops_interruption_once_the_jvm_interrupts
     assert py4j.filter(record(given_up)) and py4j.filter(record(RuntimeError("a real failure")))
 
     # No interruption in time (a JVM thread py4j did not pin): the error as it was, Spark logs it as a failure.
-    session = JvmSession(interrupted_after=None)
-    started = time.monotonic()
-    assert ended_by_stop(session._jvm, given_up, within=0.2) is given_up
-    assert 0.15 < time.monotonic() - started < 2 and session.sleeps
+    # On a fake clock that the JVM's sleeps move on: it slept in short calls, 0.2 s in all, then gave up.
+    clock = [1000.0]
+    session = JvmSession(interrupted_after=None, clock=clock)
+    with monkeypatch.context() as patched:
+        patched.setattr("topologies.inflight.time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+        assert ended_by_stop(session._jvm, given_up, within=0.2) is given_up
+    assert len(session.sleeps) > 1 and max(session.sleeps) <= 50, session.sleeps
+    assert 200 <= sum(session.sleeps) <= 201, session.sleeps  # its bound, not INTERRUPT_WAIT's 2 s
 
     # Another Java error is not taken for the interruption.
     # Another Java error is not taken for the interruption, nor a JVM that is gone: the error as it was.
@@ -410,28 +517,38 @@ def test_supervise_stops_each_query_between_its_batches_within_one_grace() -> No
 
 
 def test_a_second_signal_while_the_queries_stop_cancels_the_batches_in_progress(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``riqr demo``'s first Ctrl-C set the flag; a second one, while a batch holds the stop up, stops the
     query in its batch at once. Nothing is raised: a KeyboardInterrupt inside a call into the JVM or Ray
     would break that call's connection."""
-    query = Query("riqr-ns-store")
-    thread, _ = batch_for(IN_FLIGHT, query.name, 3.0)
+    events: list[Event] = []
+    query = Query("riqr-ns-store", IN_FLIGHT, events)
+    batch = HeldBatch(IN_FLIGHT, query.name, events)  # ends only once released, after supervise returned
     stop = threading.Event()
     stop.set()
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN under a shell's background job
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
+    waits: list[Sequence[str]] = []
+    real_wait = IN_FLIGHT.wait_any_out
+
+    def wait_any_out(names: Sequence[str], timeout: float) -> bool:
+        waits.append(names)
+        if len(waits) == 1:  # the second Ctrl-C, as the stop begins waiting for the batch
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_wait(names, timeout)
+
+    monkeypatch.setattr(IN_FLIGHT, "wait_any_out", wait_any_out)
     try:
         assert supervise([query], poll=0.001, stop=stop, grace=10) == 0
     finally:
-        timer.cancel()
-    assert time.monotonic() - started < 2.5  # not the batch's 3 s, nor the grace's 10
-    assert query.stopped and query.stopped_inside is True
+        batch.release()
+    # Stopped in its batch (which had not ended), within a slice of the wait after the signal rather than
+    # at the grace's end (a hundred slices of 0.1 s).
+    assert query.stopped and query.stopped_inside is True and events[0] == ("stop", query.name)
+    assert 1 <= len(waits) <= 2, len(waits)
     assert "before a second signal" in caplog.text
     assert signal.getsignal(signal.SIGINT) == before  # the handlers are put back
-    thread.join(5)
+    batch.thread.join(5)
 
 
 def test_a_stop_looks_at_each_query_just_before_stopping_it() -> None:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from runtime.rest import ROUTES
+from tests.promtext import samples
 from tests.unit.rest_fixtures import STORES, every_kind_app
 
 
@@ -176,15 +177,52 @@ def queries(draw: st.DrawFn) -> list[tuple[str, str]]:
     return draw(st.lists(st.tuples(names, VALUE), max_size=6))
 
 
+def _strict_json(data: bytes) -> Any:
+    """``data`` as JSON, strictly: UTF-8, and no NaN or Infinity (Python's ``json`` takes them; JSON has no
+    such numbers, and riqr spells them as text)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(data.decode("utf-8"), parse_constant=refuse)
+
+
+def decoded(content_type: str, body: bytes) -> Any:
+    """A successful answer's body, decoded as its content type says (what the app answers: JSON, msgpack,
+    NDJSON, Prometheus text, and the console's and docs' HTML, script and style); fails on a body that does
+    not parse as that, or on any other content type."""
+    if content_type == "application/json":
+        return _strict_json(body)
+    if content_type == "application/msgpack":
+        return msgpack.unpackb(body, strict_map_key=False)  # maps with integer keys are values too
+    if content_type == "application/x-ndjson":
+        assert not body or body.endswith(b"\n"), body[-100:]  # whole lines only
+        return [_strict_json(line) for line in body.splitlines()]
+    if content_type == "text/plain":  # /metrics
+        return samples(body.decode("utf-8"))
+    if content_type in ("text/html", "text/javascript", "text/css"):
+        return body.decode("utf-8")
+    raise AssertionError(f"a successful answer of an unexpected content type: {content_type!r}")
+
+
 def check(served: Served, method: str, path: str, query: list[tuple[str, str]], accept: str | None) -> None:
     pairs = [(quote(k, safe="%"), _cursor_value(served, v)) for k, v in query]
     url = path + ("?" + "&".join(f"{k}={v}" for k, v in pairs) if pairs else "")
     headers = {} if accept is None else {"Accept": accept}
     status, content_type, body = served.run(served.request(method, url, headers))
     assert status < 500, (method, url, accept, status, body[:300])
-    if status < 400 or method == "HEAD":
+    if method == "HEAD":  # the headers only, whatever the status
         return
-    error = msgpack.unpackb(body) if content_type == "application/msgpack" else json.loads(body)
+    if status < 300:
+        try:
+            decoded(content_type, body)
+        except Exception as err:
+            raise AssertionError(f"{method} {url} (Accept {accept!r}): {status} {content_type} whose body "
+                                 f"does not parse ({err!r}): {body[:300]!r}") from err  # fmt: skip
+        return
+    if status < 400:  # a redirect: its Location says where, its body nothing
+        return
+    error = msgpack.unpackb(body) if content_type == "application/msgpack" else _strict_json(body)
     assert content_type in ("application/json", "application/msgpack"), content_type
     assert isinstance(error["error"]["code"], str) and error["error"]["code"], error
 

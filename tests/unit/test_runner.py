@@ -451,11 +451,21 @@ def test_a_look_waiting_on_owners_that_do_not_answer_ends_as_soon_as_the_looks_a
     delivery.current_view = lambda **_: View()  # type: ignore[attr-defined]
     delivery.handle = lambda _uuid: Owner()  # type: ignore[attr-defined]
     delivery.forget_handles = lambda: forgot.append(True)  # type: ignore[attr-defined]
-    waits: list[float] = []
+    # Each wait on the owners: its slice, and whether the looks were stopped already as it began.
+    waits: list[tuple[float, bool]] = []
+    stop_flag: list[threading.Event] = []  # the flag the waits are told of (the looker's, then the getter's)
+    second_wait = threading.Event()
+    on_second_wait: list[Any] = []
 
     def never_ready(refs: list[Any], *, num_returns: int, timeout: float) -> tuple[list[Any], list[Any]]:
-        waits.append(timeout)
+        waits.append((timeout, stop_flag[0].is_set()))
+        if len(waits) > 40:  # a hang guard: ten seconds of slices, far past any stop
+            raise AssertionError("still waiting on the owners long after the looks were stopped")
         time.sleep(timeout)
+        if len(waits) == 2:
+            second_wait.set()
+            for hook in on_second_wait:
+                hook()
         return [], list(refs)
 
     def no_get(*_args: Any, **_kwargs: Any) -> None:
@@ -469,16 +479,16 @@ def test_a_look_waiting_on_owners_that_do_not_answer_ends_as_soon_as_the_looks_a
     running["riqr-ns-order-count"] = (delivery, lambda **_: FakeQuery("riqr-ns-order-count"))
     sink._ASKED["riqr-ns-order-count"] = time.monotonic()
     ended = threading.Event()
+    stop_flag[:] = [ended]
     thread = threading.Thread(target=sink._looks, args=(ended,), daemon=True)
     sink._LOOKER[:] = [(thread, ended)]
     thread.start()
-    deadline = time.monotonic() + 10
-    while len(waits) < 2 and time.monotonic() < deadline:  # inside the look, waiting on the owners
-        time.sleep(0.01)
-    assert waits and max(waits) <= sink._LOOK_SLICE
-    stopping = time.monotonic()
-    assert sink.stop_looking(timeout=5)
-    assert time.monotonic() - stopping < 1.0 and not thread.is_alive()  # a slice of 0.25 s, not the look's 5 s
+    assert second_wait.wait(10), "the look never waited on the owners"  # inside the look, waiting on them
+    assert max(t for t, _ in waits) <= sink._LOOK_SLICE
+    assert sink.stop_looking(timeout=5) and not thread.is_alive()  # 5 s: a hang guard, not the look's wait
+    # Ended within the slice in progress, not the look's 5 s: no wait begun after the stop, or one at most
+    # (begun between the look at the flag and the wait).
+    assert sum(after for _, after in waits) <= 1, waits
     assert forgot == [] and sink._FAILED_LOOKS == {} and sink._LOOKS == {}  # no verdict, no failed look
     assert sink.stop_looking()  # again: nothing left to end
 
@@ -490,14 +500,16 @@ def test_a_look_waiting_on_owners_that_do_not_answer_ends_as_soon_as_the_looks_a
     assert len(sink._LOOKER) == 1 and sink._LOOKER[0][0] is again
     assert sink.stop_looking(timeout=5) and not again.is_alive()
 
-    # The registry's answers (the view a look starts with) are waited for in the same slices.
+    # The registry's answers (the view a look starts with) are waited for in the same slices: the looks
+    # stopped during the second one, the getter ends as that one does, not at its 30 s timeout.
     waits.clear()
+    second_wait.clear()
     flag = threading.Event()
-    threading.Timer(0.3, flag.set).start()
-    stopping = time.monotonic()
+    stop_flag[:] = [flag]
+    on_second_wait.append(flag.set)
     with pytest.raises(sink._LooksEnded):
         sink._getter(flag)("ref", "registry epoch", timeout=30)
-    assert time.monotonic() - stopping < 1.5 and waits and max(waits) <= sink._LOOK_SLICE
+    assert [after for _, after in waits] == [False, False] and max(t for t, _ in waits) <= sink._LOOK_SLICE
 
 
 def stopped_after(seconds: float) -> threading.Event:
