@@ -14,7 +14,7 @@ from typing import Any
 
 from runtime.keys import TOP
 
-__all__ = ["Bound", "Scan", "TimeFilter", "TimeWalk", "prefix_scan", "JUMP_AFTER", "JUMP_AFTER_MAX"]
+__all__ = ["Bound", "Scan", "TimeFilter", "TimeWalk", "Pace", "prefix_scan", "JUMP_AFTER", "JUMP_AFTER_MAX"]
 
 # A time-filtered walk seeks past the windows its filter refuses after this many refused in a row: short
 # runs are stepped over (a seek costs about what a few steps do), long ones (a key's windows outside the
@@ -73,7 +73,7 @@ class TimeWalk:
 
     Engines step once before they seek: where that step is already at or past the jump's target
     (keys with a window or two each), seeking would not pay, and the walk waits twice as long before it
-    looks again, up to ``JUMP_AFTER_MAX``; a seek that pays sets the wait back.
+    looks again, up to ``JUMP_AFTER_MAX``; a seek that pays sets the wait back (``Pace``, one per walk).
     """
 
     def __init__(
@@ -89,6 +89,11 @@ class TimeWalk:
             self.admits: Callable[[Any, bytes], bool] = lambda key, raw: lo <= key[-1] <= hi
         else:
             self.admits = lambda key, raw: lo <= key[-1] <= hi and end_of(raw) >= end_from
+
+    def pace(self) -> Pace:
+        """The seeking pace of one engine's walk of this scan (each walk its own: the merge walks a scan's
+        partitions side by side)."""
+        return Pace(self)
 
     def jump(self, key: Any) -> Bound | None:
         """Where to seek after ``key`` (refused), in scan order, or None to step on. Always strictly
@@ -108,6 +113,21 @@ class TimeWalk:
 
 
 _INF = float("inf")
+
+
+class Pace:
+    """When one engine's walk seeks (``TimeWalk``): once ``patience`` entries in a row were refused (the
+    engine counts them: a call per refused entry cost the adverse shape a quarter more), where ``jump`` says; the
+    engine steps once first and says whether the seek was still needed (``sought``), and a step that was
+    already there doubles the patience, up to ``JUMP_AFTER_MAX``."""
+
+    def __init__(self, walk: TimeWalk) -> None:
+        self.jump = walk.jump
+        self.patience = JUMP_AFTER
+
+    def sought(self, needed: bool) -> None:
+        """The engine's step before the seek was short of the target (``needed``: it sought), or there."""
+        self.patience = JUMP_AFTER if needed else min(2 * self.patience, JUMP_AFTER_MAX)
 
 
 @dataclass(frozen=True)

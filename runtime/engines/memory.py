@@ -43,7 +43,7 @@ from runtime.engines.base import (
 )
 from runtime.engines.keycodec import KeyCodec
 from runtime.keys import KeySchema
-from runtime.scan import JUMP_AFTER, JUMP_AFTER_MAX, Bound, Scan, TimeWalk
+from runtime.scan import Bound, Scan, TimeWalk
 
 __all__ = ["MemoryEngine", "SNAPSHOT_RECORDS", "SNAPSHOT_ROWS"]
 
@@ -147,22 +147,22 @@ class MemoryEngine:
         where it says (the caller holds the write lock throughout: every range reads the same rows)."""
         reverse = scan.reverse
         entries = self._entries(scan.lo, scan.hi, reverse)
-        refused, patience = 0, JUMP_AFTER
+        pace, refused = walk.pace(), 0
         entry = next(entries, None)
         while entry is not None:
             key, raw = entry
             if walk.admits(key, raw):
                 refused = 0
                 yield entry
-            elif (refused := refused + 1) >= patience:
-                refused, to = 0, walk.jump(key)
+            elif (refused := refused + 1) >= pace.patience:
+                refused, to = 0, pace.jump(key)
                 if to is not None and (to.key < key if reverse else to.key > key):  # never back
                     entry = next(entries, None)  # one step first: is it there already?
-                    if entry is not None and (entry[0] > to.key if reverse else entry[0] < to.key):
+                    needed = entry is not None and (entry[0] > to.key if reverse else entry[0] < to.key)
+                    if needed:
                         entries = self._entries(scan.lo, to, True) if reverse else self._entries(to, scan.hi, False)
-                        entry, patience = next(entries, None), JUMP_AFTER
-                    else:
-                        patience = min(2 * patience, JUMP_AFTER_MAX)
+                        entry = next(entries, None)
+                    pace.sought(needed)
                     continue
             entry = next(entries, None)
 

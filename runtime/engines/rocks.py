@@ -59,7 +59,7 @@ from runtime.config import ROCKSDB_CACHE_BYTES
 from runtime.engines.base import NONE, Position, new_directory, prepare_directory
 from runtime.engines.keycodec import KEYS_HI, KEYS_LO, META_PREFIX, KeyCodec
 from runtime.keys import KeySchema
-from runtime.scan import JUMP_AFTER, JUMP_AFTER_MAX, Scan, TimeWalk
+from runtime.scan import Scan, TimeWalk
 
 __all__ = ["RocksEngine"]
 
@@ -315,7 +315,7 @@ class RocksEngine:
         """The entries from ``it`` on, in scan order (``step``), until one is ``past`` the far bound, that
         ``walk`` admits; after a run of refused ones it can jump over, ``seek`` where it says."""
         decode, encode, reverse = self._codec.decode, self._codec.encode, walk.reverse
-        refused, patience = 0, JUMP_AFTER
+        pace, refused = walk.pace(), 0
         while it.valid():
             key = it.key()
             if past(key):
@@ -324,16 +324,15 @@ class RocksEngine:
             if walk.admits(entry, raw):
                 refused = 0
                 yield entry, raw
-            elif (refused := refused + 1) >= patience:
-                refused, to = 0, walk.jump(entry)
+            elif (refused := refused + 1) >= pace.patience:
+                refused, to = 0, pace.jump(entry)
                 target = None if to is None else encode(to.key)
-                if target is not None and (target < key if reverse else target > key):  # never back
+                if to is not None and target is not None and (target < key if reverse else target > key):  # not back
                     step()  # one step first: is it there already?
-                    if it.valid() and (it.key() > target if reverse else it.key() < target):
-                        seek(it, target, to is not None and to.inclusive)
-                        patience = JUMP_AFTER
-                    else:
-                        patience = min(2 * patience, JUMP_AFTER_MAX)
+                    needed = it.valid() and (it.key() > target if reverse else it.key() < target)
+                    if needed:
+                        seek(it, target, to.inclusive)
+                    pace.sought(needed)
                     continue
             step()
         it.status()
