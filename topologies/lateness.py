@@ -36,7 +36,7 @@ from typing import Any
 from runtime.engines.base import write_atomically
 from topologies.checkpoint import local_path
 
-__all__ = ["LATE_ROWS_FILE", "LateCount", "has_watermark", "watch"]
+__all__ = ["LATE_ROWS_FILE", "LateCount", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -161,15 +161,6 @@ def _listener(spark: Any) -> _Listener:
             wrapper = gateway.jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper(found)
             jsession.streams().addListener(wrapper)
         return found
-
-
-def has_watermark(df: Any) -> bool:
-    """Whether ``df``'s plan sets an event-time watermark (``withWatermark``): only such a query drops late
-    rows. False when the plan cannot be read (not a classic Spark DataFrame)."""
-    try:
-        return "EventTimeWatermark" in str(df._jdf.queryExecution().analyzed().toString())
-    except Exception:
-        return False
 
 
 def watch(spark: Any, query: Any, store: str, checkpoint: str, feeder: Any) -> int:

@@ -753,7 +753,8 @@ def _start(
             _say_no_rebuild(delivery)
             plan = "resume"
         mode = output_mode or ("append" if kind == "session" else "update")
-        delivery.holds = mode == "append" and _holds_until_a_watermark(df, default=kind in ("window", "session"))
+        analyzed = _analyzed_plan(df)
+        delivery.holds = mode == "append" and _holds_until_a_watermark(analyzed, default=kind in ("window", "session"))
         if plan == "rebuild":
             # Said first: a start that dies after the swap leaves an empty checkpoint, which the next start
             # must not take for a new store's (``begin`` would make the partitions that lost their state
@@ -780,7 +781,8 @@ def _start(
         raise
     delivery.report(state="rebuilding" if plan == "rebuild" or rebuilding else "running", plan=plan)
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
-    _count_late_rows(df, query, delivery)
+    if analyzed is not None and "EventTimeWatermark" in analyzed:  # only a query under a watermark drops late rows
+        _count_late_rows(df, query, delivery)
     _register(name, delivery, again)
     if plan == "fresh" and not rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
@@ -793,8 +795,6 @@ def _start(
 def _count_late_rows(df: Any, query: Any, delivery: BatchDelivery) -> None:
     """A query under an event-time watermark drops late input rows: count them into the store's feed
     (``topologies.lateness``). Best effort: a count that cannot be kept is logged, and the store is fed."""
-    if not lateness.has_watermark(df):
-        return
     store = delivery.spec.name
     try:
         lateness.watch(df.sparkSession, query, store, delivery.checkpoint, delivery.feeder)
@@ -803,17 +803,24 @@ def _count_late_rows(df: Any, query: Any, delivery: BatchDelivery) -> None:
                     extra={"store": store})  # fmt: skip
 
 
-def _holds_until_a_watermark(df: Any, *, default: bool) -> bool:
-    """Whether a streaming DataFrame in append mode emits its rows only as the event-time watermark closes
-    them: its plan aggregates and sets a watermark (``withWatermark``; Spark requires one for an
-    append-mode aggregation). A fresh checkpoint's batch 0 (which runs with none) emits none of them, and
-    Spark runs the next batch at once. (A stateless append-mode query emits every row as it comes, and
-    runs no batch without new input.) ``default`` when the plan cannot be read."""
+def _analyzed_plan(df: Any) -> str | None:
+    """The text of ``df``'s analyzed plan, once per start (what ``_holds_until_a_watermark`` and the late-row
+    count look at); None when it cannot be read (not a classic Spark DataFrame: Spark Connect has no _jdf)."""
     try:
-        plan = str(df._jdf.queryExecution().analyzed().toString())
-    except Exception as err:  # not a classic Spark DataFrame (Spark Connect has no _jdf)
-        log.warning("could not tell whether the query aggregates under a watermark (%s: %s); taken as %s",
-                    type(err).__name__, err, "yes" if default else "no")  # fmt: skip
+        return str(df._jdf.queryExecution().analyzed().toString())
+    except Exception as err:
+        log.warning("could not read the query's plan (%s: %s): whether it aggregates under a watermark is taken "
+                    "from the store's kind, and its late rows are not counted", type(err).__name__, err)  # fmt: skip
+        return None
+
+
+def _holds_until_a_watermark(plan: str | None, *, default: bool) -> bool:
+    """Whether a streaming query in append mode (its analyzed ``plan``) emits its rows only as the
+    event-time watermark closes them: its plan aggregates and sets a watermark (``withWatermark``; Spark
+    requires one for an append-mode aggregation). A fresh checkpoint's batch 0 (which runs with none) emits
+    none of them, and Spark runs the next batch at once. (A stateless append-mode query emits every row as
+    it comes, and runs no batch without new input.) ``default`` when the plan could not be read."""
+    if plan is None:
         return default
     return "EventTimeWatermark" in plan and "Aggregate" in plan
 
