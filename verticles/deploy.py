@@ -631,10 +631,10 @@ def _refuse_other_settings_for_new_nodes(namespace: str, targets: Sequence[str],
         running = where.get("settings") or {}
         # Auth only: a port or host that differs is what the bind error advises ("choose another --port")
         # for a node whose address was taken, and is said as kept settings afterwards.
-        if running and running.get("auth", "off") != asked["auth"]:
-            differs = [k for k in kept_settings(running, asked) if k.startswith("REST auth")]
+        differs = _auth_kept(running, asked) if running else None
+        if differs is not None:
             raise DeploymentConflict(
-                f"the running REST API keeps its auth ({'; '.join(differs)}), and {len(new)} node(s) without one "
+                f"the running REST API keeps its auth ({differs}), and {len(new)} node(s) without one "
                 "would get this instead: run riqr up with the auth settings it first ran with (RIQR_JWT_*, "
                 "RIQR_AUTH, --no-auth), or riqr down first, which deletes the stores' data"
             )
@@ -646,18 +646,23 @@ def kept_settings(running: Mapping[str, Any], asked: Mapping[str, Any]) -> tuple
     (``riqr up`` is idempotent: a verticle that runs already keeps its settings until ``riqr down``)."""
     if not running:
         return ("settings it cannot report (a verticle of an earlier riqr)",)
-    kept = []
-    have, want = running.get("auth", "off"), asked["auth"]
-    if have != want:
-        if "off" in (have, want):
-            kept.append(f"REST auth {'off' if have == 'off' else 'on'} (asked: {'off' if want == 'off' else 'on'})")
-        else:
-            kept.append("REST auth with other keys or token settings than asked")
+    auth = _auth_kept(running, asked)
+    kept = [] if auth is None else [auth]
     for key, label in (("host", "listening on"), ("port", "port"), ("advertise_host", "advertising")):
         if key in running and running[key] != asked[key]:
             what, wanted = (_setting(key, running[key]), _setting(key, asked[key]))
             kept.append(f"{label} {what} (asked: {wanted})")
     return tuple(kept)
+
+
+def _auth_kept(running: Mapping[str, Any], asked: Mapping[str, Any]) -> str | None:
+    """The phrase for a running HTTP verticle's auth when it differs from what ``up`` asked, else None."""
+    have, want = running.get("auth", "off"), asked["auth"]
+    if have == want:
+        return None
+    if "off" in (have, want):
+        return f"REST auth {'off' if have == 'off' else 'on'} (asked: {'off' if want == 'off' else 'on'})"
+    return "REST auth with other keys or token settings than asked"
 
 
 def _setting(key: str, value: Any) -> str:
