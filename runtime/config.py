@@ -127,6 +127,11 @@ EPOCH_WAIT_MAX = 30.0
 VIEW_REFRESH_INTERVAL = 1.0
 # The least time between two checks of the query actors that facades ask for (``Registry.suspect``).
 SUSPECT_CHECK_GAP = 0.2
+# A move's switch (``runtime.moves``): how long the old actor refuses batches while the registry compares
+# positions (lifted at once if the new copy is behind; this bounds a stall if the registry dies meanwhile),
+# and how long the old actor keeps answering reads already sent to it once the new one took its place.
+MOVE_SEAL_SECONDS = 30.0
+MOVE_LEAVE_GRACE = 5.0
 # How often a topology process tells the registry that the stores it feeds are still fed, and how long
 # the registry waits without hearing it before it calls a feed stale (/ready 503): three missed beats, so
 # one slow or lost call does not flip readiness (docs/operations.md, "Probes").

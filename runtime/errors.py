@@ -38,6 +38,7 @@ __all__ = [
     "PartitionIncomplete",
     "PartitionCatchingUp",
     "CopyBehind",
+    "CopyMoved",
     "DeadlineExceeded",
     "SchemaError",
     "NotConnected",
@@ -259,6 +260,13 @@ class OwnerUnavailable(Unavailable):
     """The actor owning a partition is restarting or dead."""
 
     code = "owner-unavailable"
+
+
+class CopyMoved(Unavailable):
+    """A query actor whose copies are moving to another actor (``riqr rebalance``) takes no batch while
+    the move switches over: the sink asks the registry again and delivers to the copies it names then."""
+
+    code = "copy-moved"
 
 
 class DeadlineExceeded(RiqrError):

@@ -103,6 +103,8 @@ def membership_record(
                 for a in members
             ],
         }
+        if table.moved_from:  # the actors moves replaced (``OwnershipTable.lineage``)
+            stores[name]["moved_from"] = sorted(table.moved_from)
     if without is not None:
         stores.pop(without, None)
     record: dict[str, Any] = {"version": MEMBERSHIP_VERSION, "retired": retired, "stores": stores}
@@ -121,6 +123,7 @@ class Merged:
     carried: dict[str, Any]  # entries of the record that could not be read, to keep as they are
     retired: bool  # the record says ``riqr down`` was under way
     dropping: list[str]  # uuids of dropped stores' actors the record says are still to be destroyed
+    moved_from: dict[str, frozenset[str]]  # store -> the actors moves replaced (``OwnershipTable.moved_from``)
 
 
 def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]) -> Merged:
@@ -167,6 +170,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         answered.add(uuid)
     remembered: list[str] = []
     carried: dict[str, Any] = {}
+    moved_from: dict[str, frozenset[str]] = {}
     for name, entry in sorted(entries.items()):
         if name in doomed:
             dropping.update(_listed(entry))
@@ -195,6 +199,9 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
                 continue
             stores[name] = (spec, stores[name][1])
         members = stores.setdefault(name, (spec, {}))[1]
+        replaced = entry.get("moved_from", [])
+        if isinstance(replaced, list) and replaced:
+            moved_from[name] = frozenset(str(u) for u in replaced)
         for actor in actors:
             if actor.uuid not in answered and actor.uuid not in members and actor.uuid not in dropping:
                 members[actor.uuid] = actor
@@ -206,6 +213,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         carried,
         retired,
         sorted(dropping),
+        moved_from,
     )
 
 

@@ -9,7 +9,7 @@ grows on every change; a facade refreshes when it sees a newer epoch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.catalog import StoreSpec
@@ -61,6 +61,9 @@ class OwnershipTable:
 
     spec: StoreSpec
     partitions: tuple[PartitionOwners, ...]
+    # Query actors this store had before a move replaced them (``runtime.moves``): a topology that declared
+    # the store with those still feeds the same store, not one dropped and declared again.
+    moved_from: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.partitions) != self.spec.partitions:
@@ -101,7 +104,7 @@ class OwnershipTable:
             up = [u for u in current.standbys if u not in down]
             if up:
                 owners[p] = _with_active(current, up[0])
-        return self if owners == list(self.partitions) else OwnershipTable(self.spec, tuple(owners))
+        return self if owners == list(self.partitions) else replace(self, partitions=tuple(owners))
 
     def with_active(self, partition: int, uuid: str) -> OwnershipTable:
         """This table with ``uuid``, which must hold a copy of ``partition``, as its active."""
@@ -112,7 +115,52 @@ class OwnershipTable:
             raise ValueError(f"{uuid} holds no copy of partition {partition} of {self.spec.name}")
         owners = list(self.partitions)
         owners[partition] = _with_active(current, uuid)
-        return OwnershipTable(self.spec, tuple(owners))
+        return replace(self, partitions=tuple(owners))
+
+    def with_joining(self, old: str, new: str) -> OwnershipTable:
+        """This table with ``new`` as the last standby of every partition ``old`` holds a copy of: a move's
+        first step (``runtime.moves``). The sink delivers every batch to it from then on, and it is the
+        last copy a read fails over to while it catches up."""
+        held = set(self.all_owners().get(old, ()))
+        if not held:
+            raise ValueError(f"{old} holds no copy of store {self.spec.name}")
+        if new in self.all_owners():
+            raise ValueError(f"{new} already holds copies of store {self.spec.name}")
+        owners = tuple(
+            replace(o, standbys=(*o.standbys, new)) if p in held else o for p, o in enumerate(self.partitions)
+        )
+        return replace(self, partitions=owners)
+
+    def with_replaced(self, old: str, new: str) -> OwnershipTable:
+        """This table with ``new`` in ``old``'s place in every partition (active where ``old`` was active,
+        the same standby rank where it was a standby) and ``old`` gone: a move's switch. ``new`` must hold
+        a copy of exactly the partitions ``old`` holds (``with_joining``)."""
+        holdings = self.all_owners()
+        if sorted(holdings.get(old, ())) != sorted(holdings.get(new, ())) or old == new or old not in holdings:
+            raise ValueError(f"{new} does not hold the copies {old} holds in store {self.spec.name}")
+        owners = []
+        for o in self.partitions:
+            if old == o.active:
+                owners.append(PartitionOwners(new, tuple(u for u in o.standbys if u != new)))
+            elif old in o.standbys:
+                rest = tuple(new if u == old else u for u in o.standbys if u != new)
+                owners.append(PartitionOwners(o.active, rest))
+            else:
+                owners.append(o)
+        return replace(self, partitions=tuple(owners), moved_from=self.moved_from | {old})
+
+    def without_standby(self, uuid: str) -> OwnershipTable:
+        """This table with ``uuid`` no longer a standby anywhere (a move given up: ``with_joining`` undone).
+        ``ValueError`` if it answers for a partition."""
+        if any(o.active == uuid for o in self.partitions):
+            raise ValueError(f"{uuid} answers for a partition of store {self.spec.name}")
+        owners = tuple(replace(o, standbys=tuple(u for u in o.standbys if u != uuid)) for o in self.partitions)
+        return replace(self, partitions=owners)
+
+    def lineage(self) -> frozenset[str]:
+        """Every query actor that holds or held copies of this store (moves give new actors): a feed that
+        declared the store with any of them feeds this store."""
+        return frozenset(self.all_owners()) | self.moved_from
 
     def unassigned(self) -> list[int]:
         return [p for p, owners in enumerate(self.partitions) if owners.active is None]

@@ -25,7 +25,7 @@ from runtime.codec import decode_value
 from runtime.engines import NONE, EngineCorrupt, PartitionEngine, Position, open_engine
 from runtime.engines.base import fsync_directory
 from runtime.engines.keycodec import KeyCodec
-from runtime.errors import PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
+from runtime.errors import CopyMoved, PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Span, Spans
@@ -163,6 +163,8 @@ class QueryCore:
         me: str = "",
         spawn: Callable[[Callable[[], object]], None] | None = None,
         rebuild: RebuildSettings | None = None,
+        catch_up_on_gap: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.spec = spec
         self._codec = KeyCodec(spec.key)
@@ -204,7 +206,13 @@ class QueryCore:
             None if peers is None else Rebuilder(spec, me, peers, self._writing, directory, settings=rebuild)
         )
         self._spawn = spawn or _start_thread
+        # Whether a copy that finds a gap or restarts with nothing starts a catch-up by itself (a store with
+        # standbys); without, only ``catch_up`` starts one (a move's new copy, ``runtime.moves``).
+        self._catch_up_on_gap = catch_up_on_gap
         self._exports: SnapshotExports | None = None
+        # Until when batches are refused (``seal``): a move is switching this actor's copies over.
+        self._clock = clock
+        self._sealed_until = 0.0
         # Tells this core's counters from an earlier one's of the same actor (restarted: they start from zero).
         self._incarnation = uuidlib.uuid4().hex
 
@@ -277,8 +285,16 @@ class QueryCore:
             with self._writing:
                 if self._destroyed:  # destroyed since ``state`` was looked up: its engine is deleted
                     raise self._unavailable(p)
+                if self._clock() < self._sealed_until:  # checked under the lock: ``seal``'s positions are final
+                    raise CopyMoved(
+                        f"the copies of store {self.spec.name} on this query actor are moving to another actor: "
+                        f"batch {batch_id} goes to the copies the registry names now",
+                        store=self.spec.name,
+                        partition=p,
+                        retry_after=1,
+                    )
                 result = state.apply(source, batch_id, rows, hold)
-                if result.state == INCOMPLETE and self._rebuilder is not None:
+                if result.state == INCOMPLETE and self._rebuilder is not None and self._catch_up_on_gap:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
                 if isinstance(rows, BatchRows):
@@ -318,15 +334,43 @@ class QueryCore:
         lost or marked incomplete); returns those partitions. Without peers, nothing happens. (A
         ``rebuilding`` partition is complete up to its position and catches up by the batches to come;
         no peer could give it more.)"""
+        if self._rebuilder is None or not self._catch_up_on_gap:
+            return []
+        return self.catch_up([p for p, state in self.partitions.items() if state.state not in (SERVING, REBUILDING)])
+
+    def catch_up(self, partitions: Iterable[int]) -> list[int]:
+        """Copy ``partitions`` from a live peer and catch them up (a move's new copy: ``runtime.moves``),
+        whatever their state, unless one is catching up already; returns those it started. A serving
+        copy stops serving until it is in sync again. Without peers, nothing happens."""
         if self._rebuilder is None:
             return []
         started = []
         with self._writing:
-            for p, state in self.partitions.items():
-                if state.state not in (SERVING, CATCHING_UP, REBUILDING):
+            for p in sorted(partitions):
+                state = self.partitions.get(p)
+                if state is not None and state.state != CATCHING_UP:
                     self._start_catch_up(state, None)
                     started.append(p)
         return started
+
+    # -- a move switching this actor's copies over (runtime.moves) ----------------------------------------
+
+    def seal(self, seconds: float | None) -> dict[int, dict[str, Any]]:
+        """Refuse every batch (``CopyMoved``) for ``seconds`` (None: for good), and return the positions,
+        which no batch moves from then on: the registry compares them with the new copy's before it
+        switches. Sealed again, the time is replaced. Reads go on."""
+        with self._writing:  # after an apply in progress, so the positions include all of it
+            self._sealed_until = float("inf") if seconds is None else self._clock() + seconds
+            return self.positions()
+
+    def unseal(self) -> None:
+        """Take batches again (a switch found the new copy behind)."""
+        with self._writing:
+            self._sealed_until = 0.0
+
+    @property
+    def sealed(self) -> bool:
+        return self._clock() < self._sealed_until
 
     def open_snapshot(self, partition: int) -> SnapshotOffer:
         """Export a consistent copy of a serving partition for a peer to copy (``runtime.snapshots``).

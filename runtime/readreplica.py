@@ -95,8 +95,9 @@ class ReadReplicas:
     def follow(self, view: ClusterView) -> list[ReadReplica]:
         """Bring the replicas in step with ``view``; returns the new ones, which the caller publishes
         (``published``). A replica goes when its store is gone, no longer wants replicas, was created
-        again (other actors), or is no longer listed in a view at or past the epoch that published it (the
-        sink dropped it, or the registry restarted without it): a new one replaces it."""
+        again (none of its actors in the table's lineage), or is no longer listed in a view at or past the
+        epoch that published it (the sink dropped it, or the registry restarted without it): a new one
+        replaces it."""
         new: list[ReadReplica] = []
         for name, table in view.tables.items():
             current = self._by_store.get(name)
@@ -104,12 +105,14 @@ class ReadReplicas:
             if current is not None:
                 listed = current.uuid in view.readers
                 dropped = current.published_at is not None and view.epoch >= current.published_at and not listed
-                if not table.spec.read_replicas or current.holders != holders or dropped:
+                # Another store of that name has none of this one's actors; a move keeps them in the lineage.
+                other = current.holders.isdisjoint(table.lineage())
+                if not table.spec.read_replicas or other or dropped:
                     why = "dropped from the view" if dropped else "its store changed"
                     self._discard(current, why)
                     current = None
                 else:
-                    current.listed = listed
+                    current.listed, current.holders = listed, holders
             if current is None and table.spec.read_replicas:
                 new.append(self._make(table.spec, holders))
         for name in [n for n in self._by_store if n not in view.tables]:

@@ -63,6 +63,22 @@ class RegistryState:
             self._bump()
         return self.epoch
 
+    def add_copy(self, table: OwnershipTable, actor: ActorInfo) -> int:
+        """A move's new actor joins its store (``table`` lists it as a standby): one epoch."""
+        if table.spec.name not in self._tables:
+            raise StoreNotFound(f"store {table.spec.name!r} is not known", store=table.spec.name)
+        self._tables[table.spec.name] = table
+        self._actors[actor.uuid] = actor
+        return self._bump()
+
+    def remove_actor(self, table: OwnershipTable, uuid: str) -> int:
+        """A move switched over (``table`` no longer lists ``uuid``), or was given up: one epoch."""
+        if table.spec.name not in self._tables:
+            raise StoreNotFound(f"store {table.spec.name!r} is not known", store=table.spec.name)
+        self._tables[table.spec.name] = table
+        self._actors.pop(uuid, None)
+        return self._bump()
+
     def drop(self, store: str) -> list[str]:
         """Forget a store; returns the uuids of its actors (for the caller to stop)."""
         if store not in self._tables:

@@ -51,7 +51,7 @@ from runtime import raycalls
 from runtime.catalog import StoreSpec
 from runtime.config import READ_REPLICA_APPLY_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
-from runtime.errors import DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
+from runtime.errors import CopyMoved, DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
 from runtime.ingest import drop_unrepresentable_times, slices_for_owners, split_by_partition, time_columns
 from runtime.ownership import ClusterView, OwnershipTable, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
@@ -190,11 +190,16 @@ class BatchDelivery:
         """The store's table in ``view``; None if the store is not registered, and None too if the table of
         that name is another store's: dropped (``riqr drop --force``) and declared again, by another
         topology or a new deployment, between two of this delivery's looks at the registry. A store's
-        actors keep their uuids for its life (re-created, moved or promoted), and a new one gets new
-        ones, so a table none of whose owners this delivery declared the store with is not its store:
-        feeding it would overwrite the other feed's state (``replaced`` says so from then on)."""
+        actors keep their uuids when re-created or promoted, a move's new actor is in the table's
+        ``lineage`` with the one it replaced, and a new store gets new ones, so a table whose lineage has
+        none of the owners this delivery last saw is not its store: feeding it would overwrite the other
+        feed's state (``replaced`` says so from then on)."""
         table = view.table(self.spec.name)
-        if table is None or self.owners is None or not self.owners.isdisjoint(table.all_owners()):
+        if table is None or self.owners is None:
+            return table
+        if not self.owners.isdisjoint(table.lineage()):
+            # The same store; a move may have replaced actors (``runtime.moves``): follow its owners now.
+            self.owners = frozenset(table.all_owners())
             return table
         with self._replaced_lock:  # the batch's thread and the looks' may both find it: said once
             said, self.replaced = self.replaced, True
@@ -256,8 +261,37 @@ class BatchDelivery:
     def _apply_everywhere(
         self, source: str, batch_id: int, split: Mapping[int, Shared], rows: int, hold: Hold | None = None
     ) -> list[Any]:
-        """``apply`` on every standby copy, then on every active one (see the module docstring)."""
+        """``apply`` on every standby copy, then on every active one (see the module docstring). A copy
+        that is moving to another actor refuses the batch (``CopyMoved``) while the move switches over:
+        the batch is delivered again, to the copies the registry names then (the copies that took it
+        already skip it as a replay)."""
         deadline = Deadline.after(self.delivery_timeout)
+        pause = 0.02
+        while True:
+            try:
+                return self._apply_rounds(source, batch_id, split, rows, hold, deadline)
+            except CopyMoved as err:
+                if deadline.remaining() <= pause:
+                    raise OwnerUnavailable(
+                        f"delivering batch {batch_id} of {self.spec.name}: {err.message}, and no switch-over "
+                        f"ended within {self.delivery_timeout:g}s",
+                        store=self.spec.name,
+                        batch_id=batch_id,
+                    ) from None
+                log.info("store %s: a copy is moving (%s); delivering batch %d again", self.spec.name, err.message,
+                         batch_id, extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
+                self._pause(pause, f"delivering batch {batch_id} of {self.spec.name}")
+                pause = min(pause * 2, 0.5)
+
+    def _apply_rounds(
+        self,
+        source: str,
+        batch_id: int,
+        split: Mapping[int, Shared],
+        rows: int,
+        hold: Hold | None,
+        deadline: Deadline,
+    ) -> list[Any]:
         clock = time.perf_counter()
         view = self.current_view(feeding=True)
         ownership = self.table(view)
@@ -380,6 +414,8 @@ class BatchDelivery:
                             share.setdefault(p, slice_ref)
                 except (OwnerUnavailable, DeadlineExceeded) as err:
                     failed[uuid] = err
+                except CopyMoved:
+                    raise  # the whole batch again, to the copies the registry names now (``_apply_everywhere``)
                 except Exception as err:
                     if fallback is None:
                         raise

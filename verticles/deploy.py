@@ -243,6 +243,23 @@ class RayEnv:
         where = raycalls.get(handle.ready.remote(), f"re-creating query actor {uuid}", timeout=_CALL_TIMEOUT)
         return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
 
+    def join_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        handle = (
+            _remote(QueryVerticle)
+            .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
+            .remote(uuid, spec, list(partitions), self, joining=True)
+        )
+        where = raycalls.get(handle.ready.remote(), f"starting query actor {uuid}", timeout=_CALL_TIMEOUT)
+        return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
+
+    def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
+        try:
+            handle = ray.get_actor(uuid, namespace=self.namespace)
+        except ValueError as err:
+            raise OwnerUnavailable(f"query actor {uuid} is not running", actors=[uuid]) from err
+        return raycalls.get(getattr(handle, method).remote(*args), f"{method} on query actor {uuid}",
+                            timeout=_CALL_TIMEOUT, actor=uuid)  # fmt: skip
+
     def unavailable_actors(self, uuids: Sequence[str]) -> set[str]:
         # Ray's actor table, filtered to live actors by the GCS; names are uuids, unique across namespaces.
         alive = {a["Name"] for a in ray_state.actors(actor_state_name="ALIVE").values()}

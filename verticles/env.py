@@ -114,6 +114,16 @@ class ClusterOps(Protocol):
         actor would and rebuilds them from peers); waits until it runs and returns where it runs."""
         ...
 
+    def join_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        """Create query actor ``uuid`` on ``node_id`` as a move's new copy of ``partitions`` (they open
+        incomplete and wait for ``catch_up``); waits until it runs and returns where it runs."""
+        ...
+
+    def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
+        """Call ``method`` of query actor ``uuid`` and wait for its answer (a move's steps: ``seal``,
+        ``unseal``, ``positions``, ``catch_up``); ``OwnerUnavailable`` if it cannot be reached."""
+        ...
+
     def watch_nodes(self) -> None:
         """Call the registry's ``check_nodes`` about every second from now on (in the background)."""
         ...

@@ -78,10 +78,18 @@ class StorePeers:
 class QueryVerticle:
     """Holds ``partitions`` of ``spec``; its actor name is ``uuid``. ``env`` gives the node facts and the
     link to the registry; ``replacement``: the registry created it again (its node died, or Ray would not
-    restart it)."""
+    restart it); ``joining``: a move's new actor (``runtime.moves``), whose partitions open incomplete and
+    are copied from peers when the registry says (``catch_up``), once it is in the table."""
 
     def __init__(
-        self, uuid: str, spec: StoreSpec, partitions: Sequence[int], env: VerticleEnv, *, replacement: bool = False
+        self,
+        uuid: str,
+        spec: StoreSpec,
+        partitions: Sequence[int],
+        env: VerticleEnv,
+        *,
+        replacement: bool = False,
+        joining: bool = False,
     ) -> None:
         logs.configure_from_env()
         self.log = logs.bind(log, store=spec.name, actor=uuid)
@@ -91,7 +99,8 @@ class QueryVerticle:
         # A replacement (the registry created this actor again: its node died, or Ray would not restart
         # it) is a restart, on another node or its own: whatever it finds on disk is reopened, never
         # trusted blindly (the gap rule), and what it cannot serve is rebuilt from peers.
-        recovered = env.restarted() or replacement
+        restarted = env.restarted()
+        recovered = restarted or replacement or joining
         root = env.data_dir()
         directory = None if root is None else root / spec.name / uuid
         self._data_root = root
@@ -99,15 +108,22 @@ class QueryVerticle:
         sys.setswitchinterval(0.001)
         started = time.monotonic()
         metrics = Metrics(QUERY_METRICS)
-        # Only a store with standbys has peers to rebuild from; without, a lost copy waits for the
-        # topology-restart rebuild path (docs/design.md, "Durability").
-        peers = StorePeers(env, spec.name) if (spec.standbys or 0) > 0 else None
+        # Only a store with standbys rebuilds a lost copy from peers by itself; without, a lost copy waits
+        # for the topology-restart rebuild path (docs/design.md, "Durability"). Any store's copies are copied
+        # from peers when a move asks (``catch_up``).
         self.core = QueryCore(
-            spec, partitions, directory=directory, recovered=recovered, metrics=metrics, peers=peers, me=uuid
+            spec,
+            partitions,
+            directory=directory,
+            recovered=recovered,
+            metrics=metrics,
+            peers=StorePeers(env, spec.name),
+            me=uuid,
+            catch_up_on_gap=(spec.standbys or 0) > 0,
         )
         self.opened_in = time.monotonic() - started
         env.export_metrics(metrics)
-        if recovered:
+        if restarted or replacement:
             self.log.warning("query actor restarted: %s", self.core.positions())
             env.report_moved(uuid, self.node_id, self.node_ip)
             rebuilding = self.core.rebuild_unserved()
@@ -183,6 +199,20 @@ class QueryVerticle:
     def stats(self) -> dict[str, Any]:
         """Positions and metric samples, for the HTTP verticles' readiness and metrics (``runtime.health``)."""
         return self.core.stats()
+
+    def catch_up(self, partitions: Sequence[int]) -> list[int]:
+        """Copy ``partitions`` from live peers and catch them up (a move's new copy; ``QueryCore.catch_up``)."""
+        started = self.core.catch_up(partitions)
+        if started:
+            self.log.info("copying partitions %s from live peers", started)
+        return started
+
+    def seal(self, seconds: float | None) -> dict[int, dict[str, Any]]:
+        """Refuse batches for ``seconds`` (None: for good) and return the positions (``QueryCore.seal``)."""
+        return self.core.seal(seconds)
+
+    def unseal(self) -> None:
+        self.core.unseal()
 
     def destroy(self) -> None:
         """Delete this actor's partitions from disk (its store or the runtime is going away), and the

@@ -43,13 +43,16 @@ from runtime.config import (
     EPOCH_WAIT_MAX,
     FEED_SAVE_INTERVAL,
     FEED_STALE_AFTER,
+    MOVE_LEAVE_GRACE,
+    MOVE_SEAL_SECONDS,
     RECREATE_ENV,
     SUSPECT_CHECK_GAP,
     seconds_setting,
 )
-from runtime.errors import StoreInUse, StoreNotFound, Unavailable
+from runtime.errors import Conflict, InvalidParameter, NotFound, RiqrError, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.membership import UndecodableRecord, membership_record, merge_members
+from runtime.moves import behind
 from runtime.ownership import (
     ClusterView,
     Endpoint,
@@ -161,8 +164,12 @@ class Registry:
         self._members_off = False
         self._members_failing = False  # the last save failed (logged once until one succeeds)
         self._members_carried: dict[str, Any] = {}
-        # Query actors of dropped stores not yet destroyed (saved in the members; ``_finish_drops``).
+        # Query actors of dropped stores not yet destroyed (saved in the members; ``_finish_drops``), and
+        # of those a move replaced, when their grace for reads already sent to them ends.
         self._dropping: set[str] = set()
+        self._leaving: dict[str, float] = {}
+        # A move's new actor -> the actor it replaces, while the move is under way (``join``).
+        self._moving: dict[str, str] = {}
         self._drops_failing = False
         if env.restarted():
             self._rebuild(first_epoch)
@@ -200,6 +207,7 @@ class Registry:
         for name, (spec, actors) in sorted(merged.stores.items()):
             try:
                 table = table_from_holdings(spec, {a.uuid: a.partitions for a in actors})
+                table = replace(table, moved_from=merged.moved_from.get(name, frozenset()))
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
@@ -301,7 +309,7 @@ class Registry:
         caller fed a store of that name dropped since: the caller's own view says so, in its own words."""
         table = self.state.view().table(store)
         report = FeedReport(store, feeder, RUNNING, checkpoint=checkpoint, owners=tuple(owners))
-        if table is None or self.feeds.about_an_older_store(report, table.all_owners()):
+        if table is None or self.feeds.about_an_older_store(report, table.lineage()):
             return self.state.epoch, None
         return self.state.epoch, self.feeds.refusal(report, self._clock())
 
@@ -400,10 +408,12 @@ class Registry:
         return uuids
 
     def _finish_drops(self) -> None:
-        """Destroy the query actors of dropped stores (stop them, delete their data), then save the members
-        without them. Actors already gone are no error: their data stays for the sweeper. A failure is
-        logged (once until one succeeds) and tried again at the next check."""
-        pending = sorted(self._dropping)
+        """Destroy the query actors of dropped stores (stop them, delete their data), and those a move
+        replaced once their grace has passed, then save the members without them. Actors already gone are
+        no error: their data stays for the sweeper. A failure is logged (once until one succeeds) and tried
+        again at the next check."""
+        now = self._clock()
+        pending = sorted(u for u in self._dropping if self._leaving.get(u, now) <= now)
         if not pending:
             return
         try:
@@ -416,7 +426,108 @@ class Registry:
             return
         self._drops_failing = False
         self._dropping.difference_update(pending)
+        for uuid in pending:
+            self._leaving.pop(uuid, None)
         self._save_members()
+
+    # -- moving copies between nodes (runtime.moves; driven by riqr.moves) ---------------------------
+
+    def join(self, uuid: str, node_id: str) -> dict[str, Any]:
+        """A move's first step: create a new query actor on ``node_id`` for the partitions query actor
+        ``uuid`` holds, list it as their last standby (the sink delivers to it from its next batch), and
+        start its copy from live peers. Returns ``{"uuid", "node_id", "epoch"}`` of the new actor."""
+        view = self.state.view()
+        info = view.actors.get(uuid)
+        table = None if info is None else view.table(info.store)
+        if info is None or table is None or uuid not in table.all_owners():
+            raise NotFound(f"query actor {uuid} is not known", actor=uuid)
+        if self._retired:
+            raise Unavailable("the runtime is going down (riqr down): nothing is moved", retry_after=5)
+        if node_id == info.node_id:
+            raise InvalidParameter(f"query actor {uuid} already runs on node {node_id}", actor=uuid)
+        if node_id not in self._env.alive_nodes():
+            raise InvalidParameter(f"node {node_id} is not a live node of the cluster", node=node_id)
+        if uuid in self._moving:
+            raise Conflict(f"query actor {uuid} is a move's new actor, not in place yet", actor=uuid)
+        under_way = [new for new, old in self._moving.items() if old == uuid and new in view.actors]
+        if under_way:
+            raise Conflict(f"query actor {uuid} is being moved already (to {', '.join(under_way)})", actor=uuid)
+        new = self._new_uuid()
+        started = self._env.join_query_actor(table.spec, new, info.partitions, node_id)
+        self.state.add_copy(table.with_joining(uuid, new), started)
+        self._moving[new] = uuid
+        log.info("moving query actor %s of %s from node %s to node %s: new actor %s copies partitions %s",
+                 uuid, info.store, info.node_id, node_id, new, list(info.partitions),
+                 extra={"store": info.store, "actor": uuid})  # fmt: skip
+        try:
+            self._env.query_actor_call(new, "catch_up", list(info.partitions))
+        except RiqrError as err:  # its mover asks again
+            log.warning("the new actor %s did not start its copy yet: %s", new, err.message,
+                        extra={"store": info.store, "actor": new})  # fmt: skip
+        return {"uuid": new, "node_id": started.node_id, "epoch": self.state.epoch}
+
+    def switch(self, old: str, new: str) -> dict[str, Any]:
+        """A move's switch: seal ``old`` (it refuses batches, so its positions stop), and if ``new`` holds
+        every batch ``old`` holds, put ``new`` in ``old``'s place in one epoch and destroy ``old`` after
+        ``MOVE_LEAVE_GRACE`` (``{"switched": True, "epoch"}``); otherwise lift the seal and say which
+        partitions are behind (``{"switched": False, "behind", "old", "new"}``: positions)."""
+        view = self.state.view()
+        info, joined = view.actors.get(old), view.actors.get(new)
+        table = None if info is None else view.table(info.store)
+        if info is None or joined is None or table is None or joined.store != info.store:
+            raise NotFound(f"no move of query actor {old} to {new} is under way", actor=old)
+        replaced = table.with_replaced(old, new)  # ValueError: new does not hold old's copies (a bug)
+        sealed = self._env.query_actor_call(old, "seal", MOVE_SEAL_SECONDS)
+        try:
+            positions = self._env.query_actor_call(new, "positions")
+        except RiqrError:
+            self._env.query_actor_call(old, "unseal")
+            raise
+        late = behind(sealed, positions)
+        if late:
+            self._env.query_actor_call(old, "unseal")
+            return {"switched": False, "behind": late, "old": sealed, "new": positions}
+        # Saved as leaving before it is sealed for good: a registry restarted from here destroys it, and
+        # rebuilds the table from the copies that stay.
+        self._dropping.add(old)
+        self._leaving[old] = self._clock() + MOVE_LEAVE_GRACE
+        self._first_active = {k: (new if v == old else v) for k, v in self._first_active.items()}
+        epoch = self.state.remove_actor(replaced, old)
+        self._moving.pop(new, None)
+        try:
+            self._env.query_actor_call(old, "seal", None)
+        except RiqrError as err:  # sealed for MOVE_SEAL_SECONDS, destroyed before that
+            log.warning("could not seal query actor %s for good: %s", old, err.message, extra={"actor": old})
+        log.info("query actor %s of %s took the place of %s (epoch %d); the old one is destroyed in %.0fs", new,
+                 info.store, old, epoch, MOVE_LEAVE_GRACE, extra={"store": info.store, "actor": new})  # fmt: skip
+        return {"switched": True, "epoch": epoch}
+
+    def abandon_move(self, old: str, new: str) -> int:
+        """Give a move up (its mover timed out or was stopped): ``new`` leaves the table and is destroyed
+        with its data, ``old`` takes batches again. Returns the epoch."""
+        view = self.state.view()
+        joined = view.actors.get(new)
+        table = None if joined is None else view.table(joined.store)
+        self._moving.pop(new, None)
+        if joined is not None and table is not None and new in table.all_owners():
+            try:
+                without = table.without_standby(new)
+            except ValueError:  # a restarted registry dealt it a partition: it stays, a copy like any other
+                log.warning("gave up moving query actor %s of %s: its new actor %s answers for partitions since the "
+                            "registry restarted, and stays", old, joined.store, new,
+                            extra={"store": joined.store, "actor": new})  # fmt: skip
+            else:
+                self._dropping.add(new)
+                self.state.remove_actor(without, new)
+                log.warning("gave up moving query actor %s of %s: its new actor %s is destroyed", old, joined.store,
+                            new, extra={"store": joined.store, "actor": old})  # fmt: skip
+        if old in view.actors:
+            try:
+                self._env.query_actor_call(old, "unseal")
+            except RiqrError as err:
+                log.warning("could not unseal query actor %s: %s", old, err.message, extra={"actor": old})
+        self._finish_drops()
+        return self.state.epoch
 
     def forget_records(self) -> None:
         """The runtime is going away (``riqr down``, after its stores' data): delete the saved members and
@@ -447,7 +558,7 @@ class Registry:
         significant, refused = False, {}
         for report in reports:
             table = known.get(report.store)
-            owners = table.all_owners() if table is not None else {}
+            owners = table.lineage() if table is not None else frozenset()
             if table is None or self.feeds.about_an_older_store(report, owners):
                 continue
             why = self.feeds.refusal(report, now) if report.live else None
@@ -472,7 +583,7 @@ class Registry:
         table = self.state.view().table(report.store)
         if table is None:
             raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
-        why = self.feeds.claim(report, self._clock(), table.all_owners(), displace)
+        why = self.feeds.claim(report, self._clock(), table.lineage(), displace)
         if why is None:
             self._save_feeds(now=True)
             log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,

@@ -90,8 +90,12 @@ class Facade:
         """Drop the marks of stores that are gone or whose actors changed (dropped and created again): a new
         store's partitions start over, possibly at a source and batch below the old marks."""
         holders = {name: frozenset(table.all_owners()) for name, table in view.tables.items()}
+        lineage = {name: table.lineage() for name, table in view.tables.items()}
         for store in self.marks.stores() | set(self._holders):
-            if holders.get(store) != self._holders.get(store):
+            before = self._holders.get(store)
+            # Another store of that name has none of the actors this one had (a move keeps them in the
+            # lineage: its marks stay, so reads stay monotonic across it).
+            if before is None or store not in lineage or before.isdisjoint(lineage[store]):
                 self.marks.forget(store)
         self._holders = holders
 

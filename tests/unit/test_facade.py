@@ -644,6 +644,22 @@ async def test_a_store_dropped_and_created_again_starts_its_marks_over(replicate
     assert await facade.get(KeyQuery("r", "k007")) == "y"
 
 
+async def test_a_move_of_a_stores_actor_keeps_its_marks(replicated: tuple[FakeBus, Facade]) -> None:
+    bus, facade = replicated
+    bus.load("r", {"k007": "x"}, batch_id=1)
+    assert await facade.get(KeyQuery("r", "k007")) == "x"
+    table = facade.view.table("r")
+    assert table is not None
+    partition = table.partition_of("k007")
+    served = facade.marks.get("r", partition)
+    assert served is not None
+    old = table.partitions[partition].active
+    assert old is not None
+    bus.state.replace_table(table.with_joining(old, "new-actor").with_replaced(old, "new-actor"))  # runtime.moves
+    await facade.views.refresh()
+    assert facade.marks.get("r", partition) == served  # an older copy is still refused after the move
+
+
 def _record_packed_limits(bus: FakeBus) -> list[int | None]:
     """The ``limit`` of every ``scan_packed`` call the bus's owners get from now on, in order."""
     asked: list[int | None] = []

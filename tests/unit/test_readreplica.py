@@ -233,3 +233,24 @@ def test_apply_in_the_sink_shape(bus: FakeBus) -> None:
     replica = verticle.only()
     results = verticle.replicas.apply(replica.uuid, "q", 1, {0: pa.table({"key": ["x"], "value": ["y"]}), 1: None})
     assert {r.partition for r in results} == {0, 1}
+
+
+def test_a_replica_stays_across_a_move_of_its_stores_actors_and_goes_when_the_store_is_another() -> None:
+    bus = FakeBus()
+    bus.create_store(dataclasses.replace(kv_spec("customers"), read_replicas=True))
+    verticle = Verticle(bus)
+    (replica,) = verticle.replicas.follow(bus.state.view())
+    verticle.replicas.published(replica, bus.state.add_reader(replica.reader))
+    table = bus.state.view().table("customers")
+    assert table is not None
+    old = sorted(table.all_owners())[0]
+    moved = table.with_joining(old, "new-actor").with_replaced(old, "new-actor")
+    bus.state.replace_table(moved)  # a move put "new-actor" in old's place (runtime.moves)
+    assert verticle.replicas.follow(bus.state.view()) == [] and verticle.only() is replica
+    assert replica.holders == frozenset(moved.all_owners())
+    other = dataclasses.replace(
+        moved, partitions=tuple(type(o)("x", ()) for o in moved.partitions), moved_from=frozenset()
+    )
+    bus.state.replace_table(other)  # dropped and declared again: none of its actors are this store's
+    (fresh,) = verticle.replicas.follow(bus.state.view())
+    assert fresh is not replica

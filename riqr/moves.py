@@ -1,0 +1,207 @@
+"""Moving query actors between nodes while queries and batches go on: ``riqr rebalance`` and ``riqr drain``.
+
+The plan and the switch's check are pure (``runtime.moves``); the registry makes each step atomic
+(``Registry.join``, ``Registry.switch``, ``Registry.abandon_move``); this module drives one move after
+another from the caller's process (the CLI, or Python code connected to the cluster), watching the new
+copy catch up and saying how far it is. A move that does not finish in time, or whose driver is stopped
+(Ctrl-C), is given up: the new actor is destroyed and the old one stays as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from runtime import raycalls
+from runtime.config import REGISTRY_NAME
+from runtime.errors import RiqrError, Unavailable
+from runtime.moves import Move, behind, plan_moves
+from runtime.ownership import ClusterView
+
+__all__ = ["MoveDone", "MoveFailed", "plan", "move", "rebalance", "DEFAULT_MOVE_TIMEOUT"]
+
+# How long one move may take, from the new actor's start to the switch (a large partition's copy over
+# the network takes most of it).
+DEFAULT_MOVE_TIMEOUT = 900.0
+# How often the mover looks at the two copies, and says how far the copy is.
+_LOOK_EVERY = 0.2
+_SAY_EVERY = 5.0
+# A new copy serving but behind the old one, with no batch arriving to show it a gap, for this long, is
+# copied again (the batch it lacks reached only the old copies, before it joined the table).
+_STILL_FOR = 3.0
+_CALL_TIMEOUT = 30.0
+
+
+class MoveFailed(Unavailable):
+    """A move did not finish: its new actor was given up, and the old one serves as before."""
+
+    code = "move-failed"
+
+
+@dataclass(frozen=True)
+class MoveDone:
+    move: Move
+    new_uuid: str
+    seconds: float
+    epoch: int
+
+
+def plan(
+    namespace: str, *, drain: Sequence[str] = (), stores: Sequence[str] | None = None
+) -> tuple[ClusterView, list[Move]]:
+    """The registry's view and the moves ``rebalance`` would make (``runtime.moves.plan_moves``)."""
+    view: ClusterView = raycalls.get(registry_of(namespace).view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+    alive = alive_nodes()
+    unknown = sorted(set(drain) - set(alive))
+    if unknown:
+        raise MoveFailed(f"no live node {', '.join(unknown)} to drain (live nodes: {', '.join(sorted(alive))})")
+    missing = sorted(set(stores or ()) - set(view.tables))
+    if missing:
+        raise MoveFailed(f"no store {', '.join(missing)} in namespace {namespace!r}")
+    if drain and not set(alive) - set(drain):
+        raise MoveFailed("draining every live node would leave the stores nowhere to go")
+    chosen = None if stores is None else set(stores)
+    return view, plan_moves(view, alive, drain=set(drain), stores=chosen)
+
+
+def rebalance(
+    namespace: str,
+    *,
+    drain: Sequence[str] = (),
+    stores: Sequence[str] | None = None,
+    timeout: float = DEFAULT_MOVE_TIMEOUT,
+    say: Callable[[str], None] = print,
+) -> list[MoveDone]:
+    """Make the moves ``plan`` gives, one after another; returns them. Stops at the first that fails
+    (``MoveFailed``; the moves before it stay made)."""
+    _, moves = plan(namespace, drain=drain, stores=stores)
+    if not moves:
+        say("nothing to move: every store's query actors are spread evenly over the live nodes"
+            + (", and none is on the nodes to drain" if drain else ""))  # fmt: skip
+        return []
+    say(f"{len(moves)} move(s) to make, one after another")
+    done = []
+    for i, m in enumerate(moves, 1):
+        say(f"[{i}/{len(moves)}] {_describe(m)}")
+        done.append(move(namespace, m, timeout=timeout, say=say))
+    return done
+
+
+def move(
+    namespace: str, m: Move, *, timeout: float = DEFAULT_MOVE_TIMEOUT, say: Callable[[str], None] = print
+) -> MoveDone:
+    """Move query actor ``m.uuid`` to node ``m.target``: copy, catch up, switch, drop (``runtime.moves``)."""
+    reg = registry_of(namespace)
+    started = time.monotonic()
+    joined = raycalls.get(reg.join.remote(m.uuid, m.target), "starting the new actor", timeout=_CALL_TIMEOUT)
+    new = str(joined["uuid"])
+    say(f"  new actor {new} on node {_node(m.target)}: copying partitions {_parts(m.partitions)} from live copies")
+    try:
+        epoch = _until_switched(namespace, reg, m, new, started + timeout, say)
+    except BaseException as err:
+        reason = err.message if isinstance(err, RiqrError) else type(err).__name__
+        try:
+            raycalls.get(reg.abandon_move.remote(m.uuid, new), "giving the move up", timeout=_CALL_TIMEOUT)
+            say(f"  gave the move up ({reason}): the new actor is destroyed, {m.uuid} serves as before")
+        except RiqrError as undone:
+            say(f"  gave the move up ({reason}), but the registry could not be told: {undone.message}")
+        raise
+    seconds = time.monotonic() - started
+    say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} answers for partitions {_parts(m.partitions)}; "
+        f"{m.uuid} is destroyed with its data after a short grace")  # fmt: skip
+    return MoveDone(m, new, seconds, epoch)
+
+
+def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float, say: Callable[[str], None]) -> int:
+    """Watch the new copy catch up (asking it to copy again where it is stuck) and ask the registry to
+    switch once it holds what the old copy holds; returns the switch's epoch."""
+    old_actor, new_actor = _actor(namespace, m.uuid), _actor(namespace, new)
+    still: dict[int, tuple[Any, float]] = {}  # partition -> (its new copy's position, since when)
+    said = time.monotonic()
+    while True:
+        now = time.monotonic()
+        old_pos = raycalls.get(old_actor.positions.remote(), "positions", timeout=_CALL_TIMEOUT, actor=m.uuid)
+        new_pos = raycalls.get(new_actor.positions.remote(), "positions", timeout=_CALL_TIMEOUT, actor=new)
+        late = behind(old_pos, new_pos)
+        if late and now > deadline:
+            raise MoveFailed(f"the new copy did not catch up within the move's timeout ({_progress(old_pos, new_pos)})")
+        if not late:
+            out = raycalls.get(reg.switch.remote(m.uuid, new), "switching over", timeout=_CALL_TIMEOUT)
+            if out["switched"]:
+                return int(out["epoch"])
+            late, old_pos, new_pos = out["behind"], out["old"], out["new"]
+        again = _stuck(late, new_pos, still, now)
+        if again:
+            raycalls.get(new_actor.catch_up.remote(again), "copying again", timeout=_CALL_TIMEOUT, actor=new)
+            for p in again:
+                still.pop(p, None)
+        if now - said >= _SAY_EVERY:
+            say(f"  {_progress(old_pos, new_pos)}")
+            said = now
+        time.sleep(_LOOK_EVERY)
+
+
+def _stuck(late: Sequence[int], positions: Mapping[int, Mapping[str, Any]], still: dict[int, tuple[Any, float]],
+           now: float) -> list[int]:  # fmt: skip
+    """The partitions of the new copy to copy again: those not serving and not copying (a copy given up,
+    or a gap it does not mend by itself), and those serving behind the old copy without moving for
+    ``_STILL_FOR`` seconds."""
+    out = []
+    for p in late:
+        pos = positions.get(p, {})
+        state = pos.get("state")
+        if state == "catching-up":
+            still.pop(p, None)
+        elif state != "serving":
+            out.append(p)
+        else:
+            mark = (pos.get("source"), pos.get("batch_id"))
+            seen = still.get(p)
+            if seen is None or seen[0] != mark:
+                still[p] = (mark, now)
+            elif now - seen[1] >= _STILL_FOR:
+                out.append(p)
+    return out
+
+
+def _progress(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[str, Any]]) -> str:
+    ready = len(old) - len(behind(old, new))
+    states = sorted({str(pos.get("state")) for p, pos in new.items() if p in behind(old, new)})
+    rest = f"; the others: {', '.join(states)}" if states else ""
+    return f"{ready} of {len(old)} partitions caught up{rest}"
+
+
+def alive_nodes() -> list[str]:
+    return sorted(str(n["NodeID"]) for n in ray.nodes() if n.get("Alive"))
+
+
+def registry_of(namespace: str) -> Any:
+    try:
+        return ray.get_actor(REGISTRY_NAME, namespace=namespace)
+    except ValueError:
+        raise MoveFailed(f"no riqr runtime in Ray namespace {namespace!r}", namespace=namespace) from None
+
+
+def _actor(namespace: str, uuid: str) -> Any:
+    try:
+        return ray.get_actor(uuid, namespace=namespace)
+    except ValueError:
+        raise MoveFailed(f"query actor {uuid} is not running", actor=uuid) from None
+
+
+def _parts(partitions: Sequence[int]) -> str:
+    return ", ".join(str(p) for p in partitions)
+
+
+def _describe(m: Move) -> str:
+    return (f"store {m.store}: query actor {m.uuid} (partitions {_parts(m.partitions)}) from node "
+            f"{_node(m.source)} to node {_node(m.target)}")  # fmt: skip
+
+
+def _node(node_id: str) -> str:
+    """A node id as `riqr status` and `ray status` show it: its first 12 characters."""
+    return node_id[:12]

@@ -1,0 +1,129 @@
+"""Moving a store's copies between nodes while queries go on (``riqr rebalance``, ``riqr drain``).
+
+A move replaces one query actor by a new one on another node, in four steps (docs/design.md, "Moving
+copies"):
+
+1. **copy**: the new actor starts with its partitions incomplete and joins the table as the last standby
+   of each (``OwnershipTable.with_joining``); from the next batch on the sink delivers to it, and it
+   rebuilds each partition from a live peer (``runtime.rebuild``), buffering the batches meanwhile;
+2. **catch up**: until it serves every partition at the old actor's position;
+3. **switch**: the registry seals the old actor (it refuses batches, ``CopyMoved``, so its position stops
+   moving), checks that the new copy holds every batch the old one holds (``behind``), and puts the new
+   actor in the old one's place (``OwnershipTable.with_replaced``) in one epoch; if the new copy is
+   behind after all, the seal is lifted and the move waits;
+4. **drop**: facades and the sink learn the new table within milliseconds (their long poll); the old
+   actor keeps answering the reads already sent to it for a grace period, then is destroyed with its data.
+
+Reads never lack a copy: before the switch the old actor answers and the new one is a standby; after it,
+a facade with the old table that finds the old actor gone fails over to the new one, which that table
+already lists. No batch is lost: one the old actor took before its seal is in the positions the switch
+checks; one it refused is delivered again by the sink, which asks the registry which copies to use.
+
+This module is the plan (which actor goes where) and the check, as pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, replace
+from typing import Any
+
+from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, replacement_node
+
+__all__ = ["Move", "plan_moves", "behind"]
+
+SERVING = "serving"
+
+
+@dataclass(frozen=True)
+class Move:
+    """Query actor ``uuid`` of ``store`` goes from node ``source`` to node ``target``."""
+
+    store: str
+    uuid: str
+    source: str
+    target: str
+    partitions: tuple[int, ...]
+
+
+def plan_moves(
+    view: ClusterView, alive: Sequence[str], *, drain: Set[str] = frozenset(), stores: Set[str] | None = None
+) -> list[Move]:
+    """The moves that take every query actor off the ``drain`` nodes and then spread each store's actors
+    evenly over the other live nodes, one actor at a time (each planned move counts in the next).
+
+    An actor off a drained node goes where ``replacement_node`` would re-create it (no node holding
+    another copy of its partitions while one is left, then the fewest of the store's actors). Evening out
+    moves an actor from the node with the most of the store's actors to one with at least two fewer,
+    never onto a node that holds another copy of one of its partitions; it stops when no such move is
+    left. Actors on nodes that are not alive are the node-loss check's business, not moved here.
+    ``stores``: only these (None: every store)."""
+    targets = sorted(set(alive) - set(drain))
+    live = set(alive)
+    actors: dict[str, ActorInfo] = dict(view.actors)
+    moves: list[Move] = []
+    for name in sorted(view.tables):
+        if stores is not None and name not in stores:
+            continue
+        table = view.tables[name]
+        mine = sorted(u for u, info in actors.items() if info.store == name and u in table.all_owners())
+
+        def go(uuid: str, node: str) -> None:
+            info = actors[uuid]
+            moves.append(Move(info.store, uuid, info.node_id, node, info.partitions))
+            actors[uuid] = replace(info, node_id=node)
+
+        for uuid in mine:
+            if actors[uuid].node_id in drain:
+                node = replacement_node(table, actors, uuid, targets)
+                if node is not None:
+                    go(uuid, node)
+        while targets:
+            load = {n: 0 for n in targets}
+            for uuid in mine:
+                if actors[uuid].node_id in load:
+                    load[actors[uuid].node_id] += 1
+            step = _evening_step(table, actors, mine, load, live)
+            if step is None:
+                break
+            go(*step)
+    return moves
+
+
+def _evening_step(
+    table: OwnershipTable, actors: Mapping[str, ActorInfo], mine: Sequence[str], load: Mapping[str, int], live: Set[str]
+) -> tuple[str, str] | None:
+    """One move from the most loaded node to a node at least two actors lighter that holds no other copy
+    of the moved actor's partitions; None when there is none."""
+    holdings = table.all_owners()
+    for high in sorted(load, key=lambda n: (-load[n], n)):
+        for low in sorted(load, key=lambda n: (load[n], n)):
+            if load[high] - load[low] < 2:
+                break
+            for uuid in mine:
+                if actors[uuid].node_id != high:
+                    continue
+                parts = set(holdings.get(uuid, ()))
+                peers = {u for u, held in holdings.items() if u != uuid and parts & set(held)}
+                if all(actors[u].node_id != low for u in peers if u in actors and actors[u].node_id in live):
+                    return uuid, low
+    return None
+
+
+def behind(sealed: Mapping[int, Mapping[str, Any]], joined: Mapping[int, Mapping[str, Any]]) -> list[int]:
+    """The partitions where the new copy (``joined``: its actor's ``positions()``) does not yet hold every
+    batch the sealed old copy holds (``sealed``: the old actor's positions at its seal). A partition the
+    old copy served needs the new one serving at the same source and at least its batch; one the old copy
+    could not serve needs the new one serving (it got its state from another copy)."""
+    out = []
+    for p, old in sorted(sealed.items()):
+        new = joined.get(p)
+        serving = new is not None and new.get("state") == SERVING
+        older = (
+            new is not None
+            and old.get("state") == SERVING
+            and (new.get("source") != old.get("source") or int(new.get("batch_id", -1)) < int(old.get("batch_id", -1)))
+        )
+        if not serving or older:
+            out.append(p)
+    return out

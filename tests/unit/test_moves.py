@@ -1,0 +1,432 @@
+"""Moving query actors between nodes (``runtime.moves``): the plan, the table's steps, the switch's check,
+a query core's seal and explicit catch-up, and the registry driving a whole move over real query
+verticles in this process (no Ray: the environment is a fake whose actors are plain objects)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from runtime.catalog import StoreSpec
+from runtime.errors import Conflict, CopyMoved, InvalidParameter, NotFound, OwnerUnavailable, PartitionUnavailable
+from runtime.moves import Move, behind, plan_moves
+from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, PartitionOwners, table_from_placement
+from runtime.query import QueryCore
+from runtime.scan import Scan
+from tests.unit.fakes import kv_spec
+from tests.unit.test_verticles import Clock, FakeEnv, uuids
+from verticles.query import QueryVerticle
+from verticles.registry import Registry
+
+# -- the table's steps -------------------------------------------------------------------------------------
+
+
+def _table(spec: StoreSpec, owners: Sequence[tuple[str, tuple[str, ...]]]) -> OwnershipTable:
+    return OwnershipTable(spec, tuple(PartitionOwners(a, s) for a, s in owners))
+
+
+def test_a_joining_actor_is_the_last_standby_of_the_partitions_it_copies_and_then_takes_the_old_ones_place() -> None:
+    spec = kv_spec("s", partitions=4, actors=2, standbys=1)
+    table = _table(spec, [("a", ("b",)), ("b", ("a",)), ("a", ("b",)), ("b", ("a",))])
+    joined = table.with_joining("a", "c")
+    assert [o.standbys for o in joined.partitions] == [("b", "c"), ("a", "c"), ("b", "c"), ("a", "c")]
+    assert [o.active for o in joined.partitions] == ["a", "b", "a", "b"]  # reads still go where they went
+
+    switched = joined.with_replaced("a", "c")
+    # Where "a" answered, "c" answers; where it was a standby, "c" is, at the same rank.
+    assert [(o.active, o.standbys) for o in switched.partitions] == [
+        ("c", ("b",)),
+        ("b", ("c",)),
+        ("c", ("b",)),
+        ("b", ("c",)),
+    ]
+    assert "a" not in switched.all_owners()
+    assert switched.lineage() == {"a", "b", "c"}  # a feed that declared the store with "a" still feeds it
+    # Promotions and give-backs keep the lineage.
+    assert switched.promote({"c"}).moved_from == {"a"}
+    assert switched.with_active(1, "c").moved_from == {"a"}
+
+    assert joined.without_standby("c") == table  # a move given up leaves the table as it was
+    with pytest.raises(ValueError):
+        switched.without_standby("c")  # it answers for partitions now
+    with pytest.raises(ValueError):
+        table.with_replaced("a", "c")  # "c" holds no copy of "a"'s partitions
+    with pytest.raises(ValueError):
+        table.with_joining("z", "c")  # "z" holds nothing
+    with pytest.raises(ValueError):
+        table.with_joining("a", "b")  # "b" holds copies already
+
+
+def test_a_switch_waits_until_the_new_copy_serves_every_batch_the_old_one_holds() -> None:
+    def pos(state: str, batch: int, source: str = "q") -> dict[str, Any]:
+        return {"state": state, "source": source, "batch_id": batch}
+
+    old = {0: pos("serving", 7), 1: pos("serving", 7), 2: pos("incomplete", -1)}
+    assert behind(old, {0: pos("serving", 7), 1: pos("serving", 8), 2: pos("serving", 7)}) == []
+    assert behind(old, {0: pos("serving", 6), 1: pos("catching-up", 7), 2: pos("serving", 7)}) == [0, 1]
+    assert behind(old, {0: pos("serving", 9, "other"), 1: pos("serving", 7)}) == [0, 2]  # another source; missing
+    # The old copy could not serve: the new one needs only to serve (it copied from another holder).
+    assert behind(old, {0: pos("serving", 7), 1: pos("serving", 7), 2: pos("incomplete", -1)}) == [2]
+
+
+# -- the plan ------------------------------------------------------------------------------------------------
+
+
+def _placed(spec: StoreSpec, nodes: Sequence[str], uuids_: Sequence[str]) -> ClusterView:
+    from runtime.ownership import plan_placement
+
+    plans = plan_placement(spec, nodes)
+    table = table_from_placement(spec, uuids_, plans)
+    holdings = table.all_owners()
+    actors = {u: ActorInfo(u, spec.name, p.node_id or "", "ip", tuple(holdings[u])) for u, p in zip(uuids_, plans)}
+    return ClusterView(1, {spec.name: table}, actors)
+
+
+def _after(view: ClusterView, moves: Sequence[Move]) -> dict[str, str]:
+    where = {u: info.node_id for u, info in view.actors.items()}
+    for m in moves:
+        assert where[m.uuid] == m.source
+        where[m.uuid] = m.target
+    return where
+
+
+def _no_two_copies_on_a_node(view: ClusterView, where: dict[str, str]) -> None:
+    for table in view.tables.values():
+        for owners in table.partitions:
+            copies = [where[u] for u in (owners.active, *owners.standbys) if u is not None]
+            assert len(copies) == len(set(copies)), copies
+
+
+def test_a_node_that_joined_gets_its_share_of_each_stores_actors_and_a_second_plan_moves_nothing() -> None:
+    spec = kv_spec("s", partitions=8, actors=4, standbys=1)
+    view = _placed(spec, ["n1", "n2"], ["u1", "u2", "u3", "u4"])
+    moves = plan_moves(view, ["n1", "n2", "n3"])
+    where = _after(view, moves)
+    counts = sorted(list(where.values()).count(n) for n in ("n1", "n2", "n3"))
+    assert counts == [1, 1, 2] and len(moves) == 1
+    assert moves[0].target == "n3" and moves[0].partitions == view.actors[moves[0].uuid].partitions
+    _no_two_copies_on_a_node(view, where)
+    # Planned again on the result: nothing left to even out.
+    moved = ClusterView(
+        2,
+        view.tables,
+        {u: ActorInfo(u, "s", where[u], "ip", info.partitions) for u, info in view.actors.items()},
+    )
+    assert plan_moves(moved, ["n1", "n2", "n3"]) == []
+    assert plan_moves(view, ["n1", "n2", "n3"], stores={"other"}) == []  # only the stores asked for
+
+
+def test_draining_a_node_moves_each_of_its_actors_where_no_other_copy_of_its_partitions_is() -> None:
+    spec = kv_spec("s", partitions=6, actors=3, standbys=1)
+    view = _placed(spec, ["n1", "n2", "n3"], ["u1", "u2", "u3"])
+    moves = plan_moves(view, ["n1", "n2", "n3", "n4"], drain={"n2"})
+    where = _after(view, moves)
+    assert "n2" not in where.values()
+    assert [m.target for m in moves if m.source == "n2"] == ["n4"]  # the only node with no copy of its partitions
+    _no_two_copies_on_a_node(view, where)
+    # With no node free of its partitions' copies, it still goes (a node lost would do the same), to the
+    # node with the fewest of the store's actors.
+    small = _placed(kv_spec("t", partitions=2, actors=2, standbys=1), ["n1", "n2"], ["v1", "v2"])
+    (only,) = plan_moves(small, ["n1", "n2"], drain={"n2"})
+    assert (only.source, only.target) == ("n2", "n1")
+
+
+def test_evening_out_never_puts_two_copies_of_a_partition_on_one_node_and_leaves_dead_nodes_alone() -> None:
+    spec = kv_spec("s", partitions=4, actors=2, standbys=1)
+    view = _placed(spec, ["n1", "n2"], ["u1", "u2"])
+    assert plan_moves(view, ["n1", "n2", "n3"]) == []  # one actor a node already: as even as it gets
+    crowded = _placed(kv_spec("t", partitions=6, actors=3, standbys=0), ["n1"], ["v1", "v2", "v3"])
+    moves = plan_moves(crowded, ["n1", "n2", "n3"])
+    assert sorted(_after(crowded, moves).values()) == ["n1", "n2", "n3"]
+    # Actors on a node that is not alive are the node-loss check's to re-create, not moved by a plan.
+    assert plan_moves(crowded, ["n2", "n3"]) == []
+
+
+# -- a query core sealed, and told to copy ------------------------------------------------------------------
+
+
+def _batch(keys: Sequence[str], value: str) -> pa.Table:
+    return pa.table({"key": list(keys), "value": [value] * len(keys)})
+
+
+def test_a_sealed_core_refuses_batches_keeps_its_positions_and_takes_them_again_once_unsealed() -> None:
+    clock = Clock(100.0)
+    core = QueryCore(kv_spec("s", partitions=2, actors=1), [0, 1], clock=clock)
+    core.apply("q", 0, {0: _batch(["a"], "1"), 1: None})
+    sealed = core.seal(30)
+    assert sealed == core.positions() and core.sealed
+    with pytest.raises(CopyMoved, match="moving to another actor"):
+        core.apply("q", 1, {0: _batch(["a"], "2"), 1: None})
+    assert core.positions() == sealed
+    assert core.get_many([(0, "a")])[0] == [b"\xa11"]  # reads go on
+    core.unseal()
+    core.apply("q", 1, {0: _batch(["a"], "2"), 1: None})
+    assert core.positions()[0]["batch_id"] == 1
+    core.seal(30)
+    clock.now += 31  # a seal no switch followed (its registry died) lapses
+    core.apply("q", 2, {0: None, 1: None})
+    core.seal(None)  # for good: a switch made
+    clock.now += 10**9
+    with pytest.raises(CopyMoved):
+        core.apply("q", 3, {0: None, 1: None})
+
+
+def test_a_copy_catches_up_on_a_gap_by_itself_only_in_a_store_with_standbys_and_always_when_told() -> None:
+    started: list[Any] = []
+    spec = kv_spec("s", partitions=2, actors=2, standbys=0)
+
+    class NoPeers:
+        def holders(self, partition: int) -> list[str]:
+            return []
+
+        def peer(self, uuid: str) -> Any:
+            raise AssertionError("no peer")
+
+    core = QueryCore(spec, [0, 1], peers=NoPeers(), spawn=started.append, catch_up_on_gap=False)
+    core.apply("q", 3, {0: None, 1: None})  # a gap: incomplete, and no catch-up of its own
+    assert {p["state"] for p in core.positions().values()} == {"incomplete"} and started == []
+    assert core.rebuild_unserved() == []
+    assert core.catch_up([0, 1]) == [0, 1] and len(started) == 2
+    assert {p["state"] for p in core.positions().values()} == {"catching-up"}
+    assert core.catch_up([0]) == []  # catching up already
+    with_standbys = QueryCore(
+        kv_spec("s", partitions=2, actors=2, standbys=1), [0, 1], peers=NoPeers(), spawn=started.append
+    )
+    with_standbys.apply("q", 3, {0: None, 1: None})
+    assert {p["state"] for p in with_standbys.positions().values()} == {"catching-up"} and len(started) == 4
+
+
+# -- the registry moving an actor over real query verticles -------------------------------------------------
+
+
+class MoveEnv(FakeEnv):
+    """``FakeEnv`` whose query actors are real ``QueryVerticle``s in this process, under ``data``."""
+
+    def __init__(self, data: Path) -> None:
+        super().__init__(nodes=("node-a", "node-b", "node-c"))
+        self.data = data
+        self.actors: dict[str, QueryVerticle] = {}
+        self.registry: Registry | None = None
+
+    def _start(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node: str, **kw: Any) -> ActorInfo:
+        self.actors[uuid] = QueryVerticle(uuid, spec, list(partitions), self, **kw)
+        return ActorInfo(uuid, spec.name, node, "10.0.0.9", tuple(partitions))
+
+    def start_query_actors(
+        self, stores: Sequence[tuple[StoreSpec, Sequence[tuple[str, Sequence[int], str | None]]]]
+    ) -> list[list[ActorInfo]]:
+        return [
+            [self._start(spec, u, parts, node or "node-a") for u, parts, node in members] for spec, members in stores
+        ]
+
+    def join_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
+        return self._start(spec, uuid, partitions, node_id, joining=True)
+
+    def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
+        actor = self.actors.get(uuid)
+        if actor is None:
+            raise OwnerUnavailable(f"query actor {uuid} is not running", actors=[uuid])
+        return getattr(actor, method)(*args)
+
+    def holders(self, store: str, partition: int) -> list[str]:
+        assert self.registry is not None
+        table = self.registry.view().table(store)
+        owners = table.partitions[partition] if table is not None else PartitionOwners(None)
+        return [u for u in (owners.active, *owners.standbys) if u is not None]
+
+    def snapshot_peer(self, uuid: str) -> Any:
+        return self.actors[uuid]
+
+    def destroy(self, uuids: Sequence[str]) -> None:
+        for uuid in uuids:
+            actor = self.actors.pop(uuid, None)
+            if actor is not None:
+                actor.destroy()
+        super().destroy(uuids)
+
+    def deliver(self, batch_id: int, rows: dict[str, str], *, to: Sequence[str] | None = None) -> None:
+        """What the sink does: every copy the registry lists gets each partition's slice (``to``: only
+        these actors, as a delivery with an older view would)."""
+        assert self.registry is not None
+        table = self.registry.view().table("s")
+        assert table is not None
+        for uuid, parts in table.all_owners().items():
+            if to is not None and uuid not in to:
+                continue
+            slices = {}
+            for p in parts:
+                keys = [k for k in rows if table.partition_of(k) == p]
+                slices[p] = pa.table({"key": keys, "value": [rows[k] for k in keys]}) if keys else None
+            self.actors[uuid].apply("q", batch_id, slices)
+
+
+def _serving(actor: QueryVerticle) -> bool:
+    return all(pos["state"] == "serving" for pos in actor.positions().values())
+
+
+def _wait(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("standbys", [0, 1])
+def test_the_registry_moves_an_actor_copy_catch_up_switch_drop_with_no_batch_lost(
+    tmp_path: Path, standbys: int
+) -> None:
+    env = MoveEnv(tmp_path)
+    clock = Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=standbys))
+    old = sorted(view.actors)[0]
+    latest = {f"k{i}": "0" for i in range(40)}
+    env.deliver(0, latest)
+    for b in (1, 2):
+        latest.update({f"k{i}": str(b) for i in range(0, 40, 3)})
+        env.deliver(b, latest)
+
+    with pytest.raises(InvalidParameter, match="already runs"):
+        registry.join(old, view.actors[old].node_id)
+    with pytest.raises(InvalidParameter, match="not a live node"):
+        registry.join(old, "node-z")
+    with pytest.raises(NotFound):
+        registry.join("nobody", "node-c")
+    epoch = registry.epoch()
+    joined = registry.join(old, "node-c")
+    new = joined["uuid"]
+    assert joined["node_id"] == "node-c" and registry.epoch() > epoch
+    with pytest.raises(Conflict):
+        registry.join(old, "node-b")  # one move of an actor at a time
+    table = registry.view().table("s")
+    assert table is not None and all(new in o.standbys for o in table.partitions if old in (o.active, *o.standbys))
+    _wait(lambda: _serving(env.actors[new]), "the new copy caught up from its peers")
+    # Batches keep coming; a delivery made with the view from before the join reaches the old copy only.
+    env.deliver(3, latest)
+    env.deliver(4, latest, to=[u for u in table.all_owners() if u != new])
+    out = registry.switch(old, new)
+    assert out["switched"] is False and out["behind"]  # it lacks batch 4: the old copy is not sealed now
+    env.deliver(5, latest)  # the next batch shows it the gap
+    if not standbys:  # a store without standbys mends it when its mover says so
+        _wait(lambda: env.actors[new].positions()[out["behind"][0]]["state"] != "catching-up", "the gap seen")
+        env.actors[new].catch_up(out["behind"])
+    _wait(lambda: _serving(env.actors[new]), "the new copy caught up again")
+
+    assert registry.switch(old, new)["switched"] is True
+    after = registry.view()
+    moved = after.table("s")
+    assert moved is not None and old not in moved.all_owners() and old not in after.actors
+    assert after.actors[new].node_id == "node-c" and moved.lineage() >= {old, new}
+    assert [o.active for o in moved.partitions] == [new if o.active == old else o.active for o in table.partitions]
+    with pytest.raises(CopyMoved):  # a delivery with an older view: refused, the sink asks again
+        env.actors[old].apply("q", 6, {p: None for p in env.actors[old].info()["partitions"]})
+    registry.check_nodes()
+    assert old not in env.destroyed  # it still answers the reads already sent to it
+    clock.now += 6
+    registry.check_nodes()
+    assert env.destroyed == [old]
+    env.deliver(6, latest)
+    for uuid, parts in moved.all_owners().items():  # every copy holds every batch: none lost
+        got = dict(env.actors[uuid].scan(parts, Scan())[0])
+        assert {k: v for k, v in got.items()} == {
+            k: b"\xa1" + v.encode() for k, v in latest.items() if moved.partition_of(k) in parts
+        }
+    assert env.membership is not None
+    saved = env.membership["stores"]["s"]
+    assert old not in [a["uuid"] for a in saved["actors"]] and saved["moved_from"] == [old]
+
+
+def test_a_move_given_up_destroys_the_new_actor_and_leaves_the_old_one_taking_batches(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=0))
+    before = view.table("s")
+    old = sorted(view.actors)[0]
+    env.deliver(0, {"a": "1", "b": "2"})
+    new = registry.join(old, "node-c")["uuid"]
+    env.actors[old].seal(30)  # as a switch that found the copy behind would leave it, had it died there
+    registry.abandon_move(old, new)
+    assert registry.view().table("s") == before and new in env.destroyed and new not in env.actors
+    env.deliver(1, {"a": "3"})  # the old actor takes batches again
+    assert env.actors[old].positions()[0]["batch_id"] == 1
+    with pytest.raises(PartitionUnavailable):
+        QueryVerticle("x", kv_spec("s", partitions=2, actors=2), [0], env, joining=True).get_many([(0, "a")])
+
+
+# -- the sink meeting a copy that moves ---------------------------------------------------------------------
+
+
+def test_the_sink_delivers_a_batch_again_to_the_copies_the_registry_names_when_one_is_moving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.deadline import Deadline
+    from tests.unit.test_runner import FakeFeeder, one_string_store
+    from topologies.delivery import BatchDelivery
+
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", query_name="riqr-ns-moving", feeder=FakeFeeder())  # type: ignore[arg-type]
+    rounds: list[float] = []
+
+    def rounds_refused_twice(*args: Any) -> list[Any]:
+        deadline: Deadline = args[-1]
+        rounds.append(deadline.remaining())
+        if len(rounds) <= 2:
+            raise CopyMoved("the copies of store s on this query actor are moving to another actor", store="s")
+        return ["applied"]
+
+    monkeypatch.setattr(delivery, "_apply_rounds", rounds_refused_twice)
+    assert delivery._apply_everywhere("q", 7, {}, 0) == ["applied"]
+    assert len(rounds) == 3 and rounds[0] >= rounds[-1]  # one deadline for the batch, not one per round
+
+    def always_refused(*args: Any) -> list[Any]:
+        raise CopyMoved("moving", store="s")
+
+    monkeypatch.setattr(delivery, "_apply_rounds", always_refused)
+    delivery.delivery_timeout = 0.3
+    with pytest.raises(OwnerUnavailable, match="no switch-over ended within"):
+        delivery._apply_everywhere("q", 8, {}, 0)
+
+
+def test_a_feed_follows_its_store_through_moves_even_across_a_registry_restart(tmp_path: Path) -> None:
+    from tests.unit.test_runner import FakeFeeder
+    from topologies.delivery import BatchDelivery
+
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    spec = view.tables["s"].spec
+    delivery = BatchDelivery(spec, "ns", "unused", query_name="riqr-ns-s", feeder=FakeFeeder())  # type: ignore[arg-type]
+    delivery.declared(view)
+    (first,) = view.actors
+    env.deliver(0, {"a": "1"})
+    second = registry.join(first, "node-b")["uuid"]
+    _wait(lambda: _serving(env.actors[second]), "the copy caught up")
+    assert registry.switch(first, second)["switched"]
+    # The registry restarts (the saved members and the live actors rebuild it) and the one actor moves again,
+    # all while the feed looked at no view: its owners then are none of the table's actors.
+    restarted_env = MoveEnv(tmp_path)
+    restarted_env.membership, restarted_env.actors, restarted_env._restarted = env.membership, env.actors, True
+    restarted_env.infos = [a.info() for u, a in env.actors.items() if u == second]
+    later = itertools.count(100)  # uuids the first registry did not hand out
+    restarted = Registry(
+        "ns", restarted_env, new_uuid=lambda: f"00000000-0000-4000-8000-{next(later):012d}", clock=Clock()
+    )
+    restarted_env.registry = restarted
+    third = restarted.join(second, "node-c")["uuid"]
+    _wait(lambda: _serving(restarted_env.actors[third]), "the copy caught up")
+    assert restarted.switch(second, third)["switched"]
+    now = restarted.view()
+    assert delivery.table(now) == now.tables["s"] and not delivery.replaced  # still its store
+    assert delivery.owners == {third}
+    # A store of that name dropped and declared again has none of them: not this feed's store.
+    restarted.drop_store("s")
+    again = restarted.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    assert delivery.table(again) is None and delivery.replaced
