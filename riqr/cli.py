@@ -5,6 +5,8 @@ riqr up [--address ADDR] [--no-auth]       deploy the verticles on a running Ray
 riqr token [--stores a,b] [--ttl SECONDS]  mint a bearer token for the REST API of a deployment
 riqr down [--address ADDR]                 remove them
 riqr drop STORE [--force]                  drop one store: its query actors stop, its data is deleted
+riqr rebalance [--store S] [--dry-run]     spread the stores' query actors over the live nodes (new ones too)
+riqr drain NODE [--dry-run]                move every query actor off a node, before it is taken away
 riqr status [--address ADDR] [--json]      stores, partitions, replicas, positions, lag, ingest, endpoints
 riqr query STORE get KEY                   a value; range [FROM [TO]] / prefix P / all: JSON lines
 riqr run TOPOLOGY [options]                run a topology (as ``python -m topologies.TOPOLOGY`` does)
@@ -176,6 +178,67 @@ def _cmd_drop(args: argparse.Namespace) -> int:
     _say(f"dropped store {args.store}: {len(uuids)} query actors stopped (what a node could not delete now is "
          "reclaimed by its sweeper)")  # fmt: skip
     return 0
+
+
+def _cmd_rebalance(args: argparse.Namespace) -> int:
+    """Move query actors between live nodes while queries and batches go on (``riqr.moves``):
+    ``rebalance`` spreads each store's actors evenly (a node that joined gets its share); ``drain`` first
+    moves every actor off the given nodes."""
+    from riqr import moves
+
+    _connect_ray(args.address, args.namespace)
+    _registry(args.namespace)  # riqr is up there
+    drain = [_node_id(n) for n in getattr(args, "nodes", ())]
+    stores = args.store or None
+    view, planned = moves.plan(args.namespace, drain=drain, stores=stores)
+    if args.dry_run:
+        for m in planned:
+            _say(f"would move store {m.store}: query actor {m.uuid} (partitions {', '.join(map(str, m.partitions))}) "
+                 f"from node {m.source[:12]} to node {m.target[:12]}")  # fmt: skip
+        _say(f"{len(planned)} move(s) planned" if planned else "nothing to move")
+        return 0
+    try:
+        done = moves.rebalance(args.namespace, drain=drain, stores=stores, timeout=args.timeout, say=_say)
+    except KeyboardInterrupt:
+        _say("riqr: stopped; the move under way was given up, the moves before it stay made")
+        return 130
+    if drain:
+        left = _actors_on(args.namespace, set(drain))
+        if left:
+            _say(
+                f"riqr: query actors still on {', '.join(drain)}: {', '.join(left)} (no other node could take "
+                "them without two copies of a partition on one node; add a node, or lower the store's standbys)"
+            )
+            return 2
+        _say(f"drained: no query actor runs on {', '.join(n[:12] for n in drain)}; it can be removed")
+    if done:
+        _say(f"moved {len(done)} query actor(s) in {sum(d.seconds for d in done):.1f}s")
+    return 0
+
+
+def _actors_on(namespace: str, nodes: set[str]) -> list[str]:
+    from runtime import raycalls
+
+    view = raycalls.get(_registry(namespace).view.remote(), "the registry's view", timeout=30)
+    return sorted(u for u, info in view.actors.items() if info.node_id in nodes)
+
+
+def _node_id(name: str) -> str:
+    """A live node's id from its id, a prefix of it (6 characters at least) or its IP address."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    ids = [str(n["NodeID"]) for n in alive]
+    if name in ids:
+        return name
+    found = {str(n["NodeID"]) for n in alive if n.get("NodeManagerAddress") == name}
+    if len(name) >= 6:
+        found |= {i for i in ids if i.startswith(name)}
+    if len(found) == 1:
+        return found.pop()
+    known = ", ".join(f"{n['NodeID'][:12]} ({n.get('NodeManagerAddress')})" for n in alive)
+    which = "names more than one live node" if found else "is no live node's id, id prefix or address"
+    raise BadRequest(f"{name!r} {which} (live nodes: {known})")
 
 
 def _registry(namespace: str) -> Any:
@@ -386,6 +449,21 @@ def build_parser() -> argparse.ArgumentParser:
     drop.add_argument("--address", default=None)
     drop.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     drop.set_defaults(func=_cmd_drop)
+
+    for name in ("rebalance", "drain"):
+        helps = {
+            "rebalance": "spread each store's query actors evenly over the live nodes, while queries go on",
+            "drain": "move every query actor off the given nodes, while queries go on (before removing them)",
+        }
+        moving = sub.add_parser(name, help=helps[name], description=helps[name])
+        if name == "drain":
+            moving.add_argument("nodes", nargs="+", metavar="NODE", help="a node id, a prefix of it, or its address")
+        moving.add_argument("--store", action="append", default=[], help="only this store (repeatable)")
+        moving.add_argument("--dry-run", action="store_true", help="print the moves, make none")
+        moving.add_argument("--timeout", type=float, default=900.0, help="seconds one move may take (default 900)")
+        moving.add_argument("--address", default=None)
+        moving.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        moving.set_defaults(func=_cmd_rebalance)
 
     run = sub.add_parser(
         "run",

@@ -201,3 +201,32 @@ def test_an_error_raised_by_ray_is_said_in_one_line(monkeypatch, capsys) -> None
     monkeypatch.setattr(cli, "_cmd_produce", ray_refuses)
     assert cli.main(["produce", "order"]) == 2
     assert capsys.readouterr().err == "riqr: Ray: AuthenticationError: the cluster requires a token\n"
+
+
+def test_rebalance_and_drain_take_their_options_and_a_node_by_id_prefix_or_address(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import ray
+
+    from runtime.errors import BadRequest
+
+    args = cli.build_parser().parse_args(["rebalance", "--store", "a", "--store", "b", "--dry-run"])
+    assert (args.store, args.dry_run, args.timeout) == (["a", "b"], True, 900.0)
+    assert args.func is cli._cmd_rebalance
+    drain = cli.build_parser().parse_args(["drain", "abc123", "10.0.0.2", "--timeout", "60"])
+    assert (drain.nodes, drain.timeout, drain.store) == (["abc123", "10.0.0.2"], 60.0, [])
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["drain"])  # which node is not optional
+    nodes = [
+        {"NodeID": "abcdef123456" + "0" * 44, "NodeManagerAddress": "10.0.0.1", "Alive": True},
+        {"NodeID": "abcdef999456" + "0" * 44, "NodeManagerAddress": "10.0.0.2", "Alive": True},
+        {"NodeID": "fff000000000" + "0" * 44, "NodeManagerAddress": "10.0.0.3", "Alive": False},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert cli._node_id("abcdef1") == nodes[0]["NodeID"]
+    assert cli._node_id("10.0.0.2") == nodes[1]["NodeID"]
+    assert cli._node_id(nodes[1]["NodeID"]) == nodes[1]["NodeID"]
+    with pytest.raises(BadRequest, match="more than one live node"):
+        cli._node_id("abcdef")
+    with pytest.raises(BadRequest, match="no live node"):
+        cli._node_id("abc")  # too short to be taken for a prefix
+    with pytest.raises(BadRequest, match="no live node"):
+        cli._node_id("fff000")  # a dead node is no place to drain from
