@@ -449,9 +449,14 @@ class Registry:
             raise InvalidParameter(f"node {node_id} is not a live node of the cluster", node=node_id)
         if uuid in self._moving:
             raise Conflict(f"query actor {uuid} is a move's new actor, not in place yet", actor=uuid)
-        under_way = [new for new, old in self._moving.items() if old == uuid and new in view.actors]
-        if under_way:
-            raise Conflict(f"query actor {uuid} is being moved already (to {', '.join(under_way)})", actor=uuid)
+        for earlier in [new for new, old in self._moving.items() if old == uuid]:
+            # Its mover stopped without giving it up (killed), or another one runs: this move replaces it.
+            log.warning("query actor %s: an earlier move of it, to %s, is given up for this one", uuid, earlier,
+                        extra={"store": info.store, "actor": uuid})  # fmt: skip
+            self.abandon_move(uuid, earlier)
+        view = self.state.view()
+        table = view.table(info.store)
+        assert table is not None  # the registry's calls run one at a time: nothing dropped it meanwhile
         new = self._new_uuid()
         started = self._env.join_query_actor(table.spec, new, info.partitions, node_id)
         self.state.add_copy(table.with_joining(uuid, new), started)
