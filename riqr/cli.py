@@ -184,43 +184,54 @@ def _cmd_rebalance(args: argparse.Namespace) -> int:
     """Move query actors between live nodes while queries and batches go on (``riqr.moves``):
     ``rebalance`` spreads each store's actors evenly (a node that joined gets its share); ``drain`` first
     moves every actor off the given nodes."""
+    try:
+        return _rebalance(args)
+    except KeyboardInterrupt:
+        _say("riqr: stopped; the moves made before stay made (what became of one under way is said above)")
+        return 130
+
+
+def _rebalance(args: argparse.Namespace) -> int:
     from riqr import moves
 
     _connect_ray(args.address, args.namespace)
     _registry(args.namespace)  # riqr is up there
     drain = [_node_id(n) for n in getattr(args, "nodes", ())]
     stores = args.store or None
-    view, planned = moves.plan(args.namespace, drain=drain, stores=stores)
+    _, planned = moves.plan(args.namespace, drain=drain, stores=stores)
     if args.dry_run:
         for m in planned:
-            _say(f"would move store {m.store}: query actor {m.uuid} (partitions {', '.join(map(str, m.partitions))}) "
-                 f"from node {m.source[:12]} to node {m.target[:12]}")  # fmt: skip
+            _say(f"would move {moves.describe(m)}")
         _say(f"{len(planned)} move(s) planned" if planned else "nothing to move")
         return 0
-    try:
-        done = moves.rebalance(args.namespace, drain=drain, stores=stores, timeout=args.timeout, say=_say)
-    except KeyboardInterrupt:
-        _say("riqr: stopped; the move under way was given up, the moves before it stay made")
-        return 130
+    done = moves.rebalance(args.namespace, drain=drain, stores=stores, timeout=args.timeout, say=_say)
     if drain:
-        left = _actors_on(args.namespace, set(drain))
+        left = _actors_on(args.namespace, set(drain), stores)
         if left:
-            _say(
-                f"riqr: query actors still on {', '.join(drain)}: {', '.join(left)} (no other node could take "
-                "them without two copies of a partition on one node; add a node, or lower the store's standbys)"
-            )
+            _say(f"riqr: query actors still on the drained nodes: {', '.join(left)} (placed there after the plan: a "
+                 "re-created actor, a new store); run the drain again")  # fmt: skip
             return 2
-        _say(f"drained: no query actor runs on {', '.join(n[:12] for n in drain)}; it can be removed")
+        _say(f"drained: no query actor{' of those stores' if stores else ''} runs on "
+             f"{', '.join(n[:12] for n in drain)}")  # fmt: skip
     if done:
         _say(f"moved {len(done)} query actor(s) in {sum(d.seconds for d in done):.1f}s")
     return 0
 
 
-def _actors_on(namespace: str, nodes: set[str]) -> list[str]:
+def _actors_on(namespace: str, nodes: set[str], stores: Sequence[str] | None) -> list[str]:
     from runtime import raycalls
 
     view = raycalls.get(_registry(namespace).view.remote(), "the registry's view", timeout=30)
-    return sorted(u for u, info in view.actors.items() if info.node_id in nodes)
+    return sorted(
+        u for u, info in view.actors.items() if info.node_id in nodes and (stores is None or info.store in stores)
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 def _node_id(name: str) -> str:
@@ -460,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
             moving.add_argument("nodes", nargs="+", metavar="NODE", help="a node id, a prefix of it, or its address")
         moving.add_argument("--store", action="append", default=[], help="only this store (repeatable)")
         moving.add_argument("--dry-run", action="store_true", help="print the moves, make none")
-        moving.add_argument("--timeout", type=float, default=900.0, help="seconds one move may take (default 900)")
+        moving.add_argument(
+            "--timeout", type=_positive_seconds, default=900.0, help="seconds one move may take (default 900)"
+        )
         moving.add_argument("--address", default=None)
         moving.add_argument("--namespace", default=DEFAULT_NAMESPACE)
         moving.set_defaults(func=_cmd_rebalance)

@@ -18,11 +18,11 @@ import ray
 
 from runtime import raycalls
 from runtime.config import REGISTRY_NAME
-from runtime.errors import RiqrError, Unavailable
+from runtime.errors import DeadlineExceeded, OwnerUnavailable, RiqrError, Unavailable
 from runtime.moves import Move, behind, plan_moves
 from runtime.ownership import ClusterView
 
-__all__ = ["MoveDone", "MoveFailed", "plan", "move", "rebalance", "DEFAULT_MOVE_TIMEOUT"]
+__all__ = ["MoveDone", "MoveFailed", "plan", "move", "rebalance", "describe", "DEFAULT_MOVE_TIMEOUT"]
 
 # How long one move may take, from the new actor's start to the switch (a large partition's copy over
 # the network takes most of it).
@@ -34,6 +34,8 @@ _SAY_EVERY = 5.0
 # copied again (the batch it lacks reached only the old copies, before it joined the table).
 _STILL_FOR = 3.0
 _CALL_TIMEOUT = 30.0
+# Starting the new actor: Ray may have to start a worker process on the target node first.
+_JOIN_TIMEOUT = 120.0
 
 
 class MoveFailed(Unavailable):
@@ -86,7 +88,7 @@ def rebalance(
     say(f"{len(moves)} move(s) to make, one after another")
     done = []
     for i, m in enumerate(moves, 1):
-        say(f"[{i}/{len(moves)}] {_describe(m)}")
+        say(f"[{i}/{len(moves)}] {describe(m)}")
         done.append(move(namespace, m, timeout=timeout, say=say))
     return done
 
@@ -94,53 +96,116 @@ def rebalance(
 def move(
     namespace: str, m: Move, *, timeout: float = DEFAULT_MOVE_TIMEOUT, say: Callable[[str], None] = print
 ) -> MoveDone:
-    """Move query actor ``m.uuid`` to node ``m.target``: copy, catch up, switch, drop (``runtime.moves``)."""
+    """Move query actor ``m.uuid`` to node ``m.target``: copy, catch up, switch, drop (``runtime.moves``).
+    A move that fails or is stopped is given up (``Registry.abandon_move``), unless its switch was made
+    already: then it counts as made (a stop still stops the caller)."""
     reg = registry_of(namespace)
     started = time.monotonic()
-    joined = raycalls.get(reg.join.remote(m.uuid, m.target), "starting the new actor", timeout=_CALL_TIMEOUT)
-    new = str(joined["uuid"])
+    _refuse_without_a_serving_copy(namespace, reg, m)
+    new = _join(reg, m, say)
     say(f"  new actor {new} on node {_node(m.target)}: copying partitions {_parts(m.partitions)} from live copies")
     try:
         epoch = _until_switched(namespace, reg, m, new, started + timeout, say)
     except BaseException as err:
-        reason = err.message if isinstance(err, RiqrError) else type(err).__name__
+        reason = err.message if isinstance(err, RiqrError) else "stopped"
         try:
-            raycalls.get(reg.abandon_move.remote(m.uuid, new), "giving the move up", timeout=_CALL_TIMEOUT)
-            say(f"  gave the move up ({reason}): the new actor is destroyed, {m.uuid} serves as before")
+            out = raycalls.get(reg.abandon_move.remote(m.uuid, new), "giving the move up", timeout=_CALL_TIMEOUT)
         except RiqrError as undone:
             say(f"  gave the move up ({reason}), but the registry could not be told: {undone.message}")
-        raise
+            raise err from None
+        if out["outcome"] != "switched":
+            kept = out["outcome"] == "kept"
+            say(f"  gave the move up ({reason}): "
+                + (f"the new actor {new} stays, a copy like any other (it serves what no other copy serves now)"
+                   if kept else f"the new actor is destroyed; {m.uuid} stays where it was"))  # fmt: skip
+            raise
+        epoch = int(out["epoch"])
+        say(f"  the switch was made before the move was given up ({reason})")
+        if not isinstance(err, RiqrError):
+            raise
     seconds = time.monotonic() - started
     say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} answers for partitions {_parts(m.partitions)}; "
         f"{m.uuid} is destroyed with its data after a short grace")  # fmt: skip
     return MoveDone(m, new, seconds, epoch)
 
 
+def _refuse_without_a_serving_copy(namespace: str, reg: Any, m: Move) -> None:
+    """``MoveFailed`` when a partition of the move has no copy that serves now: there is nothing to copy."""
+    view: ClusterView = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+    table = view.table(m.store)
+    if table is None or m.uuid not in table.all_owners():
+        raise MoveFailed(f"query actor {m.uuid} of store {m.store} is no longer in its table: plan again")
+    served: set[int] = set()
+    for uuid, held in table.all_owners().items():
+        if not set(held) & (set(m.partitions) - served):
+            continue
+        try:
+            positions = raycalls.get(_actor(namespace, uuid).positions.remote(), "positions", timeout=5, actor=uuid)
+        except RiqrError:
+            continue
+        served |= {p for p, pos in positions.items() if pos.get("state") == "serving"}
+    dark = sorted(set(m.partitions) - served)
+    if dark:
+        raise MoveFailed(f"partitions {_parts(dark)} of store {m.store} have no copy that serves now, so none can be "
+                         "copied: move it once they serve again (riqr status shows their state)")  # fmt: skip
+
+
+def _join(reg: Any, m: Move, say: Callable[[str], None]) -> str:
+    """``Registry.join``; a stop while it runs waits for the new actor, then gives the move up."""
+    ref = reg.join.remote(m.uuid, m.target)
+    try:
+        joined = raycalls.get(ref, "starting the new actor", timeout=_JOIN_TIMEOUT)
+    except KeyboardInterrupt:
+        say("  stopping: waiting for the new actor to start, to give the move up")
+        try:
+            new = str(raycalls.get(ref, "starting the new actor", timeout=_JOIN_TIMEOUT)["uuid"])
+            raycalls.get(reg.abandon_move.remote(m.uuid, new), "giving the move up", timeout=_CALL_TIMEOUT)
+            say(f"  gave the move up: the new actor is destroyed; {m.uuid} stays where it was")
+        except RiqrError as err:
+            say(f"  could not give the move up ({err.message}): the next move of {m.uuid} does")
+        raise
+    return str(joined["uuid"])
+
+
 def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float, say: Callable[[str], None]) -> int:
     """Watch the new copy catch up (asking it to copy again where it is stuck) and ask the registry to
-    switch once it holds what the old copy holds; returns the switch's epoch."""
-    old_actor, new_actor = _actor(namespace, m.uuid), _actor(namespace, new)
+    switch once it holds what the old copy holds; returns the switch's epoch. An actor that cannot be
+    reached (restarting, re-created on another node) is asked again until the move's deadline."""
+    handles: dict[str, Any] = {}
+
+    def ask(uuid: str, method: str, *args: Any) -> Any:
+        try:
+            handle = handles.get(uuid) or handles.setdefault(uuid, _actor(namespace, uuid))
+            return raycalls.get(getattr(handle, method).remote(*args), method, timeout=_CALL_TIMEOUT, actor=uuid)
+        except RiqrError:
+            handles.pop(uuid, None)  # looked up again: it may run elsewhere now
+            raise
+
     still: dict[int, tuple[Any, float]] = {}  # partition -> (its new copy's position, since when)
     said = time.monotonic()
+    progress = "nothing compared yet"
     while True:
         now = time.monotonic()
-        old_pos = raycalls.get(old_actor.positions.remote(), "positions", timeout=_CALL_TIMEOUT, actor=m.uuid)
-        new_pos = raycalls.get(new_actor.positions.remote(), "positions", timeout=_CALL_TIMEOUT, actor=new)
-        late = behind(old_pos, new_pos)
-        if late and now > deadline:
-            raise MoveFailed(f"the new copy did not catch up within the move's timeout ({_progress(old_pos, new_pos)})")
-        if not late:
-            out = raycalls.get(reg.switch.remote(m.uuid, new), "switching over", timeout=_CALL_TIMEOUT)
-            if out["switched"]:
-                return int(out["epoch"])
-            late, old_pos, new_pos = out["behind"], out["old"], out["new"]
-        again = _stuck(late, new_pos, still, now)
-        if again:
-            raycalls.get(new_actor.catch_up.remote(again), "copying again", timeout=_CALL_TIMEOUT, actor=new)
-            for p in again:
-                still.pop(p, None)
+        if now > deadline:
+            raise MoveFailed(f"the new copy did not catch up within the move's timeout ({progress})")
+        try:
+            old_pos, new_pos = ask(m.uuid, "positions"), ask(new, "positions")
+            late = behind(old_pos, new_pos)
+            if not late:
+                out = raycalls.get(reg.switch.remote(m.uuid, new), "switching over", timeout=_CALL_TIMEOUT)
+                if out["switched"]:
+                    return int(out["epoch"])
+                late, old_pos, new_pos = out["behind"], out["old"], out["new"]
+            progress = _progress(old_pos, new_pos)
+            again = _stuck(late, new_pos, still, now)
+            if again:
+                ask(new, "catch_up", again)
+                for p in again:
+                    still.pop(p, None)
+        except (OwnerUnavailable, DeadlineExceeded, MoveFailed) as err:
+            progress = f"{progress}; last try: {err.message}"
         if now - said >= _SAY_EVERY:
-            say(f"  {_progress(old_pos, new_pos)}")
+            say(f"  {progress}")
             said = now
         time.sleep(_LOOK_EVERY)
 
@@ -197,9 +262,11 @@ def _parts(partitions: Sequence[int]) -> str:
     return ", ".join(str(p) for p in partitions)
 
 
-def _describe(m: Move) -> str:
+def describe(m: Move) -> str:
+    """One line saying what ``m`` moves where."""
+    shared = " (no node without another copy of its partitions is left: two copies share it)" if m.shared else ""
     return (f"store {m.store}: query actor {m.uuid} (partitions {_parts(m.partitions)}) from node "
-            f"{_node(m.source)} to node {_node(m.target)}")  # fmt: skip
+            f"{_node(m.source)} to node {_node(m.target)}{shared}")  # fmt: skip
 
 
 def _node(node_id: str) -> str:

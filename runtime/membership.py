@@ -159,7 +159,8 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         and (not entries or str(info["uuid"]) in _listed(entries.get(info["spec"].name)))
     }
     for info in live:
-        if info.get("destroyed") or info["spec"].name in doomed:
+        # A move's old actor, sealed for good: another one took its place (its members save may have failed).
+        if info.get("destroyed") or info.get("moved") or info["spec"].name in doomed:
             dropping.add(str(info["uuid"]))
         if str(info["uuid"]) in dropping:
             continue

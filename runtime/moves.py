@@ -44,6 +44,9 @@ class Move:
     source: str
     target: str
     partitions: tuple[int, ...]
+    # No live node without another copy of its partitions was left (a drain with fewer nodes than copies):
+    # two copies of some of them share ``target``, as a node loss would leave them.
+    shared: bool = False
 
 
 def plan_moves(
@@ -68,9 +71,11 @@ def plan_moves(
         table = view.tables[name]
         mine = sorted(u for u, info in actors.items() if info.store == name and u in table.all_owners())
 
-        def go(uuid: str, node: str) -> None:
+        def go(uuid: str, node: str, table: OwnershipTable = table) -> None:
             info = actors[uuid]
-            moves.append(Move(info.store, uuid, info.node_id, node, info.partitions))
+            peers = {u for u, held in table.all_owners().items() if u != uuid and set(held) & set(info.partitions)}
+            shared = any(actors[u].node_id == node for u in peers if u in actors)
+            moves.append(Move(info.store, uuid, info.node_id, node, info.partitions, shared))
             actors[uuid] = replace(info, node_id=node)
 
         for uuid in mine:

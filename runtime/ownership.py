@@ -140,13 +140,14 @@ class OwnershipTable:
             raise ValueError(f"{new} does not hold the copies {old} holds in store {self.spec.name}")
         owners = []
         for o in self.partitions:
-            if old == o.active:
-                owners.append(PartitionOwners(new, tuple(u for u in o.standbys if u != new)))
-            elif old in o.standbys:
-                rest = tuple(new if u == old else u for u in o.standbys if u != new)
-                owners.append(PartitionOwners(o.active, rest))
-            else:
+            holders = [u for u in (o.active, *o.standbys) if u is not None]
+            if old not in holders:
                 owners.append(o)
+                continue
+            # ``new`` where ``old`` was, and nowhere else (a promotion, or a restarted registry, may have
+            # made it the active already).
+            ranked = [new if u == old else u for u in holders if u != new]
+            owners.append(PartitionOwners(ranked[0], tuple(ranked[1:])))
         return replace(self, partitions=tuple(owners), moved_from=self.moved_from | {old})
 
     def without_standby(self, uuid: str) -> OwnershipTable:

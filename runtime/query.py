@@ -372,6 +372,11 @@ class QueryCore:
     def sealed(self) -> bool:
         return self._clock() < self._sealed_until
 
+    @property
+    def moved(self) -> bool:
+        """Sealed for good: a move put another actor in this one's place (it is destroyed next)."""
+        return self._sealed_until == float("inf")
+
     def open_snapshot(self, partition: int) -> SnapshotOffer:
         """Export a consistent copy of a serving partition for a peer to copy (``runtime.snapshots``).
 

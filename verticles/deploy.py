@@ -249,7 +249,12 @@ class RayEnv:
             .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
             .remote(uuid, spec, list(partitions), self, joining=True)
         )
-        where = raycalls.get(handle.ready.remote(), f"starting query actor {uuid}", timeout=_CALL_TIMEOUT)
+        try:
+            where = raycalls.get(handle.ready.remote(), f"starting query actor {uuid}", timeout=_CALL_TIMEOUT)
+        except BaseException:  # not in any table: left running, a restarted registry would take it for a member
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+            raise
         return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
 
     def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:

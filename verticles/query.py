@@ -232,4 +232,6 @@ class QueryVerticle:
             "opened_in": self.opened_in,
             # Its data deleted, not yet killed: a restarted registry destroys it rather than take it back.
             "destroyed": self.core.destroyed,
+            # A move put another actor in its place (sealed for good): likewise, never taken back.
+            "moved": self.core.moved,
         }

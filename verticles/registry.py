@@ -507,32 +507,53 @@ class Registry:
                  info.store, old, epoch, MOVE_LEAVE_GRACE, extra={"store": info.store, "actor": new})  # fmt: skip
         return {"switched": True, "epoch": epoch}
 
-    def abandon_move(self, old: str, new: str) -> int:
+    def abandon_move(self, old: str, new: str) -> dict[str, Any]:
         """Give a move up (its mover timed out or was stopped): ``new`` leaves the table and is destroyed
-        with its data, ``old`` takes batches again. Returns the epoch."""
+        with its data, and ``old`` takes batches again; ``{"outcome": "given-up", "epoch"}``. Nothing is
+        undone when the switch was made already (``"switched"``: a mover that gave up while its switch
+        call was under way), or when ``new`` answers for a partition (a restarted registry dealt it one)
+        or serves one that no other copy serves now (its source lost meanwhile): then it stays, a copy
+        like any other (``"kept"``). ``"none"``: no such move."""
         view = self.state.view()
         joined = view.actors.get(new)
         table = None if joined is None else view.table(joined.store)
         self._moving.pop(new, None)
-        if joined is not None and table is not None and new in table.all_owners():
-            try:
-                without = table.without_standby(new)
-            except ValueError:  # a restarted registry dealt it a partition: it stays, a copy like any other
-                log.warning("gave up moving query actor %s of %s: its new actor %s answers for partitions since the "
-                            "registry restarted, and stays", old, joined.store, new,
-                            extra={"store": joined.store, "actor": new})  # fmt: skip
-            else:
-                self._dropping.add(new)
-                self.state.remove_actor(without, new)
-                log.warning("gave up moving query actor %s of %s: its new actor %s is destroyed", old, joined.store,
-                            new, extra={"store": joined.store, "actor": old})  # fmt: skip
+        if joined is None or table is None or new not in table.all_owners():
+            return {"outcome": "none", "epoch": self.state.epoch}
+        fields = {"store": joined.store, "actor": new}
+        if old not in table.all_owners():
+            log.info("the move of query actor %s to %s was made already: nothing to give up", old, new, extra=fields)
+            return {"outcome": "switched", "epoch": self.state.epoch}
+        needed = self._only_serving_copy(table, new)
+        answers = any(o.active == new for o in table.partitions)
+        if needed or answers:
+            why = f"the only serving copy of partitions {needed}" if needed else "it answers for partitions"
+            log.warning("gave up moving query actor %s of %s: its new actor %s stays, a copy like any other (%s)",
+                        old, joined.store, new, why, extra=fields)  # fmt: skip
+            outcome = "kept"
+        else:
+            self._dropping.add(new)
+            self.state.remove_actor(table.without_standby(new), new)
+            log.warning("gave up moving query actor %s of %s: its new actor %s is destroyed", old, joined.store,
+                        new, extra=fields)  # fmt: skip
+            outcome = "given-up"
         if old in view.actors:
             try:
                 self._env.query_actor_call(old, "unseal")
             except RiqrError as err:
                 log.warning("could not unseal query actor %s: %s", old, err.message, extra={"actor": old})
         self._finish_drops()
-        return self.state.epoch
+        return {"outcome": outcome, "epoch": self.state.epoch}
+
+    def _only_serving_copy(self, table: OwnershipTable, uuid: str) -> list[int]:
+        """The partitions ``uuid`` serves and no other copy in ``table`` serves now (asked of each)."""
+        holdings = table.all_owners()
+        mine = self._env.serving_partitions(uuid)
+        others: set[int] = set()
+        for other in holdings:
+            if other != uuid and mine - others:
+                others |= self._env.serving_partitions(other)
+        return sorted(p for p in holdings.get(uuid, ()) if p in mine and p not in others)
 
     def forget_records(self) -> None:
         """The runtime is going away (``riqr down``, after its stores' data): delete the saved members and

@@ -52,6 +52,14 @@ def test_a_joining_actor_is_the_last_standby_of_the_partitions_it_copies_and_the
     assert switched.promote({"c"}).moved_from == {"a"}
     assert switched.with_active(1, "c").moved_from == {"a"}
 
+    # The new actor answering already (a promotion, a restarted registry's deal) is not listed twice.
+    dealt = _table(spec, [("c", ("a",)), ("b", ("a", "c")), ("a", ("b", "c")), ("b", ("a", "c"))])
+    assert [(o.active, o.standbys) for o in dealt.with_replaced("a", "c").partitions] == [
+        ("c", ()),
+        ("b", ("c",)),
+        ("c", ("b",)),
+        ("b", ("c",)),
+    ]
     assert joined.without_standby("c") == table  # a move given up leaves the table as it was
     with pytest.raises(ValueError):
         switched.without_standby("c")  # it answers for partitions now
@@ -134,7 +142,8 @@ def test_draining_a_node_moves_each_of_its_actors_where_no_other_copy_of_its_par
     # node with the fewest of the store's actors.
     small = _placed(kv_spec("t", partitions=2, actors=2, standbys=1), ["n1", "n2"], ["v1", "v2"])
     (only,) = plan_moves(small, ["n1", "n2"], drain={"n2"})
-    assert (only.source, only.target) == ("n2", "n1")
+    assert (only.source, only.target, only.shared) == ("n2", "n1", True)
+    assert not any(m.shared for m in moves)
 
 
 def test_evening_out_never_puts_two_copies_of_a_partition_on_one_node_and_leaves_dead_nodes_alone() -> None:
@@ -242,6 +251,10 @@ class MoveEnv(FakeEnv):
 
     def snapshot_peer(self, uuid: str) -> Any:
         return self.actors[uuid]
+
+    def serving_partitions(self, uuid: str) -> set[int]:
+        actor = self.actors.get(uuid)
+        return set() if actor is None else {p for p, pos in actor.positions().items() if pos["state"] == "serving"}
 
     def destroy(self, uuids: Sequence[str]) -> None:
         for uuid in uuids:
@@ -433,3 +446,34 @@ def test_a_feed_follows_its_store_through_moves_even_across_a_registry_restart(t
     restarted.drop_store("s")
     again = restarted.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
     assert delivery.table(again) is None and delivery.replaced
+
+
+def test_giving_a_move_up_undoes_nothing_once_switched_and_keeps_a_new_copy_that_alone_serves(tmp_path: Path) -> None:
+    from runtime.membership import merge_members
+
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=0))
+    old, other = sorted(view.actors)
+    env.deliver(0, {"a": "1", "b": "2"})
+    new = registry.join(old, "node-c")["uuid"]
+    _wait(lambda: _serving(env.actors[new]), "the copy caught up")
+    assert registry.switch(old, new)["switched"]
+    # Its mover gave up while the switch call was under way (a timeout, Ctrl-C): the move stands.
+    assert registry.abandon_move(old, new)["outcome"] == "switched"
+    assert new in registry.view().actors and new not in env.destroyed
+    # The old actor, sealed for good, is never taken back by a restarted registry, even unsaved.
+    assert env.actors[old].info()["moved"] is True
+    live = [a.info() for a in env.actors.values()]
+    merged = merge_members(None, live)
+    assert old in merged.dropping and old not in {a.uuid for a in merged.stores["s"][1]}
+
+    # A move whose source stops serving meanwhile (its data lost) keeps the new copy, the only serving one.
+    newer = registry.join(other, "node-c")["uuid"]
+    _wait(lambda: _serving(env.actors[newer]), "the copy caught up")
+    for state in env.actors[other].core.partitions.values():
+        state._mark_incomplete(-1, "lost, for the test")
+    assert registry.abandon_move(other, newer)["outcome"] == "kept"
+    assert newer in registry.view().actors and newer not in env.destroyed
+    assert registry.abandon_move(other, "nobody")["outcome"] == "none"
