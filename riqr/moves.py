@@ -39,13 +39,15 @@ _JOIN_TIMEOUT = 120.0
 
 
 class MoveFailed(Unavailable):
-    """A move did not finish: its new actor was given up, and the old one serves as before."""
+    """A move could not be made or finished (what became of its new actor, if it had one, is said)."""
 
     code = "move-failed"
 
 
 @dataclass(frozen=True)
 class MoveDone:
+    """A move made: the actor that took ``move.uuid``'s place, how long it took, the switch's epoch."""
+
     move: Move
     new_uuid: str
     seconds: float
