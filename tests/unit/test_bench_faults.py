@@ -87,3 +87,15 @@ def test_median_and_max_say_what_never_happened() -> None:
     assert median_max([1.0, 2.0, 4.0]) == "2.00 / 4.00"
     assert median_max([1.0, None]) == "1.00 / 1.00 (1 never)"
     assert median_max([None]) == "never"
+
+
+def test_a_moves_phase_counts_only_its_own_reads_with_their_rate_and_latency() -> None:
+    from bench.moves import phase
+
+    reads = [Read(0, "s/1", 0.5, 0.502, 200, True), Read(0, "s/2", 1.0, 1.010, 200, True)]
+    reads += [Read(1, "s/3", 1.5 + i / 100, 1.5 + i / 100 + 0.001, 503, False) for i in range(10)]
+    reads.append(Read(0, "s/4", 3.0, 3.001, 200, True))  # after the phase
+    p = phase(reads, 1.0, 3.0)
+    assert (p["requests"], p["correct"], p["not_200"], p["503"]) == (11, 1, 10, 10)
+    assert p["rate"] == 5.5 and p["seconds"] == 2.0
+    assert p["p50_ms"] == pytest.approx(1.0) and p["p99_ms"] == pytest.approx(10.0)
