@@ -239,5 +239,10 @@ def test_the_console_shows_stores_answers_queries_pages_and_locates_keys(secured
     expect(page.locator("#stores tbody tr[data-store]")).to_have_count(1)
     said = page.evaluate("api('stores/customer-v1-changelog/all').then(() => 'answered', explain)")
     assert said.startswith("403 Forbidden") and "may not read this store" in said
+    # A windowed store's ingest says how many late rows its query dropped, as `riqr status` does; the seed
+    # stores have none, so the shipped script is asked with an ingest record that has some.
+    late = page.evaluate("describeIngest({state: 'running', batch_id: 4, late_rows: 3})")
+    assert late.startswith("running, batch 4") and late.endswith(", 3 late rows dropped")
+    assert "late" not in page.evaluate("describeIngest({state: 'running', batch_id: 4, late_rows: 0})")
     assert errors == []
     page.close()

@@ -169,6 +169,8 @@ function describeIngest(ingest) {
   let text = ingest.state;
   if (typeof ingest.batch_id === "number") text += ", batch " + ingest.batch_id;
   if (typeof ingest.at === "number") text += ", " + Math.max(0, Math.round(Date.now() / 1000 - ingest.at)) + " s ago";
+  // A windowed store's rows Spark dropped as later than its watermark (docs/operations.md, "Late rows").
+  if (typeof ingest.late_rows === "number" && ingest.late_rows > 0) text += ", " + ingest.late_rows + " late rows dropped";
   if (ingest.error) text += ": " + ingest.error;
   else if (ingest.reason) text += ": " + ingest.reason;  // why a feed is stale (no heartbeat)
   if (ingest.catching_up && ingest.catching_up.length) text += "; catching up: " + ingest.catching_up.join(", ");
