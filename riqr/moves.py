@@ -116,10 +116,11 @@ def move(
             say(f"  gave the move up ({reason}), but the registry could not be told: {undone.message}")
             raise err from None
         if out["outcome"] != "switched":
-            kept = out["outcome"] == "kept"
-            say(f"  gave the move up ({reason}): "
-                + (f"the new actor {new} stays, a copy like any other (it serves what no other copy serves now)"
-                   if kept else f"the new actor is destroyed; {m.uuid} stays where it was"))  # fmt: skip
+            said = {
+                "kept": f"the new actor {new} stays, a copy like any other ({out.get('why')})",
+                "given-up": f"the new actor is destroyed; {m.uuid} stays where it was",
+            }.get(out["outcome"], "the registry no longer lists the new actor: nothing to undo")
+            say(f"  gave the move up ({reason}): {said}")
             raise
         epoch = int(out["epoch"])
         say(f"  the switch was made before the move was given up ({reason})")
@@ -185,11 +186,11 @@ def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float
 
     still: dict[int, tuple[Any, float]] = {}  # partition -> (its new copy's position, since when)
     said = time.monotonic()
-    progress = "nothing compared yet"
+    progress, failing = "nothing compared yet", ""
     while True:
         now = time.monotonic()
         if now > deadline:
-            raise MoveFailed(f"the new copy did not catch up within the move's timeout ({progress})")
+            raise MoveFailed(f"the new copy did not catch up within the move's timeout ({progress}{failing})")
         try:
             old_pos, new_pos = ask(m.uuid, "positions"), ask(new, "positions")
             late = behind(old_pos, new_pos)
@@ -204,12 +205,30 @@ def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float
                 ask(new, "catch_up", again)
                 for p in again:
                     still.pop(p, None)
+            failing = ""
         except (OwnerUnavailable, DeadlineExceeded, MoveFailed) as err:
-            progress = f"{progress}; last try: {err.message}"
+            failing = f"; last try: {err.message}"
+            switched = _switched_already(reg, m, new)  # a switch whose answer was lost, an actor gone
+            if switched is not None:
+                return switched
         if now - said >= _SAY_EVERY:
-            say(f"  {progress}")
+            say(f"  {progress}{failing}")
             said = now
         time.sleep(_LOOK_EVERY)
+
+
+def _switched_already(reg: Any, m: Move, new: str) -> int | None:
+    """The epoch if the registry's table has ``new`` in ``m.uuid``'s place already (a switch whose answer
+    was lost); ``MoveFailed`` if the store or the new actor left it (dropped, given up by another mover);
+    None otherwise, or when the registry cannot be asked."""
+    try:
+        view: ClusterView = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+    except RiqrError:
+        return None
+    table = view.table(m.store)
+    if table is None or new not in table.all_owners():
+        raise MoveFailed(f"store {m.store} or its new actor {new} is no longer in the registry's table")
+    return view.epoch if m.uuid not in table.all_owners() else None
 
 
 def _stuck(late: Sequence[int], positions: Mapping[int, Mapping[str, Any]], still: dict[int, tuple[Any, float]],

@@ -146,6 +146,9 @@ class OwnershipTable:
                 continue
             # ``new`` where ``old`` was, and nowhere else (a promotion, or a restarted registry, may have
             # made it the active already).
+            if o.active == new:  # it answers already: it keeps answering, ``old`` just goes
+                owners.append(PartitionOwners(new, tuple(u for u in o.standbys if u != old)))
+                continue
             ranked = [new if u == old else u for u in holders if u != new]
             owners.append(PartitionOwners(ranked[0], tuple(ranked[1:])))
         return replace(self, partitions=tuple(owners), moved_from=self.moved_from | {old})

@@ -524,10 +524,9 @@ class Registry:
         if old not in table.all_owners():
             log.info("the move of query actor %s to %s was made already: nothing to give up", old, new, extra=fields)
             return {"outcome": "switched", "epoch": self.state.epoch}
-        needed = self._only_serving_copy(table, new)
         answers = any(o.active == new for o in table.partitions)
-        if needed or answers:
-            why = f"the only serving copy of partitions {needed}" if needed else "it answers for partitions"
+        why = "it answers for partitions" if answers else self._only_serving_copy(table, new)
+        if why is not None:
             log.warning("gave up moving query actor %s of %s: its new actor %s stays, a copy like any other (%s)",
                         old, joined.store, new, why, extra=fields)  # fmt: skip
             outcome = "kept"
@@ -536,24 +535,37 @@ class Registry:
             self.state.remove_actor(table.without_standby(new), new)
             log.warning("gave up moving query actor %s of %s: its new actor %s is destroyed", old, joined.store,
                         new, extra=fields)  # fmt: skip
-            outcome = "given-up"
+            outcome, why = "given-up", None
         if old in view.actors:
             try:
                 self._env.query_actor_call(old, "unseal")
             except RiqrError as err:
                 log.warning("could not unseal query actor %s: %s", old, err.message, extra={"actor": old})
         self._finish_drops()
-        return {"outcome": outcome, "epoch": self.state.epoch}
+        return {"outcome": outcome, "epoch": self.state.epoch, "why": why}
 
-    def _only_serving_copy(self, table: OwnershipTable, uuid: str) -> list[int]:
-        """The partitions ``uuid`` serves and no other copy in ``table`` serves now (asked of each)."""
-        holdings = table.all_owners()
-        mine = self._env.serving_partitions(uuid)
+    def _only_serving_copy(self, table: OwnershipTable, uuid: str) -> str | None:
+        """Why ``uuid`` must stay rather than be destroyed (None: every partition it serves, another copy
+        in ``table`` is known to serve now). Each copy is asked for its positions with a call's full timeout
+        (a give-up is rare); a copy that does not answer counts as serving nothing, and ``uuid`` not
+        answering keeps it: in doubt, no copy is destroyed."""
+
+        def serving(actor: str) -> set[int] | None:
+            try:
+                positions = self._env.query_actor_call(actor, "positions")
+            except RiqrError:
+                return None
+            return {int(p) for p, pos in positions.items() if pos.get("state") == "serving"}
+
+        mine = serving(uuid)
+        if mine is None:
+            return "it did not say which partitions it serves"
         others: set[int] = set()
-        for other in holdings:
-            if other != uuid and mine - others:
-                others |= self._env.serving_partitions(other)
-        return sorted(p for p in holdings.get(uuid, ()) if p in mine and p not in others)
+        for other in table.all_owners():
+            if other != uuid:
+                others |= serving(other) or set()
+        alone = sorted(p for p in table.all_owners().get(uuid, ()) if p in mine and p not in others)
+        return f"no other copy is known to serve partitions {alone}" if alone else None
 
     def forget_records(self) -> None:
         """The runtime is going away (``riqr down``, after its stores' data): delete the saved members and

@@ -55,11 +55,13 @@ def test_a_joining_actor_is_the_last_standby_of_the_partitions_it_copies_and_the
     # The new actor answering already (a promotion, a restarted registry's deal) is not listed twice.
     dealt = _table(spec, [("c", ("a",)), ("b", ("a", "c")), ("a", ("b", "c")), ("b", ("a", "c"))])
     assert [(o.active, o.standbys) for o in dealt.with_replaced("a", "c").partitions] == [
-        ("c", ()),
+        ("c", ()),  # "c" answered already: it keeps answering
         ("b", ("c",)),
         ("c", ("b",)),
         ("b", ("c",)),
     ]
+    ahead = _table(spec, [("c", ("b", "a")), ("b", ()), ("b", ()), ("b", ())])
+    assert ahead.with_replaced("a", "c").partitions[0] == PartitionOwners("c", ("b",))
     assert joined.without_standby("c") == table  # a move given up leaves the table as it was
     with pytest.raises(ValueError):
         switched.without_standby("c")  # it answers for partitions now
@@ -222,6 +224,7 @@ class MoveEnv(FakeEnv):
         self.data = data
         self.actors: dict[str, QueryVerticle] = {}
         self.registry: Registry | None = None
+        self.unreachable: set[str] = set()  # actors whose calls fail (restarting, a probe timing out)
 
     def _start(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node: str, **kw: Any) -> ActorInfo:
         self.actors[uuid] = QueryVerticle(uuid, spec, list(partitions), self, **kw)
@@ -239,7 +242,7 @@ class MoveEnv(FakeEnv):
 
     def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
         actor = self.actors.get(uuid)
-        if actor is None:
+        if actor is None or uuid in self.unreachable:
             raise OwnerUnavailable(f"query actor {uuid} is not running", actors=[uuid])
         return getattr(actor, method)(*args)
 
@@ -477,3 +480,18 @@ def test_giving_a_move_up_undoes_nothing_once_switched_and_keeps_a_new_copy_that
     assert registry.abandon_move(other, newer)["outcome"] == "kept"
     assert newer in registry.view().actors and newer not in env.destroyed
     assert registry.abandon_move(other, "nobody")["outcome"] == "none"
+
+
+def test_a_move_given_up_keeps_its_new_copy_when_it_cannot_tell_what_the_copy_serves(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=0))
+    old = sorted(view.actors)[0]
+    env.deliver(0, {"a": "1", "b": "2"})
+    new = registry.join(old, "node-c")["uuid"]
+    _wait(lambda: _serving(env.actors[new]), "the copy caught up")
+    env.unreachable = {new}  # its probe fails: it may be the only serving copy, so it is not destroyed
+    out = registry.abandon_move(old, new)
+    assert out["outcome"] == "kept" and "did not say" in out["why"]
+    assert new in registry.view().actors and new not in env.destroyed
