@@ -64,6 +64,68 @@ class Read:
     correct: bool
 
 
+@dataclass
+class OwnDisks:
+    """riqr deployed on a ``ray.cluster_utils.Cluster`` in this process whose nodes each keep their data
+    under a directory of their own, as real nodes' disks (``start_on_own_disks``); ``close`` ends it all."""
+
+    cluster: Any
+    data: Path
+    namespace: str
+    workers: list[Any] = field(default_factory=list)
+    url: str = ""  # the head node's REST API
+    registry: Any = None
+
+    def add_node(self) -> Any:
+        """A node with a data directory of its own (its raylet, and so its actors, inherit ``RIQR_DATA``)."""
+        os.environ["RIQR_DATA"] = str(self.data / f"node{len(self.workers) + 1}")
+        node = self.cluster.add_node(num_cpus=1)
+        self.workers.append(node)
+        return node
+
+    def close(self) -> None:
+        from verticles import deploy
+
+        try:
+            deploy.down(self.namespace)
+        finally:
+            import ray
+
+            ray.shutdown()
+            self.cluster.shutdown()
+
+
+def start_on_own_disks(prefix: str, workers: int) -> OwnDisks:
+    """A head and ``workers`` nodes of one CPU each, joined by this process in a new namespace, with riqr
+    deployed (REST API on 127.0.0.1 on every node)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from runtime.config import REGISTRY_NAME, RuntimeConfig
+    from verticles import deploy
+
+    data = Path(tempfile.mkdtemp(prefix=f"{prefix}-data-"))
+    os.environ["RIQR_DATA"] = str(data / "head")
+    on = OwnDisks(
+        Cluster(initialize_head=True, head_node_args={"num_cpus": 1}), data, f"{prefix}-{uuid.uuid4().hex[:8]}"
+    )
+    for _ in range(workers):
+        on.add_node()
+    on.cluster.wait_for_nodes()
+    ray.init(address=on.cluster.address, namespace=on.namespace, log_to_driver=False, configure_logging=False)
+    try:
+        deployment = deploy.up(
+            RuntimeConfig(namespace=on.namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
+        )
+        head = str(ray.get_runtime_context().get_node_id())
+        on.url = next(ep.url for ep in deployment.endpoints if ep.node_id == head)
+        on.registry = ray.get_actor(REGISTRY_NAME, namespace=on.namespace)
+    except BaseException:
+        on.close()
+        raise
+    return on
+
+
 def longest_gap(correct_ends: Iterable[float], opened: float, closed: float) -> float:
     """The longest stretch of ``[opened, closed]`` in which no correct answer arrived, for one client whose
     correct answers arrived at ``correct_ends``. A slow request counts as much as a run of 503s: the client
@@ -462,37 +524,20 @@ def scenario_node_loss(standbys: int, before: float, after: float, readers: int)
     saw; at the end every serving copy must hold exactly the latest values."""
     import pyarrow as pa
     import ray
-    from ray.cluster_utils import Cluster
 
     from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
     from runtime.codec import decode_value
-    from runtime.config import REGISTRY_NAME, RuntimeConfig
     from runtime.ingest import PARTITION_COLUMN
     from runtime.keys import KeySchema
     from runtime.scan import Scan
     from topologies.delivery import BatchDelivery
-    from verticles import deploy
 
-    data = Path(tempfile.mkdtemp(prefix="riqr-nodes-data-"))
-    os.environ["RIQR_DATA"] = str(data / "head")  # each node's raylet, and so its actors, inherit its own
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    workers = []
-    for i in (1, 2):
-        os.environ["RIQR_DATA"] = str(data / f"node{i}")
-        workers.append(cluster.add_node(num_cpus=1))
-    cluster.wait_for_nodes()
-    namespace = f"riqr-nodes-{uuid.uuid4().hex[:8]}"
-    ray.init(address=cluster.address, namespace=namespace, log_to_driver=False, configure_logging=False)
+    on = start_on_own_disks("riqr-nodes", workers=2)
+    cluster, namespace, url, registry, workers = on.cluster, on.namespace, on.url, on.registry, on.workers
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
-        deployment = deploy.up(
-            RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
-        )
-        head = str(ray.get_runtime_context().get_node_id())
-        url = next(ep.url for ep in deployment.endpoints if ep.node_id == head)
-        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
         registry_node = str(ray.get(registry.__ray_call__.remote(_node_of)))
         spec = StoreSpec(
             "survivor", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=6, actors=3,
@@ -602,7 +647,7 @@ def scenario_node_loss(standbys: int, before: float, after: float, readers: int)
             if marks["moved_s"] is not None and marks["restored_s"] is None:
                 try:  # by name: the re-created actor is another Ray actor under the same name
                     handle = ray.get_actor(lost, namespace=namespace)
-                    positions = ray.get(handle.positions.remote(), timeout=2)
+                    positions: Any = ray.get(handle.positions.remote(), timeout=2)
                     if positions and all(p["state"] == "serving" for p in positions.values()):
                         marks["restored_s"] = time.monotonic() - removed_at
                 except Exception:
@@ -656,11 +701,7 @@ def scenario_node_loss(standbys: int, before: float, after: float, readers: int)
         stop.set()  # a thread calling Ray after ray.shutdown would start a Ray of its own
         for t in threads:
             t.join(timeout=90)
-        try:
-            deploy.down(namespace)
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+        on.close()
 
 
 def _fmt(value: float | None) -> str:

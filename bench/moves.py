@@ -17,18 +17,14 @@ the baseline of the same run.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
-from bench.faults import Read, http_get, summarize
+from bench.faults import Read, http_get, start_on_own_disks, summarize
 
 PARTITIONS, ACTORS = 8, 4
 
@@ -58,36 +54,21 @@ def phase(reads: list[Read], opened: float, closed: float) -> dict[str, Any]:
 def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
     import pyarrow as pa
     import ray
-    from ray.cluster_utils import Cluster
 
     from riqr import moves
     from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
     from runtime.codec import decode_value
-    from runtime.config import REGISTRY_NAME, RuntimeConfig
     from runtime.ingest import PARTITION_COLUMN
     from runtime.keys import KeySchema
     from runtime.scan import Scan
     from topologies.delivery import BatchDelivery
-    from verticles import deploy
 
-    data = Path(tempfile.mkdtemp(prefix="riqr-moves-data-"))
-    os.environ["RIQR_DATA"] = str(data / "head")  # each node's raylet, and so its actors, inherit its own
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    os.environ["RIQR_DATA"] = str(data / "node1")
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    namespace = f"riqr-moves-{uuid.uuid4().hex[:8]}"
-    ray.init(address=cluster.address, namespace=namespace, log_to_driver=False, configure_logging=False)
+    on = start_on_own_disks("riqr-moves", workers=1)
+    cluster, namespace, url, registry = on.cluster, on.namespace, on.url, on.registry
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
-        deployment = deploy.up(
-            RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
-        )
-        head = str(ray.get_runtime_context().get_node_id())
-        url = next(ep.url for ep in deployment.endpoints if ep.node_id == head)
-        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
         key, value = KeySchema("user", "long"), (ValueField("score", "bigint"),)
         specs = [
             StoreSpec(f"moving-{n}sb", key, value, partitions=PARTITIONS, actors=ACTORS, standbys=n) for n in (1, 0)
@@ -174,8 +155,7 @@ def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
             t.start()
         stop.wait(before)
         baseline_closed = time.monotonic()
-        os.environ["RIQR_DATA"] = str(data / "node2")
-        node = cluster.add_node(num_cpus=1)
+        node = on.add_node()
         cluster.wait_for_nodes()
         third = node.node_id
         said: list[str] = []
@@ -197,8 +177,8 @@ def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
         for spec in specs:
             table = final.tables[spec.name]
             for u, held in table.all_owners().items():
-                entries, _ = ray.get(ray.get_actor(u, namespace=namespace).scan.remote(held, Scan()), timeout=120)
-                copy = {k: decode_value(v) for k, v in entries}
+                scanned: Any = ray.get(ray.get_actor(u, namespace=namespace).scan.remote(held, Scan()), timeout=120)
+                copy = {k: decode_value(v) for k, v in scanned[0]}
                 expected = {k: v for k, v in latest[spec.name].items() if table.partition_of(k) in held}
                 lost += sum(1 for k, v in expected.items() if copy.get(k) != v) + len(set(copy) - set(expected))
         return {
@@ -224,11 +204,7 @@ def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
         stop.set()
         for t in threads:
             t.join(timeout=90)
-        try:
-            deploy.down(namespace)
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+        on.close()
 
 
 def report(r: dict[str, Any]) -> None:
