@@ -285,7 +285,7 @@ class QueryCore:
             with self._writing:
                 if self._destroyed:  # destroyed since ``state`` was looked up: its engine is deleted
                     raise self._unavailable(p)
-                if self._clock() < self._sealed_until:  # checked under the lock: ``seal``'s positions are final
+                if self.sealed:  # checked under the lock: ``seal``'s positions are final
                     raise CopyMoved(
                         f"the copies of store {self.spec.name} on this query actor are moving to another actor: "
                         f"batch {batch_id} goes to the copies the registry names now",
