@@ -1,9 +1,9 @@
 """Moving query actors between nodes while queries and batches go on: ``riqr rebalance`` and ``riqr drain``.
 
 The plan and the switch's check are pure (``runtime.moves``); the registry makes each step atomic
-(``Registry.join``, ``Registry.switch``, ``Registry.abandon_move``); this module drives one move after
-another from the caller's process (the CLI, or Python code connected to the cluster), watching the new
-copy catch up and saying how far it is. A move that does not finish in time, or whose driver is stopped
+(``Registry.join``, ``Registry.admit``, ``Registry.switch``, ``Registry.abandon_move``); this module drives
+one move after another from the caller's process (the CLI, or Python code connected to the cluster),
+watching the new copy catch up and saying how far it is. A move that does not finish in time, or whose driver is stopped
 (Ctrl-C), is given up: the new actor is destroyed and the old one stays as it was.
 """
 
@@ -34,7 +34,8 @@ _SAY_EVERY = 5.0
 # copied again (the batch it lacks reached only the old copies, before it joined the table).
 _STILL_FOR = 3.0
 _CALL_TIMEOUT = 30.0
-# Starting the new actor: Ray may have to start a worker process on the target node first.
+# Starting the new actor: Ray may have to start a worker process on the target node first. The registry
+# gives a move up whose new actor is not admitted within MOVE_START_SECONDS (above this and a call).
 _JOIN_TIMEOUT = 120.0
 
 
@@ -105,8 +106,10 @@ def move(
     started = time.monotonic()
     _refuse_without_a_serving_copy(namespace, reg, m)
     new = _join(reg, m, say)
-    say(f"  new actor {new} on node {_node(m.target)}: copying partitions {_parts(m.partitions)} from live copies")
     try:
+        _admit(namespace, reg, m, new, min(started + timeout, time.monotonic() + _JOIN_TIMEOUT))
+        say(f"  new actor {new} on node {_node(m.target)}: copying partitions {_parts(m.partitions)} from live "
+            "copies")  # fmt: skip
         epoch = _until_switched(namespace, reg, m, new, started + timeout, say)
     except BaseException as err:
         reason = err.message if isinstance(err, RiqrError) else "stopped"
@@ -154,20 +157,38 @@ def _refuse_without_a_serving_copy(namespace: str, reg: Any, m: Move) -> None:
 
 
 def _join(reg: Any, m: Move, say: Callable[[str], None]) -> str:
-    """``Registry.join``; a stop while it runs waits for the new actor, then gives the move up."""
+    """``Registry.join``: the new actor is asked for (the registry does not wait for its start); a stop
+    while the call runs waits for its answer, then gives the move up."""
     ref = reg.join.remote(m.uuid, m.target)
     try:
-        joined = raycalls.get(ref, "starting the new actor", timeout=_JOIN_TIMEOUT)
+        joined = raycalls.get(ref, "asking for the new actor", timeout=_CALL_TIMEOUT)
     except KeyboardInterrupt:
-        say("  stopping: waiting for the new actor to start, to give the move up")
+        say("  stopping: waiting for the registry's answer, to give the move up")
         try:
-            new = str(raycalls.get(ref, "starting the new actor", timeout=_JOIN_TIMEOUT)["uuid"])
+            new = str(raycalls.get(ref, "asking for the new actor", timeout=_CALL_TIMEOUT)["uuid"])
             raycalls.get(reg.abandon_move.remote(m.uuid, new), "giving the move up", timeout=_CALL_TIMEOUT)
             say(f"  gave the move up: the new actor is destroyed; {m.uuid} stays where it was")
         except RiqrError as err:
-            say(f"  could not give the move up ({err.message}): the next move of {m.uuid} does")
+            say(f"  could not give the move up ({err.message}): the next move of {m.uuid}, or the registry's "
+                "check, does")  # fmt: skip
         raise
     return str(joined["uuid"])
+
+
+def _admit(namespace: str, reg: Any, m: Move, new: str, deadline: float) -> None:
+    """Wait until the new actor answers (its process starts on the target node), then ``Registry.admit``:
+    it joins the table and starts its copy. ``MoveFailed`` past ``deadline``."""
+    while True:
+        try:
+            handle = _actor(namespace, new)
+            raycalls.get(handle.ready.remote(), "starting the new actor", timeout=max(0.1, deadline - time.monotonic()),
+                         actor=new)  # fmt: skip
+            break
+        except (MoveFailed, OwnerUnavailable, DeadlineExceeded) as err:
+            if time.monotonic() >= deadline:
+                raise MoveFailed(f"the new actor {new} did not start in time ({err.message})", actor=new) from None
+            time.sleep(_LOOK_EVERY)
+    raycalls.get(reg.admit.remote(m.uuid, new), "adding the new actor to the table", timeout=_CALL_TIMEOUT)
 
 
 def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float, say: Callable[[str], None]) -> int:

@@ -132,6 +132,10 @@ SUSPECT_CHECK_GAP = 0.2
 # and how long the old actor keeps answering reads already sent to it once the new one took its place.
 MOVE_SEAL_SECONDS = 30.0
 MOVE_LEAVE_GRACE = 5.0
+# How long a move's new actor may take from ``Registry.join`` (which starts it and returns) to
+# ``Registry.admit`` (its mover saw it answer): past that, its mover is taken for dead and the registry's
+# next check destroys it. Above the mover's own wait for the start (``riqr.moves``) and its admit call.
+MOVE_START_SECONDS = 300.0
 # How often a topology process tells the registry that the stores it feeds are still fed, and how long
 # the registry waits without hearing it before it calls a feed stale (/ready 503): three missed beats, so
 # one slow or lost call does not flip readiness (docs/operations.md, "Probes").

@@ -162,6 +162,10 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         # A move's old actor, sealed for good: another one took its place (its members save may have failed).
         if info.get("destroyed") or info.get("moved") or info["spec"].name in doomed:
             dropping.add(str(info["uuid"]))
+        # A move's new actor started and never admitted to a table (its mover stopped, or the registry did
+        # before admitting it): no copy of anything yet. One the record lists was admitted (restarted since).
+        if info.get("joining") and str(info["uuid"]) not in _listed(entries.get(info["spec"].name)):
+            dropping.add(str(info["uuid"]))
         if str(info["uuid"]) in dropping:
             continue
         spec: StoreSpec = info["spec"]

@@ -243,19 +243,13 @@ class RayEnv:
         where = raycalls.get(handle.ready.remote(), f"re-creating query actor {uuid}", timeout=_CALL_TIMEOUT)
         return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
 
-    def join_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        handle = (
-            _remote(QueryVerticle)
-            .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
-            .remote(uuid, spec, list(partitions), self, joining=True)
-        )
-        try:
-            where = raycalls.get(handle.ready.remote(), f"starting query actor {uuid}", timeout=_CALL_TIMEOUT)
-        except BaseException:  # not in any table: left running, a restarted registry would take it for a member
-            with contextlib.suppress(Exception):
-                ray.kill(handle, no_restart=True)
-            raise
-        return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
+    def start_joining_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> None:
+        # Not waited for: the mover looks it up by name (again until it is listed) and waits for ``ready``.
+        # One that never starts is destroyed by its move's give-up or the registry's check
+        # (``MOVE_START_SECONDS``), and one found by a restarted registry is dropped (``joining``).
+        _remote(QueryVerticle).options(
+            **_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS)
+        ).remote(uuid, spec, list(partitions), self, joining=True)
 
     def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
         try:

@@ -114,9 +114,10 @@ class ClusterOps(Protocol):
         actor would and rebuilds them from peers); waits until it runs and returns where it runs."""
         ...
 
-    def join_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        """Create query actor ``uuid`` on ``node_id`` as a move's new copy of ``partitions`` (they open
-        incomplete and wait for ``catch_up``); waits until it runs and returns where it runs."""
+    def start_joining_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> None:
+        """Ask for query actor ``uuid`` on ``node_id`` as a move's new copy of ``partitions`` (they open
+        incomplete and wait for ``catch_up``) and return at once: the mover waits for it to start, not the
+        registry, whose calls run one at a time (the sink's epoch check before each batch among them)."""
         ...
 
     def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:

@@ -96,6 +96,9 @@ class QueryVerticle:
         self.uuid = uuid
         self.node_id = env.node_id()
         self.node_ip = env.node_ip()
+        # A move's new actor not yet in its store's table (``admit``): a restarted registry that finds it
+        # unlisted destroys it (its mover is gone; ``runtime.membership.merge_members``).
+        self.joining = joining
         # A replacement (the registry created this actor again: its node died, or Ray would not restart
         # it) is a restart, on another node or its own: whatever it finds on disk is reopened, never
         # trusted blindly (the gap rule), and what it cannot serve is rebuilt from peers.
@@ -133,6 +136,12 @@ class QueryVerticle:
     def ready(self) -> dict[str, str]:
         """Where this actor runs; the registry waits on this before publishing the actor."""
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
+
+    def admit(self) -> dict[str, str]:
+        """A move's new actor goes into its store's table (``Registry.admit``): from now on it is a copy like
+        any other, which a restarted registry keeps. Returns where it runs, as ``ready``."""
+        self.joining = False
+        return self.ready()
 
     def apply(
         self, source: str, batch_id: int, slices: Mapping[int, Slice | None], hold: Hold | None = None
@@ -234,4 +243,6 @@ class QueryVerticle:
             "destroyed": self.core.destroyed,
             # A move put another actor in its place (sealed for good): likewise, never taken back.
             "moved": self.core.moved,
+            # A move's new actor its registry never put in a table: its mover is gone, and so is it.
+            "joining": self.joining,
         }

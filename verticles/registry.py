@@ -45,6 +45,7 @@ from runtime.config import (
     FEED_STALE_AFTER,
     MOVE_LEAVE_GRACE,
     MOVE_SEAL_SECONDS,
+    MOVE_START_SECONDS,
     RECREATE_ENV,
     SUSPECT_CHECK_GAP,
     seconds_setting,
@@ -54,6 +55,7 @@ from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book,
 from runtime.membership import UndecodableRecord, membership_record, merge_members
 from runtime.moves import behind
 from runtime.ownership import (
+    ActorInfo,
     ClusterView,
     Endpoint,
     OwnershipTable,
@@ -168,8 +170,10 @@ class Registry:
         # of those a move replaced, when their grace for reads already sent to them ends.
         self._dropping: set[str] = set()
         self._leaving: dict[str, float] = {}
-        # A move's new actor -> the actor it replaces, while the move is under way (``join``).
+        # A move's new actor -> the actor it replaces, while the move is under way (``admit``); before that,
+        # while it starts (``join``), -> (the actor it replaces, when it was asked for).
         self._moving: dict[str, str] = {}
+        self._starting: dict[str, tuple[str, float]] = {}
         self._drops_failing = False
         if env.restarted():
             self._rebuild(first_epoch)
@@ -433,9 +437,11 @@ class Registry:
     # -- moving copies between nodes (runtime.moves; driven by riqr.moves) ---------------------------
 
     def join(self, uuid: str, node_id: str) -> dict[str, Any]:
-        """A move's first step: create a new query actor on ``node_id`` for the partitions query actor
-        ``uuid`` holds, list it as their last standby (the sink delivers to it from its next batch), and
-        start its copy from live peers. Returns ``{"uuid", "node_id", "epoch"}`` of the new actor."""
+        """A move's first step: ask for a new query actor on ``node_id`` for the partitions query actor
+        ``uuid`` holds, and return at once ``{"uuid", "node_id"}`` of the new actor. Its mover waits until it
+        answers, then calls ``admit``: the registry does not wait for an actor's start (a second or two),
+        since its calls run one at a time and the sink's epoch check before each batch is one of them. A new
+        actor not admitted within ``MOVE_START_SECONDS`` is destroyed at the next check."""
         view = self.state.view()
         info = view.actors.get(uuid)
         table = None if info is None else view.table(info.store)
@@ -447,29 +453,57 @@ class Registry:
             raise InvalidParameter(f"query actor {uuid} already runs on node {node_id}", actor=uuid)
         if node_id not in self._env.alive_nodes():
             raise InvalidParameter(f"node {node_id} is not a live node of the cluster", node=node_id)
-        if uuid in self._moving:
+        if uuid in self._moving or uuid in self._starting:
             raise Conflict(f"query actor {uuid} is a move's new actor, not in place yet", actor=uuid)
-        for earlier in [new for new, old in self._moving.items() if old == uuid]:
+        earlier = [new for new, old in self._moving.items() if old == uuid]
+        earlier += [new for new, (old, _) in self._starting.items() if old == uuid]
+        for new in earlier:
             # Its mover stopped without giving it up (killed), or another one runs: this move replaces it.
-            log.warning("query actor %s: an earlier move of it, to %s, is given up for this one", uuid, earlier,
+            log.warning("query actor %s: an earlier move of it, to %s, is given up for this one", uuid, new,
                         extra={"store": info.store, "actor": uuid})  # fmt: skip
-            self.abandon_move(uuid, earlier)
-        view = self.state.view()
-        table = view.table(info.store)
-        assert table is not None  # the registry's calls run one at a time: nothing dropped it meanwhile
+            self.abandon_move(uuid, new)
         new = self._new_uuid()
-        started = self._env.join_query_actor(table.spec, new, info.partitions, node_id)
-        self.state.add_copy(table.with_joining(uuid, new), started)
-        self._moving[new] = uuid
+        self._env.start_joining_actor(table.spec, new, info.partitions, node_id)
+        self._starting[new] = (uuid, self._clock())
+        log.info("moving query actor %s of %s from node %s to node %s: new actor %s starts",
+                 uuid, info.store, info.node_id, node_id, new, extra={"store": info.store, "actor": uuid})  # fmt: skip
+        return {"uuid": new, "node_id": node_id}
+
+    def admit(self, old: str, new: str) -> dict[str, Any]:
+        """A move's second step, once the new actor ``join`` asked for answers: list it as the last standby of
+        each partition ``old`` holds, in one epoch (the sink delivers to it from its next batch), and start its
+        copy from live peers. Returns ``{"uuid", "node_id", "epoch"}``. ``NotFound`` if the move was given
+        up meanwhile; a move whose old actor left the table, or now runs on the new actor's node (a node
+        loss re-created it there), is given up (``NotFound``, ``Conflict``)."""
+        starting = self._starting.get(new)
+        if starting is None or starting[0] != old:
+            raise NotFound(f"no move of query actor {old} to {new} is starting (given up?)", actor=old)
+        view = self.state.view()
+        info = view.actors.get(old)
+        table = None if info is None else view.table(info.store)
+        if info is None or table is None or old not in table.all_owners() or self._retired:
+            self.abandon_move(old, new)
+            if self._retired:
+                raise Unavailable("the runtime is going down (riqr down): nothing is moved", retry_after=5)
+            raise NotFound(f"query actor {old} left its store's table: its move is given up", actor=old)
+        where = self._env.query_actor_call(new, "admit")
+        if where["node_id"] == info.node_id:
+            self.abandon_move(old, new)
+            raise Conflict(f"query actor {old} runs on node {info.node_id} now, as its new actor would: its move "
+                           "is given up; plan again", actor=old)  # fmt: skip
+        del self._starting[new]
+        joined = ActorInfo(new, info.store, where["node_id"], where["node_ip"], tuple(info.partitions))
+        self.state.add_copy(table.with_joining(old, new), joined)
+        self._moving[new] = old
         log.info("moving query actor %s of %s from node %s to node %s: new actor %s copies partitions %s",
-                 uuid, info.store, info.node_id, node_id, new, list(info.partitions),
-                 extra={"store": info.store, "actor": uuid})  # fmt: skip
+                 old, info.store, info.node_id, joined.node_id, new, list(info.partitions),
+                 extra={"store": info.store, "actor": old})  # fmt: skip
         try:
             self._env.query_actor_call(new, "catch_up", list(info.partitions))
         except RiqrError as err:  # its mover asks again
             log.warning("the new actor %s did not start its copy yet: %s", new, err.message,
                         extra={"store": info.store, "actor": new})  # fmt: skip
-        return {"uuid": new, "node_id": started.node_id, "epoch": self.state.epoch}
+        return {"uuid": new, "node_id": joined.node_id, "epoch": self.state.epoch}
 
     def switch(self, old: str, new: str) -> dict[str, Any]:
         """A move's switch: seal ``old`` (it refuses batches, so its positions stop), and if ``new`` holds
@@ -514,6 +548,14 @@ class Registry:
         call was under way), or when ``new`` answers for a partition (a restarted registry dealt it one)
         or serves one that no other copy serves now (its source lost meanwhile): then it stays, a copy
         like any other (``"kept"``). ``"none"``: no such move."""
+        starting = self._starting.get(new)
+        if starting is not None and starting[0] == old:  # not in a table yet: it holds nothing
+            del self._starting[new]
+            self._dropping.add(new)
+            log.warning("gave up moving query actor %s: its new actor %s, not admitted yet, is destroyed", old, new,
+                        extra={"actor": old})  # fmt: skip
+            self._finish_drops()
+            return {"outcome": "given-up", "epoch": self.state.epoch, "why": None}
         view = self.state.view()
         joined = view.actors.get(new)
         table = None if joined is None else view.table(joined.store)
@@ -748,12 +790,18 @@ class Registry:
         there while another node is left), keeps its uuid, so tables and handles by name stay valid, and its
         move bumps the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted.
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
-        could not be re-created is tried again at the next check. Last, it destroys the actors of drops
+        could not be re-created is tried again at the next check. A move's new actor not admitted within
+        ``MOVE_START_SECONDS`` (its mover died) is given up. Last, it destroys the actors of drops
         not finished (a drop saved before a restart, or whose destroy failed: ``_finish_drops``), unless Ray
         could not list the nodes.
         """
         if self._members_failing:
             self._save_members()  # a save that failed is made at the next check
+        for joining, (old, asked) in list(self._starting.items()):
+            if self._clock() - asked > MOVE_START_SECONDS:  # its mover is gone (killed): nobody admits it
+                log.warning("the move of query actor %s to %s was not admitted within %.0fs: given up", old,
+                            joining, MOVE_START_SECONDS, extra={"actor": old})  # fmt: skip
+                self.abandon_move(old, joining)
         if self._retired:
             self._finish_drops()
             return []

@@ -133,6 +133,15 @@ def test_a_node_that_joins_gets_copies_and_a_drained_one_gives_them_back_while_e
             at_join = len(reads)
             wait_for(lambda: len(reads) > at_join + 100, what="reads after the rebalance")
 
+            # A move given up while its new actor starts (its mover stopped before the admit): the registry
+            # answered the join without waiting for the start, and the new actor is destroyed, never listed.
+            mover = next(u for u, i in after_join.actors.items() if i.node_id != third)
+            starting = raycalls.get(registry.join.remote(mover, third), "join")["uuid"]
+            assert starting not in _view(registry).actors
+            given_up = raycalls.get(registry.abandon_move.remote(mover, starting), "abandon_move")
+            assert given_up["outcome"] == "given-up" and _view(registry).tables == after_join.tables
+            wait_for(lambda: starting not in deploy._named_in(runtime.namespace), what="the new actor destroyed")
+
             # The command line, as an operator runs it, in a Ray driver of its own.
             env = {**os.environ, "PYTHONPATH": str(REPO)}
             drain = subprocess.run(

@@ -228,6 +228,7 @@ class MoveEnv(FakeEnv):
 
     def _start(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node: str, **kw: Any) -> ActorInfo:
         self.actors[uuid] = QueryVerticle(uuid, spec, list(partitions), self, **kw)
+        self.actors[uuid].node_id, self.actors[uuid].node_ip = node, "10.0.0.9"  # where Ray would have put it
         return ActorInfo(uuid, spec.name, node, "10.0.0.9", tuple(partitions))
 
     def start_query_actors(
@@ -237,8 +238,8 @@ class MoveEnv(FakeEnv):
             [self._start(spec, u, parts, node or "node-a") for u, parts, node in members] for spec, members in stores
         ]
 
-    def join_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        return self._start(spec, uuid, partitions, node_id, joining=True)
+    def start_joining_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> None:
+        self._start(spec, uuid, partitions, node_id, joining=True)
 
     def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
         actor = self.actors.get(uuid)
@@ -282,6 +283,12 @@ class MoveEnv(FakeEnv):
             self.actors[uuid].apply("q", batch_id, slices)
 
 
+def _join(registry: Registry, old: str, node: str) -> str:
+    """A mover's first two steps (``riqr.moves``): ask for the new actor, then admit it once it started."""
+    new = str(registry.join(old, node)["uuid"])
+    return str(registry.admit(old, new)["uuid"])
+
+
 def _serving(actor: QueryVerticle) -> bool:
     return all(pos["state"] == "serving" for pos in actor.positions().values())
 
@@ -318,8 +325,15 @@ def test_the_registry_moves_an_actor_copy_catch_up_switch_drop_with_no_batch_los
     epoch = registry.epoch()
     joined = registry.join(old, "node-c")
     new = joined["uuid"]
-    assert joined["node_id"] == "node-c" and registry.epoch() > epoch
-    again = registry.join(old, "node-c")["uuid"]  # a second mover: the earlier move is given up for it
+    # Asked for and not waited for: not in the table, no new epoch, until its mover saw it start (admit).
+    assert joined["node_id"] == "node-c" and registry.epoch() == epoch and new not in registry.view().actors
+    with pytest.raises(NotFound):
+        registry.join(new, "node-b")
+    with pytest.raises(NotFound, match="no move"):
+        registry.admit(sorted(view.actors)[1], new)
+    assert registry.admit(old, new)["node_id"] == "node-c" and registry.epoch() > epoch
+    assert new in registry.view().actors and env.actors[new].info()["joining"] is False
+    again = _join(registry, old, "node-c")  # a second mover: the earlier move is given up for it
     assert new in env.destroyed and new not in registry.view().actors
     with pytest.raises(Conflict):
         registry.join(again, "node-b")  # a move's new actor is not moved before it is in place
@@ -370,7 +384,7 @@ def test_a_move_given_up_destroys_the_new_actor_and_leaves_the_old_one_taking_ba
     before = view.table("s")
     old = sorted(view.actors)[0]
     env.deliver(0, {"a": "1", "b": "2"})
-    new = registry.join(old, "node-c")["uuid"]
+    new = _join(registry, old, "node-c")
     env.actors[old].seal(30)  # as a switch that found the copy behind would leave it, had it died there
     registry.abandon_move(old, new)
     assert registry.view().table("s") == before and new in env.destroyed and new not in env.actors
@@ -426,7 +440,7 @@ def test_a_feed_follows_its_store_through_moves_even_across_a_registry_restart(t
     delivery.declared(view)
     (first,) = view.actors
     env.deliver(0, {"a": "1"})
-    second = registry.join(first, "node-b")["uuid"]
+    second = _join(registry, first, "node-b")
     _wait(lambda: _serving(env.actors[second]), "the copy caught up")
     assert registry.switch(first, second)["switched"]
     # The registry restarts (the saved members and the live actors rebuild it) and the one actor moves again,
@@ -439,7 +453,7 @@ def test_a_feed_follows_its_store_through_moves_even_across_a_registry_restart(t
         "ns", restarted_env, new_uuid=lambda: f"00000000-0000-4000-8000-{next(later):012d}", clock=Clock()
     )
     restarted_env.registry = restarted
-    third = restarted.join(second, "node-c")["uuid"]
+    third = _join(restarted, second, "node-c")
     _wait(lambda: _serving(restarted_env.actors[third]), "the copy caught up")
     assert restarted.switch(second, third)["switched"]
     now = restarted.view()
@@ -460,7 +474,7 @@ def test_giving_a_move_up_undoes_nothing_once_switched_and_keeps_a_new_copy_that
     view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=0))
     old, other = sorted(view.actors)
     env.deliver(0, {"a": "1", "b": "2"})
-    new = registry.join(old, "node-c")["uuid"]
+    new = _join(registry, old, "node-c")
     _wait(lambda: _serving(env.actors[new]), "the copy caught up")
     assert registry.switch(old, new)["switched"]
     # Its mover gave up while the switch call was under way (a timeout, Ctrl-C): the move stands.
@@ -473,7 +487,7 @@ def test_giving_a_move_up_undoes_nothing_once_switched_and_keeps_a_new_copy_that
     assert old in merged.dropping and old not in {a.uuid for a in merged.stores["s"][1]}
 
     # A move whose source stops serving meanwhile (its data lost) keeps the new copy, the only serving one.
-    newer = registry.join(other, "node-c")["uuid"]
+    newer = _join(registry, other, "node-c")
     _wait(lambda: _serving(env.actors[newer]), "the copy caught up")
     for state in env.actors[other].core.partitions.values():
         state._mark_incomplete(-1, "lost, for the test")
@@ -489,9 +503,72 @@ def test_a_move_given_up_keeps_its_new_copy_when_it_cannot_tell_what_the_copy_se
     view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=0))
     old = sorted(view.actors)[0]
     env.deliver(0, {"a": "1", "b": "2"})
-    new = registry.join(old, "node-c")["uuid"]
+    new = _join(registry, old, "node-c")
     _wait(lambda: _serving(env.actors[new]), "the copy caught up")
     env.unreachable = {new}  # its probe fails: it may be the only serving copy, so it is not destroyed
     out = registry.abandon_move(old, new)
     assert out["outcome"] == "kept" and "did not say" in out["why"]
     assert new in registry.view().actors and new not in env.destroyed
+
+
+def test_a_new_actor_its_mover_never_admits_is_destroyed_and_never_taken_back_by_a_restarted_registry(
+    tmp_path: Path,
+) -> None:
+    from runtime.config import MOVE_START_SECONDS
+    from runtime.membership import merge_members
+
+    env = MoveEnv(tmp_path)
+    clock = Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    old, other = sorted(view.actors)
+    before = registry.view().table("s")
+    env.deliver(0, {"a": "1", "b": "2"})
+
+    # Given up before it was admitted (Ctrl-C while it started): destroyed, the table never changed.
+    new = registry.join(old, "node-c")["uuid"]
+    assert registry.abandon_move(old, new)["outcome"] == "given-up"
+    assert new in env.destroyed and registry.view().table("s") == before
+    with pytest.raises(NotFound, match="no move"):
+        registry.admit(old, new)
+
+    # Its mover was killed: nobody admits it, and the registry's check gives it up once MOVE_START_SECONDS pass.
+    orphan = registry.join(old, "node-c")["uuid"]
+    clock.now += MOVE_START_SECONDS / 2
+    registry.check_nodes()
+    assert orphan not in env.destroyed
+    clock.now += MOVE_START_SECONDS
+    registry.check_nodes()
+    assert orphan in env.destroyed and registry.view().table("s") == before
+
+    # A restarted registry finds an unadmitted new actor alive: not a copy of anything, destroyed. An admitted
+    # one is a copy like any other, even when Ray restarted it since (it says joining again, and is listed).
+    unadmitted = registry.join(other, "node-c")["uuid"]
+    admitted = _join(registry, old, "node-b")
+    assert env.membership is not None
+    live = [a.info() for a in env.actors.values()]
+    assert {i["uuid"]: i["joining"] for i in live if i["uuid"] in (unadmitted, admitted)} == {
+        unadmitted: True,
+        admitted: False,
+    }
+    merged = merge_members(env.membership, live)
+    kept = {a.uuid for a in merged.stores["s"][1]}
+    assert unadmitted in merged.dropping and unadmitted not in kept
+    assert admitted in kept and admitted not in merged.dropping
+    restarted = [dict(i, joining=True) if i["uuid"] == admitted else i for i in live]
+    assert admitted in {a.uuid for a in merge_members(env.membership, restarted).stores["s"][1]}
+    registry.abandon_move(other, unadmitted)
+
+    # A move whose old actor left the table while its new one started, or whose new actor would run on the
+    # old one's node: given up at the admit, the new actor destroyed.
+    late = registry.join(other, "node-c")["uuid"]
+    env.actors[late].node_id = view.actors[other].node_id
+    with pytest.raises(Conflict, match="plan again"):
+        registry.admit(other, late)
+    assert late in env.destroyed and late not in registry.view().actors
+    gone = registry.join(other, "node-c")["uuid"]
+    registry.drop_store("s")
+    with pytest.raises(NotFound, match="left its store's table"):
+        registry.admit(other, gone)
+    assert gone in env.destroyed
