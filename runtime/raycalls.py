@@ -71,10 +71,17 @@ def is_dead(exc: BaseException) -> bool:
     return isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError)
 
 
+def unwrapped(exc: RiqrError) -> RiqrError:
+    """The riqr error itself for one raised inside an actor: Ray hands it to the caller wrapped, as a
+    ``RayTaskError`` subclass of the error's class whose text is the actor's whole traceback."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, RiqrError) else exc
+
+
 def translate(exc: BaseException, what: str, *, actor: str | None = None) -> RiqrError:
     """The riqr error for an exception raised by a Ray call about ``what`` (to ``actor``, if one)."""
     if isinstance(exc, RiqrError):
-        return exc
+        return unwrapped(exc)
     from ray.exceptions import (
         ActorUnavailableError,
         ActorUnschedulableError,
@@ -117,8 +124,8 @@ async def call(
     while True:
         try:
             return await submit()
-        except RiqrError:
-            raise
+        except RiqrError as exc:
+            raise unwrapped(exc) from None
         except Exception as exc:
             restarting = is_restarting(exc)
             if restarting and on_restarting is not None and backoff == _FIRST_BACKOFF:
@@ -162,8 +169,8 @@ def call_sync(submit: Callable[[], Any], what: str, *, deadline: Deadline, actor
     while True:
         try:
             return ray.get(submit(), timeout=max(deadline.remaining(), 0.001))
-        except RiqrError:
-            raise
+        except RiqrError as exc:
+            raise unwrapped(exc) from None
         except Exception as exc:
             if not is_restarting(exc) or deadline.remaining() <= backoff:
                 raise translate(exc, what, actor=actor) from None

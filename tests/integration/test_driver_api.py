@@ -75,10 +75,21 @@ def test_catalog_and_owner(client: runtime.Client) -> None:
 
 
 def test_failures_are_riqrs_errors_never_rays(client: runtime.Client) -> None:
-    with pytest.raises(runtime.BadRequest, match="limit"):
-        client.store("order-count").page(0)
-    with pytest.raises(runtime.BadRequest, match="limit"):
-        asyncio.run(client.store("order-count").page_async(0))
+    from ray.exceptions import RayTaskError
+
+    store = client.store("order-count")
+    calls = [
+        (lambda: store.page(0), "limit"),
+        (lambda: asyncio.run(store.page_async(0)), "limit"),
+        (lambda: store.page(2, "garbage"), "cursor"),
+    ]
+    for call, about in calls:
+        with pytest.raises(runtime.BadRequest, match=about) as refused:
+            call()
+        # The error itself, not Ray's wrapper of it (an instance of its class too, whose text is the actor's
+        # whole traceback).
+        assert not isinstance(refused.value, RayTaskError), type(refused.value).__mro__
+        assert "Traceback" not in str(refused.value) and str(refused.value) == refused.value.message
     impatient = runtime.Client(client.facade, client.namespace, timeout=0.0)
     with pytest.raises(runtime.DeadlineExceeded):
         impatient.store("customer-v1-changelog").all()
