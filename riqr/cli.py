@@ -55,9 +55,9 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 
 def _connect_ray(address: str | None, namespace: str) -> None:
-    import ray
+    from runtime.client import join_ray
 
-    ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
+    join_ray(address, namespace)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -110,6 +110,10 @@ def _cmd_token(args: argparse.Namespace) -> int:
     from riqr.access import operator_auth, token_for
     from runtime.auth import DEMO_TTL_SECONDS
 
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if not stores:  # an empty variable in a script must not widen the token to every store
+        _say("riqr: --stores names no store: give store names, comma-separated, or '*' for every store")
+        return 2
     env, _ = operator_auth()
     secret = env.secret
     if secret is None and env.public_key is None:
@@ -124,7 +128,6 @@ def _cmd_token(args: argparse.Namespace) -> int:
     if secret is None:
         _say("riqr: the REST API verifies tokens with a public key (RIQR_JWT_PUBLIC_KEY_FILE): ask its issuer")
         return 2
-    stores = [s.strip() for s in args.stores.split(",") if s.strip()] or ["*"]
     auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=())
     token = token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl)
     if env.secret is None:  # minted with the deployment's own key: is it the one its REST API checks?
@@ -232,6 +235,9 @@ def _positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
+
+
+_positive_seconds.__name__ = "number of seconds"  # argparse's "invalid <name> value" message
 
 
 def _node_id(name: str) -> str:
@@ -361,6 +367,11 @@ def _positive(text: str) -> int:
     return value
 
 
+_positive.__name__ = "positive integer"  # argparse's "invalid <name> value" message
+_ADDRESS_HELP = "Ray address; default $RAY_ADDRESS or the local cluster"
+_NAMESPACE_HELP = f"riqr's Ray namespace (default {DEFAULT_NAMESPACE})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from topologies import TOPOLOGIES
 
@@ -376,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="landing dirs, checkpoints and (unless $RIQR_DATA is set) the stores' state, all reset at start; "
         "default demo/ under $RIQR_HOME or ~/.riqr, apart from a deployment's",
     )
-    demo.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    demo.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     demo.add_argument("--ready-timeout", type=float, default=180.0)
     demo.add_argument(
         "--dashboard", action="store_true", help="start Ray's dashboard too (slower start; the demo needs none)"
@@ -388,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     up = sub.add_parser("up", help="deploy the verticles on a running Ray cluster (idempotent)")
-    up.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or the local cluster")
-    up.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    up.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    up.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="REST port on every node (0: any free port)")
     up.add_argument(
         "--host", default="127.0.0.1", help="address the REST API binds to (default loopback; 0.0.0.0: every one)"
@@ -403,15 +414,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_cmd_up)
 
     token = sub.add_parser("token", help="print a bearer token for the REST API (the deployment's secret)")
-    token.add_argument("--address", default=None)
-    token.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    token.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    token.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     token.add_argument("--stores", default="*", help="comma-separated stores the token may read; default all")
-    token.add_argument("--ttl", type=int, default=None, help="seconds until it expires (default: 24 h)")
+    token.add_argument("--ttl", type=_positive, default=None, help="seconds until it expires (default: 24 h)")
     token.set_defaults(func=_cmd_token)
 
     status = sub.add_parser("status", help="stores, partitions, replicas, positions, lag, ingest, REST endpoints")
-    status.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or the local cluster")
-    status.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    status.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    status.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     status.add_argument("--json", action="store_true", help="print what the table shows as one JSON object")
     status.set_defaults(func=_cmd_status)
 
@@ -421,9 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Keys and bounds as in a REST path: composite keys' components joined by '/', "
         "percent-escapes allowed. Values print as JSON; scans one {key, value} per line.",
     )
-    query.add_argument("store")
-    query.add_argument("--address", default=None)
-    query.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    query.add_argument("store", help="the store's name (riqr status lists them)")
+    query.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    query.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     ops = query.add_subparsers(dest="op", required=True)
     get = ops.add_parser("get", help="the value of a key")
     get.add_argument("key")
@@ -450,15 +461,15 @@ def build_parser() -> argparse.ArgumentParser:
     query.set_defaults(func=_cmd_query)
 
     down = sub.add_parser("down", help="remove the verticles (and the stores' state) from the Ray cluster")
-    down.add_argument("--address", default=None)
-    down.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    down.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    down.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     down.set_defaults(func=_cmd_down)
 
     drop = sub.add_parser("drop", help="drop one store: its query actors stop and its data is deleted")
     drop.add_argument("store")
     drop.add_argument("--force", action="store_true", help="even while a running topology feeds it")
-    drop.add_argument("--address", default=None)
-    drop.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    drop.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    drop.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     drop.set_defaults(func=_cmd_drop)
 
     for name in ("rebalance", "drain"):
@@ -474,8 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
         moving.add_argument(
             "--timeout", type=_positive_seconds, default=900.0, help="seconds one move may take (default 900)"
         )
-        moving.add_argument("--address", default=None)
-        moving.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        moving.add_argument("--address", default=None, help=_ADDRESS_HELP)
+        moving.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
         moving.set_defaults(func=_cmd_rebalance)
 
     run = sub.add_parser(

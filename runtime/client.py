@@ -481,12 +481,41 @@ def close_in_process_facades() -> None:
         facade.close()
 
 
+def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0) -> None:
+    """``ray.init`` into the running cluster at ``address`` (None: ``$RAY_ADDRESS``, else the cluster this
+    machine last started). Its address is tried first with a plain TCP connection: where nothing listens,
+    Ray itself retries for minutes and does not stop for SIGTERM meanwhile; ``ConnectionError`` at once
+    instead, naming the address."""
+    import socket
+
+    import ray
+
+    target = address or "auto"
+    if not target.startswith("ray://"):
+        try:  # Ray's own resolution of "auto" and $RAY_ADDRESS (internal, stable across Ray 2.x)
+            from ray._private.services import canonicalize_bootstrap_address
+
+            resolved = canonicalize_bootstrap_address(target)
+        except Exception:  # noqa: BLE001 - nothing to try first: ray.init says what is wrong
+            resolved = None
+        if resolved:
+            host, _, port = resolved.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=probe_timeout).close()
+            except (OSError, ValueError) as err:
+                raise ConnectionError(
+                    f"no Ray cluster answers at {resolved} ({err}); is it running (ray status)?"
+                ) from None
+    ray.init(address=target, namespace=namespace, log_to_driver=False)
+
+
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:
-    """Connect to riqr in ``namespace``, joining the Ray cluster at ``address`` if not connected yet."""
+    """Connect to riqr in ``namespace``, joining the Ray cluster at ``address`` if not connected yet
+    (``join_ray``: ``ConnectionError`` at once if nothing answers there)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
+        join_ray(address, namespace)
     node_id = ray.get_runtime_context().get_node_id()
     try:
         facade = ray.get_actor(facade_name(node_id), namespace=namespace)

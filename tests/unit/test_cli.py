@@ -230,3 +230,46 @@ def test_rebalance_and_drain_take_their_options_and_a_node_by_id_prefix_or_addre
         cli._node_id("abc")  # too short to be taken for a prefix
     with pytest.raises(BadRequest, match="no live node"):
         cli._node_id("fff000")  # a dead node is no place to drain from
+
+
+def test_a_token_for_no_store_is_refused_rather_than_minted_for_every_store(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import base64
+    import json
+
+    monkeypatch.setenv("RIQR_JWT_SECRET", "s" * 40)
+    for empty in ("", " , ", ","):  # an empty variable in a script: `riqr token --stores "$STORES"`
+        assert cli.main(["token", "--stores", empty]) == 2
+        assert "names no store" in capsys.readouterr().err
+    assert cli.main(["token", "--stores", "a, b"]) == 0
+    claims = capsys.readouterr().out.strip().split(".")[1]
+    assert json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["stores"] == ["a", "b"]
+    with pytest.raises(SystemExit):
+        cli.main(["token", "--ttl", "0"])
+    assert "argument --ttl: must be at least 1, got 0" in capsys.readouterr().err  # not ttl_seconds
+
+
+def test_argument_errors_name_what_is_wanted_not_a_function(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        cli.main(["query", "order-count", "all", "--limit", "abc"])
+    err = capsys.readouterr().err
+    assert "invalid positive integer value: 'abc'" in err and "_positive" not in err
+    with pytest.raises(SystemExit):
+        cli.main(["rebalance", "--timeout", "soon"])
+    assert "invalid number of seconds value: 'soon'" in capsys.readouterr().err
+    for command in (["token"], ["query", "s", "get", "k"], ["down"], ["drop", "s"], ["status"], ["up"]):
+        with pytest.raises(SystemExit):
+            cli.main([*command[:1], "--help"])
+        shown = capsys.readouterr().out
+        assert "Ray address; default $RAY_ADDRESS" in shown and "riqr's Ray namespace" in shown, command
+
+
+def test_an_address_where_no_ray_cluster_listens_is_an_error_at_once_not_a_hang(capsys) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(["query", "order-count", "get", "1", "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    # Ray's own reading of the address: 127.0.0.1 may be written as this node's IP.
+    assert err.startswith("riqr: cannot reach the Ray cluster: no Ray cluster answers at ") and f":{port} (" in err
