@@ -13,7 +13,7 @@ from urllib.parse import unquote_plus
 from aiohttp import web
 
 from runtime.auth import ANONYMOUS, PRINCIPAL, AuthConfig, visible
-from runtime.config import MAX_WHOLE_MSGPACK_ENTRIES, WHOLE_JSON_BYTES
+from runtime.config import MAX_KEY_CHARS, MAX_WHOLE_MSGPACK_ENTRIES, WHOLE_JSON_BYTES
 from runtime.errors import InvalidParameter, MalformedKey, MalformedPath
 from runtime.facade import Facade
 from runtime.keys import INTEGER_TEXT, MAX_INTEGER_CHARS
@@ -69,6 +69,8 @@ def _store(request: web.Request) -> str:
 # that fails to decode raises and is not kept; names nobody has (probes, typos) evict the least recent.
 @functools.lru_cache(maxsize=256)
 def _store_name(raw: str) -> str:
+    if len(raw) > MAX_KEY_CHARS:
+        raise MalformedPath(f"the store name is {len(raw)} characters long in the URL; the limit is {MAX_KEY_CHARS}")
     try:
         return UrlKey(raw).text()
     except MalformedKey as err:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import functools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = [
     "entries_json",
     "encode_json",
     "wants_ndjson",
+    "negotiate",
+    "JSON",
     "MSGPACK",
     "NDJSON",
     "SERVER_NAME",
@@ -55,13 +58,67 @@ _MINIMAL_ERROR = b'{"error":{"code":"internal","message":"the error could not be
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+JSON = "application/json"
+_ANSWERS = (JSON, MSGPACK)  # what any answer can be
+_STREAMS = (JSON, NDJSON, MSGPACK)  # what a scan's answer can be
+
+
 def wants_msgpack(request: web.BaseRequest) -> bool:
-    accept = request.headers.get("Accept", "")
-    return MSGPACK in accept and "application/json" not in accept.split(MSGPACK)[0]
+    return negotiate(request.headers.get("Accept", ""), _ANSWERS) == MSGPACK
 
 
 def wants_ndjson(request: web.BaseRequest) -> bool:
-    return NDJSON in request.headers.get("Accept", "")
+    return negotiate(request.headers.get("Accept", ""), _STREAMS) == NDJSON
+
+
+@functools.lru_cache(maxsize=512)  # clients send the same few headers again and again
+def negotiate(accept: str, offered: tuple[str, ...]) -> str:
+    """The media type of ``offered`` that ``accept`` (an Accept header) prefers (RFC 9110, 12.5.1): each
+    type's weight is the ``q`` of the most specific range that matches it (``type/subtype`` over
+    ``type/*`` over ``*/*``), ``q=0`` refuses it; the highest weight wins, and of equal weights the one the
+    client listed first, then the first offered. No header, or none offered acceptable: JSON (the header
+    is a preference: riqr answers JSON rather than 406)."""
+    if not accept or accept == "*/*" or accept == JSON:
+        return JSON
+    ranges: list[tuple[str, str, float, int]] = []  # type, subtype, q, position
+    for position, item in enumerate(accept.split(",")):
+        media, *params = item.split(";")
+        kind, _, sub = media.strip().lower().partition("/")
+        q = 1.0
+        for param in params:
+            name, _, value = param.strip().partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = min(1.0, max(0.0, float(value)))
+                except ValueError:
+                    q = 0.0  # a weight that cannot be read: the range counts for nothing
+        if kind and sub:
+            ranges.append((kind, sub, q, position))
+    best: tuple[float, int, int] | None = None  # (-weight, listed at, offered at): smallest wins
+    chosen = JSON
+    for rank, media in enumerate(offered):
+        kind, _, sub = media.partition("/")
+        matches = [
+            (specificity, q, position)
+            for r_kind, r_sub, q, position in ranges
+            for specificity in [
+                2
+                if (r_kind, r_sub) == (kind, sub)
+                else 1
+                if (r_kind, r_sub) == (kind, "*")
+                else 0
+                if (r_kind, r_sub) == ("*", "*")
+                else -1
+            ]  # fmt: skip
+            if specificity >= 0
+        ]
+        if not matches:
+            continue
+        _, q, position = max(matches, key=lambda m: (m[0], -m[2]))
+        key = (-q, position, rank)
+        if q > 0 and (best is None or key < best):
+            best, chosen = key, media
+    return chosen
 
 
 def _msgpack_default(obj: Any) -> Any:

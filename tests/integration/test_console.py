@@ -246,3 +246,25 @@ def test_the_console_shows_stores_answers_queries_pages_and_locates_keys(secured
     assert "late" not in page.evaluate("describeIngest({state: 'running', batch_id: 4, late_rows: 0})")
     assert errors == []
     page.close()
+
+
+def test_the_api_docs_page_renders_its_routes_under_a_csp_without_unsafe_inline(
+    secured_seed: Runtime, browser: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    from runtime.rest.routes import ROUTES
+
+    page = browser.new_page()
+    errors: list[str] = []  # a script or style the CSP refuses is a console error
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    answer = page.goto(secured_seed.url + "/docs")
+    assert answer is not None and answer.status == 200
+    csp = answer.headers["content-security-policy"]
+    assert "unsafe-inline" not in csp and "script-src 'sha256-" in csp and "style-src 'sha256-" in csp
+    expect(page.locator("#paths section")).to_have_count(len(ROUTES))  # the inline script ran
+    expect(page.locator("#paths")).to_contain_text("GET /stores/{store}/get/{key}")
+    assert page.eval_on_selector("body", "b => getComputedStyle(b).maxWidth") != "none"  # the inline style too
+    assert errors == []
+    page.close()

@@ -299,3 +299,19 @@ async def test_the_served_document_is_the_one_built_from_the_routes(secured) -> 
     assert served == json.loads(json.dumps(openapi_document(ROUTES)))
     app = build_app.__doc__
     assert app is not None
+
+
+async def test_a_store_name_too_long_says_so_and_the_accept_headers_weights_are_honoured(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/" + "s" * (MAX_KEY_CHARS + 1) + "/all")
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["code"] == "malformed-path"
+    assert (
+        error["message"]
+        == f"the store name is {MAX_KEY_CHARS + 1} characters long in the URL; the limit is {MAX_KEY_CHARS}"
+    )
+    refused = {"Accept": "application/json, application/x-ndjson;q=0"}  # NDJSON not acceptable: JSON
+    assert (await client.get("/stores/strings/all", headers=refused)).content_type == "application/json"
+    listed_first = {"Accept": "application/msgpack, application/x-ndjson"}
+    answer = await client.get("/stores/strings/all", headers=listed_first)
+    assert answer.content_type == "application/msgpack"
+    assert set(msgpack.unpackb(await answer.read(), strict_map_key=False)) == {"result"}
