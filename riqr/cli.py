@@ -34,7 +34,7 @@ from runtime.config import (
     riqr_home,
 )
 from runtime.errors import BadRequest, NotConnected, RiqrError
-from runtime.landing import parse_console_bytes, write_records
+from runtime.landing import parse_console_bytes, topic_dir, write_records
 from runtime.queries import UrlKey
 from runtime.windows import Windowed
 
@@ -49,8 +49,13 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     home = riqr_home(args.home)
     data = sys.stdin.buffer.read()
     records = parse_console_bytes(data, args.key_separator, split_escaped_newlines=not args.no_escapes)
+    directory = topic_dir(home, args.topic)
+    known = sorted(d.name for d in directory.parent.iterdir() if d.is_dir()) if directory.parent.is_dir() else []
     path = write_records(home, args.topic, records)
     _say(f"wrote {len(records)} records to topic {args.topic}" + (f" ({path})" if path else ""))
+    if path is not None and args.topic not in known:  # a typo lands records nobody reads, silently
+        _say(f"note: topic {args.topic} is new under {home} (its topics before: {', '.join(known) or 'none'}); "
+             "a topology reads it only if it was started for it")  # fmt: skip
     return 0
 
 

@@ -29,6 +29,26 @@ def test_produce_writes_the_seed_records(tmp_path, monkeypatch: pytest.MonkeyPat
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["1", "2", ""]
 
 
+def test_produce_to_a_topic_new_under_its_home_says_so(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    def notes(topic: str) -> list[str]:
+        monkeypatch.setattr("sys.stdin", stdin(b"1--a\n"))
+        assert cli.main(["produce", topic, "--home", str(tmp_path)]) == 0
+        said = capsys.readouterr().err
+        assert said.startswith(f"wrote 1 records to topic {topic}")
+        return [line for line in said.splitlines() if line.startswith("note:")]
+
+    assert notes("order") == [
+        f"note: topic order is new under {tmp_path} (its topics before: none); a topology reads it only if it was "
+        "started for it"
+    ]
+    assert notes("order") == []  # known now
+    assert notes("ordre") == [  # a typo: written all the same, and said to be new beside the topics there
+        f"note: topic ordre is new under {tmp_path} (its topics before: order); a topology reads it only if it was "
+        "started for it"
+    ]
+    assert len(list((tmp_path / "data" / "ordre").iterdir())) == 1
+
+
 def test_produce_rejects_bad_input_and_writes_nothing(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr("sys.stdin", stdin(b"1--a\nno separator\n"))
     assert cli.main(["produce", "order", "--home", str(tmp_path)]) == 2
