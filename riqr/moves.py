@@ -37,6 +37,8 @@ _CALL_TIMEOUT = 30.0
 # Starting the new actor: Ray may have to start a worker process on the target node first. The registry
 # gives a move up whose new actor is not admitted within MOVE_START_SECONDS (above this and a call).
 _JOIN_TIMEOUT = 120.0
+# A new actor's name is listed once Ray registered it; one never listed within this is not starting.
+_LISTED_WITHIN = 10.0
 
 
 class MoveFailed(Unavailable):
@@ -119,10 +121,12 @@ def move(
             say(f"  gave the move up ({reason}), but the registry could not be told: {undone.message}")
             raise err from None
         if out["outcome"] != "switched":
+            if out["outcome"] == "none":  # in no table, and no longer a move the registry knows (it restarted
+                _stop_unlisted(namespace, reg, m.store, new)  # before admitting it): nothing else stops it
             said = {
                 "kept": f"the new actor {new} stays, a copy like any other ({out.get('why')})",
                 "given-up": f"the new actor is destroyed; {m.uuid} stays where it was",
-            }.get(out["outcome"], "the registry no longer lists the new actor: nothing to undo")
+            }.get(out["outcome"], "the registry no longer lists the new actor: it is stopped")
             say(f"  gave the move up ({reason}): {said}")
             raise
         epoch = int(out["epoch"])
@@ -133,6 +137,19 @@ def move(
     say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} answers for partitions {_parts(m.partitions)}; "
         f"{m.uuid} is destroyed with its data after a short grace")  # fmt: skip
     return MoveDone(m, new, seconds, epoch)
+
+
+def _stop_unlisted(namespace: str, reg: Any, store: str, new: str) -> None:
+    """Kill the move's new actor if the registry's table does not list it (it was never admitted, and the
+    registry that asked for it restarted): a copy of nothing, which nobody else would stop."""
+    try:
+        view: ClusterView = raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+        table = view.table(store)
+        if new in view.actors or (table is not None and new in table.all_owners()):
+            return
+        ray.kill(ray.get_actor(new, namespace=namespace), no_restart=True)
+    except (RiqrError, ValueError):  # the registry cannot say, or the actor is gone already
+        return
 
 
 def _refuse_without_a_serving_copy(namespace: str, reg: Any, m: Move) -> None:
@@ -177,17 +194,23 @@ def _join(reg: Any, m: Move, say: Callable[[str], None]) -> str:
 
 def _admit(namespace: str, reg: Any, m: Move, new: str, deadline: float) -> None:
     """Wait until the new actor answers (its process starts on the target node), then ``Registry.admit``:
-    it joins the table and starts its copy. ``MoveFailed`` past ``deadline``."""
+    it joins the table and starts its copy. ``MoveFailed`` past ``deadline``, or at once when Ray says the
+    actor died (its constructor failed), with why."""
+    listed_by = time.monotonic() + _LISTED_WITHIN
     while True:
         try:
             handle = _actor(namespace, new)
             raycalls.get(handle.ready.remote(), "starting the new actor", timeout=max(0.1, deadline - time.monotonic()),
                          actor=new)  # fmt: skip
             break
-        except (MoveFailed, OwnerUnavailable, DeadlineExceeded) as err:
-            if time.monotonic() >= deadline:
-                raise MoveFailed(f"the new actor {new} did not start in time ({err.message})", actor=new) from None
-            time.sleep(_LOOK_EVERY)
+        except OwnerUnavailable as err:  # dead, not slow: waiting would only hide why
+            raise MoveFailed(f"the new actor {new} did not start: {err.message}", actor=new) from None
+        except MoveFailed as err:  # not listed by its name (yet)
+            if time.monotonic() >= min(deadline, listed_by):
+                raise MoveFailed(f"the new actor {new} did not start ({err.message})", actor=new) from None
+        except DeadlineExceeded:
+            raise MoveFailed(f"the new actor {new} did not start in time", actor=new) from None
+        time.sleep(_LOOK_EVERY)
     raycalls.get(reg.admit.remote(m.uuid, new), "adding the new actor to the table", timeout=_CALL_TIMEOUT)
 
 

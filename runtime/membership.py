@@ -163,8 +163,10 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         if info.get("destroyed") or info.get("moved") or info["spec"].name in doomed:
             dropping.add(str(info["uuid"]))
         # A move's new actor started and never admitted to a table (its mover stopped, or the registry did
-        # before admitting it): no copy of anything yet. One the record lists was admitted (restarted since).
-        if info.get("joining") and str(info["uuid"]) not in _listed(entries.get(info["spec"].name)):
+        # before admitting it): no copy of anything yet. Only when a readable record lists its store's other
+        # actors and not it: without one, in doubt, it stays (an extra copy at worst, never data lost).
+        listed = _listed(entries.get(info["spec"].name))
+        if info.get("joining") and listed and str(info["uuid"]) not in listed:
             dropping.add(str(info["uuid"]))
         if str(info["uuid"]) in dropping:
             continue

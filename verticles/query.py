@@ -97,8 +97,11 @@ class QueryVerticle:
         self.node_id = env.node_id()
         self.node_ip = env.node_ip()
         # A move's new actor not yet in its store's table (``admit``): a restarted registry that finds it
-        # unlisted destroys it (its mover is gone; ``runtime.membership.merge_members``).
-        self.joining = joining
+        # unlisted destroys it (its mover is gone; ``runtime.membership.merge_members``). Ray restarts an
+        # actor with its first arguments: one restarted may have been admitted (and be the only copy of its
+        # partitions since the switch), so it never says joining again; one restarted before its admit is
+        # then taken for an extra copy, which is safe.
+        self.joining = joining and not env.restarted()
         # A replacement (the registry created this actor again: its node died, or Ray would not restart
         # it) is a restart, on another node or its own: whatever it finds on disk is reopened, never
         # trusted blindly (the gap rule), and what it cannot serve is rebuilt from peers.

@@ -486,15 +486,20 @@ class Registry:
             if self._retired:
                 raise Unavailable("the runtime is going down (riqr down): nothing is moved", retry_after=5)
             raise NotFound(f"query actor {old} left its store's table: its move is given up", actor=old)
-        where = self._env.query_actor_call(new, "admit")
+        where = self._env.query_actor_call(new, "ready")
         if where["node_id"] == info.node_id:
             self.abandon_move(old, new)
             raise Conflict(f"query actor {old} runs on node {info.node_id} now, as its new actor would: its move "
                            "is given up; plan again", actor=old)  # fmt: skip
         del self._starting[new]
         joined = ActorInfo(new, info.store, where["node_id"], where["node_ip"], tuple(info.partitions))
-        self.state.add_copy(table.with_joining(old, new), joined)
+        self.state.add_copy(table.with_joining(old, new), joined)  # saved with the members
         self._moving[new] = old
+        try:  # after the table: a registry that dies in between restarts with it listed, so it is kept
+            self._env.query_actor_call(new, "admit")
+        except RiqrError as err:  # it says joining until then: a restarted registry keeps it all the same
+            log.warning("the new actor %s did not take its admission: %s", new, err.message,
+                        extra={"store": info.store, "actor": new})  # fmt: skip
         log.info("moving query actor %s of %s from node %s to node %s: new actor %s copies partitions %s",
                  old, info.store, info.node_id, joined.node_id, new, list(info.partitions),
                  extra={"store": info.store, "actor": old})  # fmt: skip
@@ -551,10 +556,11 @@ class Registry:
         starting = self._starting.get(new)
         if starting is not None and starting[0] == old:  # not in a table yet: it holds nothing
             del self._starting[new]
-            self._dropping.add(new)
-            log.warning("gave up moving query actor %s: its new actor %s, not admitted yet, is destroyed", old, new,
+            # Killed, not destroyed: a destroy call would wait behind its constructor (the registry's calls,
+            # the sink's among them, with it). What it wrote is left to its node's sweeper (no table has it).
+            self._env.kill([new])
+            log.warning("gave up moving query actor %s: its new actor %s, not admitted yet, is stopped", old, new,
                         extra={"actor": old})  # fmt: skip
-            self._finish_drops()
             return {"outcome": "given-up", "epoch": self.state.epoch, "why": None}
         view = self.state.view()
         joined = view.actors.get(new)
