@@ -163,12 +163,11 @@ def run_topology(
     log.info("home %s (from %s): landing directories under %s, checkpoints under %s", home, whence,
              home / "data", home / "checkpoints")  # fmt: skip
 
-    import ray
-
+    from runtime.client import join_ray
     from topologies.spark import shared_archive_options, spark_session
 
     try:
-        ray.init(address=args.address or "auto", namespace=args.namespace, log_to_driver=False)
+        join_ray(args.address, args.namespace)
     except ConnectionError as err:  # no Ray cluster there: said plainly, no traceback
         log.error("not started: cannot reach the Ray cluster (%s); start one (`ray start --head`, then "
                   "`riqr up`) or give --address", err)  # fmt: skip

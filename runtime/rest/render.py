@@ -61,6 +61,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 JSON = "application/json"
 _ANSWERS = (JSON, MSGPACK)  # what any answer can be
 _STREAMS = (JSON, NDJSON, MSGPACK)  # what a scan's answer can be
+_MAX_RANGES = 32
 
 
 def wants_msgpack(request: web.BaseRequest) -> bool:
@@ -76,12 +77,14 @@ def negotiate(accept: str, offered: tuple[str, ...]) -> str:
     """The media type of ``offered`` that ``accept`` (an Accept header) prefers (RFC 9110, 12.5.1): each
     type's weight is the ``q`` of the most specific range that matches it (``type/subtype`` over
     ``type/*`` over ``*/*``), ``q=0`` refuses it; the highest weight wins, and of equal weights the one the
-    client listed first, then the first offered. No header, or none offered acceptable: JSON (the header
-    is a preference: riqr answers JSON rather than 406)."""
+    client listed first, then the first offered. msgpack and NDJSON are answered only to a client that
+    names them: a wildcard stands for JSON (``application/json;q=0.5, */*`` is not a request for a stream).
+    No header, or none offered acceptable: JSON (the header is a preference: JSON rather than 406). Only
+    the first ``_MAX_RANGES`` ranges are read, so a long header costs little before it is cached."""
     if not accept or accept == "*/*" or accept == JSON:
         return JSON
     ranges: list[tuple[str, str, float, int]] = []  # type, subtype, q, position
-    for position, item in enumerate(accept.split(",")):
+    for position, item in enumerate(accept.split(",", _MAX_RANGES)[:_MAX_RANGES]):
         media, *params = item.split(";")
         kind, _, sub = media.strip().lower().partition("/")
         q = 1.0
@@ -110,7 +113,7 @@ def negotiate(accept: str, offered: tuple[str, ...]) -> str:
                 if (r_kind, r_sub) == ("*", "*")
                 else -1
             ]  # fmt: skip
-            if specificity >= 0
+            if specificity == 2 or (specificity >= 0 and media == JSON)
         ]
         if not matches:
             continue

@@ -32,6 +32,9 @@ SCAN = (JSON, NDJSON, MSGPACK)
         ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", JSON, JSON),  # a browser
         ("application/json;q=0", JSON, JSON),
         (" application/msgpack ; q=0.9 , application/json ; q=0.8", MSGPACK, MSGPACK),
+        ("application/json;q=0.5, */*", JSON, JSON),  # a wildcard stands for JSON: no stream unless named
+        ("application/*", JSON, JSON),
+        ("text/plain, " * 40 + "application/msgpack", JSON, JSON),  # past the first 32 ranges: not read
     ],
 )
 def test_the_accept_header_picks_the_format_by_weight_then_by_the_clients_order(
