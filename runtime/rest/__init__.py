@@ -22,7 +22,7 @@ from runtime.facade import Facade
 from runtime.rest import handlers as h
 from runtime.rest.openapi import SPEC, openapi_document
 from runtime.rest.pipeline import CATCH_ALL, CATCH_ALL_NAME, Pipeline
-from runtime.rest.routes import PUBLIC_PATHS, ROUTES, Param, Route
+from runtime.rest.routes import PROBE_PATHS, PUBLIC_PATHS, ROUTES, Param, Route
 
 __all__ = ["build_app", "FACADE", "ROUTES", "Route", "Param", "PUBLIC_PATHS", "PARSER_LIMITS"]
 
@@ -50,6 +50,9 @@ def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Applicat
     # aiohttp tries the routes under one path prefix in the order they were added: lookups by key first.
     for route in sorted(ROUTES, key=lambda r: r.handler is not h.get_key):
         resource = app.router.add_resource(route.path)
-        resource.add_route("GET", pipeline.wrap(route.handler, resource.canonical, route.query_params))  # no HEAD
+        handler = pipeline.wrap(route.handler, resource.canonical, route.query_params)
+        resource.add_route("GET", handler)
+        if route.path in PROBE_PATHS:  # load balancers probe with HEAD too; aiohttp sends it no body
+            resource.add_route("HEAD", handler)
     app.router.add_route("*", CATCH_ALL, pipeline.unrouted(), name=CATCH_ALL_NAME)
     return app

@@ -294,13 +294,22 @@ def openapi_document(routes: Iterable[Route], *, auth_enabled: bool = True) -> d
                 'application/x-ndjson\'. Errors are {"error": {"code", "message", ...}}.'
             ),
         },
-        "paths": {_oas_path(r.path): {"get": _operation(r, auth_enabled)} for r in routes},
+        "paths": {_oas_path(r.path): _operations(r, auth_enabled) for r in routes},
         "components": {"schemas": _COMPONENTS},
     }
     if auth_enabled:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
         doc["security"] = [{"bearer": []}]
     return doc
+
+
+def _operations(route: Route, auth_enabled: bool) -> dict[str, Any]:
+    """A route's GET, and its HEAD where it takes one (the same answer without the body)."""
+    get = _operation(route, auth_enabled)
+    if not route.head:
+        return {"get": get}
+    head = {**get, "operationId": get["operationId"] + "Head", "summary": get["summary"] + " (headers only)"}
+    return {"get": get, "head": head}
 
 
 async def openapi_json(request: web.Request) -> web.Response:

@@ -92,7 +92,7 @@ async def unrouted(request: web.Request) -> web.StreamResponse:
     """404 for a path no route takes; 405 (with the methods that would be) for a routed path asked with
     another method."""
     allowed: set[str] = set()
-    if request.method != "GET":  # every route is a GET: another method may still name a routed path
+    if request.method != "GET":  # every route is a GET (the probes a HEAD too): another method may name one
         for resource in request.app.router.resources():
             if resource.name == CATCH_ALL_NAME:
                 continue

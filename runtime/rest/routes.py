@@ -16,7 +16,7 @@ from runtime.rest import handlers as h
 from runtime.rest import openapi as doc
 from runtime.rest.render import Handler
 
-__all__ = ["Param", "Route", "ROUTES", "PUBLIC_PATHS"]
+__all__ = ["Param", "Route", "ROUTES", "PUBLIC_PATHS", "PROBE_PATHS"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Route:
     answer: str = "Entries"
     errors: tuple[int, ...] = ()
     public: bool = False
+    head: bool = False  # answers HEAD as well (the probes: load balancers probe with it)
     tag: str = "stores"
 
     @property
@@ -100,6 +101,7 @@ ROUTES: tuple[Route, ...] = (
         "liveness of this REST server (no token needed)",
         answer="Health",
         public=True,
+        head=True,
         tag="service",
     ),  # fmt: skip
     Route(
@@ -211,6 +213,7 @@ ROUTES: tuple[Route, ...] = (
         answer="Ready",
         errors=(503,),
         public=True,
+        head=True,
         tag="service",
     ),  # fmt: skip
     Route(
@@ -248,3 +251,4 @@ ROUTES: tuple[Route, ...] = (
 )
 
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)
+PROBE_PATHS = frozenset(r.path for r in ROUTES if r.head)

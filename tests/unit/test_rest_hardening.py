@@ -179,12 +179,19 @@ async def test_a_cursor_pages_on_any_node_of_the_deployment(aiohttp_client) -> N
 
 
 async def test_bodies_and_other_methods_are_json_errors(client) -> None:  # type: ignore[no-untyped-def]
+    ready, probed = await client.get("/ready"), await client.head("/ready")
+    assert probed.status == ready.status and await probed.read() == b""
+    assert probed.headers["Content-Type"] == ready.headers["Content-Type"]
     resp = await client.get("/stores/strings/all", data=b"x" * 5000)
     assert resp.status == 413 and (await resp.json())["error"]["code"] == "payload-too-large"
     for method in ("POST", "PUT", "DELETE", "PATCH", "HEAD"):
         for path in ("/stores/strings/all", "/stores/strings/get/a/b", "/health"):
             resp = await client.request(method, path)
-            assert resp.status == 405 and resp.headers["Allow"] == "GET", (method, path)
+            if method == "HEAD" and path == "/health":  # the probes take HEAD (load balancers use it)
+                assert resp.status == 200 and await resp.read() == b"", (method, path)
+                continue
+            allow = "GET,HEAD" if path == "/health" else "GET"
+            assert resp.status == 405 and resp.headers["Allow"].replace(" ", "") == allow, (method, path)
             if method != "HEAD":
                 assert (await resp.json())["error"]["code"] == "method-not-allowed"
         for path in ("/no/such/path", "/health/%0A", "/%0A%0D"):  # decoded newlines included
@@ -288,7 +295,9 @@ def test_the_openapi_document_covers_every_route_and_validates(auth_enabled: boo
     validate(doc)  # OpenAPI 3.1 schema
     assert len(doc["paths"]) == len(ROUTES)
     for route in ROUTES:
-        op = doc["paths"][route.path.replace(r":[\s\S]*", "")]["get"]  # OpenAPI paths hold no patterns
+        item = doc["paths"][route.path.replace(r":[\s\S]*", "")]  # OpenAPI paths hold no patterns
+        assert set(item) == ({"get", "head"} if route.path in ("/health", "/ready") else {"get"})
+        op = item["get"]
         assert {p["name"] for p in op["parameters"]} == {p.name for p in route.params}
         assert {"200", "405", "413", "414", "431"} <= set(op["responses"])
         assert ("401" in op["responses"]) == (auth_enabled and not route.public)
