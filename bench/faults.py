@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,6 +270,37 @@ def http_get(url: str, timeout: float = 30.0) -> tuple[int, Any]:
         return err.code, json.loads(err.read() or b"null")
     except OSError as err:  # the client's own timeout or a refused connection: no answer
         return 599, repr(err)
+
+
+def user_scores(table: Any, values: Mapping[int, int]) -> Any:
+    """A batch of the node-loss and moves benches' store (user -> score): each user's score, and its
+    partition in ``table`` (an ``OwnershipTable``), as the sink shapes a batch."""
+    import pyarrow as pa
+
+    from runtime.ingest import PARTITION_COLUMN
+
+    users = list(values)
+    return pa.table(
+        {
+            "user": pa.array(users, pa.int64()),
+            "score": pa.array([values[u] for u in users], pa.int64()),
+            PARTITION_COLUMN: pa.array([table.partition_of(u) for u in users], pa.int32()),
+        }
+    )
+
+
+def judge_score(status: int, body: Any, known: Collection[int], last: int | None) -> tuple[int | None, str | None]:
+    """A GET of a user's score, judged: ``(score, None)`` when right (a score written, and never older than
+    ``last``, the last one this reader saw); ``(None, why)`` when wrong; ``(None, None)`` for an honest 503
+    or 504."""
+    if status == 200:
+        got = body["response"]
+        if got not in known or got < (last or 0):
+            return None, f"{got} after {last}"
+        return got, None
+    if status in (503, 504):
+        return None, None
+    return None, f"status {status} {body}"
 
 
 def read_counts(
@@ -528,7 +559,6 @@ def scenario_node_loss(standbys: int, before: float, after: float, readers: int)
     from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
     from runtime.codec import decode_value
-    from runtime.ingest import PARTITION_COLUMN
     from runtime.keys import KeySchema
     from runtime.scan import Scan
     from topologies.delivery import BatchDelivery
@@ -556,14 +586,7 @@ def scenario_node_loss(standbys: int, before: float, after: float, readers: int)
         latest = {u: u * 10 for u in NODE_USERS}
 
         def batch(values: dict[int, int]) -> pa.Table:
-            users = list(values)
-            return pa.table(
-                {
-                    "user": pa.array(users, pa.int64()),
-                    "score": pa.array([values[u] for u in users], pa.int64()),
-                    PARTITION_COLUMN: pa.array([table.partition_of(u) for u in users], pa.int32()),
-                }
-            )
+            return user_scores(table, values)
 
         delivery.deliver("q", 0, batch(latest))
         deadline = time.monotonic() + 120
@@ -607,17 +630,12 @@ def scenario_node_loss(standbys: int, before: float, after: float, readers: int)
                 started = time.monotonic()
                 status, body = http_get(f"{url}/stores/{spec.name}/get/{u}")
                 ended = time.monotonic()
-                correct = False
-                if status == 200:
-                    value = body["response"]
-                    if value not in history[u] or value < seen.get(u, 0):
-                        wrong.append(f"user {u}: {value} after {seen.get(u)}")
-                    else:
-                        correct = True
-                        seen[u] = value
-                elif status not in (503, 504):
-                    wrong.append(f"user {u}: status {status} {body}")
-                reads.append(Read(reader, str(u), started, ended, status, correct))
+                got, why = judge_score(status, body, history[u], seen.get(u))
+                if why is not None:
+                    wrong.append(f"user {u}: {why}")
+                if got is not None:
+                    seen[u] = got
+                reads.append(Read(reader, str(u), started, ended, status, got is not None))
 
         threads += [threading.Thread(target=write, daemon=True)] + [
             threading.Thread(target=read, args=(i,), daemon=True) for i in range(readers)

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from bench.faults import Read, http_get, start_on_own_disks, summarize
+from bench.faults import Read, http_get, judge_score, start_on_own_disks, summarize, user_scores
 
 PARTITIONS, ACTORS = 8, 4
 
@@ -59,7 +59,6 @@ def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
     from runtime import raycalls
     from runtime.catalog import StoreSpec, ValueField
     from runtime.codec import decode_value
-    from runtime.ingest import PARTITION_COLUMN
     from runtime.keys import KeySchema
     from runtime.scan import Scan
     from topologies.delivery import BatchDelivery
@@ -84,15 +83,7 @@ def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
         lock = threading.Lock()
 
         def batch(store: str, values: dict[int, int]) -> pa.Table:
-            table = tables[store]
-            ids = list(values)
-            return pa.table(
-                {
-                    "user": pa.array(ids, pa.int64()),
-                    "score": pa.array([values[u] for u in ids], pa.int64()),
-                    PARTITION_COLUMN: pa.array([table.partition_of(u) for u in ids], pa.int32()),
-                }
-            )
+            return user_scores(tables[store], values)
 
         print(f"loading {keys:,} keys into each store", file=sys.stderr, flush=True)
         for name, delivery in deliveries.items():
@@ -134,18 +125,13 @@ def run(keys: int, readers: int, before: float, after: float) -> dict[str, Any]:
                 started = time.monotonic()
                 status, body = http_get(f"{url}/stores/{store}/get/{u}")
                 ended = time.monotonic()
-                correct = False
-                if status == 200:
-                    got = body["response"]
-                    with lock:
-                        known = history.get(u, {u * 10})
-                    if got not in known or got < seen.get((store, u), 0):
-                        wrong.append(f"{store} user {u}: {got} after {seen.get((store, u))}")
-                    else:
-                        correct, seen[(store, u)] = True, got
-                elif status not in (503, 504):
-                    wrong.append(f"{store} user {u}: status {status} {body}")
-                reads.append(Read(reader, f"{store}/{u}", started, ended, status, correct))
+                with lock:
+                    got, why = judge_score(status, body, history.get(u, {u * 10}), seen.get((store, u)))
+                if why is not None:
+                    wrong.append(f"{store} user {u}: {why}")
+                if got is not None:
+                    seen[(store, u)] = got
+                reads.append(Read(reader, f"{store}/{u}", started, ended, status, got is not None))
 
         threads += [threading.Thread(target=write, daemon=True)] + [
             threading.Thread(target=read, args=(i,), daemon=True) for i in range(readers)

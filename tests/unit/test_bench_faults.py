@@ -99,3 +99,27 @@ def test_a_moves_phase_counts_only_its_own_reads_with_their_rate_and_latency() -
     assert (p["requests"], p["correct"], p["not_200"], p["503"]) == (11, 1, 10, 10)
     assert p["rate"] == 5.5 and p["seconds"] == 2.0
     assert p["p50_ms"] == pytest.approx(1.0) and p["p99_ms"] == pytest.approx(10.0)
+
+
+def test_a_score_read_is_right_only_when_written_and_never_older_than_the_last_seen() -> None:
+    from bench.faults import judge_score, user_scores
+    from runtime.ingest import PARTITION_COLUMN
+
+    known = {10, 20, 30}
+    assert judge_score(200, {"response": 20}, known, None) == (20, None)
+    assert judge_score(200, {"response": 20}, known, 20) == (20, None)
+    assert judge_score(200, {"response": 20}, known, 30) == (None, "20 after 30")  # back in time
+    assert judge_score(200, {"response": 25}, known, None) == (None, "25 after None")  # never written
+    assert judge_score(503, {"error": {}}, known, 30) == (None, None)  # honest
+    assert judge_score(404, {"error": {"code": "key-not-found"}}, known, None) == (
+        None,
+        "status 404 {'error': {'code': 'key-not-found'}}",
+    )  # a key that exists answered absent: wrong
+
+    class ByThree:  # the one thing of a table the batch asks: each key's partition
+        def partition_of(self, key: int) -> int:
+            return key % 3
+
+    batch = user_scores(ByThree(), {7: 70, 8: 80, 9: 90})
+    assert batch.column("user").to_pylist() == [7, 8, 9] and batch.column("score").to_pylist() == [70, 80, 90]
+    assert batch.column(PARTITION_COLUMN).to_pylist() == [1, 2, 0]
