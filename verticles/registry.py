@@ -441,7 +441,7 @@ class Registry:
         ``uuid`` holds, and return at once ``{"uuid", "node_id"}`` of the new actor. Its mover waits until it
         answers, then calls ``admit``: the registry does not wait for an actor's start (a second or two),
         since its calls run one at a time and the sink's epoch check before each batch is one of them. A new
-        actor not admitted within ``MOVE_START_SECONDS`` is destroyed at the next check."""
+        actor not admitted within ``MOVE_START_SECONDS`` is stopped at the next check (``abandon_move``)."""
         view = self.state.view()
         info = view.actors.get(uuid)
         table = None if info is None else view.table(info.store)
