@@ -485,28 +485,49 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
     """``ray.init`` into the running cluster at ``address`` (None: ``$RAY_ADDRESS``, else the cluster this
     machine last started). Its address is tried first with a plain TCP connection: where nothing listens,
     Ray itself retries for minutes and does not stop for SIGTERM meanwhile; ``ConnectionError`` at once
-    instead, naming the address."""
-    import socket
-
+    instead, naming the address. The whole try (the name's lookup included, which the socket's timeout
+    does not bound) gets ``probe_timeout`` seconds."""
     import ray
 
     target = address or "auto"
     if not target.startswith("ray://"):
-        try:  # Ray's own resolution of "auto" and $RAY_ADDRESS (internal, stable across Ray 2.x)
-            from ray._private.services import canonicalize_bootstrap_address
-
-            resolved = canonicalize_bootstrap_address(target)
-        except Exception:  # noqa: BLE001 - nothing to try first: ray.init says what is wrong
-            resolved = None
-        if resolved:
-            host, _, port = resolved.rpartition(":")
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=probe_timeout).close()
-            except (OSError, ValueError) as err:
-                raise ConnectionError(
-                    f"no Ray cluster answers at {resolved} ({err}); is it running (ray status)?"
-                ) from None
+        outcome: list[BaseException | None] = []
+        probe = threading.Thread(
+            target=lambda: outcome.append(_probe_bootstrap(target, probe_timeout)),
+            name="riqr-probe-ray",
+            daemon=True,  # a lookup that never returns must not keep the process alive
+        )
+        probe.start()
+        probe.join(probe_timeout)
+        if not outcome:
+            raise ConnectionError(
+                f"no Ray cluster answered at {target} within {probe_timeout:g} s (the name's lookup or the "
+                "connection hung); is the address right, and is it running (ray status)?"
+            )
+        if outcome[0] is not None:
+            raise outcome[0]
     ray.init(address=target, namespace=namespace, log_to_driver=False)
+
+
+def _probe_bootstrap(target: str, timeout: float) -> ConnectionError | None:
+    """The error that says nothing listens at ``target`` (Ray's "auto", ``host:port``), or None when a TCP
+    connection opens there or the address cannot be read here (``ray.init`` then says what is wrong)."""
+    import socket
+
+    try:  # Ray's own resolution of "auto" and $RAY_ADDRESS (internal, stable across Ray 2.x)
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address(target)
+    except Exception:  # noqa: BLE001 - nothing to try first: ray.init says what is wrong
+        return None
+    if not resolved:
+        return None
+    host, _, port = resolved.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as err:
+        return ConnectionError(f"no Ray cluster answers at {resolved} ({err}); is it running (ray status)?")
+    return None
 
 
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:

@@ -65,11 +65,18 @@ _MAX_RANGES = 32
 
 
 def wants_msgpack(request: web.BaseRequest) -> bool:
-    return negotiate(request.headers.get("Accept", ""), _ANSWERS) == MSGPACK
+    return negotiate(accept_header(request), _ANSWERS) == MSGPACK
 
 
 def wants_ndjson(request: web.BaseRequest) -> bool:
-    return negotiate(request.headers.get("Accept", ""), _STREAMS) == NDJSON
+    return negotiate(accept_header(request), _STREAMS) == NDJSON
+
+
+def accept_header(request: web.BaseRequest) -> str:
+    """The request's Accept ranges as one list: a header sent on several lines is one comma-separated list
+    (RFC 9110, 5.3), so ``Accept: application/json`` then ``Accept: application/x-ndjson`` asks for both."""
+    lines = request.headers.getall("Accept", ())
+    return lines[0] if len(lines) == 1 else ", ".join(lines)
 
 
 @functools.lru_cache(maxsize=512)  # clients send the same few headers again and again

@@ -293,3 +293,22 @@ def test_an_address_where_no_ray_cluster_listens_is_an_error_at_once_not_a_hang(
     err = capsys.readouterr().err
     # Ray's own reading of the address: 127.0.0.1 may be written as this node's IP.
     assert err.startswith("riqr: cannot reach the Ray cluster: no Ray cluster answers at ") and f":{port} (" in err
+
+
+def test_an_address_whose_lookup_hangs_is_an_error_within_the_probes_time(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+    import time
+
+    import ray._private.services as services
+
+    from runtime.client import join_ray
+
+    release = threading.Event()
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", lambda address: release.wait(30) and None)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConnectionError, match=r"no Ray cluster answered at riqr-head\.invalid:6379 within 0\.3 s"):
+            join_ray("riqr-head.invalid:6379", "riqr", probe_timeout=0.3)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 5  # not the resolver's own minutes

@@ -41,3 +41,22 @@ def test_the_accept_header_picks_the_format_by_weight_then_by_the_clients_order(
     accept: str, answer: str, scan: str
 ) -> None:
     assert (negotiate(accept, ANSWER), negotiate(accept, SCAN)) == (answer, scan)
+
+
+@pytest.mark.parametrize(
+    ("lines", "answer", "scan"),
+    [
+        ([], JSON, JSON),
+        (["application/json"], JSON, JSON),
+        (["application/json;q=0.5", "application/x-ndjson"], JSON, NDJSON),  # the second line is read too
+        (["application/x-ndjson;q=0", "application/msgpack"], MSGPACK, MSGPACK),
+    ],
+)
+def test_an_accept_header_sent_on_several_lines_is_one_list(lines: list[str], answer: str, scan: str) -> None:
+    from aiohttp.test_utils import make_mocked_request
+    from multidict import CIMultiDict
+
+    from runtime.rest.render import wants_msgpack, wants_ndjson
+
+    request = make_mocked_request("GET", "/store/s/all", headers=CIMultiDict(("Accept", line) for line in lines))
+    assert (wants_msgpack(request), wants_ndjson(request)) == (answer == MSGPACK, scan == NDJSON)
