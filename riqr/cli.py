@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
-    up = sub.add_parser("up", help="deploy the verticles on a running Ray cluster (idempotent)")
+    up = sub.add_parser("up", help="deploy the verticles on every node of a running Ray cluster, now and as they join")
     up.add_argument("--address", default=None, help=_ADDRESS_HELP)
     up.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="REST port on every node (0: any free port)")

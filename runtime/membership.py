@@ -86,13 +86,15 @@ def membership_record(
     carried: Mapping[str, Any] | None = None,
     without: str | None = None,
     dropping: Iterable[str] = (),
+    follow: bool = False,
 ) -> dict[str, Any]:
     """Each store of ``view`` (but ``without``) with its spec and its actors (uuid, node, partitions), and
     whether the registry is retired (``riqr down`` under way: a registry restarted meanwhile stays so).
     ``carried``: entries of an earlier record this registry could not read, kept as they were for the
     stores it does not hold (dropping them would forget those stores' actors for good). ``dropping``: the
     uuids of query actors of dropped stores not yet destroyed (a registry restarted meanwhile destroys
-    them rather than take them back)."""
+    them rather than take them back). ``follow``: nodes that join get a facade and a REST API (``riqr up``
+    for every node asked for it), which a restarted registry goes on doing."""
     stores: dict[str, Any] = {name: entry for name, entry in (carried or {}).items() if name not in view.tables}
     for name, table in sorted(view.tables.items()):
         members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
@@ -111,6 +113,8 @@ def membership_record(
     pending = sorted(dropping)
     if pending:
         record["dropping"] = pending
+    if follow:
+        record["follow"] = True
     return record
 
 
@@ -124,6 +128,7 @@ class Merged:
     retired: bool  # the record says ``riqr down`` was under way
     dropping: list[str]  # uuids of dropped stores' actors the record says are still to be destroyed
     moved_from: dict[str, frozenset[str]]  # store -> the actors moves replaced (``OwnershipTable.moved_from``)
+    follow: bool = False  # the record says nodes that join get a facade and a REST API
 
 
 def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]) -> Merged:
@@ -213,7 +218,8 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
             if actor.uuid not in answered and actor.uuid not in members and actor.uuid not in dropping:
                 members[actor.uuid] = actor
                 remembered.append(actor.uuid)
-    retired = isinstance(saved, Mapping) and saved.get("version") == MEMBERSHIP_VERSION and bool(saved.get("retired"))
+    ours: Mapping[str, Any] = saved if isinstance(saved, Mapping) and saved.get("version") == MEMBERSHIP_VERSION else {}
+    retired, follow = bool(ours.get("retired")), ours.get("follow") is True
     return Merged(
         {name: (spec, list(members.values())) for name, (spec, members) in stores.items()},
         remembered,
@@ -221,6 +227,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         retired,
         sorted(dropping),
         moved_from,
+        follow,
     )
 
 

@@ -330,6 +330,47 @@ class RayEnv:
             if where is not None
         ]
 
+    def nodes_with_verticles(self) -> set[str] | None:
+        prefix = http_name("")
+        try:
+            names = _named_in(self.namespace)
+        except Exception:  # noqa: BLE001 - the GCS not answering now: the caller tries again later
+            log.warning("could not list the HTTP verticles", exc_info=True)
+            return None
+        return {n[len(prefix) :] for n in names if n.startswith(prefix)}
+
+    def start_verticles(self, node_id: str, cursor_key: bytes) -> _Joining | None:
+        """Ask every running HTTP verticle for its settings (``HttpVerticle.deployment``), not waiting: the
+        first answer is the new node's settings (``verticles_started`` starts the verticles with it)."""
+        prefix = http_name("")
+        asked: list[Any] = []
+        for name in sorted(n for n in _named_in(self.namespace) if n.startswith(prefix) and n != http_name(node_id)):
+            with contextlib.suppress(ValueError, AttributeError):  # gone meanwhile, or of an earlier riqr
+                asked.append(ray.get_actor(name, namespace=self.namespace).deployment.remote())
+        return _Joining(node_id, cursor_key, asked) if asked else None
+
+    def verticles_started(self, starting: _Joining) -> tuple[bool, str] | None:
+        if starting.started is None:
+            settings = _first_answer(starting.asked)
+            if settings is None:
+                return None
+            if isinstance(settings, BaseException):
+                return False, f"no running REST API said its settings ({settings})"
+            starting.started = _start_node_verticles(self.namespace, starting.node_id, starting.cursor_key, **settings)
+        http, serving, ready = starting.started
+        done, _ = ray.wait([serving, ready], num_returns=2, timeout=0)
+        if len(done) < 2:
+            return None
+        try:
+            where = raycalls.get(serving, f"starting the REST API on node {starting.node_id}", timeout=_CALL_TIMEOUT)
+            raycalls.get(ready, f"starting the facade on node {starting.node_id}", timeout=_CALL_TIMEOUT)
+        except CannotListen as err:
+            ray.kill(http, no_restart=True)  # as `up` does: the next attempt starts one afresh
+            return False, err.message
+        except Exception as err:  # noqa: BLE001 - its node gone meanwhile, or the verticle failed to start
+            return False, str(err)
+        return True, f"http://{where['host']}:{where['port']}"
+
     def _ask_each(self, names: Sequence[str], method: str, kind: str) -> list[Any]:
         """The answers of the actors ``names`` to ``method``, asked of all at once and waited for within one
         ``_CALL_TIMEOUT``, for a rebuilding registry: actors that do not answer cost that once, not each.
@@ -364,6 +405,61 @@ class RayEnv:
             if ref is not None:
                 _await_unless_dead(ref, uuid, _deleting(uuid), max(0.0, deadline.remaining()))
         self.kill(uuids)
+
+
+@dataclass
+class _Joining:
+    """A node's verticles being started by the registry (``RayEnv.start_verticles``): the running HTTP
+    verticles asked for their settings, then the new verticles and their start calls."""
+
+    node_id: str
+    cursor_key: bytes
+    asked: list[Any]
+    started: tuple[Any, Any, Any] | None = None  # the HTTP verticle, its ``start``, the facade's ``ready``
+
+
+def _first_answer(refs: list[Any]) -> Any:
+    """The first of ``refs`` that answered, without waiting; None while none has and some still may; the
+    last error once every one failed."""
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    error: BaseException | None = None
+    for ref in done:
+        try:
+            return raycalls.get(ref, "asking a REST API its settings", timeout=_CALL_TIMEOUT)
+        except Exception as err:  # noqa: BLE001 - gone, or of an earlier riqr: another may answer
+            error = err
+    return error if len(done) == len(refs) else None
+
+
+def _start_node_verticles(
+    namespace: str,
+    node_id: str,
+    cursor_key: bytes,
+    *,
+    host: str,
+    port: int,
+    advertise_host: str | None,
+    timeout: float,
+    auth: Any,
+) -> tuple[Any, Any, Any]:
+    """Create ``node_id``'s facade and HTTP verticle (or find them: ``get_if_exists``) and call their start,
+    not waiting; returns the HTTP verticle, its ``start`` and the facade's ``ready``."""
+    from verticles.bus import RayBus
+    from verticles.facade import FacadeVerticle
+    from verticles.http import HttpVerticle
+
+    bus = RayBus(namespace, timeout)
+    facade = (
+        _remote(FacadeVerticle)
+        .options(**_options(facade_name(node_id), namespace, node_id, get_if_exists=True))
+        .remote(bus, timeout, cursor_key=cursor_key)
+    )
+    http = (
+        _remote(HttpVerticle)
+        .options(**_options(http_name(node_id), namespace, node_id, get_if_exists=True))
+        .remote(bus, RayEnv(namespace), host, port, advertise_host, timeout, auth=auth, cursor_key=cursor_key)
+    )
+    return http, http.start.remote(), facade.ready.remote()
 
 
 def _deleting(uuid: str) -> str:
@@ -551,15 +647,17 @@ def token_refusal(namespace: str, token: str) -> str | None:
     return None
 
 
-def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
-    """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node. Idempotent: a
-    verticle that is running already keeps its settings (``riqr down`` first to change auth or binding);
-    each endpoint says whether its REST API checks tokens and which settings it kept against ``config``.
-    A new registry starts beside the verticles: one that fails to start fails ``up`` once they have
-    started, and ``riqr down`` removes them."""
-    from verticles.bus import RayBus
-    from verticles.facade import FacadeVerticle
-    from verticles.http import HttpVerticle, http_settings
+def up(config: RuntimeConfig, nodes: Sequence[str] | None = None, *, follow: bool | None = None) -> Deployment:
+    """Deploy (or re-start) the registry, and a facade and an HTTP verticle on each node (``nodes``: those
+    only). Idempotent: a verticle that is running already keeps its settings (``riqr down`` first to change
+    auth or binding); each endpoint says whether its REST API checks tokens and which settings it kept
+    against ``config``. A new registry starts beside the verticles: one that fails to start fails ``up``
+    once they have started, and ``riqr down`` removes them.
+
+    ``follow`` (by default when ``nodes`` is None: every node): once every verticle serves, the registry
+    gives each node that joins later a facade and an HTTP verticle too, with the settings the running ones
+    serve with (``Registry.follow_nodes``), until ``riqr down``."""
+    from verticles.http import http_settings
 
     ns = config.namespace
     registry, secrets = _registry_and_secrets(ns)
@@ -568,7 +666,6 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     # this deployment wants it re-creating actors and promoting standbys again. Waited for with the
     # verticles: a registry just created starts beside them.
     resumed = registry.resume.remote()
-    env = RayEnv(ns)
     asked = http_settings(config.http_host, config.http_port, config.advertise_host, config.auth)
     targets = list(nodes if nodes is not None else alive_nodes())
     _refuse_other_settings_for_new_nodes(ns, targets, asked)
@@ -576,27 +673,11 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     # (seconds to start and import), so the nodes start side by side rather than one after the other.
     starting = []
     for node_id in targets:
-        bus = RayBus(ns, config.request_timeout)
-        facade = (
-            _remote(FacadeVerticle)
-            .options(**_options(facade_name(node_id), ns, node_id, get_if_exists=True))
-            .remote(bus, config.request_timeout, cursor_key=cursor_key)
-        )
-        http = (
-            _remote(HttpVerticle)
-            .options(**_options(http_name(node_id), ns, node_id, get_if_exists=True))
-            .remote(
-                bus,
-                env,
-                config.http_host,
-                config.http_port,
-                config.advertise_host,
-                config.request_timeout,
-                auth=config.auth,
-                cursor_key=cursor_key,
-            )  # fmt: skip
-        )
-        starting.append((node_id, http, http.start.remote(), facade.ready.remote()))
+        http, serving, ready = _start_node_verticles(
+            ns, node_id, cursor_key, host=config.http_host, port=config.http_port,
+            advertise_host=config.advertise_host, timeout=config.request_timeout, auth=config.auth,
+        )  # fmt: skip
+        starting.append((node_id, http, serving, ready))
     raycalls.get(resumed, "starting the registry")
     endpoints = []
     unbound: dict[str, list[str]] = {}  # why, and the nodes it is why for
@@ -624,6 +705,8 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None) -> Deployment:
     if unbound:
         said = "; ".join(f"{why} (node {', '.join(nodes)})" for why, nodes in unbound.items())
         raise CannotListen(f"{said}: free it, or choose another --host or --port")
+    if nodes is None if follow is None else follow:
+        raycalls.get(registry.follow_nodes.remote(), "telling the registry to serve nodes that join")
     return Deployment(ns, tuple(endpoints))
 
 

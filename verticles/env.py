@@ -167,6 +167,23 @@ class ClusterOps(Protocol):
         """Where every serving HTTP verticle of the namespace listens."""
         ...
 
+    def nodes_with_verticles(self) -> set[str] | None:
+        """The nodes that have an HTTP verticle of the namespace (serving or starting); None when Ray
+        cannot list them now."""
+        ...
+
+    def start_verticles(self, node_id: str, cursor_key: bytes) -> Any | None:
+        """Begin starting a facade and an HTTP verticle on ``node_id`` with the settings the running HTTP
+        verticles serve with, without waiting for anything; returns what ``verticles_started`` follows,
+        or None when no HTTP verticle runs to take the settings from."""
+        ...
+
+    def verticles_started(self, starting: Any) -> tuple[bool, str] | None:
+        """How ``start_verticles``' start goes, without waiting: None while under way; ``(True, url)`` once
+        the node's REST API serves at ``url``; ``(False, why)`` when it failed (an HTTP verticle that
+        could not listen is stopped, so the next attempt starts a new one)."""
+        ...
+
     def kill(self, names: Sequence[str]) -> None:
         """Stop the named actors for good."""
         ...

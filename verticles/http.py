@@ -81,6 +81,7 @@ class HttpVerticle:
         # What it was started with, as `riqr up` asks: a later `up` with other settings finds this one
         # running (Ray's get_if_exists ignores the new arguments) and tells the operator.
         self._asked = http_settings(host, port, advertise_host, self.auth)
+        self._timeout = timeout
         # Advertise what clients can reach: the bound address, unless it is a wildcard.
         self.advertise_host = advertise_host or (env.node_ip() if host in _WILDCARDS else host)
         self.node_id = env.node_id()
@@ -220,6 +221,12 @@ class HttpVerticle:
         except RiqrError as err:
             return err.message
         return None
+
+    async def deployment(self) -> dict[str, Any]:
+        """What it was started with, keys and all, for the registry to start a node that joins with the
+        same (``Registry.follow_nodes``): the port asked for, not the one bound (0 stays "any free one")."""
+        return {"host": self.host, "port": self._asked["port"], "advertise_host": self._asked["advertise_host"],
+                "timeout": self._timeout, "auth": self.auth if self.auth.enabled else None}  # fmt: skip
 
     async def where(self) -> dict[str, object] | None:
         """Where this verticle serves, or None if it is not serving (a restarted registry asks)."""

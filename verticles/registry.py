@@ -20,7 +20,9 @@ been gone for ``RIQR_RECREATE_AFTER`` seconds, with a growing wait between faile
 wherever an active copy's actor is not alive (dead, restarting, being re-created), and gives the
 partition back to its first active once that copy serves again; a facade that finds an owner
 unreachable asks for the check at once (``suspect``). Facades learn of every change by waiting on
-``wait_epoch`` (a long poll), so a promotion reaches them in milliseconds.
+``wait_epoch`` (a long poll), so a promotion reaches them in milliseconds. Once ``riqr up`` for every
+node asked for it (``follow_nodes``), the check also starts a facade and an HTTP verticle on each node that
+joins, with the running ones' settings (docs/design.md, "``riqr up`` and ``riqr down``").
 """
 
 from __future__ import annotations
@@ -83,6 +85,13 @@ MEMBERS_READ_WAIT_MAX = 5.0
 
 # The longest wait between two attempts at creating again an actor whose attempts failed.
 RECREATE_BACKOFF_MAX = 60.0
+# A node that joins (``follow_nodes``): the wait after its verticles failed to start doubles from this, up
+# to ``RECREATE_BACKOFF_MAX``; and how long the registry waits before it looks again for a running REST API
+# to take the settings from, when none runs.
+FOLLOW_RETRY = 5.0
+# A node's start that has not finished in this long is counted as failed (the running REST APIs asked for
+# their settings may all be on nodes that are gone) and tried again after the wait above.
+FOLLOW_START_SECONDS = 120.0
 
 
 def _new_uuid() -> str:
@@ -175,6 +184,13 @@ class Registry:
         self._moving: dict[str, str] = {}
         self._starting: dict[str, tuple[str, float]] = {}
         self._drops_failing = False
+        # Nodes that join get a facade and a REST API (``follow_nodes``): the nodes seen with them, those
+        # whose verticles are starting, the failed attempts by node, and no look before this time.
+        self._follow = False
+        self._served_nodes: set[str] = set()
+        self._nodes_starting: dict[str, tuple[Any, float]] = {}  # node -> its start, and when it began
+        self._node_failures: dict[str, _Failures] = {}
+        self._follow_after = 0.0
         if env.restarted():
             self._rebuild(first_epoch)
             self._restore_feeds(stale_after)
@@ -204,6 +220,7 @@ class Registry:
         merged = merge_members(saved, self._env.query_actor_infos())
         self._members_carried = merged.carried
         self._dropping = set(merged.dropping)  # destroyed at the first check (``_finish_drops``)
+        self._follow = merged.follow
         if merged.retired:
             self._retired = True
             log.warning("the saved members say riqr down was under way: query actors are not re-created until "
@@ -257,7 +274,7 @@ class Registry:
             return
         view = self.state.view()
         record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without,
-                                   dropping=self._dropping.union(dropping))  # fmt: skip
+                                   dropping=self._dropping.union(dropping), follow=self._follow)  # fmt: skip
         if record == self._members_saved:
             return
         try:
@@ -788,6 +805,61 @@ class Registry:
             log.warning("a riqr down did not finish; the registry re-creates actors and promotes standbys again")
         self._save_members()
 
+    def follow_nodes(self) -> None:
+        """``riqr up`` for every node: from now on each node that joins gets a facade and an HTTP verticle
+        too, started by the checks with the settings the running HTTP verticles serve with (saved with the
+        members: a restarted registry goes on; ``riqr down`` ends it)."""
+        if not self._follow:
+            log.info("nodes that join will get a facade and a REST API")
+        self._follow = True
+        self._save_members()
+
+    def _serve_joined_nodes(self, alive: Sequence[str]) -> None:
+        """Start a facade and an HTTP verticle on each live node that has none, with the settings of the
+        running ones; never waits (the checks run among the registry's other calls): one check begins a
+        node's start, later ones follow it. A node whose start failed (its port taken) is tried again
+        after a wait that doubles up to ``RECREATE_BACKOFF_MAX``. Only nodes never seen with them: a
+        verticle stopped for good on a node that had one is not started again."""
+        now, live = self._clock(), set(alive)
+        self._served_nodes &= live
+        self._node_failures = {n: f for n, f in self._node_failures.items() if n in live}
+        for node in [n for n in self._nodes_starting if n not in live]:
+            del self._nodes_starting[node]
+        for node, (starting, began) in list(self._nodes_starting.items()):
+            outcome = self._env.verticles_started(starting)
+            if outcome is None and now - began > FOLLOW_START_SECONDS:
+                outcome = False, f"not started within {FOLLOW_START_SECONDS:.0f}s"
+            if outcome is None:
+                continue
+            del self._nodes_starting[node]
+            served, said = outcome
+            if served:
+                self._served_nodes.add(node)
+                self._node_failures.pop(node, None)
+                log.info("node %s joined: its REST API serves at %s", node, said)
+                continue
+            failures = self._node_failures.get(node)
+            attempts = 1 if failures is None else failures.attempts + 1
+            wait = min(RECREATE_BACKOFF_MAX, FOLLOW_RETRY * 2 ** (attempts - 1))
+            self._node_failures[node] = _Failures(attempts, now + wait)
+            log.warning("could not start the REST API on node %s, which joined (attempt %d): %s; next try in "
+                        "%.0fs", node, attempts, said, wait)  # fmt: skip
+        waiting = {n for n, f in self._node_failures.items() if now < f.next_try}
+        new = [n for n in alive if n not in self._served_nodes and n not in self._nodes_starting and n not in waiting]
+        if not new or now < self._follow_after:
+            return
+        have = self._env.nodes_with_verticles()
+        if have is None:
+            return
+        self._served_nodes |= have & live
+        for node in [n for n in new if n not in have]:
+            starting = self._env.start_verticles(node, self._secrets.cursor_key)
+            if starting is None:  # no REST API runs to take the settings from: look again in a while
+                self._follow_after = now + FOLLOW_RETRY
+                return
+            log.info("node %s joined: starting its facade and REST API", node)
+            self._nodes_starting[node] = starting, now
+
     def check_nodes(self) -> list[str]:
         """Re-create the query actors of nodes Ray reports dead on live nodes, and those gone for good on
         live nodes (``_recreate_gone``); returns their uuids.
@@ -796,7 +868,8 @@ class Registry:
         there while another node is left), keeps its uuid, so tables and handles by name stay valid, and its
         move bumps the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted.
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
-        could not be re-created is tried again at the next check. A move's new actor not admitted within
+        could not be re-created is tried again at the next check. Nodes that joined get their verticles
+        (``_serve_joined_nodes``) when the registry follows them. A move's new actor not admitted within
         ``MOVE_START_SECONDS`` (its mover died) is given up. Last, it destroys the actors of drops
         not finished (a drop saved before a restart, or whose destroy failed: ``_finish_drops``), unless Ray
         could not list the nodes.
@@ -817,6 +890,12 @@ class Registry:
             return []
         for node_id in [n for n in self.state.view().endpoints if n not in alive]:
             self.state.unregister_endpoint(node_id)
+        if self._follow:
+            try:
+                self._serve_joined_nodes(alive)
+            except Exception:
+                log.warning("starting the verticles of nodes that joined failed; trying again at the next check",
+                            exc_info=True)  # fmt: skip
         moved: list[str] = []
         lost = sorted(u for u, info in self.state.view().actors.items() if info.node_id not in alive)
         for uuid in lost:

@@ -129,12 +129,15 @@ class Runtime:
 
 
 def deploy_runtime(prefix: str, namespace: str | None = None) -> Runtime:
-    """riqr deployed in a fresh namespace (or in ``namespace``, again), REST on free ports of 127.0.0.1."""
+    """riqr deployed in a fresh namespace (or in ``namespace``, again), REST on free ports of 127.0.0.1, on
+    the nodes alive now only: a node a test adds later gets no verticles of this namespace (a deployment
+    for every node would start them there, ``Registry.follow_nodes``)."""
     from verticles import deploy
 
     namespace = namespace or f"{prefix}-{uuid.uuid4().hex[:8]}"
     deployment = deploy.up(
-        RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1")
+        RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1"),
+        nodes=deploy.alive_nodes(),
     )
     return Runtime(namespace, {ep.node_id: ep.url for ep in deployment.endpoints})
 

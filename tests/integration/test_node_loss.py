@@ -393,3 +393,45 @@ def test_a_registry_lost_with_a_node_re_creates_that_nodes_query_actor_from_the_
             finally:
                 if fourth_node is not None:
                     ray_cluster.cluster.remove_node(fourth_node)
+
+
+def test_a_node_that_joins_after_riqr_up_gets_a_facade_and_a_rest_api_with_the_same_auth(
+    ray_cluster: RayCluster, tmp_path: Any
+) -> None:
+    """`riqr up` for every node (no node list): the registry gives a node that joins later its own facade
+    and REST API, started with the settings the running ones serve with (here auth on, one key), lists
+    its endpoint, and unlists it when the node goes."""
+    from runtime.auth import AuthConfig, generate_secret, mint_token
+    from runtime.config import REGISTRY_NAME, RuntimeConfig, facade_name
+    from verticles import deploy
+
+    namespace = f"riqr-follow-{uuid.uuid4().hex[:8]}"
+    secret = generate_secret()
+    config = RuntimeConfig(namespace=namespace, http_host="127.0.0.1", http_port=0, advertise_host="127.0.0.1",
+                           auth=AuthConfig(enabled=True, secret=secret))  # fmt: skip
+    node = None
+    try:
+        assert len(deploy.up(config).endpoints) == 2
+        registry = ray.get_actor(REGISTRY_NAME, namespace=namespace)
+        added = time.monotonic()
+        node = _add_node_with_its_own_disk(ray_cluster, tmp_path / "joined-node-data")
+        ray_cluster.cluster.wait_for_nodes()
+        joined = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in ray_cluster.node_ids)
+
+        def endpoint() -> Any:
+            return raycalls.get(registry.view.remote(), "view", timeout=10).endpoints.get(joined)
+
+        found = wait_for(endpoint, timeout=120, what="the joined node's REST API listed by the registry")
+        print(f"\nnode join: its REST API listed {time.monotonic() - added:.2f}s after add_node began")
+        url = f"http://{found.host}:{found.port}"
+        assert http_get(f"{url}/stores")[0] == 401  # the others' auth: no token, no answer
+        status, _, body = http_get(f"{url}/stores", {"Authorization": "Bearer " + mint_token(secret)})
+        assert status == 200 and body == {"result": []}, body
+        assert ray.get(ray.get_actor(facade_name(joined), namespace=namespace).ready.remote(), timeout=30)
+        ray_cluster.cluster.remove_node(node)
+        node = None
+        wait_for(lambda: endpoint() is None, timeout=60, what="the gone node's REST API unlisted")
+    finally:
+        if node is not None:
+            ray_cluster.cluster.remove_node(node)
+        deploy.down(namespace)

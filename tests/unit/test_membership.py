@@ -174,3 +174,13 @@ def test_a_destroyed_actor_of_an_earlier_store_of_that_name_leaves_the_new_store
     # Not marked either (the record already replaced by the new store's): still only itself.
     merged = merge_members(membership_record(_view((spec, {"new1": ("a", (0, 1))}))), live)
     assert merged.dropping == ["old1"] and [a.uuid for a in merged.stores["x"][1]] == ["new1"]
+
+
+def test_following_nodes_that_join_is_saved_and_comes_back_only_from_a_record_of_this_version() -> None:
+    saved = membership_record(ClusterView(), follow=True)
+    assert json.loads(json.dumps(saved))["follow"] is True and merge_members(saved, []).follow
+    assert "follow" not in membership_record(ClusterView())  # off: not written, as before
+    assert not merge_members(membership_record(ClusterView()), []).follow
+    assert not merge_members({**saved, "version": -1}, []).follow
+    assert not merge_members({**saved, "follow": "yes"}, []).follow  # only a true boolean turns it on
+    assert not merge_members(None, []).follow

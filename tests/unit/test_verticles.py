@@ -58,6 +58,13 @@ class FakeEnv:
         self.load_failures = 0  # reads of the key-value store that fail before one succeeds
         self.undecodable = False  # the saved record is not JSON
         self.save_broken = False  # writes to the key-value store fail
+        # Nodes that join (Registry.follow_nodes): nodes with an HTTP verticle (None: Ray cannot list),
+        # whether one runs to take the settings from, the starts begun, and how each goes.
+        self.verticle_nodes: set[str] | None = set()
+        self.settings_from = True
+        self.node_starts: list[str] = []
+        self.node_outcome: dict[str, tuple[bool, str] | None] = {}
+        self.verticle_listings = 0
 
     def node_id(self) -> str:
         return "node-a"
@@ -159,6 +166,19 @@ class FakeEnv:
 
     def http_endpoints(self) -> list[Endpoint]:
         return list(self.endpoints.values())
+
+    def nodes_with_verticles(self) -> set[str] | None:
+        self.verticle_listings += 1
+        return None if self.verticle_nodes is None else set(self.verticle_nodes)
+
+    def start_verticles(self, node_id: str, cursor_key: bytes) -> Any | None:
+        if not self.settings_from:
+            return None
+        self.node_starts.append(node_id)
+        return node_id
+
+    def verticles_started(self, starting: Any) -> tuple[bool, str] | None:
+        return self.node_outcome.get(starting)
 
     def kill(self, names: Sequence[str]) -> None:
         self.killed.extend(names)
@@ -1166,3 +1186,114 @@ def test_a_query_core_deletes_only_what_it_made_in_its_directory(tmp_path: Path)
     assert {"p0", "p1"} <= {p.name for p in directory.iterdir()}
     core.destroy()
     assert [p.name for p in directory.iterdir()] == ["not-riqrs"]
+
+
+def _following(**env_args: Any) -> tuple[FakeEnv, Clock, Registry]:
+    """A registry over node-a (with its verticles, from ``riqr up``) that follows nodes that join."""
+    env, clock = FakeEnv(**{"nodes": ["node-a"], **env_args}), Clock()
+    env.verticle_nodes = {"node-a"}
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    registry.follow_nodes()
+    return env, clock, registry
+
+
+def test_a_registry_follows_nodes_only_when_riqr_up_asked_for_every_node() -> None:
+    env, clock = FakeEnv(nodes=["node-a", "node-b"]), Clock()
+    env.verticle_nodes = {"node-a"}
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    registry.check_nodes()
+    assert env.node_starts == [] and env.verticle_listings == 0  # `up` for chosen nodes: those only
+    registry.follow_nodes()
+    assert env.membership is not None and env.membership["follow"] is True
+    registry.check_nodes()
+    assert env.node_starts == ["node-b"]
+
+
+def test_a_node_that_joins_gets_its_verticles_once_and_is_not_looked_at_again() -> None:
+    env, clock, registry = _following()
+    registry.check_nodes()
+    assert env.node_starts == [] and env.verticle_listings == 1  # node-a has them already
+    registry.check_nodes()
+    assert env.verticle_listings == 1  # every live node seen served: nothing listed
+    env.nodes.append("node-b")
+    registry.check_nodes()
+    assert env.node_starts == ["node-b"] and env.verticle_listings == 2
+    registry.check_nodes()  # still starting: followed, not begun again
+    assert env.node_starts == ["node-b"]
+    env.node_outcome["node-b"] = (True, "http://10.0.0.2:7400")
+    env.verticle_nodes.add("node-b")
+    registry.check_nodes()
+    clock.now += 600
+    registry.check_nodes()
+    assert env.node_starts == ["node-b"] and env.verticle_listings == 2
+
+
+def test_a_node_whose_rest_api_cannot_start_is_tried_again_after_a_doubling_wait() -> None:
+    from verticles.registry import FOLLOW_RETRY
+
+    env, clock, registry = _following(nodes=["node-a", "node-b"])
+    registry.check_nodes()
+    assert env.node_starts == ["node-b"]
+    env.node_outcome["node-b"] = (False, "cannot listen on 0.0.0.0:7400: Address already in use")
+    registry.check_nodes()  # failed: the first wait begins
+    clock.now += FOLLOW_RETRY - 0.1
+    registry.check_nodes()
+    assert env.node_starts == ["node-b"]
+    clock.now += 0.2
+    registry.check_nodes()  # the second attempt, which fails too
+    assert env.node_starts == ["node-b", "node-b"]
+    registry.check_nodes()
+    clock.now += FOLLOW_RETRY + 0.1  # the wait has doubled: not yet
+    registry.check_nodes()
+    assert env.node_starts == ["node-b", "node-b"]
+    clock.now += FOLLOW_RETRY
+    env.node_outcome["node-b"] = None
+    registry.check_nodes()
+    assert env.node_starts == ["node-b", "node-b", "node-b"]
+
+
+def test_a_start_that_does_not_finish_counts_as_failed_and_a_node_gone_meanwhile_is_forgotten() -> None:
+    from verticles.registry import FOLLOW_RETRY, FOLLOW_START_SECONDS
+
+    env, clock, registry = _following(nodes=["node-a", "node-b", "node-c"])
+    registry.check_nodes()
+    assert env.node_starts == ["node-b", "node-c"]
+    env.nodes.remove("node-c")  # gone while it started: nothing to follow there any more
+    clock.now += FOLLOW_START_SECONDS + 1
+    registry.check_nodes()  # node-b's start is given up, to be tried again after the wait
+    clock.now += FOLLOW_RETRY + 0.1
+    registry.check_nodes()
+    assert env.node_starts == ["node-b", "node-c", "node-b"]
+
+
+def test_with_no_rest_api_to_copy_the_registry_waits_before_it_looks_again() -> None:
+    from verticles.registry import FOLLOW_RETRY
+
+    env, clock, registry = _following(nodes=["node-a", "node-b"])
+    env.verticle_nodes, env.settings_from = set(), False  # every REST API gone: nothing to take settings from
+    registry.check_nodes()
+    registry.check_nodes()
+    assert env.node_starts == [] and env.verticle_listings == 1
+    clock.now += FOLLOW_RETRY + 0.1
+    env.settings_from = True
+    registry.check_nodes()
+    assert env.node_starts == ["node-a", "node-b"] and env.verticle_listings == 2
+
+
+def test_a_retired_registry_starts_no_verticles_and_a_restarted_one_goes_on_following() -> None:
+    env, clock, registry = _following(nodes=["node-a", "node-b"])
+    registry.retire()  # riqr down under way
+    registry.check_nodes()
+    assert env.node_starts == []
+    registry.resume()
+    restarted = Registry("ns", _restarted_over(env), new_uuid=uuids(), clock=clock)
+    restarted._env.nodes = ["node-a", "node-b"]  # type: ignore[attr-defined]
+    restarted.check_nodes()
+    assert restarted._env.node_starts == ["node-b"]  # type: ignore[attr-defined]
+
+
+def _restarted_over(env: FakeEnv) -> FakeEnv:
+    """A restarted registry's env: the saved members of ``env``, the same verticles."""
+    again = FakeEnv(restarted=True)
+    again.membership, again.verticle_nodes = env.membership, set(env.verticle_nodes or ())
+    return again
