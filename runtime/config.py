@@ -75,7 +75,28 @@ DEFAULT_ENGINE = "rocksdb"
 # what the actor holds of data, index and filter blocks, whatever the key count. RIQR_ROCKSDB_CACHE_MB
 # (read where the actor starts) changes it.
 ROCKSDB_CACHE_ENV = "RIQR_ROCKSDB_CACHE_MB"
-ROCKSDB_CACHE_BYTES = int(float(os.environ.get(ROCKSDB_CACHE_ENV, "256")) * (1 << 20))
+DEFAULT_ROCKSDB_CACHE_MB = 256.0
+
+
+def rocksdb_cache_bytes(environ: Mapping[str, str]) -> int:
+    """``$RIQR_ROCKSDB_CACHE_MB`` in bytes (MiB, fractions allowed), 256 MiB when unset. A value that is
+    not a positive number is logged and the default used: every riqr process reads it at import, and a
+    typo must not stop the CLI and every query actor from starting."""
+    raw = environ.get(ROCKSDB_CACHE_ENV, "").strip()
+    mebibytes = DEFAULT_ROCKSDB_CACHE_MB
+    if raw:
+        try:
+            mebibytes = float(raw)
+        except ValueError:
+            mebibytes = -1.0
+        if not 0 < mebibytes < float("inf"):
+            log.warning("%s=%r is not a positive number of MiB; using %g", ROCKSDB_CACHE_ENV, raw,
+                        DEFAULT_ROCKSDB_CACHE_MB)  # fmt: skip
+            mebibytes = DEFAULT_ROCKSDB_CACHE_MB
+    return max(1, int(mebibytes * (1 << 20)))
+
+
+ROCKSDB_CACHE_BYTES = rocksdb_cache_bytes(os.environ)
 # How long the data of a query actor that no longer exists stays on a node's disk before that node's
 # HTTP verticle deletes it, in seconds or "off" (read where the verticle starts; ``runtime.orphans``).
 RECLAIM_ENV = "RIQR_RECLAIM_AFTER"
