@@ -76,6 +76,8 @@ _EXPORT_TIMEOUT = 300.0
 # The registry looks for dead nodes this often; a check that re-creates actors may take a while.
 _NODE_CHECK_EVERY = 1.0
 _CHECK_TIMEOUT = 300.0
+# Re-creating query actors together: the deadline grows by this much per actor (each a process to start).
+_START_SECONDS_EACH = 2.0
 # How long the registry waits for a query actor that is back to say what it serves (it blocks the
 # registry meanwhile, so short; a copy that does not answer in time is asked again at the next check).
 _PROBE_TIMEOUT = 0.5
@@ -92,7 +94,7 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
 
     Pinned (hard affinity): with a soft preference Ray put both actors of a store, or a node's HTTP
     verticle, on one node while the other node was busy starting workers. A query actor of a node that
-    died is re-created by the registry on a live node (``RayEnv.replace_query_actor``, docs/design.md
+    died is re-created by the registry on a live node (``RayEnv.replace_query_actors``, docs/design.md
     "Node loss"), which chooses that node by the replicas' placement rule rather than leaving it to Ray.
     """
     strategy = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -224,24 +226,47 @@ class RayEnv:
             for spec, members in stores
         ]  # fmt: skip
 
-    def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        with contextlib.suppress(ValueError):  # its node is gone: stop Ray from waiting for it forever
-            ray.kill(ray.get_actor(uuid, namespace=self.namespace), no_restart=True)
-        deadline = Deadline.after(_CALL_TIMEOUT)
+    def replace_query_actors(
+        self, asks: Sequence[tuple[StoreSpec, str, Sequence[int], str]]
+    ) -> list[ActorInfo | Exception]:
+        for _, uuid, _, _ in asks:
+            with contextlib.suppress(ValueError):  # its node is gone: stop Ray from waiting for it forever
+                ray.kill(ray.get_actor(uuid, namespace=self.namespace), no_restart=True)
+        # One deadline for all, with room for their processes starting side by side on a few cores.
+        deadline = Deadline.after(_CALL_TIMEOUT + _START_SECONDS_EACH * len(asks))
+        starting: list[Any] = []
+        for spec, uuid, partitions, node_id in asks:
+            try:
+                starting.append(self._create_replacement(spec, uuid, partitions, node_id, deadline).ready.remote())
+            except Exception as err:  # noqa: BLE001 - said for this one; the others go on
+                starting.append(err)
+        out: list[ActorInfo | Exception] = []
+        for (spec, uuid, partitions, _), ready in zip(asks, starting, strict=True):
+            if isinstance(ready, Exception):
+                out.append(ready)
+                continue
+            try:
+                where = raycalls.get(ready, f"re-creating query actor {uuid}", timeout=max(0.0, deadline.remaining()))
+            except Exception as err:  # noqa: BLE001 - its constructor failed, or it did not start in time
+                out.append(err)
+                continue
+            out.append(ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions)))
+        return out
+
+    def _create_replacement(
+        self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str, deadline: Deadline
+    ) -> Any:
         while True:
             try:
-                handle = (
+                return (
                     _remote(QueryVerticle)
                     .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
                     .remote(uuid, spec, list(partitions), self, replacement=True)
                 )
-                break
             except ValueError:  # the killed actor's name is not released yet
                 if deadline.remaining() <= 0:
                     raise
                 time.sleep(0.1)
-        where = raycalls.get(handle.ready.remote(), f"re-creating query actor {uuid}", timeout=_CALL_TIMEOUT)
-        return ActorInfo(uuid, spec.name, where["node_id"], where["node_ip"], tuple(partitions))
 
     def start_joining_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> None:
         # Not waited for: the mover looks it up by name (again until it is listed) and waits for ``ready``.

@@ -108,10 +108,14 @@ class ClusterOps(Protocol):
         and wait until each runs; returns where each one runs, store by store."""
         ...
 
-    def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        """Stop query actor ``uuid`` for good wherever it is (its node is gone, or it is gone already) and
-        create it again, same name, on ``node_id``, as a replacement (it opens its partitions as a restarted
-        actor would and rebuilds them from peers); waits until it runs and returns where it runs."""
+    def replace_query_actors(
+        self, asks: Sequence[tuple[StoreSpec, str, Sequence[int], str]]
+    ) -> list[ActorInfo | Exception]:
+        """For each ``(spec, uuid, partitions, node id)``: stop query actor ``uuid`` for good wherever it is
+        (its node is gone, or it is gone already) and create it again, same name, on that node, as a
+        replacement (it opens its partitions as a restarted actor would and rebuilds them from peers). All
+        are created first and waited for together (each is a new process: seconds to start); returns,
+        in order, where each runs, or why it could not be created or did not start in time."""
         ...
 
     def start_joining_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> None:

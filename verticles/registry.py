@@ -866,7 +866,9 @@ class Registry:
 
         Each of a dead node goes to the node ``replacement_node`` picks (no other copy of its partitions
         there while another node is left), keeps its uuid, so tables and handles by name stay valid, and its
-        move bumps the epoch so facades learn where it runs. HTTP endpoints of dead nodes are unlisted.
+        move bumps the epoch so facades learn where it runs. The standbys of a dead node's actors are
+        promoted before anything is created, and its actors are created together, started side by side
+        (``replace_query_actors``), not one after another. HTTP endpoints of dead nodes are unlisted.
         Nothing happens while every node is alive, and an actor already moved is not moved again; one that
         could not be re-created is tried again at the next check. Nodes that joined get their verticles
         (``_serve_joined_nodes``) when the registry follows them. A move's new actor not admitted within
@@ -898,20 +900,30 @@ class Registry:
                             exc_info=True)  # fmt: skip
         moved: list[str] = []
         lost = sorted(u for u, info in self.state.view().actors.items() if info.node_id not in alive)
+        if lost:
+            # Standbys take over first: re-creating the lost actors takes seconds, and this call holds the
+            # registry (a facade's ``suspect`` waits behind it) until they run.
+            try:
+                self.check_actors()
+            except Exception:
+                log.warning("promoting the standbys of a lost node's actors failed", exc_info=True)
+        view = self.state.view()
+        placed = dict(view.actors)  # the placements chosen so far count in the next ones
+        asks: list[tuple[StoreSpec, str, Sequence[int], str]] = []
         for uuid in lost:
-            view = self.state.view()  # again for each: earlier moves count in the placement
             info = view.actors[uuid]
             table = view.table(info.store)
-            node = None if table is None else replacement_node(table, view.actors, uuid, alive)
+            node = None if table is None else replacement_node(table, placed, uuid, alive)
             if table is None or node is None:
                 continue
+            placed[uuid] = replace(info, node_id=node)
             log.warning("node %s is gone: re-creating query actor %s of %s on node %s", info.node_id, uuid,
                         info.store, node, extra={"store": info.store, "actor": uuid})  # fmt: skip
-            try:
-                new = self._env.replace_query_actor(table.spec, uuid, info.partitions, node)
-            except Exception:
-                log.exception("could not re-create query actor %s; trying again at the next check", uuid,
-                              extra={"store": info.store, "actor": uuid})  # fmt: skip
+            asks.append((table.spec, uuid, info.partitions, node))
+        for (spec, uuid, _, _), new in zip(asks, self._env.replace_query_actors(asks) if asks else [], strict=True):
+            if isinstance(new, Exception):
+                log.error("could not re-create query actor %s; trying again at the next check", uuid, exc_info=new,
+                          extra={"store": spec.name, "actor": uuid})  # fmt: skip
                 continue
             self.state.actor_moved(uuid, new.node_id, new.node_ip)
             moved.append(uuid)
@@ -954,6 +966,7 @@ class Registry:
         self._failures = {u: f for u, f in self._failures.items() if u in view.actors}
         now = self._clock()
         created: list[str] = []
+        asks: list[tuple[StoreSpec, str, Sequence[int], str]] = []
         for uuid in sorted(gone):
             seen = self._gone.setdefault(uuid, _Gone(since=now))
             seen.sightings += 1
@@ -966,14 +979,15 @@ class Registry:
                 continue
             log.warning("query actor %s of %s has been gone for %.1fs: creating it again on node %s", uuid, info.store,
                         now - seen.since, info.node_id, extra={"store": info.store, "actor": uuid})  # fmt: skip
-            try:
-                new = self._env.replace_query_actor(table.spec, uuid, info.partitions, info.node_id)
-            except Exception:
+            asks.append((table.spec, uuid, info.partitions, info.node_id))
+        for (spec, uuid, _, _), new in zip(asks, self._env.replace_query_actors(asks) if asks else [], strict=True):
+            if isinstance(new, Exception):
+                failures = self._failures.get(uuid)
                 attempts = 1 if failures is None else failures.attempts + 1
                 wait = min(RECREATE_BACKOFF_MAX, max(after, 1.0) * 2**attempts)
                 self._failures[uuid] = _Failures(attempts, self._clock() + wait)
-                log.exception("could not create query actor %s again (attempt %d); next try in %.0fs", uuid,
-                              attempts, wait, extra={"store": info.store, "actor": uuid})  # fmt: skip
+                log.error("could not create query actor %s again (attempt %d); next try in %.0fs", uuid, attempts,
+                          wait, exc_info=new, extra={"store": spec.name, "actor": uuid})  # fmt: skip
                 continue
             del self._gone[uuid]
             self._failures.pop(uuid, None)

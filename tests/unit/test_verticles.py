@@ -53,6 +53,8 @@ class FakeEnv:
         self.alive_names: set[str] = set()
         self.vanished: set[str] | None = set()  # query actors Ray holds no actor for (None: cannot say)
         self.replace_calls = 0
+        self.replace_rounds: list[list[str]] = []  # the uuids of each replace_query_actors call
+        self.before_replace: Any = None  # called as replace_query_actors begins
         self.membership: dict[str, Any] | None = None  # what the registry saved (runtime.membership)
         self.membership_writes = 0
         self.load_failures = 0  # reads of the key-value store that fail before one succeeds
@@ -119,12 +121,21 @@ class FakeEnv:
             out.append(infos)
         return out
 
-    def replace_query_actor(self, spec: StoreSpec, uuid: str, partitions: Sequence[int], node_id: str) -> ActorInfo:
-        self.replace_calls += 1
-        if node_id in self.refuse:
-            raise RuntimeError(f"cannot place on {node_id}")
-        self.replaced.append((uuid, tuple(partitions), node_id))
-        return ActorInfo(uuid, spec.name, node_id, "10.0.0.8", tuple(partitions))
+    def replace_query_actors(
+        self, asks: Sequence[tuple[StoreSpec, str, Sequence[int], str]]
+    ) -> list[ActorInfo | Exception]:
+        self.replace_rounds.append([uuid for _, uuid, _, _ in asks])
+        if self.before_replace is not None:
+            self.before_replace()
+        out: list[ActorInfo | Exception] = []
+        for spec, uuid, partitions, node_id in asks:
+            self.replace_calls += 1
+            if node_id in self.refuse:
+                out.append(RuntimeError(f"cannot place on {node_id}"))
+                continue
+            self.replaced.append((uuid, tuple(partitions), node_id))
+            out.append(ActorInfo(uuid, spec.name, node_id, "10.0.0.8", tuple(partitions)))
+        return out
 
     def watch_nodes(self) -> None:
         self.watching += 1
@@ -1297,3 +1308,23 @@ def _restarted_over(env: FakeEnv) -> FakeEnv:
     again = FakeEnv(restarted=True)
     again.membership, again.verticle_nodes = env.membership, set(env.verticle_nodes or ())
     return again
+
+
+def test_a_lost_nodes_standbys_take_over_before_its_actors_are_re_created_together() -> None:
+    env, clock = FakeEnv(nodes=["node-a", "node-b", "node-c"]), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    for name in ("s1", "s2"):
+        registry.create_store(kv_spec(name, partitions=3, actors=3, standbys=1))
+    lost = sorted(u for u, a in registry.view().actors.items() if a.node_id == "node-b")
+    assert len(lost) == 2  # one actor of each store
+    env.nodes.remove("node-b")
+    env.down = set(lost)  # Ray lists them not alive: their node is gone
+    actives_then: set[str | None] = set()
+    env.before_replace = lambda: actives_then.update(
+        p.active for t in registry.view().tables.values() for p in t.partitions
+    )
+    assert sorted(registry.check_nodes()) == lost
+    assert env.replace_rounds == [lost]  # both in one call: started side by side
+    assert actives_then and not actives_then & set(lost)  # every partition answered by a live copy first
+    # Each went to a live node holding no other copy of its partitions while there is one.
+    assert {node for _, _, node in env.replaced} <= {"node-a", "node-c"}
