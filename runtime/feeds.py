@@ -68,6 +68,9 @@ class FeedReport:
     or a batch was delivered (heartbeats do not move it). ``dead_letters`` are totals per topic;
     ``late_rows`` the input rows the store's query dropped as later than its event-time watermark, in all
     (``topologies.lateness``; None: not told, for a query with no watermark or an older feeder).
+    ``dropped_rows`` the rows the sink could not store, by reason (``null-key``: a key column is null;
+    ``time-out-of-range``: a timestamp key or window outside years 1 to 9999), counted since this
+    feeder's run began (a counter that starts again with each run, as a restarted process's counters do).
     ``owners`` are the query actors of the store as the feeder declared it (``BatchDelivery.declared``):
     the registry ignores a report about a store of that name that was dropped and declared again since
     (``FeedBook.report``). Empty: not known (an older feeder), never ignored for it. ``checkpoint`` is the
@@ -89,6 +92,7 @@ class FeedReport:
     error: str | None = None
     dead_letters: Mapping[str, int] = field(default_factory=dict)
     late_rows: int | None = None
+    dropped_rows: Mapping[str, int] = field(default_factory=dict)
     owners: tuple[str, ...] = ()
     checkpoint: str | None = None
 
@@ -115,6 +119,8 @@ class FeedReport:
             out["dead_letters"] = dict(self.dead_letters)
         if self.late_rows is not None:
             out["late_rows"] = self.late_rows
+        if self.dropped_rows:
+            out["dropped_rows"] = dict(self.dropped_rows)
         if self.owners:
             out["owners"] = list(self.owners)
         return out
@@ -137,12 +143,13 @@ class FeedReport:
             error=data.get("error"),
             dead_letters={str(t): int(n) for t, n in (data.get("dead_letters") or {}).items()},
             late_rows=None if data.get("late_rows") is None else int(data["late_rows"]),
+            dropped_rows={str(r): int(n) for r, n in (data.get("dropped_rows") or {}).items()},
             owners=tuple(str(u) for u in data.get("owners", ())),
         )
 
 
 # What changing makes a report worth saving at once; batch progress is saved at the registry's pace.
-_SIGNIFICANT = ("feeder", "state", "query", "plan", "error", "dead_letters")
+_SIGNIFICANT = ("feeder", "state", "query", "plan", "error", "dead_letters", "dropped_rows")
 
 
 class AckLog:
@@ -218,8 +225,14 @@ class FeedBook:
             return False
         if current is not None:
             late = current.report.late_rows if report.late_rows is None else report.late_rows
+            # Dropped rows are this run's: a new run's first reports (none dropped yet) start them again.
+            same_run = current.report.feeder == report.feeder
+            dropped = {**current.report.dropped_rows, **report.dropped_rows} if same_run else report.dropped_rows
             report = replace(
-                report, dead_letters={**current.report.dead_letters, **report.dead_letters}, late_rows=late
+                report,
+                dead_letters={**current.report.dead_letters, **report.dead_letters},
+                late_rows=late,
+                dropped_rows=dropped,
             )
         if report.batch_id is not None and report.live:
             self._acks.setdefault(report.store, AckLog()).record(report.source, report.batch_id, now)

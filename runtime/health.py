@@ -360,6 +360,10 @@ def cluster_families(snapshot: ClusterSnapshot, verdict: Readiness | None = None
             fam["riqr_late_rows_dropped_total"].add_sample(
                 "riqr_late_rows_dropped_total", {"store": name}, float(ingest["late_rows"])
             )
+        for reason, count in sorted((ingest.get("dropped_rows") or {}).items()):
+            fam["riqr_rows_dropped_total"].add_sample(
+                "riqr_rows_dropped_total", {"store": name, "reason": str(reason)}, float(count)
+            )
     fam["riqr_ready"].add_sample("riqr_ready", {}, 1.0 if verdict.ready else 0.0)
     assert set(fam) <= set(BY_NAME)
     return [*fam.values(), *_query_families(snapshot)]

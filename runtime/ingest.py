@@ -16,6 +16,7 @@ __all__ = [
     "PARTITION_COLUMN",
     "WINDOW_END_COLUMN",
     "drop_unrepresentable_times",
+    "drop_null_keys",
     "time_columns",
     "split_by_partition",
     "slices_for_owners",
@@ -64,6 +65,27 @@ def drop_unrepresentable_times(table: pa.Table, columns: Sequence[str], store: s
     log.warning("store %s: dropped %d rows whose timestamp key or window lies outside years 1 to 9999", store,
                 dropped, extra={"store": store})  # fmt: skip
     return table.filter(pc.invert(outside))
+
+
+def drop_null_keys(table: pa.Table, columns: Sequence[str], store: str = "") -> tuple[pa.Table, int]:
+    """``table`` without the rows whose key is not whole (a null in any of the key ``columns``, or in the
+    partition column computed from them), and how many those were, with a warning naming ``store``: no
+    answer could hold such a key, and Kafka Streams drops records with a null key too. The sink counts
+    them into the store's feed (``riqr_rows_dropped_total``), so none goes unseen. A batch with no null
+    key (every usual batch) costs one look at each column's null count."""
+    present = [name for name in (*columns, PARTITION_COLUMN) if name in table.column_names]
+    if not any(table.column(name).null_count for name in present):
+        return table, 0
+    null = None
+    for name in present:
+        column = table.column(name)
+        if column.null_count:
+            mask = pc.is_null(column)
+            null = mask if null is None else pc.or_(null, mask)
+    assert null is not None
+    dropped = int(pc.sum(null).as_py() or 0)
+    log.warning("store %s: dropped %d rows with a null key", store, dropped, extra={"store": store})
+    return table.filter(pc.invert(null)), dropped
 
 
 def time_columns(spec: StoreSpec) -> list[str]:

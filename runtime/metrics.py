@@ -122,6 +122,8 @@ CATALOG: tuple[MetricDef, ...] = (
               ("store", "topic"), CLUSTER),
     MetricDef("riqr_late_rows_dropped_total", "counter", "input rows a store's query dropped as later than its "
               "event-time watermark (Spark's numRowsDroppedByWatermark; kept in its checkpoint)", ("store",), CLUSTER),
+    MetricDef("riqr_rows_dropped_total", "counter", "rows a store's sink could not store, by reason (null-key, "
+              "time-out-of-range), since its topology's run began", ("store", "reason"), CLUSTER),
     MetricDef("riqr_ready", "gauge", "1 when GET /ready on this node answers 200", (), CLUSTER),
 )  # fmt: skip
 

@@ -52,7 +52,13 @@ from runtime.catalog import StoreSpec
 from runtime.config import READ_REPLICA_APPLY_TIMEOUT, REGISTRY_NAME
 from runtime.deadline import Deadline
 from runtime.errors import CopyMoved, DeadlineExceeded, NotConnected, OwnerUnavailable, RiqrError
-from runtime.ingest import drop_unrepresentable_times, slices_for_owners, split_by_partition, time_columns
+from runtime.ingest import (
+    drop_null_keys,
+    drop_unrepresentable_times,
+    slices_for_owners,
+    split_by_partition,
+    time_columns,
+)
 from runtime.ownership import ClusterView, OwnershipTable, ReaderCopy
 from runtime.partition import CATCHING_UP, INCOMPLETE, REBUILDING, SERVING, Hold
 from topologies.checkpoint import batch_watermark, query_id, rebuild_delivered
@@ -116,6 +122,9 @@ class BatchDelivery:
     ) -> None:
         self.spec = spec
         self._times = time_columns(spec)  # the timestamp columns a batch's rows are checked on (the sink)
+        self._keys = [name for name, _ in spec.key.columns]
+        # Rows this run could not store, by reason (``FeedReport.dropped_rows``): reported with each batch.
+        self.dropped: dict[str, int] = {}
         self.namespace = namespace
         self.checkpoint = checkpoint
         self.delivery_timeout = delivery_timeout
@@ -475,8 +484,14 @@ class BatchDelivery:
         """Deliver an Arrow ``table`` (with the partition column) as batch ``batch_id``, with ``hold`` (see
         ``hold``); returns rows sent."""
         clock = time.perf_counter()
+        table, nulls = drop_null_keys(table, self._keys, self.spec.name)
+        if nulls:
+            self.dropped["null-key"] = self.dropped.get("null-key", 0) + nulls
         if self._times:
+            whole = table.num_rows
             table = drop_unrepresentable_times(table, self._times, self.spec.name)
+            if table.num_rows < whole:
+                self.dropped["time-out-of-range"] = self.dropped.get("time-out-of-range", 0) + whole - table.num_rows
         split = split_by_partition(table, self.spec.partitions, self.spec.name)
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}
@@ -524,6 +539,7 @@ class BatchDelivery:
                 rows=table.num_rows,
                 incomplete=incomplete,
                 catching_up=catching_up,
+                dropped_rows=dict(self.dropped),
             )
         self._lap("report", clock)
         return int(table.num_rows)

@@ -17,6 +17,7 @@ import pytest
 
 import runtime
 from runtime.landing import Record, write_records
+from tests import promtext
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
 from tests.integration.helpers import T0, SessionReader, at, http_get, iso, session_triples, wait_for
 from topologies.lateness import LATE_ROWS_FILE
@@ -330,5 +331,14 @@ def test_a_batch_of_null_keys_only_is_dropped_and_the_query_goes_on(rt: Runtime,
         wait_for(lambda: http_get(f"{rt.url}/stores/{store}/get/a")[2] == {"response": 1}, what="key a counted")
         assert http_get(f"{rt.url}/stores/{store}/all")[2] == {"result": [{"key": "a", "value": 1}]}
         assert query.isActive and query.exception() is None
+
+        # Not silently: the null group's row of each batch is counted into the store's feed.
+        def dropped() -> Any:
+            (entry,) = [s for s in http_get(f"{rt.url}/stores")[2]["result"] if s["name"] == store]
+            return (entry.get("ingest") or {}).get("dropped_rows")
+
+        wait_for(lambda: dropped() == {"null-key": 2}, what="the two null-key rows counted")
+        metrics = urllib.request.urlopen(f"{rt.url}/metrics", timeout=30).read().decode()
+        assert promtext.value(metrics, "riqr_rows_dropped_total", store=store, reason="null-key") == 2
     finally:
         query.stop()

@@ -160,3 +160,16 @@ def test_a_missing_or_unreadable_file_starts_an_empty_book(tmp_path: Path, caplo
     bad.write_text(json.dumps({"format": 99, "feeds": {}}))
     assert load_book(bad, now=0.0).status(0.0) == {}
     assert "unreadable" in caplog.text
+
+
+def test_dropped_rows_add_up_within_a_run_and_start_again_with_a_new_one() -> None:
+    book = FeedBook(stale_after=6.0)
+    book.report(FeedReport("s", "run", "running", dropped_rows={"null-key": 2}), now=0.0)
+    book.report(FeedReport("s", "run", "running", batch_id=3), now=1.0)  # a heartbeat that does not say
+    assert book.status(1.0)["s"]["dropped_rows"] == {"null-key": 2}
+    book.report(FeedReport("s", "run", "running", dropped_rows={"time-out-of-range": 1}), now=2.0)
+    assert book.status(2.0)["s"]["dropped_rows"] == {"null-key": 2, "time-out-of-range": 1}
+    book.report(FeedReport("s", "next", "running"), now=3.0)  # a new run counts from nothing
+    assert "dropped_rows" not in book.status(3.0)["s"]
+    again = FeedReport.from_json("s", FeedReport("s", "r", "running", dropped_rows={"null-key": 5}).to_json())
+    assert again.dropped_rows == {"null-key": 5}

@@ -110,3 +110,21 @@ def test_the_sink_checks_the_timestamp_columns_of_every_batch_it_delivers() -> N
 
     delivery = BatchDelivery(kv_spec("bookings", rest=(("ts", "timestamp"),)), "ns", "unused", feeder=object())  # type: ignore[arg-type]
     assert delivery._times == ["ts"]
+
+
+def test_rows_whose_key_is_not_whole_are_dropped_and_counted() -> None:
+    from runtime.ingest import drop_null_keys
+
+    usual = pa.table({"site": ["a", "b"], "sensor": [1, 2], "v": [None, 3], PARTITION_COLUMN: [0, 1]})
+    kept, dropped = drop_null_keys(usual, ["site", "sensor"], "s")
+    assert kept is usual and dropped == 0  # the usual batch: untouched (a null value is a delete, not a drop)
+    table = pa.table(
+        {
+            "site": ["a", None, "c", "d"],
+            "sensor": [1, 2, None, 4],
+            "v": [1, 2, 3, 4],
+            PARTITION_COLUMN: pa.array([0, None, 1, None], pa.int32()),
+        }
+    )
+    kept, dropped = drop_null_keys(table, ["site", "sensor"], "s")
+    assert dropped == 3 and kept.column("site").to_pylist() == ["a"]  # a null in any key column, or its partition

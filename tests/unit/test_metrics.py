@@ -167,7 +167,8 @@ def _cluster_text(snapshot: ClusterSnapshot) -> str:
 
 
 def test_cluster_metrics_show_positions_lag_ingest_dead_letters_and_late_rows() -> None:
-    _, snapshot = _snapshot(state="running", batch_id=3, at=1700000000.5, dead_letters={"order": 2}, late_rows=7)
+    _, snapshot = _snapshot(state="running", batch_id=3, at=1700000000.5, dead_letters={"order": 2}, late_rows=7,
+                            dropped_rows={"null-key": 4, "time-out-of-range": 1})  # fmt: skip
     text = _cluster_text(snapshot)
     assert _value(text, "riqr_partition_position", store="s", partition="0") == 0
     assert _value(text, "riqr_partition_lag_batches", store="s", partition="1") == 3
@@ -175,6 +176,8 @@ def test_cluster_metrics_show_positions_lag_ingest_dead_letters_and_late_rows() 
     assert _value(text, "riqr_ingest_last_report_timestamp_seconds", store="s") == 1700000000.5
     assert _value(text, "riqr_dead_letters_total", store="s", topic="order") == 2
     assert _value(text, "riqr_late_rows_dropped_total", store="s") == 7
+    assert _value(text, "riqr_rows_dropped_total", store="s", reason="null-key") == 4
+    assert _value(text, "riqr_rows_dropped_total", store="s", reason="time-out-of-range") == 1
     assert _value(text, "riqr_partitions_unavailable", store="s") == 0
     assert _value(text, "riqr_ready") == 1
 
