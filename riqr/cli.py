@@ -354,9 +354,13 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from topologies import run_by_name
+    from topologies import NotATopology, run_by_name
 
-    return run_by_name(args.topology, args.options, prog=f"riqr run {args.topology}")
+    try:
+        return run_by_name(args.topology, args.options, prog=f"riqr run {args.topology}")
+    except NotATopology as err:
+        _say(f"riqr: {err}")
+        return 2
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -497,9 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run a topology until stopped (its options: riqr run TOPOLOGY --help)",
-        description="Run a topology with the same options as python -m topologies.TOPOLOGY.",
+        description="Run a topology with the same options as python -m topologies.TOPOLOGY, or your own: a "
+        'module with main(argv, prog), imported from the current directory (README, "Writing a topology").',
     )
-    run.add_argument("topology", choices=sorted(TOPOLOGIES))
+    run.add_argument(
+        "topology",
+        metavar="TOPOLOGY",
+        help=f"one of {', '.join(sorted(TOPOLOGIES))}, or a module (sensors, jobs.sensors)",
+    )
     run.add_argument("options", nargs=argparse.REMAINDER, help="the topology's options")
     run.set_defaults(func=_cmd_run)
 

@@ -118,9 +118,26 @@ async def test_every_curl_the_demo_prints_answers_as_the_seed_says(seeded_app) -
 def test_riqr_run_hands_the_topology_its_own_options() -> None:
     args = cli.build_parser().parse_args(["run", "railway", "--namespace", "ns", "--partitions", "8"])
     assert (args.topology, args.options) == ("railway", ["--namespace", "ns", "--partitions", "8"])
-    with pytest.raises(SystemExit) as exited:
-        cli.build_parser().parse_args(["run", "no-such-topology"])
-    assert exited.value.code == 2
+
+
+def test_riqr_run_runs_a_module_of_yours_from_the_current_directory(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))  # the cwd it adds goes with the test
+    (tmp_path / "riqr_test_sensors.py").write_text(
+        "def main(argv, prog=None):\n    print('ran', argv, prog)\n    return 3\n"
+    )
+    assert cli.main(["run", "riqr_test_sensors", "--partitions", "8"]) == 3
+    assert capsys.readouterr().out == "ran ['--partitions', '8'] riqr run riqr_test_sensors\n"
+    assert cli.main(["run", "riqr_test_sensors.py"]) == 3  # a file's path names its module
+    (tmp_path / "riqr_test_nomain.py").write_text("x = 1\n")
+    assert cli.main(["run", "riqr_test_nomain"]) == 2
+    assert "module 'riqr_test_nomain' has no main(argv, prog)" in capsys.readouterr().err
+    assert cli.main(["run", "no_such_topology"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("riqr: no topology 'no_such_topology': not one of riqr's (events, food_orders,")
+        and str(tmp_path) in err
+    )
 
 
 def test_riqr_run_help_shows_the_topology_options(capsys) -> None:  # type: ignore[no-untyped-def]
