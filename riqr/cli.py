@@ -147,8 +147,28 @@ def _cmd_token(args: argparse.Namespace) -> int:
             _say(f"riqr: the REST API of namespace {args.namespace!r} would refuse this token ({refusal}): "
                  "it runs with other auth settings; mint with the RIQR_JWT_* settings riqr up ran with")  # fmt: skip
             return 2
+        _note_unknown_stores(args.namespace, stores)
     print(token)
     return 0
+
+
+def _note_unknown_stores(namespace: str, stores: list[str]) -> None:
+    """Say which of the token's stores do not exist now (a typo reads nothing; a store made later is fine,
+    so it is a note, and the token is printed). Nothing when the registry cannot be asked."""
+    import ray
+
+    from runtime import raycalls
+    from runtime.config import REGISTRY_NAME
+
+    try:
+        view = raycalls.get(ray.get_actor(REGISTRY_NAME, namespace=namespace).view.remote(), "the stores", timeout=10)
+    except Exception:  # noqa: BLE001 - only a note: the token is right either way
+        return
+    unknown = [s for s in stores if s != "*" and s not in view.tables]
+    if unknown:
+        known = ", ".join(sorted(view.tables)) or "none yet"
+        _say(f"riqr: note: no store {', '.join(map(repr, unknown))} in namespace {namespace!r} now (its stores: "
+             f"{known}); the token reads it once a topology creates it")  # fmt: skip
 
 
 def _cmd_down(args: argparse.Namespace) -> int:

@@ -129,10 +129,28 @@ class StoreSpec:
 
     def same_layout(self, other: StoreSpec) -> bool:
         """Whether ``other`` can reuse the actors and data of this store (same key, partitions, value)."""
-        return (self.kind, self.key, self.value_fields, self.partitions, self.engine) == (
-            other.kind,
-            other.key,
-            other.value_fields,
-            other.partitions,
-            other.engine,
-        )
+        return not self.layout_differences(other)
+
+    def layout_differences(self, other: StoreSpec) -> list[str]:
+        """What keeps ``other`` from reusing this store, one phrase each (``this`` -> ``other``): its kind,
+        key columns and types, value columns, partition count or engine."""
+
+        def columns(pairs: Any) -> str:
+            return ", ".join(f"{name} {kind}" for name, kind in pairs)
+
+        out = []
+        if self.kind != other.kind:
+            out.append(f"kind {self.kind} -> {other.kind}")
+        if self.key != other.key:
+            mine = columns((name, t.name) for name, t in self.key.columns)
+            theirs = columns((name, t.name) for name, t in other.key.columns)
+            out.append(f"key ({mine}) -> ({theirs})" if mine != theirs else "key encoding")
+        if self.value_fields != other.value_fields:
+            mine = columns((f.name, f.type_name) for f in self.value_fields)
+            theirs = columns((f.name, f.type_name) for f in other.value_fields)
+            out.append(f"value ({mine}) -> ({theirs})")
+        if self.partitions != other.partitions:
+            out.append(f"partitions {self.partitions} -> {other.partitions}")
+        if self.engine != other.engine:
+            out.append(f"engine {self.engine} -> {other.engine}")
+        return out

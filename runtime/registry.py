@@ -38,10 +38,11 @@ class RegistryState:
         table = self._tables.get(spec.name)
         if table is None:
             return None
-        if not table.spec.same_layout(spec):
+        differences = table.spec.layout_differences(spec)
+        if differences:
             raise StoreConflict(
-                f"store {spec.name!r} already exists with a different definition "
-                f"(existing: {table.spec.to_json()}, new: {spec.to_json()}); drop it first",
+                f"store {spec.name!r} already exists with another definition ({'; '.join(differences)}): its "
+                f"data cannot be kept; `riqr drop {spec.name}` first, which deletes it, or use another name",
                 store=spec.name,
             )
         return table

@@ -64,6 +64,8 @@ def test_riqr_token_mints_tokens_the_deployment_accepts(
     namespace, urls, _ = riqr_up
     done = _riqr("token", "--address", ray_cluster.address, "--namespace", namespace, "--stores", "orders")
     assert done.returncode == 0, done.stderr
+    # No store of that name yet (a typo reads nothing): said, and the token printed all the same.
+    assert "riqr: note: no store 'orders' in namespace" in done.stderr and "(its stores: none yet)" in done.stderr
     narrow = {"Authorization": f"Bearer {done.stdout.strip()}"}
     assert http_get(f"{urls[0]}/stores", narrow)[0] == 200
     status, _, body = http_get(f"{urls[1]}/stores/other/all", narrow)

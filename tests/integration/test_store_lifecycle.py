@@ -212,7 +212,8 @@ def test_redeclaring_with_another_layout_is_a_conflict(runtime_ns: Runtime, stor
     from runtime.errors import StoreConflict
 
     other = StoreSpec("scores", KeySchema("user", "string"), (ValueField("score", "bigint"),))
-    with pytest.raises(StoreConflict, match="different definition"):
+    said = r"already exists with another definition \(key \(user long\) -> \(user string\)\)"
+    with pytest.raises(StoreConflict, match=said):
         raycalls.get(runtime_ns.registry().create_store.remote(other), "create_store")
 
 

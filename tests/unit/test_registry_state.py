@@ -34,8 +34,13 @@ def test_redeclaring_a_store_identically_is_fine_differently_is_a_conflict() -> 
     state = RegistryState()
     install(state)
     assert state.existing(kv_spec("s")) is not None
-    with pytest.raises(StoreConflict):
-        state.existing(kv_spec("s", partitions=8))
+    with pytest.raises(StoreConflict) as conflict:
+        state.existing(kv_spec("s", partitions=8, key_type="int"))
+    # What differs, in words, not the two whole definitions.
+    assert conflict.value.message == (
+        "store 's' already exists with another definition (key (key string) -> (key int); partitions 4 -> 8): "
+        "its data cannot be kept; `riqr drop s` first, which deletes it, or use another name"
+    )
     assert state.existing(kv_spec("other")) is None
 
 
