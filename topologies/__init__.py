@@ -30,17 +30,24 @@ def run_by_name(name: str, argv: Sequence[str], *, prog: str | None = None) -> i
     """Run topology ``name`` with command-line options ``argv`` until it stops; its exit status.
 
     ``name`` is one of ``TOPOLOGIES``, or a user's own topology: a module (``sensors``, ``jobs.sensors``,
-    imported with the current directory first on the path, as ``python -m`` does; a ``.py`` file's path
-    is taken as its module) that defines ``main(argv, prog)``, as riqr's do (``topologies.runner``)."""
+    imported with the current directory first on the path, as ``python -m`` does; a ``.py`` file's path,
+    relative or absolute, is its stem imported with its directory first) that defines ``main(argv, prog)``,
+    as riqr's do (``topologies.runner``)."""
     module_name = TOPOLOGIES.get(name)
     if module_name is None:
-        module_name = name[:-3].replace("/", ".") if name.endswith(".py") else name
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        module_name, where = name, os.getcwd()
+        if name.endswith(".py"):  # a file: its directory goes first on the path, its stem is the module
+            path = os.path.abspath(name)
+            if not os.path.isfile(path):
+                raise NotATopology(f"no topology {name!r}: no file {path}")
+            where, module_name = os.path.dirname(path), os.path.basename(path)[:-3]
+        if where not in sys.path:
+            sys.path.insert(0, where)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if err.name is None or not module_name.startswith(err.name):
+        parts = module_name.split(".")
+        if err.name not in {".".join(parts[: i + 1]) for i in range(len(parts))}:
             raise  # the topology's own import of something missing: its traceback says what
         known = ", ".join(sorted(TOPOLOGIES))
         raise NotATopology(

@@ -123,8 +123,6 @@ class BatchDelivery:
         self.spec = spec
         self._times = time_columns(spec)  # the timestamp columns a batch's rows are checked on (the sink)
         self._keys = [name for name, _ in spec.key.columns]
-        # Rows this run could not store, by reason (``FeedReport.dropped_rows``): reported with each batch.
-        self.dropped: dict[str, int] = {}
         self.namespace = namespace
         self.checkpoint = checkpoint
         self.delivery_timeout = delivery_timeout
@@ -485,13 +483,14 @@ class BatchDelivery:
         ``hold``); returns rows sent."""
         clock = time.perf_counter()
         table, nulls = drop_null_keys(table, self._keys, self.spec.name)
-        if nulls:
-            self.dropped["null-key"] = self.dropped.get("null-key", 0) + nulls
+        dropped = {"null-key": nulls} if nulls else {}
         if self._times:
             whole = table.num_rows
             table = drop_unrepresentable_times(table, self._times, self.spec.name)
             if table.num_rows < whole:
-                self.dropped["time-out-of-range"] = self.dropped.get("time-out-of-range", 0) + whole - table.num_rows
+                dropped["time-out-of-range"] = whole - table.num_rows
+        if dropped:  # this run's totals, carried by the feed's reports (the batch's below among them)
+            self.feeder.dropped_rows(self.spec.name, dropped)
         split = split_by_partition(table, self.spec.partitions, self.spec.name)
         # Each slice is serialized once for all its copies and rounds, not once per call.
         shared: dict[int, Shared] = {p: ray.put(t) if t.nbytes >= PUT_SLICE_BYTES else t for p, t in split.items()}
@@ -539,7 +538,6 @@ class BatchDelivery:
                 rows=table.num_rows,
                 incomplete=incomplete,
                 catching_up=catching_up,
-                dropped_rows=dict(self.dropped),
             )
         self._lap("report", clock)
         return int(table.num_rows)

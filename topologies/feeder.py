@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -245,6 +245,18 @@ class Feeder:
         like ``dead_letters``."""
         with self._lock:
             self._carry(store, late_rows=total)
+
+    def dropped_rows(self, store: str, counts: Mapping[str, int]) -> None:
+        """The sink dropped rows of ``store`` it could not store, ``counts`` by reason: added to this
+        process's totals (across its deliveries: an in-place rebuild's new one goes on counting), carried by
+        every report from now on. Not sent by itself: the batch's own report follows."""
+        with self._lock:
+            if self.closed:
+                return
+            totals = dict(self._carried.get(store, {}).get("dropped_rows", {}))
+            for reason, count in counts.items():
+                totals[reason] = totals.get(reason, 0) + count
+            self._carried.setdefault(store, {})["dropped_rows"] = totals
 
     def _carry(self, store: str, **fields: Any) -> None:
         """Under the lock: every report of ``store`` carries ``fields`` from now on; the feed's, now."""

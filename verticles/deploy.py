@@ -374,26 +374,29 @@ class RayEnv:
                 asked.append(ray.get_actor(name, namespace=self.namespace).deployment.remote())
         return _Joining(node_id, cursor_key, asked) if asked else None
 
-    def verticles_started(self, starting: _Joining) -> tuple[bool, str] | None:
+    def verticles_started(self, starting: _Joining, *, give_up: bool = False) -> tuple[bool, str] | None:
         if starting.started is None:
             settings = _first_answer(starting.asked)
             if settings is None:
-                return None
+                return (False, "no running REST API said its settings in time") if give_up else None
             if isinstance(settings, BaseException):
                 return False, f"no running REST API said its settings ({settings})"
             starting.started = _start_node_verticles(self.namespace, starting.node_id, starting.cursor_key, **settings)
         http, serving, ready = starting.started
         done, _ = ray.wait([serving, ready], num_returns=2, timeout=0)
-        if len(done) < 2:
+        if len(done) < 2 and not give_up:
             return None
         try:
+            if len(done) < 2:
+                raise DeadlineExceeded("it did not start serving in time")
             where = raycalls.get(serving, f"starting the REST API on node {starting.node_id}", timeout=_CALL_TIMEOUT)
             raycalls.get(ready, f"starting the facade on node {starting.node_id}", timeout=_CALL_TIMEOUT)
-        except CannotListen as err:
-            ray.kill(http, no_restart=True)  # as `up` does: the next attempt starts one afresh
-            return False, err.message
-        except Exception as err:  # noqa: BLE001 - its node gone meanwhile, or the verticle failed to start
-            return False, str(err)
+        except Exception as err:  # noqa: BLE001 - its port taken, its start timed out, its node gone meanwhile
+            # An HTTP verticle that is not serving is stopped (as `up` stops one that cannot listen): left,
+            # its name would make the node look served, and the next attempt would find it as it is.
+            with contextlib.suppress(Exception):
+                ray.kill(http, no_restart=True)
+            return False, err.message if isinstance(err, CannotListen) else str(err)
         return True, f"http://{where['host']}:{where['port']}"
 
     def _ask_each(self, names: Sequence[str], method: str, kind: str) -> list[Any]:
@@ -731,7 +734,13 @@ def up(config: RuntimeConfig, nodes: Sequence[str] | None = None, *, follow: boo
         said = "; ".join(f"{why} (node {', '.join(nodes)})" for why, nodes in unbound.items())
         raise CannotListen(f"{said}: free it, or choose another --host or --port")
     if nodes is None if follow is None else follow:
-        raycalls.get(registry.follow_nodes.remote(), "telling the registry to serve nodes that join")
+        try:
+            following = registry.follow_nodes.remote()
+        except AttributeError:  # a registry of an earlier riqr, still running: it cannot
+            log.warning("the running registry is of an earlier riqr: nodes that join get no REST API by "
+                        "themselves until riqr down and riqr up")  # fmt: skip
+        else:
+            raycalls.get(following, "telling the registry to serve nodes that join")
     return Deployment(ns, tuple(endpoints))
 
 
@@ -820,8 +829,13 @@ def down(namespace: str) -> list[str]:
     if REGISTRY_NAME in names:
         _call_unless_dead(namespace, REGISTRY_NAME, "forget_records", "deleting the registry's records")
     env.kill(order)
-    late = [n for n in _named_in(namespace) if ACTOR_NAME.match(n) and n not in names]
+    now = _named_in(namespace)
+    late = [n for n in now if ACTOR_NAME.match(n) and n not in names]
     if late:
         log.warning("query actors %s were created while riqr down ran; stopping them too", late)
         env.destroy(late)
-    return order + late
+    verticles = [n for n in now if n.startswith(("riqr-http-", "riqr-facade-")) and n not in names]
+    if verticles:  # started for a node that joined, by a registry whose retire timed out
+        log.warning("verticles %s were created while riqr down ran; stopping them too", verticles)
+        env.kill(verticles)
+    return order + late + verticles

@@ -182,10 +182,11 @@ class ClusterOps(Protocol):
         or None when no HTTP verticle runs to take the settings from."""
         ...
 
-    def verticles_started(self, starting: Any) -> tuple[bool, str] | None:
+    def verticles_started(self, starting: Any, *, give_up: bool = False) -> tuple[bool, str] | None:
         """How ``start_verticles``' start goes, without waiting: None while under way; ``(True, url)`` once
-        the node's REST API serves at ``url``; ``(False, why)`` when it failed (an HTTP verticle that
-        could not listen is stopped, so the next attempt starts a new one)."""
+        the node's REST API serves at ``url``; ``(False, why)`` when it failed. An HTTP verticle that did
+        not start serving is stopped, so the next attempt starts a new one; ``give_up``: one still under
+        way is stopped too, and that is a failure."""
         ...
 
     def kill(self, names: Sequence[str]) -> None:

@@ -191,6 +191,7 @@ class Registry:
         self._nodes_starting: dict[str, tuple[Any, float]] = {}  # node -> its start, and when it began
         self._node_failures: dict[str, _Failures] = {}
         self._follow_after = 0.0
+        self._follow_idle = False  # said once that no REST API runs to take settings from
         if env.restarted():
             self._rebuild(first_epoch)
             self._restore_feeds(stale_after)
@@ -791,6 +792,9 @@ class Registry:
         re-creates a query actor or promotes a standby. Calls are taken one at a time, so a re-creation
         under way has finished when this returns."""
         self._retired = True
+        # Starts of joined nodes' verticles under way are forgotten: a `riqr up` after a `down` that
+        # stopped partway starts them afresh, with its own settings, not ones asked before the down.
+        self._nodes_starting.clear()
         self._save_members()  # a registry restarted while `down` runs stays retired
         log.info("the runtime is going down: query actors are no longer re-created")
 
@@ -826,9 +830,10 @@ class Registry:
         for node in [n for n in self._nodes_starting if n not in live]:
             del self._nodes_starting[node]
         for node, (starting, began) in list(self._nodes_starting.items()):
-            outcome = self._env.verticles_started(starting)
-            if outcome is None and now - began > FOLLOW_START_SECONDS:
-                outcome = False, f"not started within {FOLLOW_START_SECONDS:.0f}s"
+            try:
+                outcome = self._env.verticles_started(starting, give_up=now - began > FOLLOW_START_SECONDS)
+            except Exception as err:  # this node's attempt failed; the other nodes go on
+                outcome = False, f"{type(err).__name__}: {err}"
             if outcome is None:
                 continue
             del self._nodes_starting[node]
@@ -851,12 +856,18 @@ class Registry:
         have = self._env.nodes_with_verticles()
         if have is None:
             return
-        self._served_nodes |= have & live
-        for node in [n for n in new if n not in have]:
+        # Verticles found by name count only on nodes never tried: one of a failed attempt was stopped,
+        # and its name may linger a moment after.
+        self._served_nodes |= (have & live) - set(self._node_failures)
+        for node in [n for n in new if n not in self._served_nodes]:
             starting = self._env.start_verticles(node, self._secrets.cursor_key)
             if starting is None:  # no REST API runs to take the settings from: look again in a while
-                self._follow_after = now + FOLLOW_RETRY
+                if not self._follow_idle:
+                    log.warning("no running REST API says its settings (none runs, or they are of an earlier "
+                                "riqr): nodes that join get none until one does; riqr up starts them")  # fmt: skip
+                self._follow_after, self._follow_idle = now + FOLLOW_RETRY, True
                 return
+            self._follow_idle = False
             log.info("node %s joined: starting its facade and REST API", node)
             self._nodes_starting[node] = starting, now
 

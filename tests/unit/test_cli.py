@@ -129,6 +129,18 @@ def test_riqr_run_runs_a_module_of_yours_from_the_current_directory(tmp_path, mo
     assert cli.main(["run", "riqr_test_sensors", "--partitions", "8"]) == 3
     assert capsys.readouterr().out == "ran ['--partitions', '8'] riqr run riqr_test_sensors\n"
     assert cli.main(["run", "riqr_test_sensors.py"]) == 3  # a file's path names its module
+    elsewhere = tmp_path / "jobs"
+    elsewhere.mkdir()
+    (elsewhere / "riqr_test_elsewhere.py").write_text("def main(argv, prog=None):\n    return 4\n")
+    assert cli.main(["run", "./jobs/riqr_test_elsewhere.py"]) == 4
+    assert cli.main(["run", str(elsewhere / "riqr_test_elsewhere.py")]) == 4
+    capsys.readouterr()
+    assert cli.main(["run", "jobs/missing.py"]) == 2
+    assert f"no file {tmp_path / 'jobs' / 'missing.py'}" in capsys.readouterr().err
+    # Its own import of a module that is not there: that module's traceback, not "no topology".
+    (tmp_path / "riqr_test_pandas_job.py").write_text("import riqr_test_pandas\n")
+    with pytest.raises(ModuleNotFoundError, match="riqr_test_pandas"):
+        cli.main(["run", "riqr_test_pandas_job"])
     (tmp_path / "riqr_test_nomain.py").write_text("x = 1\n")
     assert cli.main(["run", "riqr_test_nomain"]) == 2
     assert "module 'riqr_test_nomain' has no main(argv, prog)" in capsys.readouterr().err

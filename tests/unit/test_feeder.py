@@ -409,3 +409,13 @@ def test_partitions_catching_up_from_a_peer_are_reported_and_survive_the_registr
     assert sent.catching_up == (2, 3) and sent.incomplete == ()
     assert sent.to_json()["catching_up"] == [2, 3]
     assert FeedReport.from_json("s", sent.to_json()) == sent
+
+
+def test_dropped_rows_add_up_across_deliveries_of_a_run_and_ride_every_report() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running")
+    feeder.dropped_rows("s", {"null-key": 2})
+    feeder.dropped_rows("s", {"null-key": 1, "time-out-of-range": 4})  # a rebuild's new delivery, same run
+    feeder.update("s", batch_id=7)
+    assert link.last()["s"].dropped_rows == {"null-key": 3, "time-out-of-range": 4}

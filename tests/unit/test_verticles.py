@@ -188,8 +188,9 @@ class FakeEnv:
         self.node_starts.append(node_id)
         return node_id
 
-    def verticles_started(self, starting: Any) -> tuple[bool, str] | None:
-        return self.node_outcome.get(starting)
+    def verticles_started(self, starting: Any, *, give_up: bool = False) -> tuple[bool, str] | None:
+        outcome = self.node_outcome.get(starting)
+        return (False, "given up") if outcome is None and give_up else outcome
 
     def kill(self, names: Sequence[str]) -> None:
         self.killed.extend(names)
@@ -1328,3 +1329,29 @@ def test_a_lost_nodes_standbys_take_over_before_its_actors_are_re_created_togeth
     assert actives_then and not actives_then & set(lost)  # every partition answered by a live copy first
     # Each went to a live node holding no other copy of its partitions while there is one.
     assert {node for _, _, node in env.replaced} <= {"node-a", "node-c"}
+
+
+def test_a_failed_start_whose_verticle_lingers_is_tried_again_and_one_nodes_error_stops_no_other() -> None:
+    from verticles.registry import FOLLOW_RETRY
+
+    env, clock, registry = _following(nodes=["node-a", "node-b", "node-c"])
+    registry.check_nodes()
+    assert env.node_starts == ["node-b", "node-c"]
+    env.node_outcome["node-b"] = (False, "DeadlineExceeded: the registry was busy")
+    assert env.verticle_nodes is not None
+    env.verticle_nodes |= {"node-b", "node-c"}  # their names listed (node-b's stopped one a moment longer)
+    calls = {"n": 0}
+    started = env.verticles_started
+
+    def flaky(starting: Any, *, give_up: bool = False) -> Any:
+        calls["n"] += 1
+        if starting == "node-c" and calls["n"] <= 2:
+            raise RuntimeError("ray.wait failed")
+        return started(starting, give_up=give_up)
+
+    env.verticles_started = flaky  # type: ignore[method-assign]
+    registry.check_nodes()  # node-b failed; node-c's error is its own failed attempt
+    clock.now += FOLLOW_RETRY + 0.1
+    env.node_outcome["node-c"] = (True, "http://10.0.0.3:7400")
+    registry.check_nodes()  # both tried again: a name listed does not make a failed node served
+    assert sorted(env.node_starts) == ["node-b", "node-b", "node-c", "node-c"]
