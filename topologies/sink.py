@@ -779,7 +779,9 @@ def _start(
             stopping = isinstance(err, (KeyboardInterrupt, SystemExit))
             delivery.report(state="stopped" if stopping else "failed", error=None if stopping else why)
         raise
-    delivery.report(state="rebuilding" if plan == "rebuild" or rebuilding else "running", plan=plan)
+    delivery.report(
+        state="rebuilding" if plan == "rebuild" or rebuilding else "running", plan=plan, **_resumed_at(plan, checkpoint)
+    )
     delivery.feeder.attach(store, query)  # from now on the heartbeat also says whether the query runs
     if analyzed is not None and "EventTimeWatermark" in analyzed:  # only a query under a watermark drops late rows
         _count_late_rows(df, query, delivery)
@@ -801,6 +803,17 @@ def _count_late_rows(df: Any, query: Any, delivery: BatchDelivery) -> None:
     except Exception as err:
         log.warning("store %s: its late rows are not counted (%s: %s)", store, type(err).__name__, err,
                     extra={"store": store})  # fmt: skip
+
+
+def _resumed_at(plan: str, checkpoint: str) -> dict[str, Any]:
+    """A resumed query's feed starts from the batch its checkpoint last committed (``batch_id`` and
+    ``source``): delivered by the run before, and what the store's positions show, so ``GET /stores`` can
+    be compared with ``X-Riqr-Position`` before the first batch of this run (none comes on an idle input).
+    Nothing for a fresh or rebuilt checkpoint, or one that committed nothing."""
+    if plan != "resume":
+        return {}
+    committed, source = last_committed(checkpoint), query_id(checkpoint)
+    return {} if committed is None or source is None else {"batch_id": committed, "source": source}
 
 
 def _analyzed_plan(df: Any) -> str | None:

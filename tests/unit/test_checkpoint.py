@@ -142,3 +142,13 @@ def test_a_delivery_sends_each_batch_of_a_held_store_with_its_watermark(tmp_path
     delivery.holds = True
     assert (delivery.hold(0), delivery.hold(1)) == (Hold(0), Hold(7_000))
     assert delivery.hold(5) == Hold(0)  # no entry to read: no evidence of a watermark
+
+
+def test_a_resumed_feed_starts_from_the_batch_its_checkpoint_last_committed(tmp_path: Path) -> None:
+    from topologies.sink import _resumed_at
+
+    cp = make(tmp_path, offsets=[0, 1, 2], commits=[0, 1])
+    # What GET /stores says before this run's first batch (none comes on an idle input): batch 1 of query-1.
+    assert _resumed_at("resume", cp) == {"batch_id": 1, "source": "query-1"}
+    assert _resumed_at("rebuild", cp) == {} and _resumed_at("fresh", cp) == {}
+    assert _resumed_at("resume", make(tmp_path / "none", offsets=[0], commits=[])) == {}
