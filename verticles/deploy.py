@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -364,12 +364,12 @@ class RayEnv:
             return None
         return {n[len(prefix) :] for n in names if n.startswith(prefix)}
 
-    def start_verticles(self, node_id: str, cursor_key: bytes) -> _Joining | None:
-        """Ask every running HTTP verticle for its settings (``HttpVerticle.deployment``), not waiting: the
-        first answer is the new node's settings (``verticles_started`` starts the verticles with it)."""
-        prefix = http_name("")
+    def start_verticles(self, node_id: str, cursor_key: bytes, among: Collection[str]) -> _Joining | None:
+        """Ask the HTTP verticles of the nodes ``among`` for their settings (``HttpVerticle.deployment``),
+        not waiting: the first answer is the new node's settings (``verticles_started`` starts the verticles
+        with it)."""
         asked: list[Any] = []
-        for name in sorted(n for n in _named_in(self.namespace) if n.startswith(prefix) and n != http_name(node_id)):
+        for name in sorted(http_name(n) for n in among if n != node_id):
             with contextlib.suppress(ValueError, AttributeError):  # gone meanwhile, or of an earlier riqr
                 asked.append(ray.get_actor(name, namespace=self.namespace).deployment.remote())
         return _Joining(node_id, cursor_key, asked) if asked else None

@@ -10,7 +10,7 @@ with fakes. ``verticles.deploy.RayEnv`` is the Ray implementation, and the only 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -176,10 +176,10 @@ class ClusterOps(Protocol):
         cannot list them now."""
         ...
 
-    def start_verticles(self, node_id: str, cursor_key: bytes) -> Any | None:
-        """Begin starting a facade and an HTTP verticle on ``node_id`` with the settings the running HTTP
-        verticles serve with, without waiting for anything; returns what ``verticles_started`` follows,
-        or None when no HTTP verticle runs to take the settings from."""
+    def start_verticles(self, node_id: str, cursor_key: bytes, among: Collection[str]) -> Any | None:
+        """Begin starting a facade and an HTTP verticle on ``node_id`` with the settings the HTTP verticles
+        of the nodes ``among`` (``nodes_with_verticles``) serve with, without waiting for anything; returns
+        what ``verticles_started`` follows, or None when none of them can be asked."""
         ...
 
     def verticles_started(self, starting: Any, *, give_up: bool = False) -> tuple[bool, str] | None:

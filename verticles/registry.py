@@ -120,6 +120,13 @@ class _Failures:
     attempts: int
     next_try: float
 
+    @staticmethod
+    def after(failures: _Failures | None, first_wait: float, now: float) -> _Failures:
+        """One more failed attempt after ``failures`` (None: the first): the next try waits ``first_wait``,
+        doubled at each attempt since, up to ``RECREATE_BACKOFF_MAX``."""
+        attempts = 1 if failures is None else failures.attempts + 1
+        return _Failures(attempts, now + min(RECREATE_BACKOFF_MAX, first_wait * 2 ** (attempts - 1)))
+
 
 class Registry:
     """The catalog and ownership table of one namespace. ``env`` reaches the cluster; ``clock`` and
@@ -843,12 +850,9 @@ class Registry:
                 self._node_failures.pop(node, None)
                 log.info("node %s joined: its REST API serves at %s", node, said)
                 continue
-            failures = self._node_failures.get(node)
-            attempts = 1 if failures is None else failures.attempts + 1
-            wait = min(RECREATE_BACKOFF_MAX, FOLLOW_RETRY * 2 ** (attempts - 1))
-            self._node_failures[node] = _Failures(attempts, now + wait)
+            failed = self._node_failures[node] = _Failures.after(self._node_failures.get(node), FOLLOW_RETRY, now)
             log.warning("could not start the REST API on node %s, which joined (attempt %d): %s; next try in "
-                        "%.0fs", node, attempts, said, wait)  # fmt: skip
+                        "%.0fs", node, failed.attempts, said, failed.next_try - now)  # fmt: skip
         waiting = {n for n, f in self._node_failures.items() if now < f.next_try}
         new = [n for n in alive if n not in self._served_nodes and n not in self._nodes_starting and n not in waiting]
         if not new or now < self._follow_after:
@@ -860,7 +864,7 @@ class Registry:
         # and its name may linger a moment after.
         self._served_nodes |= (have & live) - set(self._node_failures)
         for node in [n for n in new if n not in self._served_nodes]:
-            starting = self._env.start_verticles(node, self._secrets.cursor_key)
+            starting = self._env.start_verticles(node, self._secrets.cursor_key, have)
             if starting is None:  # no REST API runs to take the settings from: look again in a while
                 if not self._follow_idle:
                     log.warning("no running REST API says its settings (none runs, or they are of an earlier "
@@ -993,12 +997,14 @@ class Registry:
             asks.append((table.spec, uuid, info.partitions, info.node_id))
         for (spec, uuid, _, _), new in zip(asks, self._env.replace_query_actors(asks) if asks else [], strict=True):
             if isinstance(new, Exception):
-                failures = self._failures.get(uuid)
-                attempts = 1 if failures is None else failures.attempts + 1
-                wait = min(RECREATE_BACKOFF_MAX, max(after, 1.0) * 2**attempts)
-                self._failures[uuid] = _Failures(attempts, self._clock() + wait)
-                log.error("could not create query actor %s again (attempt %d); next try in %.0fs", uuid, attempts,
-                          wait, exc_info=new, extra={"store": spec.name, "actor": uuid})  # fmt: skip
+                # The first wait is twice the time gone that started the attempt (at least 2 s).
+                failed_at = self._clock()  # after the attempt, which took a while
+                failed = self._failures[uuid] = _Failures.after(
+                    self._failures.get(uuid), 2 * max(after, 1.0), failed_at
+                )
+                log.error("could not create query actor %s again (attempt %d); next try in %.0fs", uuid,
+                          failed.attempts, failed.next_try - failed_at, exc_info=new,
+                          extra={"store": spec.name, "actor": uuid})  # fmt: skip
                 continue
             del self._gone[uuid]
             self._failures.pop(uuid, None)

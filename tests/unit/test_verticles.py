@@ -67,6 +67,7 @@ class FakeEnv:
         self.node_starts: list[str] = []
         self.node_outcome: dict[str, tuple[bool, str] | None] = {}
         self.verticle_listings = 0
+        self.asked_among: list[list[str]] = []  # the nodes whose REST APIs each start asked for settings
 
     def node_id(self) -> str:
         return "node-a"
@@ -182,7 +183,8 @@ class FakeEnv:
         self.verticle_listings += 1
         return None if self.verticle_nodes is None else set(self.verticle_nodes)
 
-    def start_verticles(self, node_id: str, cursor_key: bytes) -> Any | None:
+    def start_verticles(self, node_id: str, cursor_key: bytes, among: Any) -> Any | None:
+        self.asked_among.append(sorted(among))
         if not self.settings_from:
             return None
         self.node_starts.append(node_id)
@@ -1230,6 +1232,7 @@ def test_a_node_that_joins_gets_its_verticles_once_and_is_not_looked_at_again() 
     env.nodes.append("node-b")
     registry.check_nodes()
     assert env.node_starts == ["node-b"] and env.verticle_listings == 2
+    assert env.asked_among == [["node-a"]]  # the nodes that one listing found, not a listing of its own
     registry.check_nodes()  # still starting: followed, not begun again
     assert env.node_starts == ["node-b"]
     env.node_outcome["node-b"] = (True, "http://10.0.0.2:7400")
