@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,15 +85,26 @@ def rocksdb_cache_bytes(environ: Mapping[str, str]) -> int:
     raw = environ.get(ROCKSDB_CACHE_ENV, "").strip()
     mebibytes = DEFAULT_ROCKSDB_CACHE_MB
     if raw:
-        try:
-            mebibytes = float(raw)
-        except ValueError:
-            mebibytes = -1.0
-        if not 0 < mebibytes < float("inf"):
-            log.warning("%s=%r is not a positive number of MiB; using %g", ROCKSDB_CACHE_ENV, raw,
-                        DEFAULT_ROCKSDB_CACHE_MB)  # fmt: skip
-            mebibytes = DEFAULT_ROCKSDB_CACHE_MB
+        read = _number_setting(ROCKSDB_CACHE_ENV, raw, mebibytes, lambda v: 0 < v < float("inf"),
+                               "a positive number of MiB")  # fmt: skip
+        mebibytes = mebibytes if read is None else read
     return max(1, int(mebibytes * (1 << 20)))
+
+
+def _number_setting(
+    name: str, raw: str, default: float, acceptable: Callable[[float], bool], what: str
+) -> float | None:
+    """The setting ``$name``'s text ``raw`` as a number, or None for one that is not a number ``acceptable``
+    takes, logged (``what`` it should be, and that ``default`` is used): a typo must not stop a process or
+    turn a safety off."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")  # acceptable to no range
+    if not acceptable(value):
+        log.warning("%s=%r is not %s; using %g", name, raw, what, default)
+        return None
+    return value
 
 
 ROCKSDB_CACHE_BYTES = rocksdb_cache_bytes(os.environ)
@@ -192,12 +203,8 @@ def seconds_setting(
         return default
     if raw.lower() == "off":
         return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        log.warning("%s=%r is not a number of seconds or 'off'; using %g", name, raw, default)
+    seconds = _number_setting(name, raw, default, lambda v: 0 <= v < float("inf"), "a number of seconds or 'off'")
+    if seconds is None:
         return default
     if seconds < meant_for_tests_under:
         log.warning("%s=%g: under %g s is meant for tests", name, seconds, meant_for_tests_under)
