@@ -6,7 +6,8 @@ A copy's lag is how many batches it is behind the last batch its store's sink re
 for how many seconds it has lacked an acknowledged batch (``runtime.lag``, computed by the facade; the
 catalog carries it per copy in ``replicas``). The sink delivers every batch id to every partition (an
 empty slice when it has no rows), so the two count the same batches. The lag column shows the most any
-copy of the store (standbys included) is behind.
+copy of the store (standbys included) is behind, and how many copies have no known lag (their actor did
+not answer, or the copy has no position yet).
 """
 
 from __future__ import annotations
@@ -83,13 +84,17 @@ def _lag(positions: Sequence[Mapping[str, Any]], ingest: Mapping[str, Any] | Non
     copies = _copies(positions)
     lags = [c["lag_batches"] if isinstance(c.get("lag_batches"), int) else lag(c, ingest) for c in copies]
     known = [x for x in lags if x is not None]
+    # A copy whose actor did not answer has no position: its lag is unknown, not 0, and the column says
+    # so (a store half of whose copies are on a lost node must not read as caught up).
+    unknown = len(lags) - len(known)
+    silent = f"{unknown} of {len(lags)} copies unknown" if unknown else ""
     if not known:
-        return "-"
+        return silent if ingest and unknown else "-"
     text = f"{max(known)} batches"
     seconds = [float(c["lag_seconds"]) for c in copies if isinstance(c.get("lag_seconds"), (int, float))]
     if max(known) > 0 and seconds and max(seconds) > 0:
         text += f", {max(seconds):.1f} s"
-    return text
+    return text + (f"; {silent}" if silent else "")
 
 
 def _ingest(ingest: Mapping[str, Any] | None, now: float) -> str:

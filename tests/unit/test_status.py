@@ -92,6 +92,18 @@ def test_the_lag_column_shows_the_copy_furthest_behind_standbys_included() -> No
     assert store_rows(catalog, _instances(), NOW)[0][5] == "0 batches"
 
 
+def test_the_lag_column_counts_copies_whose_actor_did_not_answer_rather_than_reading_as_caught_up() -> None:
+    catalog = _catalog()[:1]
+    for p in catalog[0]["positions"]:
+        p.update(lag_batches=0, lag_seconds=0.0, batch_id=7)
+        lost = {"role": "standby", "state": "unavailable", "reason": "no answer", "lag_batches": None}
+        p["replicas"] = [{"role": "active", "batch_id": 7, "lag_batches": 0, "lag_seconds": 0.0}, lost]
+    assert store_rows(catalog, _instances(), NOW)[0][5] == "0 batches; 4 of 8 copies unknown"
+    for p in catalog[0]["positions"]:
+        p["replicas"][0] = dict(p["replicas"][1], role="active")
+    assert store_rows(catalog, _instances(), NOW)[0][5] == "8 of 8 copies unknown"
+
+
 def test_a_failed_ingest_shows_its_error() -> None:
     catalog = _catalog()
     catalog[0]["ingest"] = {"state": "failed", "batch_id": 8, "error": "OwnerUnavailable: gone"}
