@@ -7,6 +7,7 @@ riqr down [--address ADDR]                 remove them
 riqr drop STORE [--force]                  drop one store: its query actors stop, its data is deleted
 riqr rebalance [--store S] [--dry-run]     spread the stores' query actors over the live nodes (new ones too)
 riqr drain NODE [--dry-run]                move every query actor off a node, before it is taken away
+riqr standbys STORE N [--dry-run]          give each partition of a store N standby copies, while it serves
 riqr status [--address ADDR] [--json]      stores, partitions, replicas, positions, lag, ingest, endpoints
 riqr query STORE get KEY                   a value; range [FROM [TO]] / prefix P / all: JSON lines
 riqr run TOPOLOGY [options]                run a topology (as ``python -m topologies.TOPOLOGY`` does)
@@ -244,6 +245,50 @@ def _rebalance(args: argparse.Namespace) -> int:
     if done:
         _say(f"moved {len(done)} query actor(s) in {sum(d.seconds for d in done):.1f}s")
     return 0
+
+
+def _cmd_standbys(args: argparse.Namespace) -> int:
+    """Add standby copies to a store while queries and batches go on (``riqr.moves.add_standbys``)."""
+    from riqr import moves
+
+    _connect_ray(args.address, args.namespace)
+    _registry(args.namespace)  # riqr is up there
+    try:
+        has, planned = moves.plan_standby_copies(args.namespace, args.store, args.count)
+        if args.dry_run:
+            for m in planned:
+                _say(f"would add {moves.describe(m)}")
+            _say(f"{len(planned)} standby copies planned" if planned else
+                 f"nothing to add: every partition has {has} standby copies")  # fmt: skip
+            return 0
+        done = moves.add_standbys(args.namespace, args.store, args.count, timeout=args.timeout, say=_say)
+    except KeyboardInterrupt:
+        _say("riqr: stopped; the standby copies added before stay (what became of one under way is said above)")
+        return 130
+    if done:
+        _say(f"added {len(done)} standby copies in {sum(d.seconds for d in done):.1f}s: every partition of store "
+             f"{args.store} has {args.count} standby copies")  # fmt: skip
+    return 0
+
+
+def _copying_options(parser: argparse.ArgumentParser, unit: str) -> None:
+    """The options of the commands that copy query actors' partitions (a ``unit`` is a move or a copy)."""
+    parser.add_argument("--dry-run", action="store_true", help=f"print the {unit}s planned, make none")
+    parser.add_argument(
+        "--timeout", type=_positive_seconds, default=900.0, help=f"seconds one {unit} may take (default 900)"
+    )
+    parser.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
+
+
+def _standby_count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+_standby_count.__name__ = "number of standby copies"
 
 
 def _actors_on(namespace: str, nodes: set[str], stores: Sequence[str] | None) -> list[str]:
@@ -510,13 +555,20 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "drain":
             moving.add_argument("nodes", nargs="+", metavar="NODE", help="a node id, a prefix of it, or its address")
         moving.add_argument("--store", action="append", default=[], help="only this store (repeatable)")
-        moving.add_argument("--dry-run", action="store_true", help="print the moves, make none")
-        moving.add_argument(
-            "--timeout", type=_positive_seconds, default=900.0, help="seconds one move may take (default 900)"
-        )
-        moving.add_argument("--address", default=None, help=_ADDRESS_HELP)
-        moving.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
+        _copying_options(moving, "move")
         moving.set_defaults(func=_cmd_rebalance)
+
+    what = "give each partition of a store N standby copies on other nodes, while queries and batches go on"
+    standbys = sub.add_parser(
+        "standbys",
+        help=what,
+        description=what + ": each new copy is a new query actor that copies its partitions from live copies, "
+        "catches up and stays. Copies are added, not removed; a store created on one node has none.",
+    )
+    standbys.add_argument("store")
+    standbys.add_argument("count", metavar="N", type=_standby_count, help="standby copies each partition should have")
+    _copying_options(standbys, "copy")
+    standbys.set_defaults(func=_cmd_standbys)
 
     run = sub.add_parser(
         "run",

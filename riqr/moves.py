@@ -1,7 +1,9 @@
-"""Moving query actors between nodes while queries and batches go on: ``riqr rebalance`` and ``riqr drain``.
+"""Moving query actors between nodes while queries and batches go on: ``riqr rebalance`` and ``riqr drain``;
+and adding standby copies to a store the same way: ``riqr standbys``.
 
 The plan and the switch's check are pure (``runtime.moves``); the registry makes each step atomic
-(``Registry.join``, ``Registry.admit``, ``Registry.switch``, ``Registry.abandon_move``); this module drives
+(``Registry.join``, ``Registry.admit``, ``Registry.switch``, ``Registry.abandon_move``; for a standby added,
+``Registry.add_standby`` and ``Registry.keep`` in place of the join and the switch); this module drives
 one move after another from the caller's process (the CLI, or Python code connected to the cluster),
 watching the new copy catch up and saying how far it is. A move that does not finish in time, or whose driver is stopped
 (Ctrl-C), is given up: the new actor is destroyed and the old one stays as it was.
@@ -19,10 +21,20 @@ import ray
 from runtime import raycalls
 from runtime.config import REGISTRY_NAME
 from runtime.errors import DeadlineExceeded, OwnerUnavailable, RiqrError, Unavailable
-from runtime.moves import Move, behind, plan_moves
+from runtime.moves import Move, behind, plan_moves, plan_standbys
 from runtime.ownership import ClusterView
 
-__all__ = ["MoveDone", "MoveFailed", "plan", "move", "rebalance", "describe", "DEFAULT_MOVE_TIMEOUT"]
+__all__ = [
+    "MoveDone",
+    "MoveFailed",
+    "plan",
+    "plan_standby_copies",
+    "move",
+    "rebalance",
+    "add_standbys",
+    "describe",
+    "DEFAULT_MOVE_TIMEOUT",
+]
 
 # How long one move may take, from the new actor's start to the switch (a large partition's copy over
 # the network takes most of it).
@@ -49,7 +61,8 @@ class MoveFailed(Unavailable):
 
 @dataclass(frozen=True)
 class MoveDone:
-    """A move made: the actor that took ``move.uuid``'s place, how long it took, the switch's epoch."""
+    """A move made: the actor that took ``move.uuid``'s place (or, for a standby added, that holds the new
+    copy), how long it took, the switch's epoch (the keep's)."""
 
     move: Move
     new_uuid: str
@@ -91,6 +104,13 @@ def rebalance(
             + (", and none is on the nodes to drain" if drain else ""))  # fmt: skip
         return []
     say(f"{len(moves)} move(s) to make, one after another")
+    return _one_after_another(namespace, moves, timeout, say)
+
+
+def _one_after_another(
+    namespace: str, moves: Sequence[Move], timeout: float, say: Callable[[str], None]
+) -> list[MoveDone]:
+    """Make ``moves`` (or add the copies) in order, saying each; the first that fails raises."""
     done = []
     for i, m in enumerate(moves, 1):
         say(f"[{i}/{len(moves)}] {describe(m)}")
@@ -98,10 +118,56 @@ def rebalance(
     return done
 
 
+def plan_standby_copies(namespace: str, store: str, wanted: int) -> tuple[int, list[Move]]:
+    """How many standby copies each partition of ``store`` has now (the fewest of any), and the copies
+    ``add_standbys`` would add to give each ``wanted`` (``runtime.moves.plan_standbys``). ``MoveFailed``
+    for fewer than it has (standbys are added, not removed), or for more than the live nodes can each
+    hold one of (one node: one copy in another process)."""
+    view: ClusterView = raycalls.get(registry_of(namespace).view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+    table = view.table(store)
+    if table is None:
+        raise MoveFailed(f"no store {store} in namespace {namespace!r}")
+    has = table.fewest_standbys()
+    if wanted < has:
+        raise MoveFailed(f"store {store} has {has} standby copies of each partition: riqr standbys adds copies, "
+                         "it does not remove them")  # fmt: skip
+    alive = alive_nodes()
+    most = max(1, len(alive) - 1)
+    if wanted > most:
+        raise MoveFailed(f"{wanted} standby copies of each partition need {wanted + 1} live nodes, one copy each; "
+                         f"{len(alive)} are live, so {most} at most")  # fmt: skip
+    unassigned = table.unassigned()
+    if unassigned and wanted > has:
+        raise MoveFailed(f"partitions {_parts(unassigned)} of store {store} have no active copy to copy: try again "
+                         "once they have one (riqr status shows their state)")  # fmt: skip
+    return has, plan_standbys(view, alive, store, wanted)
+
+
+def add_standbys(
+    namespace: str,
+    store: str,
+    wanted: int,
+    *,
+    timeout: float = DEFAULT_MOVE_TIMEOUT,
+    say: Callable[[str], None] = print,
+) -> list[MoveDone]:
+    """Give every partition of ``store`` ``wanted`` standby copies while queries and batches go on: each
+    new copy is a new query actor that copies its partitions from live copies, catches up and stays
+    (``move`` with ``Move.standby``), one after another. Stops at the first that fails (``MoveFailed``;
+    the copies added before it stay)."""
+    has, copies = plan_standby_copies(namespace, store, wanted)
+    if not copies:
+        say(f"nothing to add: every partition of store {store} has {has} standby copies or more")
+        return []
+    say(f"{len(copies)} standby copies to add to store {store}, one after another")
+    return _one_after_another(namespace, copies, timeout, say)
+
+
 def move(
     namespace: str, m: Move, *, timeout: float = DEFAULT_MOVE_TIMEOUT, say: Callable[[str], None] = print
 ) -> MoveDone:
-    """Move query actor ``m.uuid`` to node ``m.target``: copy, catch up, switch, drop (``runtime.moves``).
+    """Move query actor ``m.uuid`` to node ``m.target``: copy, catch up, switch, drop (``runtime.moves``);
+    for ``m.standby``, copy, catch up and keep: a new standby copy of ``m.partitions`` on ``m.target``.
     A move that fails or is stopped is given up (``Registry.abandon_move``), unless its switch was made
     already: then it counts as made (a stop still stops the caller)."""
     reg = registry_of(namespace)
@@ -134,8 +200,12 @@ def move(
         if not isinstance(err, RiqrError):
             raise
     seconds = time.monotonic() - started
-    say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} answers for partitions {_parts(m.partitions)}; "
-        f"{m.uuid} is destroyed with its data after a short grace")  # fmt: skip
+    if m.standby:
+        say(f"  caught up in {seconds:.1f}s (epoch {epoch}): {new} keeps a standby copy of partitions "
+            f"{_parts(m.partitions)}")  # fmt: skip
+    else:
+        say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} answers for partitions {_parts(m.partitions)}; "
+            f"{m.uuid} is destroyed with its data after a short grace")  # fmt: skip
     return MoveDone(m, new, seconds, epoch)
 
 
@@ -176,7 +246,10 @@ def _refuse_without_a_serving_copy(namespace: str, reg: Any, m: Move) -> None:
 def _join(reg: Any, m: Move, say: Callable[[str], None]) -> str:
     """``Registry.join``: the new actor is asked for (the registry does not wait for its start); a stop
     while the call runs waits for its answer, then gives the move up."""
-    ref = reg.join.remote(m.uuid, m.target)
+    if m.standby:
+        ref = reg.add_standby.remote(m.uuid, m.target, list(m.partitions))
+    else:
+        ref = reg.join.remote(m.uuid, m.target)
     try:
         joined = raycalls.get(ref, "asking for the new actor", timeout=_CALL_TIMEOUT)
     except KeyboardInterrupt:
@@ -237,10 +310,13 @@ def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float
             raise MoveFailed(f"the new copy did not catch up within the move's timeout ({progress}{failing})")
         try:
             old_pos, new_pos = ask(m.uuid, "positions"), ask(new, "positions")
+            if m.standby:  # the source holds other partitions too
+                old_pos = {p: pos for p, pos in old_pos.items() if int(p) in m.partitions}
             late = behind(old_pos, new_pos)
             if not late:
-                out = raycalls.get(reg.switch.remote(m.uuid, new), "switching over", timeout=_CALL_TIMEOUT)
-                if out["switched"]:
+                last = reg.keep.remote(m.uuid, new) if m.standby else reg.switch.remote(m.uuid, new)
+                out = raycalls.get(last, "keeping the copy" if m.standby else "switching over", timeout=_CALL_TIMEOUT)
+                if out.get("kept" if m.standby else "switched"):
                     return int(out["epoch"])
                 late, old_pos, new_pos = out["behind"], out["old"], out["new"]
             progress = _progress(old_pos, new_pos)
@@ -253,7 +329,7 @@ def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float
         except (OwnerUnavailable, DeadlineExceeded, MoveFailed) as err:
             failing = f"; last try: {err.message}"
             switched = _switched_already(reg, m, new)  # a switch whose answer was lost, an actor gone
-            if switched is not None:
+            if switched is not None and not m.standby:  # a keep whose answer was lost is asked again
                 return switched
         if now - said >= _SAY_EVERY:
             say(f"  {progress}{failing}")
@@ -328,8 +404,11 @@ def _parts(partitions: Sequence[int]) -> str:
 
 
 def describe(m: Move) -> str:
-    """One line saying what ``m`` moves where."""
+    """One line saying what ``m`` moves where (or, for a standby added, copies where)."""
     shared = " (no node without another copy of its partitions is left: two copies share it)" if m.shared else ""
+    if m.standby:
+        return (f"store {m.store}: a standby copy of partitions {_parts(m.partitions)} (those of query actor "
+                f"{m.uuid}) on node {_node(m.target)}{shared}")  # fmt: skip
     return (f"store {m.store}: query actor {m.uuid} (partitions {_parts(m.partitions)}) from node "
             f"{_node(m.source)} to node {_node(m.target)}{shared}")  # fmt: skip
 

@@ -49,10 +49,12 @@ class StoreSpec:
     """A store's definition.
 
     ``partitions`` is fixed for the life of the store (the partitioner depends on it); ``actors`` is how
-    many query actors share the partitions; ``standbys`` how many extra copies each partition has (None:
-    decided when the store is created, by ``with_standbys_for``). ``read_replicas``: every HTTP verticle
-    keeps a read replica of the whole store in its process and answers key lookups from it without a Ray
-    hop (``runtime.readreplica``; opt-in: each node then holds the store in memory).
+    many query actors share the partitions when it is created; ``standbys`` how many extra copies each
+    partition has (None: decided when the store is created, by ``with_standbys_for``; ``riqr standbys``
+    adds more later, on new actors, and the registry's spec then says how many its table has).
+    ``read_replicas``: every HTTP verticle keeps a read replica of the whole store in its process and
+    answers key lookups from it without a Ray hop (``runtime.readreplica``; opt-in: each node then holds
+    the store in memory).
     ``value_fields`` lists the value columns: one column means values are scalars, several mean maps.
     """
 
@@ -81,22 +83,29 @@ class StoreSpec:
             raise SchemaError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.standbys is not None and self.standbys < 0:
             raise SchemaError(f"standbys must not be negative, got {self.standbys}")
+        if not self.value_fields:
+            raise SchemaError(f"store {self.name!r} needs at least one value column")
+        if self.kind in WINDOWED_KINDS and (not self.key.composite or self.key.columns[-1][1].kind != "timestamp"):
+            raise SchemaError(f"a {self.kind} store's key must end with the window start (a timestamp column)")
+
+    def placeable(self) -> StoreSpec:
+        """This spec, or ``SchemaError`` when its standbys cannot be placed at creation: a standby copy
+        lives on another of the store's actors. Checked for a declared store, not for every spec: one
+        given standbys later (``riqr standbys``) has more actors than ``actors``, which counts those it was
+        created with."""
         if self.standbys is not None and self.standbys >= self.actors:
             raise SchemaError(
                 f"{self.standbys} standby copies of each partition need at least {self.standbys + 1} actors, "
                 f"got {self.actors}"
             )
-        if not self.value_fields:
-            raise SchemaError(f"store {self.name!r} needs at least one value column")
-        if self.kind in WINDOWED_KINDS and (not self.key.composite or self.key.columns[-1][1].kind != "timestamp"):
-            raise SchemaError(f"a {self.kind} store's key must end with the window start (a timestamp column)")
+        return self
 
     def with_standbys_for(self, alive_nodes: int) -> StoreSpec:
         """This spec with its standbys decided: an explicit number stays; None ("auto") becomes 1 when
         more than one node is alive and the store has more than one actor (a standby lives on another
         actor, on another node when there is one), else 0."""
         if self.standbys is not None:
-            return self
+            return self.placeable()
         return replace(self, standbys=1 if alive_nodes > 1 and self.actors > 1 else 0)
 
     @property

@@ -30,7 +30,7 @@ from typing import Any
 
 from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, replacement_node
 
-__all__ = ["Move", "plan_moves", "behind"]
+__all__ = ["Move", "plan_moves", "plan_standbys", "behind"]
 
 SERVING = "serving"
 
@@ -47,6 +47,9 @@ class Move:
     # No live node without another copy of its partitions was left (a drain with fewer nodes than copies):
     # two copies of some of them share ``target``, as a node loss would leave them.
     shared: bool = False
+    # Not a move: a new standby copy of ``partitions`` on ``target``, and ``uuid`` (their active when
+    # planned, the copy the new one is compared with) stays where it is (``plan_standbys``).
+    standby: bool = False
 
 
 def plan_moves(
@@ -113,6 +116,43 @@ def _evening_step(
                 if all(actors[u].node_id != low for u in peers if u in actors and actors[u].node_id in live):
                     return uuid, low
     return None
+
+
+def plan_standbys(view: ClusterView, alive: Sequence[str], store: str, wanted: int) -> list[Move]:
+    """The standby copies to add so that every partition of ``store`` has ``wanted`` of them
+    (``riqr standbys``): for each round of copies, one new actor per active actor, holding a copy of those of
+    its partitions that have fewer. Each goes to a live node holding no copy of any of them while there is
+    one (then ``shared``), the one with the fewest of the store's actors, then the smallest id; each
+    planned copy counts in the next. Copies on nodes that are not alive count (the node-loss check
+    re-creates them). A partition with no active is left out: there is nothing to copy it from."""
+    table = view.tables[store]
+    live = sorted(set(alive))
+    if not live:
+        return []
+    where = {u: info.node_id for u, info in view.actors.items()}
+    nodes = {
+        p: [where.get(u) for u in (o.active, *o.standbys) if u is not None] for p, o in enumerate(table.partitions)
+    }
+    load = {n: 0 for n in live}
+    for uuid in table.all_owners():
+        if where.get(uuid) in load:
+            load[where[uuid]] += 1
+    planned: list[Move] = []
+    while True:
+        lacking: dict[str, list[int]] = {}
+        for p, o in enumerate(table.partitions):
+            if o.active is not None and len(nodes[p]) - 1 < wanted:
+                lacking.setdefault(o.active, []).append(p)
+        if not lacking:
+            return planned
+        for source, parts in sorted(lacking.items()):
+            taken = {n for p in parts for n in nodes[p]}
+            free = [n for n in live if n not in taken]
+            target = min(free or live, key=lambda n: (load[n], n))
+            planned.append(Move(store, source, where.get(source) or "", target, tuple(parts), not free, True))
+            load[target] += 1
+            for p in parts:
+                nodes[p].append(target)
 
 
 def behind(sealed: Mapping[int, Mapping[str, Any]], joined: Mapping[int, Mapping[str, Any]]) -> list[int]:

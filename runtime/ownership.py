@@ -117,13 +117,18 @@ class OwnershipTable:
         owners[partition] = _with_active(current, uuid)
         return replace(self, partitions=tuple(owners))
 
-    def with_joining(self, old: str, new: str) -> OwnershipTable:
-        """This table with ``new`` as the last standby of every partition ``old`` holds a copy of: a move's
-        first step (``runtime.moves``). The sink delivers every batch to it from then on, and it is the
-        last copy a read fails over to while it catches up."""
+    def with_joining(self, old: str, new: str, partitions: Sequence[int] | None = None) -> OwnershipTable:
+        """This table with ``new`` as the last standby of every partition ``old`` holds a copy of (or of
+        ``partitions``, which ``old`` must hold): a move's first step, or a standby added (``runtime.moves``).
+        The sink delivers every batch to it from then on, and it is the last copy a read fails over to
+        while it catches up."""
         held = set(self.all_owners().get(old, ()))
         if not held:
             raise ValueError(f"{old} holds no copy of store {self.spec.name}")
+        if partitions is not None:
+            if not partitions or not set(partitions) <= held:
+                raise ValueError(f"{old} does not hold partitions {sorted(partitions)} of store {self.spec.name}")
+            held = set(partitions)
         if new in self.all_owners():
             raise ValueError(f"{new} already holds copies of store {self.spec.name}")
         owners = tuple(
@@ -160,6 +165,10 @@ class OwnershipTable:
             raise ValueError(f"{uuid} answers for a partition of store {self.spec.name}")
         owners = tuple(replace(o, standbys=tuple(u for u in o.standbys if u != uuid)) for o in self.partitions)
         return replace(self, partitions=owners)
+
+    def fewest_standbys(self) -> int:
+        """The fewest standby copies any partition has (a store's ``standbys`` as its table stands)."""
+        return min(len(o.standbys) for o in self.partitions)
 
     def lineage(self) -> frozenset[str]:
         """Every query actor that holds or held copies of this store (moves give new actors): a feed that

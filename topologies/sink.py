@@ -416,7 +416,7 @@ def store_spec_for(
         kind=kind,
         engine=engine,
         read_replicas=read_replicas,
-    )
+    ).placeable()
 
 
 def _say_no_rebuild(delivery: BatchDelivery) -> None:

@@ -190,6 +190,8 @@ class Registry:
         # while it starts (``join``), -> (the actor it replaces, when it was asked for).
         self._moving: dict[str, str] = {}
         self._starting: dict[str, tuple[str, float]] = {}
+        # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``.
+        self._copying: dict[str, tuple[int, ...]] = {}
         self._drops_failing = False
         # Nodes that join get a facade and a REST API (``follow_nodes``): the nodes seen with them, those
         # whose verticles are starting, the failed attempts by node, and no look before this time.
@@ -467,6 +469,20 @@ class Registry:
         answers, then calls ``admit``: the registry does not wait for an actor's start (a second or two),
         since its calls run one at a time and the sink's epoch check before each batch is one of them. A new
         actor not admitted within ``MOVE_START_SECONDS`` is stopped at the next check (``abandon_move``)."""
+        return self._start_copy(uuid, node_id, None)
+
+    def add_standby(self, uuid: str, node_id: str, partitions: Sequence[int]) -> dict[str, Any]:
+        """``riqr standbys``' first step: ask for a new query actor on ``node_id`` with a copy of
+        ``partitions`` (query actor ``uuid`` holds them: it is the copy the new one is compared with), and
+        return at once, as ``join`` does. Then ``admit`` lists it as their last standby and starts its copy,
+        and ``keep``, once it holds what ``uuid`` holds, makes it a standby for good: nothing is switched
+        and ``uuid`` stays. ``node_id`` may be ``uuid``'s own (a one-node cluster: a copy in another
+        process, which outlives that process's death but not the node's)."""
+        wanted = tuple(sorted({int(p) for p in partitions}))
+        return self._start_copy(uuid, node_id, wanted)
+
+    def _start_copy(self, uuid: str, node_id: str, partitions: tuple[int, ...] | None) -> dict[str, Any]:
+        """``join`` (``partitions`` None: all of ``uuid``'s, on another node) and ``add_standby``."""
         view = self.state.view()
         info = view.actors.get(uuid)
         table = None if info is None else view.table(info.store)
@@ -474,8 +490,12 @@ class Registry:
             raise NotFound(f"query actor {uuid} is not known", actor=uuid)
         if self._retired:
             raise Unavailable("the runtime is going down (riqr down): nothing is moved", retry_after=5)
-        if node_id == info.node_id:
+        if partitions is None and node_id == info.node_id:
             raise InvalidParameter(f"query actor {uuid} already runs on node {node_id}", actor=uuid)
+        held = table.all_owners()[uuid]
+        if partitions is not None and (not partitions or not set(partitions) <= set(held)):
+            raise InvalidParameter(f"query actor {uuid} holds partitions {held} of {info.store}, not all of "
+                                   f"{list(partitions)}", actor=uuid)  # fmt: skip
         if node_id not in self._env.alive_nodes():
             raise InvalidParameter(f"node {node_id} is not a live node of the cluster", node=node_id)
         if uuid in self._moving or uuid in self._starting:
@@ -488,10 +508,16 @@ class Registry:
                         extra={"store": info.store, "actor": uuid})  # fmt: skip
             self.abandon_move(uuid, new)
         new = self._new_uuid()
-        self._env.start_joining_actor(table.spec, new, info.partitions, node_id)
+        self._env.start_joining_actor(table.spec, new, partitions or info.partitions, node_id)
         self._starting[new] = (uuid, self._clock())
-        log.info("moving query actor %s of %s from node %s to node %s: new actor %s starts",
-                 uuid, info.store, info.node_id, node_id, new, extra={"store": info.store, "actor": uuid})  # fmt: skip
+        if partitions is None:
+            log.info("moving query actor %s of %s from node %s to node %s: new actor %s starts", uuid,
+                     info.store, info.node_id, node_id, new, extra={"store": info.store, "actor": uuid})  # fmt: skip
+        else:
+            self._copying[new] = partitions
+            log.info("adding a standby copy of partitions %s of %s on node %s: new actor %s starts",
+                     list(partitions), info.store, node_id, new,
+                     extra={"store": info.store, "actor": uuid})  # fmt: skip
         return {"uuid": new, "node_id": node_id}
 
     def admit(self, old: str, new: str) -> dict[str, Any]:
@@ -512,24 +538,35 @@ class Registry:
                 raise Unavailable("the runtime is going down (riqr down): nothing is moved", retry_after=5)
             raise NotFound(f"query actor {old} left its store's table: its move is given up", actor=old)
         where = self._env.query_actor_call(new, "ready")
-        if where["node_id"] == info.node_id:
+        copying = self._copying.get(new)
+        if copying is None and where["node_id"] == info.node_id:
             self.abandon_move(old, new)
             raise Conflict(f"query actor {old} runs on node {info.node_id} now, as its new actor would: its move "
                            "is given up; plan again", actor=old)  # fmt: skip
+        parts = copying or tuple(info.partitions)
+        if not set(parts) <= set(table.all_owners()[old]):
+            self.abandon_move(old, new)
+            raise Conflict(f"query actor {old} no longer holds partitions {list(parts)}: the copy is given up; plan "
+                           "again", actor=old)  # fmt: skip
         del self._starting[new]
-        joined = ActorInfo(new, info.store, where["node_id"], where["node_ip"], tuple(info.partitions))
-        self.state.add_copy(table.with_joining(old, new), joined)  # saved with the members
+        joined = ActorInfo(new, info.store, where["node_id"], where["node_ip"], parts)
+        self.state.add_copy(table.with_joining(old, new, parts), joined)  # saved with the members
         self._moving[new] = old
         try:  # after the table: a registry that dies in between restarts with it listed, so it is kept
             self._env.query_actor_call(new, "admit")
         except RiqrError as err:  # it says joining until then: a restarted registry keeps it all the same
             log.warning("the new actor %s did not take its admission: %s", new, err.message,
                         extra={"store": info.store, "actor": new})  # fmt: skip
-        log.info("moving query actor %s of %s from node %s to node %s: new actor %s copies partitions %s",
-                 old, info.store, info.node_id, joined.node_id, new, list(info.partitions),
-                 extra={"store": info.store, "actor": old})  # fmt: skip
+        if copying is None:
+            log.info("moving query actor %s of %s from node %s to node %s: new actor %s copies partitions %s",
+                     old, info.store, info.node_id, joined.node_id, new, list(parts),
+                     extra={"store": info.store, "actor": old})  # fmt: skip
+        else:
+            log.info("adding a standby copy of partitions %s of %s on node %s: new actor %s copies them",
+                     list(parts), info.store, joined.node_id, new,
+                     extra={"store": info.store, "actor": new})  # fmt: skip
         try:
-            self._env.query_actor_call(new, "catch_up", list(info.partitions))
+            self._env.query_actor_call(new, "catch_up", list(parts))
         except RiqrError as err:  # its mover asks again
             log.warning("the new actor %s did not start its copy yet: %s", new, err.message,
                         extra={"store": info.store, "actor": new})  # fmt: skip
@@ -571,6 +608,34 @@ class Registry:
                  info.store, old, epoch, MOVE_LEAVE_GRACE, extra={"store": info.store, "actor": new})  # fmt: skip
         return {"switched": True, "epoch": epoch}
 
+    def keep(self, old: str, new: str) -> dict[str, Any]:
+        """``riqr standbys``' last step: once the copy ``new`` (``add_standby``, ``admit``) serves every
+        partition it holds at or past ``old``'s position there (``runtime.moves.behind``; no seal: from its
+        admission on the sink delivers every batch to it, so a copy found caught up once stays so), it stays
+        a standby for good, and the store's ``standbys`` becomes what its table now has (the fewest of any
+        partition). ``{"kept": True, "epoch", "standbys"}``, or ``{"kept": False, "behind", "old", "new"}``
+        (positions). Asking again once kept answers the same: a caller whose answer was lost asks again."""
+        view = self.state.view()
+        joined = view.actors.get(new)
+        table = None if joined is None else view.table(joined.store)
+        if joined is None or table is None or new not in table.all_owners():
+            raise NotFound(f"no standby copy {new} is being added (given up?)", actor=new)
+        held = set(table.all_owners()[new])
+        theirs = self._env.query_actor_call(old, "positions")
+        mine = self._env.query_actor_call(new, "positions")
+        late = behind({p: pos for p, pos in theirs.items() if int(p) in held}, mine)
+        if late:
+            return {"kept": False, "behind": late, "old": theirs, "new": mine}
+        self._moving.pop(new, None)
+        self._copying.pop(new, None)
+        standbys = table.fewest_standbys()
+        if table.spec.standbys != standbys:
+            self.state.replace_table(replace(table, spec=replace(table.spec, standbys=standbys)))
+        log.info("query actor %s of %s keeps its standby copy of partitions %s; the store has %d standby copies "
+                 "of each partition", new, joined.store, sorted(held), standbys,
+                 extra={"store": joined.store, "actor": new})  # fmt: skip
+        return {"kept": True, "epoch": self.state.epoch, "standbys": standbys}
+
     def abandon_move(self, old: str, new: str) -> dict[str, Any]:
         """Give a move up (its mover timed out or was stopped): ``new`` leaves the table and is destroyed
         with its data, and ``old`` takes batches again; ``{"outcome": "given-up", "epoch"}``. Nothing is
@@ -581,6 +646,7 @@ class Registry:
         starting = self._starting.get(new)
         if starting is not None and starting[0] == old:  # not in a table yet: it holds nothing
             del self._starting[new]
+            self._copying.pop(new, None)
             # Killed, not destroyed: a destroy call would wait behind its constructor (the registry's calls,
             # the sink's among them, with it). What it wrote is left to its node's sweeper (no table has it).
             self._env.kill([new])
@@ -591,6 +657,7 @@ class Registry:
         joined = view.actors.get(new)
         table = None if joined is None else view.table(joined.store)
         self._moving.pop(new, None)
+        self._copying.pop(new, None)
         if joined is None or table is None or new not in table.all_owners():
             return {"outcome": "none", "epoch": self.state.epoch}
         fields = {"store": joined.store, "actor": new}

@@ -207,3 +207,113 @@ def test_a_node_that_joins_gets_copies_and_a_drained_one_gives_them_back_while_e
         if not removed:
             ray_cluster.cluster.remove_node(node)
         deploy.down(runtime.namespace)
+
+
+def test_standbys_added_to_a_store_made_without_them_catch_up_under_load_and_take_over_when_an_owner_dies(
+    ray_cluster: RayCluster,
+) -> None:
+    """`riqr standbys` (the command, as its own Ray driver) gives a store created with no standby one copy
+    of each partition on the other node while batches and GETs go on; then an active owner is killed for
+    good and its partitions are answered by the new copies: every GET a 200, none wrong, no batch lost."""
+    from bench.faults import user_scores
+    from verticles import deploy
+
+    spec = StoreSpec(
+        "growing", KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2, standbys=0
+    )
+    runtime = deploy_runtime("riqr-standbys")
+    registry = runtime.registry()
+    try:
+        first = raycalls.get(registry.create_store.remote(spec), "create_store")
+        assert first.tables["growing"].fewest_standbys() == 0
+        delivery = BatchDelivery(spec, runtime.namespace, checkpoint="unused")
+        table = first.tables["growing"]
+        history: dict[int, set[int]] = {u: {u * 10} for u in USERS}
+        latest = {u: u * 10 for u in USERS}
+        judge = GrowingReads(history)
+
+        def batch(users: list[int]) -> pa.Table:
+            return user_scores(table, {u: latest[u] for u in users})
+
+        delivery.deliver("q", 0, batch(USERS))
+        url = runtime.url
+        wait_for(
+            lambda: http_get(f"{url}/stores/growing/approximate-num-entries")[2] == {"result": len(USERS)},
+            what="the store loaded and visible",
+        )
+        reads: list[int] = []
+        delivered = [0]
+        batches = itertools.count(1)
+        picks, choices = random.Random(7), random.Random(11)
+
+        def write() -> None:
+            batch_id = next(batches)
+            users = picks.sample(USERS, 20)
+            for u in users:  # known before it is delivered, so a read can never see an unknown value
+                latest[u] = u * 10 + batch_id * 100_000
+                history[u].add(latest[u])
+            delivery.deliver("q", batch_id, batch(users))
+            delivered[0] = batch_id
+            time.sleep(0.05)
+
+        def read() -> str | None:
+            u = choices.choice(USERS)
+            status, _, body = http_get(f"{url}/stores/growing/get/{u}")
+            reads.append(status)
+            return judge.judge(u, status, body)
+
+        with Load() as load:
+            load.every(write)
+            load.every(read)
+            wait_for(lambda: delivered[0] >= 5 and len(reads) > 100, what="batches and reads before the copies")
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            command = [sys.executable, "-m", "riqr", "standbys", "growing", "1", "--address", ray_cluster.address,
+                       "--namespace", runtime.namespace]  # fmt: skip
+            added = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+            assert added.returncode == 0, added.stderr
+            grown = _view(registry)
+            at_add = len(reads)
+            wait_for(lambda: len(reads) > at_add + 100, what="reads after the copies were added")
+
+            # An owner killed for good: its partitions fail over to the copies just added.
+            victim = sorted(u for u in first.actors)[0]
+            ray.kill(ray.get_actor(victim, namespace=runtime.namespace), no_restart=True)
+            at_kill = len(reads)
+            wait_for(lambda: len(reads) > at_kill + 200, what="reads after the owner's death")
+            last = delivered[0]
+            wait_for(lambda: delivered[0] >= last + 3, what="batches after the owner's death")
+
+        assert load.errors == [], f"ingest must never fail: {load.errors[:3]}"
+        assert load.wrong == [], load.wrong[:10]
+        not_ok = [r for r in reads if r != 200]
+        print(f"\nstandbys: {len(reads)} reads, {len(not_ok)} not 200; {delivered[0]} batches\n{added.stderr}")
+        assert not_ok == [], not_ok[:10]
+        assert "2 standby copies to add to store growing" in added.stderr, added.stderr
+        assert "every partition of store growing has 1 standby copies" in added.stderr, added.stderr
+
+        # Each partition has one standby, on the node its active is not on; the original actors stayed.
+        grown_table = grown.tables["growing"]
+        assert grown_table.spec.standbys == 1 and grown_table.fewest_standbys() == 1
+        for owners in grown_table.partitions:
+            nodes = [grown.actors[u].node_id for u in (owners.active, *owners.standbys) if u]
+            assert len(nodes) == 2 and len(set(nodes)) == 2, nodes
+        assert set(first.actors) < set(grown.actors) and len(grown.actors) == 4
+        _, _, stores = http_get(f"{url}/stores")
+        assert [s["standbys"] for s in stores["result"] if s["name"] == "growing"] == [1]
+        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0 and "nothing to add" in again.stderr, again.stderr
+        fewer = subprocess.run([*command[:5], "0", *command[6:]], env=env, capture_output=True, text=True, timeout=300)
+        assert fewer.returncode == 2 and "does not remove them" in fewer.stderr, fewer.stderr
+
+        # No batch lost: every copy still listed that answers holds the latest value of each of its keys.
+        final = _view(registry)
+        for uuid, held in final.tables["growing"].all_owners().items():
+            if uuid == victim:
+                continue
+            actor = ray.get_actor(uuid, namespace=runtime.namespace)
+            copy, _ = raycalls.get(actor.scan.remote(held, Scan()), "scan")
+            assert {k: decode_value(v) for k, v in copy} == {
+                k: v for k, v in latest.items() if table.partition_of(k) in held
+            }, uuid
+    finally:
+        deploy.down(runtime.namespace)

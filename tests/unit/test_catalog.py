@@ -41,6 +41,15 @@ def test_standbys_left_to_auto_are_one_on_a_multi_node_cluster_and_explicit_ones
     assert spec(actors=3, standbys=2).with_standbys_for(2).standbys == 2
 
 
+def test_standbys_a_store_is_declared_with_must_fit_its_actors_but_a_grown_store_is_a_valid_spec() -> None:
+    with pytest.raises(SchemaError, match="2 standby copies of each partition need at least 3 actors"):
+        spec(actors=2, standbys=2).with_standbys_for(3)
+    with pytest.raises(SchemaError):
+        spec(actors=1, standbys=1).placeable()
+    # What the registry holds after `riqr standbys` gave a one-actor store a standby on a new actor.
+    assert spec(actors=1, standbys=1).standbys == 1
+
+
 @pytest.mark.parametrize(
     "kw",
     [

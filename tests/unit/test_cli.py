@@ -281,6 +281,15 @@ def test_rebalance_and_drain_take_their_options_and_a_node_by_id_prefix_or_addre
         cli._node_id("fff000")  # a dead node is no place to drain from
 
 
+def test_standbys_takes_a_store_and_a_count_of_zero_or_more() -> None:
+    args = cli.build_parser().parse_args(["standbys", "order-count", "2", "--dry-run", "--timeout", "60"])
+    assert (args.store, args.count, args.dry_run, args.timeout) == ("order-count", 2, True, 60.0)
+    assert args.func is cli._cmd_standbys
+    for bad in (["standbys", "s", "-1"], ["standbys", "s", "two"], ["standbys", "s"]):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(bad)
+
+
 def test_a_token_for_no_store_is_refused_rather_than_minted_for_every_store(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     import base64
     import json

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -584,3 +585,99 @@ def test_a_new_actor_its_mover_never_admits_is_destroyed_and_never_taken_back_by
     with pytest.raises(NotFound, match="left its store's table"):
         registry.admit(other, gone)
     assert gone in env.killed
+
+
+# -- standby copies added to a store (riqr standbys) ---------------------------------------------------------
+
+
+def _copies_after(view: ClusterView, adds: Sequence[Move]) -> dict[int, list[str]]:
+    """Partition -> the nodes of its copies once ``adds`` are made."""
+    table = view.tables["s"]
+    out = {p: [view.actors[u].node_id for u in (o.active, *o.standbys) if u] for p, o in enumerate(table.partitions)}
+    for m in adds:
+        assert m.standby and set(m.partitions) <= set(table.all_owners()[m.uuid])
+        for p in m.partitions:
+            out[p].append(m.target)
+    return out
+
+
+def test_standby_copies_are_planned_one_new_actor_per_active_actor_on_nodes_without_a_copy() -> None:
+    from runtime.moves import plan_standbys
+
+    # Made on one node with none: a second node gets one copy of each actor's partitions.
+    alone = _placed(kv_spec("s", partitions=4, actors=2, standbys=0), ["n1"], ["u1", "u2"])
+    adds = plan_standbys(alone, ["n1", "n2"], "s", 1)
+    assert [(m.uuid, m.target, m.partitions, m.shared) for m in adds] == [
+        ("u1", "n2", (0, 2), False),
+        ("u2", "n2", (1, 3), False),
+    ]
+    assert all(sorted(nodes) == ["n1", "n2"] for nodes in _copies_after(alone, adds).values())
+    assert plan_standbys(alone, ["n1", "n2"], "s", 0) == []  # it has that many already
+    # Two: each round goes where no copy is, the least loaded node first.
+    two = plan_standbys(alone, ["n1", "n2", "n3"], "s", 2)
+    assert len(two) == 4 and not any(m.shared for m in two)
+    assert all(sorted(nodes) == ["n1", "n2", "n3"] for nodes in _copies_after(alone, two).values())
+    # One node: the copy shares it (another process), and says so.
+    (first, second) = plan_standbys(alone, ["n1"], "s", 1)
+    assert first.target == second.target == "n1" and first.shared and second.shared
+    # A store placed with standbys on two nodes, a third joins: one more copy of each, all on it.
+    ringed = _placed(kv_spec("s", partitions=4, actors=2, standbys=1), ["n1", "n2"], ["u1", "u2"])
+    more = plan_standbys(ringed, ["n1", "n2", "n3"], "s", 2)
+    assert {m.target for m in more} == {"n3"} and sorted(p for m in more for p in m.partitions) == [0, 1, 2, 3]
+    # A partition with no active has nothing to copy from: left out.
+    table = alone.tables["s"]
+    dark = replace(table, partitions=(PartitionOwners(None), *table.partitions[1:]))
+    left = plan_standbys(ClusterView(2, {"s": dark}, alone.actors), ["n1", "n2"], "s", 1)
+    assert sorted(p for m in left for p in m.partitions) == [1, 2, 3]
+
+
+def test_the_registry_adds_a_standby_copy_that_catches_up_and_stays_with_no_batch_lost(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    first, second = sorted(view.actors)
+    latest = {f"k{i}": "0" for i in range(40)}
+    env.deliver(0, latest)
+    held = view.tables["s"].all_owners()
+
+    with pytest.raises(InvalidParameter, match="not all of"):
+        registry.add_standby(first, "node-b", held[second])
+    added = []
+    for source, node in ((first, "node-b"), (second, view.actors[second].node_id)):  # the second on its own node
+        new = registry.add_standby(source, node, held[source])["uuid"]
+        assert new not in registry.view().actors  # not waited for, as a move's join
+        assert registry.admit(source, new)["node_id"] == node
+        table = registry.view().table("s")
+        assert table is not None and all(o.standbys[-1] == new for p, o in enumerate(table.partitions)
+                                         if p in held[source])  # fmt: skip
+        assert registry.view().actors[new].partitions == tuple(held[source])
+        latest.update({f"k{i}": str(len(added) + 1) for i in range(0, 40, 3)})
+        env.deliver(len(added) + 1, latest)  # batches go on meanwhile, to the new copy as well
+        _wait(lambda n=new: _serving(env.actors[n]), "the new copy caught up")
+        out = registry.keep(source, new)
+        assert out["kept"] is True, out
+        assert registry.keep(source, new)["kept"] is True  # asked again (an answer lost): the same
+        added.append(new)
+        # The store's standbys: the fewest any partition has, 0 until both actors' partitions have one.
+        spec = registry.view().tables["s"].spec
+        assert spec.standbys == len(added) // 2 == out["standbys"]
+    # The original actors stay where they were, and answer for their partitions as before.
+    after = registry.view()
+    assert [o.active for o in after.tables["s"].partitions] == [o.active for o in view.tables["s"].partitions]
+    assert after.actors[first] == view.actors[first] and after.actors[second] == view.actors[second]
+    env.deliver(3, latest)
+    for uuid, parts in after.tables["s"].all_owners().items():  # every copy holds every batch
+        got = dict(env.actors[uuid].scan(parts, Scan())[0])
+        want = {k: b"\xa1" + v.encode() for k, v in latest.items() if after.tables["s"].partition_of(k) in parts}
+        assert got == want, uuid
+    assert env.membership is not None and env.membership["stores"]["s"]["spec"]["standbys"] == 1
+    # A copy behind is not kept: the answer says which partitions.
+    late = registry.add_standby(first, "node-c", held[first])["uuid"]
+    registry.admit(first, late)
+    _wait(lambda: _serving(env.actors[late]), "the late copy caught up")
+    others = [u for u in registry.view().tables["s"].all_owners() if u != late]
+    env.deliver(4, latest, to=others)  # a delivery with the view from before its admission
+    out = registry.keep(first, late)
+    assert out["kept"] is False and out["behind"] == list(held[first])
+    assert registry.abandon_move(first, late)["outcome"] == "given-up" and late not in registry.view().actors
