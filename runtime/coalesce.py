@@ -60,6 +60,8 @@ class Coalescer(Generic[T, R]):
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+        # When each call in flight was sent (``busy_for``).
+        self._sent_at: list[float] = []
 
     async def submit(self, item: T, deadline: float | None = None) -> R:
         """The result for ``item``; ``TimeoutError`` if it is not there by ``deadline`` (monotonic seconds)."""
@@ -80,6 +82,13 @@ class Coalescer(Generic[T, R]):
     def timed_waiters(self) -> int:
         """Waiters with a deadline still held for the timer (answered ones leave as their batch returns)."""
         return len(self._deadlines)
+
+    def busy_for(self, now: float | None = None) -> float | None:
+        """How long the oldest call in flight has been out (None: none is): an owner that does not answer
+        shows here before any waiter's deadline comes."""
+        if not self._sent_at:
+            return None
+        return (self._clock() if now is None else now) - min(self._sent_at)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
@@ -121,6 +130,8 @@ class Coalescer(Generic[T, R]):
         self.calls += 1
         if self._on_send is not None:
             self._on_send(len(batch))
+        sent = self._clock()
+        self._sent_at.append(sent)
         try:
             results = await self._send([item for item, _ in batch])
             if len(results) != len(batch):
@@ -139,6 +150,7 @@ class Coalescer(Generic[T, R]):
                     fut.set_result(result)
         finally:
             self._in_flight -= 1
+            self._sent_at.remove(sent)
             self._prune()
             if self._pending:
                 self._dispatch()

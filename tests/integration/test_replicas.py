@@ -559,3 +559,79 @@ def test_owners_killed_again_and_again_under_reads_and_batches_never_give_an_old
     answered = statuses.get(200, 0) + statuses.get(404, 0)
     assert answered >= 0.95 * sum(statuses.values()), statuses
     assert delivered[0] >= 10, delivered
+
+
+def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_503_not_after_the_deadline(
+    runtime_ns: Runtime,
+) -> None:
+    """An owner that answers nothing (its worker stopped with SIGSTOP, as a host that hangs or a node gone
+    until Ray declares it dead): lookups of its partitions are answered by their standby, and where it is
+    the only copy they answer 503 `owner-unavailable` once it has been silent (docs/design.md, "Silent
+    owners"), not 504 at the request deadline; every answer given is right, and all are 200 again once it
+    runs."""
+    import contextlib
+    import os
+    import signal
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.faults import user_scores, worker_pid
+
+    registry = runtime_ns.registry()
+    url = runtime_ns.url
+    frozen: dict[str, list[int]] = {}
+    pids = []
+    for name, standbys in (("frozen-solo", 0), ("frozen-pair", 1)):
+        spec = StoreSpec(name, KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2,
+                         standbys=standbys)  # fmt: skip
+        view = raycalls.get(registry.create_store.remote(spec), "create_store")
+        table = view.tables[name]
+        BatchDelivery(spec, runtime_ns.namespace, checkpoint="unused").deliver(
+            "q", 0, user_scores(table, {u: u * 10 for u in USERS})
+        )
+        wait_for(
+            lambda n=name: http_get(f"{url}/stores/{n}/approximate-num-entries")[2] == {"result": len(USERS)},
+            what="the store loaded and visible",
+        )
+        victim = sorted(table.by_owner())[0]
+        frozen[name] = [u for u in USERS if table.partition_of(u) in table.by_owner()[victim]]
+        pids.append(worker_pid(ray.get_actor(victim, namespace=runtime_ns.namespace)))
+    answers: dict[str, list[tuple[int, int, Any]]] = {name: [] for name in frozen}
+
+    def get(name: str, user: int) -> None:
+        status, _, body = http_get(f"{url}/stores/{name}/get/{user}")
+        answers[name].append((user, status, body))
+
+    stop = threading.Event()
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(max_workers=300) as pool:  # open loop: GETs start on time, whatever waits
+            for i in itertools.count():
+                if i >= 250:  # 5 s at 50 GETs a second per store
+                    break
+                for name, users in frozen.items():
+                    pool.submit(get, name, users[i % len(users)])
+                stop.wait(0.02)
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    for name, got in answers.items():
+        statuses = [status for _, status, _ in got]
+        wrong = [(u, s, b) for u, s, b in got if s == 200 and b != {"response": u * 10}]
+        assert wrong == [], (name, wrong[:5])
+        assert 504 not in statuses, (name, sorted(set(statuses)))
+        print(f"\n{name}: {len(got)} GETs of the frozen owner's partitions: "
+              f"{ {s: statuses.count(s) for s in sorted(set(statuses))} }")  # fmt: skip
+    assert {s for _, s, _ in answers["frozen-pair"]} == {200}  # its standby answered every one
+    silent = [b for _, s, b in answers["frozen-solo"] if s == 503]
+    assert silent and all(b["error"]["code"] == "owner-unavailable" for b in silent), silent[:3]
+    assert {s for _, s, _ in answers["frozen-solo"]} <= {200, 503}
+    for user in frozen["frozen-solo"][:20]:  # running again: answered at once, not remembered as silent
+        wait_for(lambda u=user: http_get(f"{url}/stores/frozen-solo/get/{u}")[2] == {"response": u * 10},
+                 what="the thawed owner answering")  # fmt: skip
+    for name in frozen:
+        raycalls.get(registry.drop_store.remote(name), "drop_store")

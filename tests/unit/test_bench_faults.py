@@ -123,3 +123,18 @@ def test_a_score_read_is_right_only_when_written_and_never_older_than_the_last_s
     batch = user_scores(ByThree(), {7: 70, 8: 80, 9: 90})
     assert batch.column("user").to_pylist() == [7, 8, 9] and batch.column("score").to_pylist() == [70, 80, 90]
     assert batch.column(PARTITION_COLUMN).to_pylist() == [1, 2, 0]
+
+
+def test_the_freeze_bench_judges_only_gets_in_sequence_for_going_back_in_time() -> None:
+    from bench.freeze import Get, judged
+
+    history = {1: {10, 20, 30}}
+    gets = [
+        Get("s", 1, 0.0, 1.0, 200, 30, None),
+        Get("s", 1, 0.5, 1.5, 200, 20, None),  # overlapped the first: may be older
+        Get("s", 1, 2.0, 2.1, 503, None, {"error": {"code": "owner-unavailable"}}),  # honest
+    ]
+    assert judged(gets, history) == []
+    late = Get("s", 1, 1.2, 1.3, 200, 20, None)  # started after the first ended: must not go back
+    never = Get("s", 1, 3.0, 3.1, 200, 40, None)  # a score never written
+    assert judged([*gets, late, never], history) == ["s user 1: 20 after 30", "s user 1: 40 after 30"]

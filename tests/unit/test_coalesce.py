@@ -156,3 +156,18 @@ async def test_a_deadline_already_past_times_out_at_once() -> None:
     with pytest.raises(TimeoutError):
         await c.submit(1, deadline=time.monotonic() - 1)
     rec.release.set()
+
+
+async def test_busy_for_is_how_long_the_oldest_call_in_flight_has_been_out() -> None:
+    now = [100.0]
+    rec = Recorder()
+    rec.release = asyncio.Event()
+    c = Coalescer(rec.send, max_in_flight=1, clock=lambda: now[0])
+    assert c.busy_for() is None  # nothing out
+    waiter = asyncio.create_task(c.submit(1))
+    await rec.started.wait()
+    now[0] += 2.5
+    assert c.busy_for() == 2.5
+    rec.release.set()
+    assert await waiter == 10
+    assert c.busy_for() is None

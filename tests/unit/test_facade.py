@@ -475,6 +475,53 @@ async def test_a_slow_active_is_passed_over_within_the_deadline(
     assert await facade.get(KeyQuery("r", "k010")) == "v10"
 
 
+async def test_an_owner_that_gave_no_answer_is_asked_after_its_standby_until_it_answers_again(
+    replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import routing
+
+    monkeypatch.setattr(routing, "FAILOVER_AFTER", 0.05)
+    bus, facade = replicated
+    active = _active_of(bus, facade, "k010")
+    bus.owners[active].stall = 5.0  # on a node that went away: no answer, no error
+    assert await facade.get(KeyQuery("r", "k010")) == "v10"  # failed over after FAILOVER_AFTER
+    assert facade.router.silent_for(active) is not None
+    asked = bus.owners[active].calls.count("get_many")
+    for _ in range(3):  # the standby first: no wait on the silent active
+        assert await facade.get(KeyQuery("r", "k010")) == "v10"
+    assert bus.owners[active].calls.count("get_many") == asked
+
+
+async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_silent_budget_not_a_504(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import routing
+
+    monkeypatch.setattr(routing, "SILENT_AFTER", 0.1)
+    monkeypatch.setattr(routing, "SILENT_BUDGET", 0.1)
+    bus.create_store(kv_spec("solo", standbys=0))
+    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
+    core = Facade(bus, timeout=2.0)
+    await core.start()
+    try:
+        table = core.view.table("solo")
+        assert table is not None
+        owner = table.partitions[table.partition_of("k1")].active
+        assert owner is not None and not table.partitions[table.partition_of("k1")].standbys
+        bus.owners[owner].stall = 0.8  # its call hangs, as one to a node that went away does
+        first = asyncio.create_task(core.get(KeyQuery("solo", "k1")))
+        await asyncio.sleep(0.3)  # its call has been out longer than SILENT_AFTER
+        with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
+            await core.get(KeyQuery("solo", "k1"))  # a 503 after SILENT_BUDGET, not a 504 at the deadline
+        assert core.router.silent_for(owner) is not None
+        assert await first == "v1"  # the request that was waiting already still gets its answer
+        assert core.router.silent_for(owner) is None  # which ends the silence: it answers again
+        bus.owners[owner].stall = 0.0
+        assert await core.get(KeyQuery("solo", "k1")) == "v1"
+    finally:
+        await core.stop()
+
+
 async def test_a_scan_whose_owner_dies_midway_continues_on_the_standby_with_every_key_once(
     replicated: tuple[FakeBus, Facade],
 ) -> None:
@@ -541,6 +588,7 @@ async def test_a_standby_ahead_then_the_active_behind_never_serves_the_older_val
     from runtime.facade import routing
 
     monkeypatch.setattr(routing, "CATCH_UP_PAUSE", 0.005)
+    monkeypatch.setattr(routing, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
     bus, facade = replicated
     active, standby, _ = _copies(bus, facade, "k007")
     bus.load("r", {"k007": "new"}, batch_id=1, role="standby")  # a delivery halfway: standbys go first
@@ -576,10 +624,13 @@ async def test_a_copy_that_does_not_catch_up_within_the_deadline_is_a_503_not_an
 
 
 async def test_a_coalesced_batch_refuses_only_the_partition_whose_copy_is_behind(
-    replicated: tuple[FakeBus, Facade],
+    replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pyarrow as pa
 
+    from runtime.facade import routing
+
+    monkeypatch.setattr(routing, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
     bus, facade = replicated
     table = facade.view.table("r")
     assert table is not None
