@@ -81,7 +81,13 @@ class Facade:
         # ``local``: the HTTP verticle's read replicas (``runtime.readreplica``), asked first for key lookups.
         self.router = KeyRouter(bus, self.views, timeout=timeout, metrics=self.metrics, marks=self.marks, local=local)
         self.scatter = ScatterGather(
-            bus, self.views, timeout=timeout, page_size=page_size, max_page=max_page, marks=self.marks
+            bus,
+            self.views,
+            timeout=timeout,
+            page_size=page_size,
+            max_page=max_page,
+            marks=self.marks,
+            silence=self.router.silence,
         )
         # /ready and /metrics look at the cluster through this: at most one look per second, shared.
         self.probe = ClusterProbe(bus, lambda: self.views.current)

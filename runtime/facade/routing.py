@@ -27,6 +27,8 @@ from runtime.errors import (
     PartitionUnavailable,
     RiqrError,
 )
+from runtime.facade import silence as quiet
+from runtime.facade.silence import Silence, silent_owner
 from runtime.facade.view import ViewCache
 from runtime.metrics import Metrics
 from runtime.monotonic import Marks, Span, position_header, span_text
@@ -39,9 +41,6 @@ __all__ = [
     "route_or_unavailable",
     "FAILOVER_AFTER",
     "CATCH_UP_PAUSE",
-    "SILENT_MEMORY",
-    "SILENT_BUDGET",
-    "SILENT_AFTER",
 ]
 
 # How long a request waits for the active owner before asking a standby (when the partition has one).
@@ -49,17 +48,6 @@ FAILOVER_AFTER = 1.0
 # When every copy that answered is older than what this facade served, how long to wait before asking
 # them again (a copy behind is one batch delivery behind: tens of milliseconds).
 CATCH_UP_PAUSE = 0.02
-# An owner that gave no answer to a lookup in time, or that Ray said is dead, is "silent" for this long
-# after: lookups ask its partitions' other copies first, and where it is the last copy left to ask they
-# give it SILENT_BUDGET, then answer 503 (``OwnerUnavailable``), rather than the whole request deadline
-# (an actor on a node that went away answers nothing until Ray declares the node dead, about 15 s).
-# Any answer from it (a value, a "not here", a partition that cannot serve) ends it at once.
-SILENT_MEMORY = 5.0
-SILENT_BUDGET = 1.0
-# An owner whose call in flight has been out this long is silent too, before any lookup's deadline came:
-# after a node's loss, lookups of its partitions answer 503 within seconds, not at the request deadline.
-SILENT_AFTER = 2.0
-
 log = logging.getLogger(__name__)
 
 Answer = tuple[bytes | None, Span]
@@ -126,37 +114,22 @@ class KeyRouter:
         # What this facade has served per partition (shared with scans and counts: ``Facade`` passes one).
         self.marks = marks if marks is not None else Marks()
         self._batchers: dict[str, Batcher] = {}
-        # Owner -> when it first and last gave no answer in time, since it last answered (``SILENT_MEMORY``
-        # from the last); gone once it answers.
-        self._silent: dict[str, tuple[float, float]] = {}
+        # Owners that gave no answer (``runtime.facade.silence``; shared with the facade's scans).
+        self.silence = Silence(self._busy_for)
         views.listeners.append(self._forget_gone)
 
     def _forget_gone(self, view: ClusterView) -> None:
         for uuid in set(self._batchers) - set(view.actors):
             del self._batchers[uuid]
-        for uuid in set(self._silent) - set(view.actors):
-            del self._silent[uuid]
+        self.silence.keep_only(view.actors)
 
-    def silent_for(self, uuid: str, now: float | None = None) -> float | None:
-        """For how long ``uuid`` has given no answer in time: since the first lookup it did not answer, if
-        the last such lookup was within ``SILENT_MEMORY``, or since its call in flight was sent, if that
-        is ``SILENT_AFTER`` or more; else None."""
-        now = time.monotonic() if now is None else now
-        marks = self._silent.get(uuid)
-        missed = now - marks[0] if marks is not None and now - marks[1] < SILENT_MEMORY else None
+    def _busy_for(self, uuid: str, now: float) -> float | None:
         batcher = self._batchers.get(uuid)
-        busy = batcher.busy_for(now) if batcher is not None else None
-        stuck = busy if busy is not None and busy >= SILENT_AFTER else None
-        if missed is None or stuck is None:
-            return missed if stuck is None else stuck
-        return max(missed, stuck)
+        return batcher.busy_for(now) if batcher is not None else None
 
-    def _in_order(self, holders: tuple[str, ...]) -> tuple[str, ...]:
-        """The copies to ask, the active first, silent owners after the others (in the same order)."""
-        if not self._silent:
-            return holders
-        now = time.monotonic()
-        return tuple(sorted(holders, key=lambda u: self.silent_for(u, now) is not None))
+    def silent_for(self, uuid: str) -> float | None:
+        """For how long ``uuid`` has given no answer (``Silence.silent_for``); None: it is not silent."""
+        return self.silence.silent_for(uuid)
 
     def _batcher(self, uuid: str, store: str) -> Batcher:
         batcher = self._batchers.get(uuid)
@@ -189,7 +162,7 @@ class KeyRouter:
                 self.metrics.record("riqr_local_reads_total", (spec.name,))
                 return self._found(spec, key, route.partition, *found)
         deadline = Deadline.after(self.timeout)
-        holders = self._in_order((route.owner, *route.standbys))
+        holders = self.silence.in_order((route.owner, *route.standbys))
         # A copy found behind stays the verdict at the deadline even if, in the last round, that copy did
         # not answer in time: the client learns that the copies it could reach were behind.
         behind: CopyBehind | None = None
@@ -197,8 +170,8 @@ class KeyRouter:
             failure: RiqrError | None = None
             for index, uuid in enumerate(holders):
                 last = index == len(holders) - 1
-                silent = self.silent_for(uuid)
-                wait = SILENT_BUDGET if silent is not None else (None if last else FAILOVER_AFTER)
+                silent = self.silence.silent_for(uuid)
+                wait = quiet.SILENT_BUDGET if silent is not None else (None if last else FAILOVER_AFTER)
                 budget = deadline if wait is None else Deadline(min(deadline.at, time.monotonic() + wait), self.timeout)
                 try:
                     answer, span = await self._ask(uuid, spec.name, route.partition, key, budget)
@@ -206,19 +179,18 @@ class KeyRouter:
                     if isinstance(err, OwnerUnavailable):
                         self._views.refresh_soon()
                     if isinstance(err, PartitionUnavailable):  # it answered: its copy cannot serve
-                        self._silent.pop(uuid, None)
+                        self.silence.heard(uuid)
                     else:  # the actor itself did not answer
-                        now = time.monotonic()
-                        self._silent[uuid] = (now if silent is None else now - silent, now)
+                        self.silence.missed(uuid, silent)
                         self._views.suspect(uuid)
                         if last and silent is not None and isinstance(err, DeadlineExceeded):
-                            err = self._silent_owner(uuid, spec.name, route.partition, silent)
+                            err = silent_owner(uuid, spec.name, [route.partition], silent)
                     if last and behind is None:
                         raise err
                     failure = err
                     log.info("failing over from %s for partition %d: %s", uuid, route.partition, err.message)
                     continue
-                self._silent.pop(uuid, None)
+                self.silence.heard(uuid)
                 if not self.marks.admit(spec.name, route.partition, span, active=uuid == route.owner):
                     behind = self._behind(spec.name, route.partition, uuid, span)
                     continue
@@ -237,18 +209,6 @@ class KeyRouter:
             missing.position = position_header(partition, span)
             raise missing
         return Found(answer, partition, span)
-
-    @staticmethod
-    def _silent_owner(uuid: str, store: str, partition: int, silent: float) -> OwnerUnavailable:
-        return OwnerUnavailable(
-            f"query actor {uuid}, the last copy of partition {partition} of store {store} to ask, has given no "
-            f"answer in time for {silent:.1f}s: it may be on a node that went away (a standby, if the store has "
-            "one, is promoted once the registry sees it)",
-            store=store,
-            partition=partition,
-            actors=[uuid],
-            retry_after=1,
-        )
 
     def _behind(self, store: str, partition: int, uuid: str, span: Span) -> CopyBehind:
         mark = self.marks.get(store, partition)

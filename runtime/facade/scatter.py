@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE, PAGE_BYTES
 from runtime.deadline import Deadline, within
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable, ResultTooLarge
+from runtime.facade.silence import Silence, silent_owner
 from runtime.facade.view import ViewCache
 from runtime.keys import TOP
 from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
@@ -44,13 +46,17 @@ CATCH_UP_PAUSE = 0.02
 PAGES_AHEAD = 1
 
 
-def _other_holders(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
-    """For each of ``partitions``, its first copy (active, then standbys) on an actor not in ``tried``,
-    grouped by actor; partitions with no such copy are left out."""
+def _other_holders(
+    table: OwnershipTable, partitions: list[int], tried: frozenset[str], silence: Silence | None = None
+) -> dict[str, list[int]]:
+    """For each of ``partitions``, its first copy (active, then standbys; silent ones last, with
+    ``silence``) on an actor not in ``tried``, grouped by actor; partitions with no such copy are left out."""
     groups: dict[str, list[int]] = {}
     for p in partitions:
         owners = table.partitions[p]
         holders = ((owners.active,) if owners.active else ()) + owners.standbys
+        if silence is not None:
+            holders = silence.in_order(holders)
         holder = next((u for u in holders if u not in tried), None)
         if holder is not None:
             groups.setdefault(holder, []).append(p)
@@ -105,9 +111,12 @@ def scan_partitions(table: OwnershipTable, scan: Scan) -> frozenset[int] | None:
     return frozenset({table.partition_of(lo)})
 
 
-def owners_or_unavailable(table: OwnershipTable, only: frozenset[int] | None = None) -> dict[str, list[int]]:
+def owners_or_unavailable(
+    table: OwnershipTable, only: frozenset[int] | None = None, silence: Silence | None = None
+) -> dict[str, list[int]]:
     """Owner uuid -> its partitions (``only`` those, if given), or ``PartitionUnavailable`` if one of them has
-    no owner."""
+    no owner. With ``silence``, a partition whose active is silent goes to its first copy that is not, when
+    it has one (``runtime.facade.silence``)."""
     missing = [p for p in table.unassigned() if only is None or p in only]
     if missing:
         raise PartitionUnavailable(
@@ -116,16 +125,23 @@ def owners_or_unavailable(table: OwnershipTable, only: frozenset[int] | None = N
             store=table.spec.name,
             partitions=missing,
         )
-    owners = table.by_owner()
-    if only is None:
-        return owners
-    return {u: kept for u, ps in owners.items() if (kept := [p for p in ps if p in only])}
+    groups: dict[str, list[int]] = {}
+    for p, owners in enumerate(table.partitions):
+        if only is not None and p not in only:
+            continue
+        assert owners.active is not None  # no partition is unassigned (above)
+        holders = (owners.active, *owners.standbys)
+        first = holders[0] if silence is None else silence.in_order(holders)[0]
+        groups.setdefault(first, []).append(p)
+    return groups
 
 
-def _failover_groups(table: OwnershipTable, partitions: list[int], tried: frozenset[str]) -> dict[str, list[int]]:
+def _failover_groups(
+    table: OwnershipTable, partitions: list[int], tried: frozenset[str], silence: Silence | None = None
+) -> dict[str, list[int]]:
     """The next untried holders of ``partitions`` (``_other_holders``), or ``PartitionUnavailable`` naming
     the partitions none is left for."""
-    groups = _other_holders(table, partitions, tried)
+    groups = _other_holders(table, partitions, tried, silence)
     missing = sorted(set(partitions) - {p for ps in groups.values() for p in ps})
     if missing:
         raise PartitionUnavailable(
@@ -148,6 +164,7 @@ class ScatterGather:
         page_size: int = DEFAULT_PAGE_SIZE,
         max_page: int = MAX_PAGE,
         marks: Marks | None = None,
+        silence: Silence | None = None,
     ) -> None:
         self._bus = bus
         self._views = views
@@ -156,6 +173,9 @@ class ScatterGather:
         self.max_page = max_page
         # What this facade has served per partition (shared with key lookups: ``Facade`` passes one).
         self.marks = marks if marks is not None else Marks()
+        # Owners found silent (shared with key lookups: ``Facade`` passes its router's): scans start on
+        # their partitions' other copies, and give one that is the last copy left ``SILENT_BUDGET``.
+        self.silence = silence if silence is not None else Silence()
 
     async def _call(self, awaitable: Any, what: str) -> Any:
         try:
@@ -178,22 +198,31 @@ class ScatterGather:
         A copy behind what this facade served is ``CopyBehind`` at once when another copy of every one of
         ``partitions`` is left to fail over to; otherwise it is asked again after a pause, until the deadline.
         """
-        deadline = Deadline.after(self.timeout)
+        silent = self.silence.silent_for(uuid)
+        deadline = Deadline(time.monotonic() + self.silence.budget(uuid, self.timeout), self.timeout)
         active = _actives(table, uuid, partitions)
         while True:
             try:
                 answer, spans = await within(deadline, ask(), what)
-            except OwnerUnavailable:
-                self._views.refresh_soon()
+            except (OwnerUnavailable, DeadlineExceeded) as err:  # the actor itself did not answer
+                self.silence.missed(uuid, silent)
+                if isinstance(err, OwnerUnavailable):
+                    self._views.refresh_soon()
                 self._views.suspect(uuid)
+                if silent is not None and isinstance(err, DeadlineExceeded):
+                    raise silent_owner(uuid, table.spec.name, partitions, silent) from None
                 raise
+            except PartitionUnavailable:
+                self.silence.heard(uuid)
+                raise
+            self.silence.heard(uuid)
             refused = self.marks.admit_all(table.spec.name, spans, active)
             if not refused:
                 seen = SEEN.get()
                 if seen is not None:
                     seen.add(spans)
                 return answer
-            others = _other_holders(table, partitions, tried | {uuid})
+            others = _other_holders(table, partitions, tried | {uuid}, self.silence)
             covered = sorted(p for ps in others.values() for p in ps) == sorted(partitions)
             if covered or deadline.remaining() <= CATCH_UP_PAUSE:
                 raise _copy_behind(table, uuid, refused, self.marks)
@@ -229,7 +258,7 @@ class ScatterGather:
                 except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded):
                     pending = None
                     tried = tried | {uuid}
-                    if not _other_holders(table, partitions, tried):
+                    if not _other_holders(table, partitions, tried, self.silence):
                         raise
                     async for rest in self._failover_pages(table, partitions, scan, page_size, tried):
                         yield rest
@@ -247,7 +276,7 @@ class ScatterGather:
         self, table: OwnershipTable, partitions: list[int], scan: Scan, page_size: int, tried: frozenset[str]
     ) -> AsyncGenerator[list[RawEntry], None]:
         """The rest of a scan of ``partitions`` on their next untried holders (merged, if they differ)."""
-        groups = _failover_groups(table, partitions, tried)
+        groups = _failover_groups(table, partitions, tried, self.silence)
         sources = [self._owner_pages(table, u, ps, scan, page_size, tried) for u, ps in groups.items()]
         async for chunk in _merged(merge_pages_async, sources, reverse=scan.reverse):
             yield chunk
@@ -310,9 +339,9 @@ class ScatterGather:
                     if not isinstance(error, (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded)):
                         raise error
                     tried = tried | {uuid}
-                    if not _other_holders(table, partitions, tried):
+                    if not _other_holders(table, partitions, tried, self.silence):
                         raise error
-                    groups = _failover_groups(table, partitions, tried)
+                    groups = _failover_groups(table, partitions, tried, self.silence)
                     sources = [
                         self._owner_runs(table, u, ps, after, fmt, max_bytes, left[0], tried, page_entries)
                         for u, ps in groups.items()
@@ -342,7 +371,7 @@ class ScatterGather:
         memory stays flat. At most ``limit`` entries, and no owner is asked for more than that."""
         if scan.is_empty():
             return
-        owners = owners_or_unavailable(table, scan_partitions(table, scan)).items()
+        owners = owners_or_unavailable(table, scan_partitions(table, scan), self.silence).items()
         sources = [
             self._owner_runs(table, u, p, scan, fmt, max_bytes, limit, page_entries=page_entries) for u, p in owners
         ]
@@ -364,7 +393,7 @@ class ScatterGather:
         if scan.is_empty():
             return
         size = page_size or self.page_size
-        owners = owners_or_unavailable(table, scan_partitions(table, scan)).items()
+        owners = owners_or_unavailable(table, scan_partitions(table, scan), self.silence).items()
         sources = [self._owner_pages(table, u, p, scan, size) for u, p in owners]
         async for chunk in _merged(merge_pages_async, sources, reverse=scan.reverse):
             yield chunk
@@ -425,7 +454,7 @@ class ScatterGather:
         """The number of entries over all partitions (owners hold disjoint partitions, so counts add); an
         owner that cannot answer, or whose copies are behind what this facade served, is replaced by
         standby copies of its partitions."""
-        owners = owners_or_unavailable(table)
+        owners = owners_or_unavailable(table, silence=self.silence)
 
         async def count_on(uuid: str, partitions: list[int], tried: frozenset[str]) -> int:
             try:
@@ -434,7 +463,7 @@ class ScatterGather:
                 return counted
             except (OwnerUnavailable, PartitionUnavailable):
                 tried = tried | {uuid}
-                groups = _other_holders(table, partitions, tried)
+                groups = _other_holders(table, partitions, tried, self.silence)
                 if sorted(p for ps in groups.values() for p in ps) != sorted(partitions):
                     raise
                 return sum(await asyncio.gather(*(count_on(u, ps, tried) for u, ps in groups.items())))

@@ -495,10 +495,10 @@ async def test_an_owner_that_gave_no_answer_is_asked_after_its_standby_until_it_
 async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_silent_budget_not_a_504(
     bus: FakeBus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runtime.facade import routing
+    from runtime.facade import silence
 
-    monkeypatch.setattr(routing, "SILENT_AFTER", 0.1)
-    monkeypatch.setattr(routing, "SILENT_BUDGET", 0.1)
+    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
+    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
     bus.create_store(kv_spec("solo", standbys=0))
     bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
     core = Facade(bus, timeout=2.0)
@@ -518,6 +518,47 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
         assert core.router.silent_for(owner) is None  # which ends the silence: it answers again
         bus.owners[owner].stall = 0.0
         assert await core.get(KeyQuery("solo", "k1")) == "v1"
+    finally:
+        await core.stop()
+
+
+async def test_scans_and_counts_start_on_the_standby_of_a_silent_active(
+    replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import routing
+
+    monkeypatch.setattr(routing, "FAILOVER_AFTER", 0.05)
+    bus, facade = replicated
+    active = _active_of(bus, facade, "k010")
+    bus.owners[active].stall = 5.0  # no answer, no error
+    assert await facade.get(KeyQuery("r", "k010")) == "v10"  # the lookup that finds it silent
+    keys = [k for k, _ in await facade.entries(RangeQuery("r"))]
+    assert keys == [f"k{i:03d}" for i in range(300)]
+    assert await facade.count("r") == 300
+    assert bus.owners[active].calls.count("scan") == 0 and "count" not in bus.owners[active].calls
+
+
+async def test_a_scan_or_count_whose_only_copy_is_silent_is_a_503_within_the_silent_budget(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import silence
+
+    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
+    bus.create_store(kv_spec("solo", standbys=0))
+    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
+    core = Facade(bus, timeout=5.0)
+    await core.start()
+    try:
+        table = core.view.table("solo")
+        assert table is not None
+        owner = table.partitions[0].active
+        assert owner is not None
+        bus.owners[owner].stall = 30.0
+        core.router.silence.missed(owner)  # as a lookup it did not answer leaves it
+        with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
+            await core.count("solo")  # not a 504 after the 5 s deadline
+        with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
+            await core.entries(RangeQuery("solo"))
     finally:
         await core.stop()
 
@@ -585,10 +626,10 @@ def _copies(bus: FakeBus, facade: Facade, key: str) -> tuple[str, str, int]:
 async def test_a_standby_ahead_then_the_active_behind_never_serves_the_older_value(
     replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runtime.facade import routing
+    from runtime.facade import routing, silence
 
     monkeypatch.setattr(routing, "CATCH_UP_PAUSE", 0.005)
-    monkeypatch.setattr(routing, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
+    monkeypatch.setattr(silence, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
     bus, facade = replicated
     active, standby, _ = _copies(bus, facade, "k007")
     bus.load("r", {"k007": "new"}, batch_id=1, role="standby")  # a delivery halfway: standbys go first
@@ -628,9 +669,9 @@ async def test_a_coalesced_batch_refuses_only_the_partition_whose_copy_is_behind
 ) -> None:
     import pyarrow as pa
 
-    from runtime.facade import routing
+    from runtime.facade import silence
 
-    monkeypatch.setattr(routing, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
+    monkeypatch.setattr(silence, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
     bus, facade = replicated
     table = facade.view.table("r")
     assert table is not None

@@ -1,0 +1,99 @@
+"""Owners that give no answer: which ones a facade has found silent, and for how long.
+
+An actor on a node that went away, or on a host that hangs, neither answers nor fails: Ray keeps calls to it
+waiting until it declares the node dead (about 15 s with its default health checks; docs/operations.md,
+"A node that goes away"). Each facade remembers such an owner (docs/design.md, "Silent owners"): from a
+call it did not answer in time (or that Ray said it is dead) until it answers anything, for at most
+``SILENT_MEMORY`` after the last such call; and while a key-lookup call to it has been out ``SILENT_AFTER``
+or more (``runtime.coalesce.Coalescer.busy_for``), which shows the loss before any request's deadline
+comes. Key lookups and scans ask a silent owner after its partitions' other copies, and as the last copy
+left give it ``SILENT_BUDGET``, then answer 503 (``OwnerUnavailable``: ``silent_owner``) rather than wait
+for the whole request deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from runtime.errors import OwnerUnavailable
+
+__all__ = ["Silence", "silent_owner", "SILENT_MEMORY", "SILENT_BUDGET", "SILENT_AFTER"]
+
+# How long after the last call it did not answer an owner stays silent (any answer ends it at once).
+SILENT_MEMORY = 5.0
+# What a silent owner that is the last copy left to ask gets before the answer is a 503.
+SILENT_BUDGET = 1.0
+# A key-lookup call out this long makes its owner silent, before any lookup's deadline came.
+SILENT_AFTER = 2.0
+
+
+class Silence:
+    """The owners this facade found silent. ``busy`` says how long an owner's key-lookup call in flight has
+    been out (None: none is); ``clock`` is monotonic seconds."""
+
+    def __init__(
+        self,
+        busy: Callable[[str, float], float | None] = lambda _uuid, _now: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._busy = busy
+        self._clock = clock
+        # Owner -> when it first and last gave no answer in time, since it last answered.
+        self._missed: dict[str, tuple[float, float]] = {}
+
+    def silent_for(self, uuid: str, now: float | None = None) -> float | None:
+        """For how long ``uuid`` has given no answer in time: since the first call it did not answer, if the
+        last such call was within ``SILENT_MEMORY``, or since its key-lookup call in flight was sent, if that
+        is ``SILENT_AFTER`` or more; else None (not silent)."""
+        now = self._clock() if now is None else now
+        marks = self._missed.get(uuid)
+        missed = now - marks[0] if marks is not None and now - marks[1] < SILENT_MEMORY else None
+        busy = self._busy(uuid, now)
+        stuck = busy if busy is not None and busy >= SILENT_AFTER else None
+        if missed is None or stuck is None:
+            return missed if stuck is None else stuck
+        return max(missed, stuck)
+
+    def missed(self, uuid: str, silent: float | None = None) -> None:
+        """``uuid`` gave no answer in time (or Ray said it is dead); ``silent``: its ``silent_for`` when
+        the call was made, so the first miss is kept."""
+        now = self._clock()
+        self._missed[uuid] = (now if silent is None else now - silent, now)
+
+    def heard(self, uuid: str) -> None:
+        """``uuid`` answered (a value, "not here", a copy that cannot serve): it is not silent."""
+        self._missed.pop(uuid, None)
+
+    def keep_only(self, uuids: Iterable[str]) -> None:
+        """Forget the owners not in ``uuids`` (gone from the view)."""
+        kept = set(uuids)
+        for uuid in [u for u in self._missed if u not in kept]:
+            del self._missed[uuid]
+
+    def in_order(self, holders: Sequence[str]) -> tuple[str, ...]:
+        """``holders`` (a partition's copies, the active first) with the silent ones after the others, each
+        group in its order."""
+        now = self._clock()
+        return tuple(sorted(holders, key=lambda u: self.silent_for(u, now) is not None))
+
+    def budget(self, uuid: str, seconds: float) -> float:
+        """What a call to ``uuid`` may wait: ``seconds``, or ``SILENT_BUDGET`` if that is shorter and it is
+        silent."""
+        return min(seconds, SILENT_BUDGET) if self.silent_for(uuid) is not None else seconds
+
+
+def silent_owner(uuid: str, store: str, partitions: Sequence[int], silent: float) -> OwnerUnavailable:
+    """The 503 for ``partitions`` of ``store`` whose last copy left to ask, ``uuid``, is silent."""
+    one = len(partitions) == 1
+    which = f"partition {partitions[0]}" if one else f"partitions {list(partitions)}"
+    return OwnerUnavailable(
+        f"query actor {uuid}, the last copy of {which} of store {store} to ask, has given no answer in time for "
+        f"{silent:.1f}s: it may be on a node that went away (a standby, if the store has one, is promoted once "
+        "the registry sees it)",
+        store=store,
+        **({"partition": partitions[0]} if one else {}),
+        partitions=list(partitions),
+        actors=[uuid],
+        retry_after=1,
+    )

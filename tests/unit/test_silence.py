@@ -1,0 +1,48 @@
+"""Which owners a facade finds silent, and for how long (``runtime.facade.silence``): pure, a fake clock."""
+
+from __future__ import annotations
+
+from runtime.facade.silence import SILENT_AFTER, SILENT_BUDGET, SILENT_MEMORY, Silence, silent_owner
+
+
+def test_an_owner_is_silent_from_a_missed_call_until_it_answers_or_the_memory_runs_out() -> None:
+    now = [100.0]
+    silence = Silence(clock=lambda: now[0])
+    assert silence.silent_for("a") is None
+    silence.missed("a")
+    now[0] += 1.0
+    assert silence.silent_for("a") == 1.0
+    silence.missed("a", silence.silent_for("a"))  # a second miss keeps the first's time
+    now[0] += SILENT_MEMORY - 0.5
+    assert silence.silent_for("a") == SILENT_MEMORY + 0.5  # within the memory of the last miss
+    now[0] += 1.0
+    assert silence.silent_for("a") is None  # no miss for SILENT_MEMORY: asked first again
+    silence.missed("a")
+    silence.heard("a")  # any answer ends it
+    assert silence.silent_for("a") is None
+
+
+def test_a_call_out_for_silent_after_makes_its_owner_silent_before_any_miss() -> None:
+    busy = {"a": SILENT_AFTER - 0.1, "b": SILENT_AFTER + 0.5}
+    silence = Silence(busy=lambda uuid, _now: busy.get(uuid), clock=lambda: 0.0)
+    assert silence.silent_for("a") is None and silence.silent_for("b") == SILENT_AFTER + 0.5
+    assert silence.in_order(("b", "a", "c")) == ("a", "c", "b")  # the silent last, the others in order
+    assert silence.budget("b", 10.0) == SILENT_BUDGET and silence.budget("a", 10.0) == 10.0
+    assert silence.budget("b", 0.2) == 0.2  # never longer than asked
+
+
+def test_owners_gone_from_the_view_are_forgotten_and_the_503_names_what_it_is_about() -> None:
+    silence = Silence(clock=lambda: 0.0)
+    silence.missed("a")
+    silence.missed("b")
+    silence.keep_only(["b"])
+    assert silence.silent_for("a") is None and silence.silent_for("b") == 0.0
+    one = silent_owner("b", "s", [3], 2.5)
+    assert (one.status, one.code, one.details["partition"], one.details["retry_after"]) == (
+        503,
+        "owner-unavailable",
+        3,
+        1,
+    )
+    assert "for 2.5s" in one.message and "partition 3 of store s" in one.message
+    assert "partition" not in silent_owner("b", "s", [1, 2], 2.5).details
