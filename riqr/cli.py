@@ -240,8 +240,15 @@ def _rebalance(args: argparse.Namespace) -> int:
             _say(f"riqr: query actors still on the drained nodes: {', '.join(left)} (placed there after the plan: a "
                  "re-created actor, a new store); run the drain again")  # fmt: skip
             return 2
+        # The moved actors' old copies delete their data after a grace: stopping the node before would
+        # leave their directories on its disk.
+        kept = moves.wait_until_deleted(args.namespace, [d.move.uuid for d in done], say=_say)
+        if kept:
+            _say(f"riqr: the old copies {', '.join(kept)} are not deleted yet (riqr status, the registry's log); "
+                 "stopping their node now leaves their data on its disk")  # fmt: skip
+            return 2
         _say(f"drained: no query actor{' of those stores' if stores else ''} runs on "
-             f"{', '.join(n[:12] for n in drain)}")  # fmt: skip
+             f"{', '.join(n[:12] for n in drain)}, and the old copies are deleted: it can be stopped")  # fmt: skip
     if done:
         _say(f"moved {len(done)} query actor(s) in {sum(d.seconds for d in done):.1f}s")
     return 0

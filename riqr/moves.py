@@ -32,6 +32,7 @@ __all__ = [
     "move",
     "rebalance",
     "add_standbys",
+    "wait_until_deleted",
     "describe",
     "DEFAULT_MOVE_TIMEOUT",
 ]
@@ -379,6 +380,31 @@ def _progress(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[st
     states = sorted({str(pos.get("state")) for p, pos in new.items() if p in behind(old, new)})
     rest = f"; the others: {', '.join(states)}" if states else ""
     return f"{ready} of {len(old)} partitions caught up{rest}"
+
+
+# How long ``wait_until_deleted`` waits for the old copies of moves (MOVE_LEAVE_GRACE, then the
+# registry's next check, then each deletes its data).
+_DELETED_WITHIN = 60.0
+
+
+def wait_until_deleted(
+    namespace: str, uuids: Sequence[str], *, timeout: float = _DELETED_WITHIN, say: Callable[[str], None] = print
+) -> list[str]:
+    """Wait until the old actors of moves made (``MoveDone.move.uuid``) are gone: each deletes its data
+    before it is killed, once the grace for reads already sent to it has passed. Returns those still there
+    after ``timeout`` (a node may be stopped once none is)."""
+    from verticles import deploy
+
+    left = set(uuids)
+    if left:
+        say(f"waiting for the {len(left)} old copies to be deleted (a grace of a few seconds for reads sent to them)")
+    deadline = time.monotonic() + timeout
+    while left:
+        left &= set(deploy._named_in(namespace))
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(_LOOK_EVERY)
+    return sorted(left)
 
 
 def alive_nodes() -> list[str]:

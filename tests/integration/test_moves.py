@@ -186,6 +186,7 @@ def test_a_node_that_joins_gets_copies_and_a_drained_one_gives_them_back_while_e
             assert len(on_third) == 1, (spec.name, on_third)
         assert third not in {info.node_id for info in drained.actors.values()}
         assert "drained: no query actor runs on" in drain.stderr
+        assert "and the old copies are deleted: it can be stopped" in drain.stderr  # waited for, not guessed
 
         # No batch lost: every copy of each store holds the latest value of each of its keys.
         final = _view(registry)
