@@ -265,16 +265,16 @@ def _cmd_standbys(args: argparse.Namespace) -> int:
         if args.dry_run:
             for m in planned:
                 _say(f"would add {moves.describe(m)}")
-            _say(f"{len(planned)} standby copies planned" if planned else
-                 f"nothing to add: every partition has {has} standby copies")  # fmt: skip
+            _say(f"{moves.copies(len(planned))} planned" if planned else
+                 f"nothing to add: every partition has {moves.copies(has)}")  # fmt: skip
             return 0
         done = moves.add_standbys(args.namespace, args.store, args.count, timeout=args.timeout, say=_say)
     except KeyboardInterrupt:
         _say("riqr: stopped; the standby copies added before stay (what became of one under way is said above)")
         return 130
     if done:
-        _say(f"added {len(done)} standby copies in {sum(d.seconds for d in done):.1f}s: every partition of store "
-             f"{args.store} has {args.count} standby copies")  # fmt: skip
+        _say(f"added {moves.copies(len(done))} in {sum(d.seconds for d in done):.1f}s: every partition of store "
+             f"{args.store} has {moves.copies(args.count)}")  # fmt: skip
     return 0
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "rebalance",
     "add_standbys",
     "wait_until_deleted",
+    "copies",
     "describe",
     "DEFAULT_MOVE_TIMEOUT",
 ]
@@ -119,6 +120,11 @@ def _one_after_another(
     return done
 
 
+def copies(n: int) -> str:
+    """``n`` standby copies, in words."""
+    return f"{n} standby cop{'y' if n == 1 else 'ies'}"
+
+
 def plan_standby_copies(namespace: str, store: str, wanted: int) -> tuple[int, list[Move]]:
     """How many standby copies each partition of ``store`` has now (the fewest of any), and the copies
     ``add_standbys`` would add to give each ``wanted`` (``runtime.moves.plan_standbys``). ``MoveFailed``
@@ -130,12 +136,12 @@ def plan_standby_copies(namespace: str, store: str, wanted: int) -> tuple[int, l
         raise MoveFailed(f"no store {store} in namespace {namespace!r}")
     has = table.fewest_standbys()
     if wanted < has:
-        raise MoveFailed(f"store {store} has {has} standby copies of each partition: riqr standbys adds copies, "
+        raise MoveFailed(f"store {store} has {copies(has)} of each partition: riqr standbys adds copies, "
                          "it does not remove them")  # fmt: skip
     alive = alive_nodes()
     most = max(1, len(alive) - 1)
     if wanted > most:
-        raise MoveFailed(f"{wanted} standby copies of each partition need {wanted + 1} live nodes, one copy each; "
+        raise MoveFailed(f"{copies(wanted)} of each partition need {wanted + 1} live nodes, one copy each; "
                          f"{len(alive)} are live, so {most} at most")  # fmt: skip
     unassigned = table.unassigned()
     if unassigned and wanted > has:
@@ -156,12 +162,12 @@ def add_standbys(
     new copy is a new query actor that copies its partitions from live copies, catches up and stays
     (``move`` with ``Move.standby``), one after another. Stops at the first that fails (``MoveFailed``;
     the copies added before it stay)."""
-    has, copies = plan_standby_copies(namespace, store, wanted)
-    if not copies:
-        say(f"nothing to add: every partition of store {store} has {has} standby copies or more")
+    has, planned = plan_standby_copies(namespace, store, wanted)
+    if not planned:
+        say(f"nothing to add: every partition of store {store} has {copies(has)} or more")
         return []
-    say(f"{len(copies)} standby copies to add to store {store}, one after another")
-    return _one_after_another(namespace, copies, timeout, say)
+    say(f"{copies(len(planned))} to add to store {store}, one after another")
+    return _one_after_another(namespace, planned, timeout, say)
 
 
 def move(
@@ -393,18 +399,20 @@ def wait_until_deleted(
     """Wait until the old actors of moves made (``MoveDone.move.uuid``) are gone: each deletes its data
     before it is killed, once the grace for reads already sent to it has passed. Returns those still there
     after ``timeout`` (a node may be stopped once none is)."""
-    from verticles import deploy
-
     left = set(uuids)
     if left:
-        say(f"waiting for the {len(left)} old copies to be deleted (a grace of a few seconds for reads sent to them)")
+        say(f"waiting for the old copies ({len(left)}) to be deleted (a grace of a few seconds for reads sent to them)")
     deadline = time.monotonic() + timeout
     while left:
-        left &= set(deploy._named_in(namespace))
+        left &= set(_named_in(namespace))
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(_LOOK_EVERY)
     return sorted(left)
+
+
+def _named_in(namespace: str) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
 
 
 def alive_nodes() -> list[str]:

@@ -88,8 +88,8 @@ def _lag(positions: Sequence[Mapping[str, Any]], ingest: Mapping[str, Any] | Non
     # so (a store half of whose copies are on a lost node must not read as caught up).
     unknown = len(lags) - len(known)
     silent = f"{unknown} of {len(lags)} copies unknown" if unknown else ""
-    if not known:
-        return silent if ingest and unknown else "-"
+    if not known:  # no lag is known for any copy: unknown for all when no batch was reported yet
+        return silent if ingest and isinstance(ingest.get("batch_id"), int) and unknown else "-"
     text = f"{max(known)} batches"
     seconds = [float(c["lag_seconds"]) for c in copies if isinstance(c.get("lag_seconds"), (int, float))]
     if max(known) > 0 and seconds and max(seconds) > 0:

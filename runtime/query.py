@@ -329,6 +329,17 @@ class QueryCore:
         self._spawn(lambda: rebuilder.run(state, generation))
         return ApplyResult(state.partition, False, 0, state=CATCHING_UP)
 
+    @property
+    def catch_up_on_gap(self) -> bool:
+        """Whether a copy that finds a gap, or restarts with nothing, starts a catch-up from peers by itself."""
+        return self._catch_up_on_gap
+
+    @catch_up_on_gap.setter
+    def catch_up_on_gap(self, on: bool) -> None:
+        # Turned on when the store gains standbys after creation (``riqr standbys``): its copies then have
+        # peers to copy from.
+        self._catch_up_on_gap = on
+
     def rebuild_unserved(self) -> list[int]:
         """Start rebuilding every partition that cannot serve (a restarted actor whose copy was wiped,
         lost or marked incomplete); returns those partitions. Without peers, nothing happens. (A

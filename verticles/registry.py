@@ -190,8 +190,10 @@ class Registry:
         # while it starts (``join``), -> (the actor it replaces, when it was asked for).
         self._moving: dict[str, str] = {}
         self._starting: dict[str, tuple[str, float]] = {}
-        # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``.
+        # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``;
+        # and the copies kept (a give-up after a lost answer leaves them).
         self._copying: dict[str, tuple[int, ...]] = {}
+        self._kept: set[str] = set()
         self._drops_failing = False
         # Nodes that join get a facade and a REST API (``follow_nodes``): the nodes seen with them, those
         # whose verticles are starting, the failed attempts by node, and no look before this time.
@@ -500,15 +502,24 @@ class Registry:
             raise InvalidParameter(f"node {node_id} is not a live node of the cluster", node=node_id)
         if uuid in self._moving or uuid in self._starting:
             raise Conflict(f"query actor {uuid} is a move's new actor, not in place yet", actor=uuid)
-        earlier = [new for new, old in self._moving.items() if old == uuid]
-        earlier += [new for new, (old, _) in self._starting.items() if old == uuid]
-        for new in earlier:
-            # Its mover stopped without giving it up (killed), or another one runs: this move replaces it.
-            log.warning("query actor %s: an earlier move of it, to %s, is given up for this one", uuid, new,
+        moves = [new for new, old in self._moving.items() if old == uuid and new not in self._copying]
+        moves += [new for new, (old, _) in self._starting.items() if old == uuid and new not in self._copying]
+        copies = [new for new, old in self._moving.items() if old == uuid and new in self._copying]
+        unadmitted = [new for new, (old, _) in self._starting.items() if old == uuid and new in self._copying]
+        if partitions is not None and moves:
+            raise Conflict(f"query actor {uuid} is being moved (to {moves[0]}): add standby copies once the move "
+                           "is made", actor=uuid)  # fmt: skip
+        for new in moves + unadmitted:
+            # Its mover stopped without giving it up (killed), or another one runs: this one replaces it.
+            log.warning("query actor %s: an earlier %s, %s, is given up for this one", uuid,
+                        "move of it" if new in moves else "standby copy of its partitions", new,
                         extra={"store": info.store, "actor": uuid})  # fmt: skip
             self.abandon_move(uuid, new)
+        for new in copies:  # admitted, its driver gone: a copy in the table like any other, kept
+            self._settle_copy(new)
         new = self._new_uuid()
-        self._env.start_joining_actor(table.spec, new, partitions or info.partitions, node_id)
+        spec = table.spec if partitions is None else replace(table.spec, standbys=max(1, table.spec.standbys or 0))
+        self._env.start_joining_actor(spec, new, partitions or info.partitions, node_id)
         self._starting[new] = (uuid, self._clock())
         if partitions is None:
             log.info("moving query actor %s of %s from node %s to node %s: new actor %s starts", uuid,
@@ -622,19 +633,41 @@ class Registry:
             raise NotFound(f"no standby copy {new} is being added (given up?)", actor=new)
         held = set(table.all_owners()[new])
         theirs = self._env.query_actor_call(old, "positions")
+        theirs = {p: pos for p, pos in theirs.items() if int(p) in held}
         mine = self._env.query_actor_call(new, "positions")
-        late = behind({p: pos for p, pos in theirs.items() if int(p) in held}, mine)
+        late = behind(theirs, mine)
         if late:
             return {"kept": False, "behind": late, "old": theirs, "new": mine}
-        self._moving.pop(new, None)
-        self._copying.pop(new, None)
-        standbys = table.fewest_standbys()
-        if table.spec.standbys != standbys:
-            self.state.replace_table(replace(table, spec=replace(table.spec, standbys=standbys)))
+        standbys = self._settle_copy(new)
         log.info("query actor %s of %s keeps its standby copy of partitions %s; the store has %d standby copies "
                  "of each partition", new, joined.store, sorted(held), standbys,
                  extra={"store": joined.store, "actor": new})  # fmt: skip
         return {"kept": True, "epoch": self.state.epoch, "standbys": standbys}
+
+    def _settle_copy(self, new: str) -> int:
+        """Standby copy ``new`` stays for good: no longer one being added (``abandon_move`` keeps it), the
+        store's ``standbys`` as its table now has it, and every actor of the store told that its copies have
+        peers (``QueryVerticle.peers_joined``: those created without standbys did not catch up from peers
+        by themselves). Returns the store's standbys."""
+        self._moving.pop(new, None)
+        self._copying.pop(new, None)
+        self._kept.add(new)
+        view = self.state.view()
+        info = view.actors.get(new)
+        table = None if info is None else view.table(info.store)
+        if table is None:
+            return 0
+        standbys = table.fewest_standbys()
+        if table.spec.standbys != standbys:
+            self.state.replace_table(replace(table, spec=replace(table.spec, standbys=standbys)))
+        if standbys:
+            for uuid in table.all_owners():
+                try:
+                    self._env.query_actor_call(uuid, "peers_joined")
+                except RiqrError as err:  # one restarted later asks the registry itself
+                    log.warning("could not tell query actor %s that its store has standby copies: %s", uuid,
+                                err.message, extra={"store": table.spec.name, "actor": uuid})  # fmt: skip
+        return standbys
 
     def abandon_move(self, old: str, new: str) -> dict[str, Any]:
         """Give a move up (its mover timed out or was stopped): ``new`` leaves the table and is destroyed
@@ -643,6 +676,8 @@ class Registry:
         call was under way), or when ``new`` answers for a partition (a restarted registry dealt it one)
         or serves one that no other copy serves now (its source lost meanwhile): then it stays, a copy
         like any other (``"kept"``). ``"none"``: no such move."""
+        if new in self._kept:  # a standby copy kept already (its driver's answer was lost): it stays
+            return {"outcome": "kept", "epoch": self.state.epoch, "why": "it was kept as a standby copy already"}
         starting = self._starting.get(new)
         if starting is not None and starting[0] == old:  # not in a table yet: it holds nothing
             del self._starting[new]

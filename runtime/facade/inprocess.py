@@ -366,8 +366,8 @@ class InProcessFacade:
         require_kind(spec, "kv")
         key = bind_key(spec, query.key)
         route = table.resolve(key)
-        if not isinstance(route, Route):
-            return _SLOW
+        if not isinstance(route, Route) or self.core.router.silence.remembered(route.owner):
+            return _SLOW  # a silent owner: the loop's facade asks its standby first, or answers 503 sooner
         try:
             value, span = self._batcher(route.owner).submit((route.partition, key))
         except RiqrError:

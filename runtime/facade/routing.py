@@ -183,7 +183,8 @@ class KeyRouter:
                     else:  # the actor itself did not answer
                         self.silence.missed(uuid, silent)
                         self._views.suspect(uuid)
-                        if last and silent is not None and isinstance(err, DeadlineExceeded):
+                        # A 503 for the silence, unless the request's own deadline ran out (then its 504).
+                        if last and silent is not None and isinstance(err, DeadlineExceeded) and deadline.remaining():
                             err = silent_owner(uuid, spec.name, [route.partition], silent)
                     if last and behind is None:
                         raise err

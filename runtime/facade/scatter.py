@@ -199,17 +199,20 @@ class ScatterGather:
         ``partitions`` is left to fail over to; otherwise it is asked again after a pause, until the deadline.
         """
         silent = self.silence.silent_for(uuid)
-        deadline = Deadline(time.monotonic() + self.silence.budget(uuid, self.timeout), self.timeout)
+        budget = self.silence.budget(uuid, self.timeout)
+        deadline = Deadline(time.monotonic() + budget, self.timeout)
         active = _actives(table, uuid, partitions)
         while True:
             try:
                 answer, spans = await within(deadline, ask(), what)
             except (OwnerUnavailable, DeadlineExceeded) as err:  # the actor itself did not answer
-                self.silence.missed(uuid, silent)
-                if isinstance(err, OwnerUnavailable):
-                    self._views.refresh_soon()
                 self._views.suspect(uuid)
-                if silent is not None and isinstance(err, DeadlineExceeded):
+                if isinstance(err, OwnerUnavailable):  # Ray says it is dead or restarting
+                    self.silence.missed(uuid, silent)
+                    self._views.refresh_soon()
+                # A scan or count that outlasted its deadline may only be a large one: it does not make its
+                # owner silent (key lookups, which are small, do); one that is silent already gets a 503.
+                if silent is not None and isinstance(err, DeadlineExceeded) and budget < self.timeout:
                     raise silent_owner(uuid, table.spec.name, partitions, silent) from None
                 raise
             except PartitionUnavailable:

@@ -3,7 +3,7 @@
 An actor on a node that went away, or on a host that hangs, neither answers nor fails: Ray keeps calls to it
 waiting until it declares the node dead (about 15 s with its default health checks; docs/operations.md,
 "A node that goes away"). Each facade remembers such an owner (docs/design.md, "Silent owners"): from a
-call it did not answer in time (or that Ray said it is dead) until it answers anything, for at most
+key lookup it did not answer in time (or any call Ray said it is dead for) until it answers anything, for at most
 ``SILENT_MEMORY`` after the last such call; and while a key-lookup call to it has been out ``SILENT_AFTER``
 or more (``runtime.coalesce.Coalescer.busy_for``), which shows the loss before any request's deadline
 comes. Key lookups and scans ask a silent owner after its partitions' other copies, and as the last copy
@@ -54,6 +54,12 @@ class Silence:
         if missed is None or stuck is None:
             return missed if stuck is None else stuck
         return max(missed, stuck)
+
+    def remembered(self, uuid: str) -> bool:
+        """Whether ``uuid`` missed a call within ``SILENT_MEMORY``, without asking how long its call in
+        flight has been out: safe from another thread (the driver API's fast path)."""
+        marks = self._missed.get(uuid)
+        return marks is not None and self._clock() - marks[1] < SILENT_MEMORY
 
     def missed(self, uuid: str, silent: float | None = None) -> None:
         """``uuid`` gave no answer in time (or Ray said it is dead); ``silent``: its ``silent_for`` when

@@ -290,7 +290,7 @@ def test_standbys_added_to_a_store_made_without_them_catch_up_under_load_and_tak
         print(f"\nstandbys: {len(reads)} reads, {len(not_ok)} not 200; {delivered[0]} batches\n{added.stderr}")
         assert not_ok == [], not_ok[:10]
         assert "2 standby copies to add to store growing" in added.stderr, added.stderr
-        assert "every partition of store growing has 1 standby copies" in added.stderr, added.stderr
+        assert "every partition of store growing has 1 standby copy" in added.stderr, added.stderr
 
         # Each partition has one standby, on the node its active is not on; the original actors stayed.
         grown_table = grown.tables["growing"]

@@ -354,14 +354,13 @@ def test_an_address_whose_lookup_hangs_is_an_error_within_the_probes_time(monkey
 
 def test_a_drain_waits_until_the_moved_actors_old_copies_are_gone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from riqr import moves
-    from verticles import deploy
 
     listings = iter([["a", "b", "x"], ["b", "x"], ["x"]])
-    monkeypatch.setattr(deploy, "_named_in", lambda _ns: next(listings))
+    monkeypatch.setattr(moves, "_named_in", lambda _ns: next(listings))
     monkeypatch.setattr(moves, "_LOOK_EVERY", 0.0)
     said: list[str] = []
     assert moves.wait_until_deleted("ns", ["a", "b"], say=said.append) == []
-    assert said == ["waiting for the 2 old copies to be deleted (a grace of a few seconds for reads sent to them)"]
-    monkeypatch.setattr(deploy, "_named_in", lambda _ns: ["a"])
+    assert said == ["waiting for the old copies (2) to be deleted (a grace of a few seconds for reads sent to them)"]
+    monkeypatch.setattr(moves, "_named_in", lambda _ns: ["a"])
     assert moves.wait_until_deleted("ns", ["a"], timeout=0.0, say=said.append) == ["a"]  # named when it gives up
     assert moves.wait_until_deleted("ns", [], say=said.append) == [] and len(said) == 2  # nothing moved: no wait

@@ -563,6 +563,32 @@ async def test_a_scan_or_count_whose_only_copy_is_silent_is_a_503_within_the_sil
         await core.stop()
 
 
+async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_but_a_silent_owners_own_504_stays(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import silence
+
+    bus.create_store(kv_spec("solo", standbys=0))
+    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
+    core = Facade(bus, timeout=0.2)
+    await core.start()
+    try:
+        table = core.view.table("solo")
+        assert table is not None
+        owner = table.partitions[table.partition_of("k1")].active
+        assert owner is not None
+        bus.owners[owner].stall = 1.0  # a large scan, say: slow, not gone
+        with pytest.raises(DeadlineExceeded):
+            await core.count("solo")
+        assert core.router.silent_for(owner) is None  # only small calls (lookups) make an owner silent
+        monkeypatch.setattr(silence, "SILENT_BUDGET", 5.0)  # longer than the request's own deadline
+        core.router.silence.missed(owner)
+        with pytest.raises(DeadlineExceeded):  # the request's deadline ran out first: its 504, not a 503
+            await core.get(KeyQuery("solo", "k1"))
+    finally:
+        await core.stop()
+
+
 async def test_a_scan_whose_owner_dies_midway_continues_on_the_standby_with_every_key_once(
     replicated: tuple[FakeBus, Facade],
 ) -> None:

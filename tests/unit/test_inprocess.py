@@ -189,9 +189,25 @@ def test_a_down_active_fails_over_to_the_standby_and_is_reported(
     assert "get_many" in bus.owners[standby].calls and bus.suspected == [active]
 
 
-def test_the_fast_path_never_serves_a_copy_older_than_what_was_served(
+def test_the_fast_path_leaves_an_owner_the_loops_facade_found_silent_to_the_loop(
     replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
 ) -> None:
+    bus, facade, blocking = replicated
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    active, standby, _ = _copies(facade, "k007")
+    bus.owners[active].down = True
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"  # failed over: the active is remembered silent
+    asked = blocking[active].calls
+    assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    assert blocking[active].calls == asked  # not asked again in the caller's thread, with its 1 s wait
+
+
+def test_the_fast_path_never_serves_a_copy_older_than_what_was_served(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import silence
+
+    monkeypatch.setattr(silence, "SILENT_MEMORY", 0.0)  # the active back at once is asked first again
     bus, facade, blocking = replicated
     assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
     active, standby, _ = _copies(facade, "k007")

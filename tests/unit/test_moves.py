@@ -681,3 +681,43 @@ def test_the_registry_adds_a_standby_copy_that_catches_up_and_stays_with_no_batc
     out = registry.keep(first, late)
     assert out["kept"] is False and out["behind"] == list(held[first])
     assert registry.abandon_move(first, late)["outcome"] == "given-up" and late not in registry.view().actors
+
+
+def test_copies_added_to_a_store_without_standbys_make_every_copy_catch_up_from_peers_and_stay_once_kept(
+    tmp_path: Path,
+) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    first, second = sorted(view.actors)
+    held = view.tables["s"].all_owners()
+    env.deliver(0, {f"k{i}": "0" for i in range(40)})
+    assert not env.actors[first].core.catch_up_on_gap  # created without standbys: no peer to copy from
+
+    # A move of an actor under way: no standby copy of its partitions until it is made.
+    moving = registry.join(first, "node-c")["uuid"]
+    with pytest.raises(Conflict, match="being moved"):
+        registry.add_standby(first, "node-b", held[first])
+    registry.abandon_move(first, moving)
+
+    copies = {}
+    for source in (first, second):
+        new = registry.add_standby(source, "node-c", held[source])["uuid"]
+        registry.admit(source, new)
+        assert env.actors[new].core.catch_up_on_gap  # a standby copy from its start
+        _wait(lambda n=new: _serving(env.actors[n]), "the copy caught up")
+        copies[source] = new
+    out = registry.keep(first, copies[first])
+    assert out["kept"] is True and set(out) == {"kept", "epoch", "standbys"}
+    # Its driver's answer lost, then its deadline: giving it up leaves it, a standby already.
+    assert registry.abandon_move(first, copies[first])["outcome"] == "kept"
+    assert copies[first] in registry.view().actors and copies[first] not in env.destroyed
+    # The second's driver was killed after the admit: the next copy of the same source keeps it, settled.
+    again = registry.add_standby(second, "node-a", held[second])["uuid"]
+    assert copies[second] in registry.view().actors and copies[second] not in env.destroyed
+    registry.abandon_move(second, again)
+    table = registry.view().tables["s"]
+    assert table.spec.standbys == table.fewest_standbys() == 1
+    # Every actor of the store now rebuilds a copy it cannot serve from its peers by itself.
+    assert all(env.actors[u].core.catch_up_on_gap for u in table.all_owners())

@@ -102,6 +102,8 @@ def test_the_lag_column_counts_copies_whose_actor_did_not_answer_rather_than_rea
     for p in catalog[0]["positions"]:
         p["replicas"][0] = dict(p["replicas"][1], role="active")
     assert store_rows(catalog, _instances(), NOW)[0][5] == "8 of 8 copies unknown"
+    catalog[0]["ingest"] = {"state": "running", "at": NOW - 1}  # a feed that reported no batch yet
+    assert store_rows(catalog, _instances(), NOW)[0][5] == "-"
 
 
 def test_a_failed_ingest_shows_its_error() -> None:
