@@ -162,6 +162,14 @@ def add_standbys(
     new copy is a new query actor that copies its partitions from live copies, catches up and stays
     (``move`` with ``Move.standby``), one after another. Stops at the first that fails (``MoveFailed``;
     the copies added before it stay)."""
+    # Copies an earlier run added and could not keep (stopped after their admission) first: kept if they
+    # caught up since, so they count as what they are.
+    settled = raycalls.get(
+        registry_of(namespace).settle_standbys.remote(store), "settling copies", timeout=_CALL_TIMEOUT
+    )
+    if settled["pending"]:
+        raise MoveFailed(f"standby copies of store {store} added by an earlier run are still catching up "
+                         f"({', '.join(settled['pending'])}): run it again once they serve")  # fmt: skip
     has, planned = plan_standby_copies(namespace, store, wanted)
     if not planned:
         say(f"nothing to add: every partition of store {store} has {copies(has)} or more")

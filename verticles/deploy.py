@@ -276,6 +276,9 @@ class RayEnv:
             **_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS)
         ).remote(uuid, spec, list(partitions), self, joining=True)
 
+    def query_actor_tell(self, uuid: str, method: str) -> None:
+        _submit_unless_gone(self.namespace, uuid, method, f"{method} on query actor {uuid}")
+
     def query_actor_call(self, uuid: str, method: str, *args: Any) -> Any:
         try:
             handle = ray.get_actor(uuid, namespace=self.namespace)

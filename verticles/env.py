@@ -129,6 +129,11 @@ class ClusterOps(Protocol):
         ``unseal``, ``positions``, ``catch_up``); ``OwnerUnavailable`` if it cannot be reached."""
         ...
 
+    def query_actor_tell(self, uuid: str, method: str) -> None:
+        """Call ``method`` of query actor ``uuid`` without waiting for it (a message that an actor which
+        does not get it learns otherwise); an actor Ray does not know is skipped."""
+        ...
+
     def watch_nodes(self) -> None:
         """Call the registry's ``check_nodes`` about every second from now on (in the background)."""
         ...

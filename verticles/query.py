@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,16 +75,6 @@ class StorePeers:
         return self._link.snapshot_peer(uuid)
 
 
-def _has_peers(env: VerticleEnv, store: str, partitions: Sequence[int]) -> bool:
-    """Whether another actor holds a copy of one of ``partitions`` (the registry's table); False when the
-    registry cannot say (a restart goes on as its arguments say)."""
-    try:  # one partition is enough: `riqr standbys` gives every partition of a store its copies
-        return bool(partitions) and len(env.holders(store, partitions[0])) > 1
-    except Exception:
-        log.warning("could not ask the registry whether store %s has standby copies", store, exc_info=True)
-        return False
-
-
 class QueryVerticle:
     """Holds ``partitions`` of ``spec``; its actor name is ``uuid``. ``env`` gives the node facts and the
     link to the registry; ``replacement``: the registry created it again (its node died, or Ray would not
@@ -143,11 +132,8 @@ class QueryVerticle:
         if restarted or replacement:
             self.log.warning("query actor restarted: %s", self.core.positions())
             env.report_moved(uuid, self.node_id, self.node_ip)
-            if not self.core.catch_up_on_gap:
-                # Ray restarts an actor with its first arguments: a store created without standbys may have
-                # been given some since (``riqr standbys``). Asked in a thread: the registry may be slow to
-                # answer, and the restart must not wait for it.
-                threading.Thread(target=self._peers_if_any, args=(env, partitions), daemon=True).start()
+            # Ray restarts an actor with its first arguments: a store created without standbys may have been
+            # given some since (``riqr standbys``); the registry then tells it so (``peers_joined``).
             rebuilding = self.core.rebuild_unserved()
             if rebuilding:
                 self.log.warning("rebuilding partitions %s from live peers", rebuilding)
@@ -155,12 +141,6 @@ class QueryVerticle:
     def ready(self) -> dict[str, str]:
         """Where this actor runs; the registry waits on this before publishing the actor."""
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
-
-    def _peers_if_any(self, env: VerticleEnv, partitions: Sequence[int]) -> None:
-        if _has_peers(env, self.core.spec.name, partitions):
-            rebuilding = self.peers_joined()
-            if rebuilding:
-                self.log.warning("rebuilding partitions %s from live peers", rebuilding)
 
     def peers_joined(self) -> list[int]:
         """Its store gained standby copies (``Registry.keep``): from now on a copy of it that finds a gap,
@@ -170,7 +150,10 @@ class QueryVerticle:
             return []
         self.core.catch_up_on_gap = True
         self.log.info("its store has standby copies now: copies that cannot serve catch up from peers")
-        return self.core.rebuild_unserved()
+        rebuilding = self.core.rebuild_unserved()
+        if rebuilding:
+            self.log.warning("rebuilding partitions %s from live peers", rebuilding)
+        return rebuilding
 
     def admit(self) -> dict[str, str]:
         """A move's new actor goes into its store's table (``Registry.admit``): from now on it is a copy like

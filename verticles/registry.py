@@ -509,14 +509,19 @@ class Registry:
         if partitions is not None and moves:
             raise Conflict(f"query actor {uuid} is being moved (to {moves[0]}): add standby copies once the move "
                            "is made", actor=uuid)  # fmt: skip
+        if copies or (partitions is None and unadmitted):
+            # In the table and catching up (or, for a move, starting): its driver may still run. One whose
+            # driver was stopped is settled by the next `riqr standbys` of the store once caught up.
+            adding = (copies + unadmitted)[0]
+            raise Conflict(f"a standby copy of query actor {uuid}'s partitions is being added ({adding}): move or "
+                           f"copy it once that is done (`riqr standbys {info.store} N` settles one whose "
+                           "command was stopped)", actor=uuid)  # fmt: skip
         for new in moves + unadmitted:
             # Its mover stopped without giving it up (killed), or another one runs: this one replaces it.
             log.warning("query actor %s: an earlier %s, %s, is given up for this one", uuid,
                         "move of it" if new in moves else "standby copy of its partitions", new,
                         extra={"store": info.store, "actor": uuid})  # fmt: skip
             self.abandon_move(uuid, new)
-        for new in copies:  # admitted, its driver gone: a copy in the table like any other, kept
-            self._settle_copy(new)
         new = self._new_uuid()
         spec = table.spec if partitions is None else replace(table.spec, standbys=max(1, table.spec.standbys or 0))
         self._env.start_joining_actor(spec, new, partitions or info.partitions, node_id)
@@ -576,6 +581,8 @@ class Registry:
             log.info("adding a standby copy of partitions %s of %s on node %s: new actor %s copies them",
                      list(parts), info.store, joined.node_id, new,
                      extra={"store": info.store, "actor": new})  # fmt: skip
+        if copying is None and table.spec.standbys:  # its spec may predate the store's standbys
+            self._env.query_actor_tell(new, "peers_joined")
         try:
             self._env.query_actor_call(new, "catch_up", list(parts))
         except RiqrError as err:  # its mover asks again
@@ -644,6 +651,28 @@ class Registry:
                  extra={"store": joined.store, "actor": new})  # fmt: skip
         return {"kept": True, "epoch": self.state.epoch, "standbys": standbys}
 
+    def settle_standbys(self, store: str) -> dict[str, Any]:
+        """The standby copies of ``store`` being added whose driver stopped after their admission: each
+        that holds what the actor it was copied from holds (``keep``'s check) is kept; the others are
+        left to catch up (``{"pending"}``). ``riqr standbys`` calls this first. Returns
+        ``{"standbys", "pending"}``."""
+        pending = []
+        for new in [u for u, old in self._moving.items() if u in self._copying]:
+            info = self.state.view().actors.get(new)
+            if info is None or info.store != store:
+                continue
+            try:
+                kept = self.keep(self._moving[new], new)["kept"]
+            except RiqrError:
+                kept = False
+            if not kept:
+                pending.append(new)
+        table = self.state.view().table(store)
+        if table is None:
+            raise StoreNotFound(f"store {store!r} is not known", store=store)
+        standbys = (table.spec.standbys or 0) if pending else self._store_standbys(table)
+        return {"standbys": standbys, "pending": sorted(pending)}
+
     def _settle_copy(self, new: str) -> int:
         """Standby copy ``new`` stays for good: no longer one being added (``abandon_move`` keeps it), the
         store's ``standbys`` as its table now has it, and every actor of the store told that its copies have
@@ -655,18 +684,19 @@ class Registry:
         view = self.state.view()
         info = view.actors.get(new)
         table = None if info is None else view.table(info.store)
-        if table is None:
-            return 0
+        return 0 if table is None else self._store_standbys(table)
+
+    def _store_standbys(self, table: OwnershipTable) -> int:
+        """``table``'s store says the standbys its table has (the fewest of any partition), and, when it has
+        some, every actor of it is told its copies have peers."""
         standbys = table.fewest_standbys()
         if table.spec.standbys != standbys:
             self.state.replace_table(replace(table, spec=replace(table.spec, standbys=standbys)))
         if standbys:
+            # Not waited for: an actor on a node that went away would hold the registry's calls (the sink's
+            # epoch check among them); one that misses it asks the registry itself when it restarts.
             for uuid in table.all_owners():
-                try:
-                    self._env.query_actor_call(uuid, "peers_joined")
-                except RiqrError as err:  # one restarted later asks the registry itself
-                    log.warning("could not tell query actor %s that its store has standby copies: %s", uuid,
-                                err.message, extra={"store": table.spec.name, "actor": uuid})  # fmt: skip
+                self._env.query_actor_tell(uuid, "peers_joined")
         return standbys
 
     def abandon_move(self, old: str, new: str) -> dict[str, Any]:
@@ -817,7 +847,15 @@ class Registry:
         return self.state.unregister_endpoint(node_id)
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
-        return self.state.actor_moved(uuid, node_id, node_ip)
+        """A query actor restarted (by Ray, or created again here) tells where it runs. One of a store that
+        has standbys is told its copies have peers: Ray restarts an actor with its first arguments, and a
+        store created without standbys may have been given some since (``riqr standbys``)."""
+        epoch = self.state.actor_moved(uuid, node_id, node_ip)
+        info = self.state.view().actors.get(uuid)
+        table = None if info is None else self.state.view().table(info.store)
+        if table is not None and table.spec.standbys:
+            self._env.query_actor_tell(uuid, "peers_joined")
+        return epoch
 
     def add_reader(self, reader: ReaderCopy) -> int:
         """An HTTP verticle publishes a read replica of a store (``runtime.readreplica``); the sink feeds it

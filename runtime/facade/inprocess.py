@@ -37,7 +37,7 @@ from runtime.bus import Bus
 from runtime.codec import decode_value, to_jsonable
 from runtime.config import DEFAULT_REQUEST_TIMEOUT
 from runtime.deadline import Deadline, within
-from runtime.errors import DeadlineExceeded, KeyNotFound, NotConnected, RiqrError
+from runtime.errors import DeadlineExceeded, KeyNotFound, NotConnected, OwnerUnavailable, RiqrError
 from runtime.facade import Facade
 from runtime.facade.routing import FAILOVER_AFTER
 from runtime.monotonic import Mark, Marks, Span, Spans
@@ -370,7 +370,9 @@ class InProcessFacade:
             return _SLOW  # a silent owner: the loop's facade asks its standby first, or answers 503 sooner
         try:
             value, span = self._batcher(route.owner).submit((route.partition, key))
-        except RiqrError:
+        except RiqrError as err:
+            if isinstance(err, (DeadlineExceeded, OwnerUnavailable)):  # no answer: the loop's facade asks it last
+                self.core.router.silence.missed(route.owner)
             # The loop's facade asks again, fails over, refreshes the view and reports the owner.
             return _SLOW
         if not self.marks.admit(spec.name, route.partition, span, active=True):

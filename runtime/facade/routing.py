@@ -163,6 +163,8 @@ class KeyRouter:
                 return self._found(spec, key, route.partition, *found)
         deadline = Deadline.after(self.timeout)
         holders = self.silence.in_order((route.owner, *route.standbys))
+        if holders[0] != route.owner:  # the active is silent: the registry is asked to look (rate-limited)
+            self._views.suspect(route.owner)
         # A copy found behind stays the verdict at the deadline even if, in the last round, that copy did
         # not answer in time: the client learns that the copies it could reach were behind.
         behind: CopyBehind | None = None
@@ -184,7 +186,12 @@ class KeyRouter:
                         self.silence.missed(uuid, silent)
                         self._views.suspect(uuid)
                         # A 503 for the silence, unless the request's own deadline ran out (then its 504).
-                        if last and silent is not None and isinstance(err, DeadlineExceeded) and deadline.remaining():
+                        if (
+                            last
+                            and silent is not None
+                            and isinstance(err, DeadlineExceeded)
+                            and budget.at < deadline.at
+                        ):
                             err = silent_owner(uuid, spec.name, [route.partition], silent)
                     if last and behind is None:
                         raise err

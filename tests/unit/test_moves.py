@@ -248,6 +248,11 @@ class MoveEnv(FakeEnv):
             raise OwnerUnavailable(f"query actor {uuid} is not running", actors=[uuid])
         return getattr(actor, method)(*args)
 
+    def query_actor_tell(self, uuid: str, method: str) -> None:
+        actor = self.actors.get(uuid)
+        if actor is not None and uuid not in self.unreachable:
+            getattr(actor, method)()
+
     def holders(self, store: str, partition: int) -> list[str]:
         assert self.registry is not None
         table = self.registry.view().table(store)
@@ -713,11 +718,19 @@ def test_copies_added_to_a_store_without_standbys_make_every_copy_catch_up_from_
     # Its driver's answer lost, then its deadline: giving it up leaves it, a standby already.
     assert registry.abandon_move(first, copies[first])["outcome"] == "kept"
     assert copies[first] in registry.view().actors and copies[first] not in env.destroyed
-    # The second's driver was killed after the admit: the next copy of the same source keeps it, settled.
-    again = registry.add_standby(second, "node-a", held[second])["uuid"]
+    # The second's driver was killed after the admit: its source is neither copied nor moved meanwhile...
+    with pytest.raises(Conflict, match="being added"):
+        registry.add_standby(second, "node-a", held[second])
+    with pytest.raises(Conflict, match="being added"):
+        registry.join(second, "node-a")
+    # ... and the next `riqr standbys` settles it, caught up: kept, not destroyed.
+    assert registry.settle_standbys("s") == {"standbys": 1, "pending": []}
     assert copies[second] in registry.view().actors and copies[second] not in env.destroyed
-    registry.abandon_move(second, again)
     table = registry.view().tables["s"]
     assert table.spec.standbys == table.fewest_standbys() == 1
-    # Every actor of the store now rebuilds a copy it cannot serve from its peers by itself.
+    # Every actor of the store now rebuilds a copy it cannot serve from its peers by itself; one that
+    # Ray restarts with its first arguments (a spec without standbys) is told so when it reports back.
     assert all(env.actors[u].core.catch_up_on_gap for u in table.all_owners())
+    env.actors[first].core.catch_up_on_gap = False
+    registry.actor_moved(first, view.actors[first].node_id, "10.0.0.9")
+    assert env.actors[first].core.catch_up_on_gap

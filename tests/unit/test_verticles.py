@@ -38,6 +38,7 @@ class FakeEnv:
         self.rounds = 0  # calls of start_query_actors
         self.killed: list[str] = []
         self.destroyed: list[str] = []
+        self.told: list[tuple[str, str]] = []  # query_actor_tell
         self.moves: list[tuple[str, str, str]] = []
         self.endpoints: dict[str, Endpoint] = {}
         self.infos: list[dict[str, Any]] = []
@@ -196,6 +197,9 @@ class FakeEnv:
 
     def kill(self, names: Sequence[str]) -> None:
         self.killed.extend(names)
+
+    def query_actor_tell(self, uuid: str, method: str) -> None:
+        self.told.append((uuid, method))
 
     def destroy(self, uuids: Sequence[str]) -> None:
         self.destroyed.extend(uuids)
