@@ -211,7 +211,10 @@ class ScatterGather:
                     self.silence.missed(uuid, silent)
                     self._views.refresh_soon()
                 # A scan or count that outlasted its deadline may only be a large one: it does not make its
-                # owner silent (key lookups, which are small, do); one that is silent already gets a 503.
+                # owner silent (key lookups, which are small, do), only asked after the other copies for a
+                # while; one that is silent already gets a 503.
+                if isinstance(err, DeadlineExceeded):
+                    self.silence.slow(uuid)
                 if silent is not None and isinstance(err, DeadlineExceeded) and budget < self.timeout:
                     raise silent_owner(uuid, table.spec.name, partitions, silent) from None
                 raise

@@ -41,6 +41,9 @@ class Silence:
         self._clock = clock
         # Owner -> when it first and last gave no answer in time, since it last answered.
         self._missed: dict[str, tuple[float, float]] = {}
+        # Owner -> when a scan or count to it last outlasted its deadline (``slow``): asked after the
+        # others, with its whole budget still (a large scan is not a dead owner).
+        self._slow: dict[str, float] = {}
 
     def silent_for(self, uuid: str, now: float | None = None) -> float | None:
         """For how long ``uuid`` has given no answer in time: since the first call it did not answer, if the
@@ -67,21 +70,34 @@ class Silence:
         now = self._clock()
         self._missed[uuid] = (now if silent is None else now - silent, now)
 
+    def slow(self, uuid: str) -> None:
+        """A scan or count to ``uuid`` outlasted its deadline: for ``SILENT_MEMORY`` it is asked after its
+        partitions' other copies, without a shorter budget."""
+        self._slow[uuid] = self._clock()
+
     def heard(self, uuid: str) -> None:
         """``uuid`` answered (a value, "not here", a copy that cannot serve): it is not silent."""
         self._missed.pop(uuid, None)
+        self._slow.pop(uuid, None)
 
     def keep_only(self, uuids: Iterable[str]) -> None:
         """Forget the owners not in ``uuids`` (gone from the view)."""
         kept = set(uuids)
         for uuid in [u for u in self._missed if u not in kept]:
             del self._missed[uuid]
+        for uuid in [u for u in self._slow if u not in kept]:
+            del self._slow[uuid]
 
     def in_order(self, holders: Sequence[str]) -> tuple[str, ...]:
-        """``holders`` (a partition's copies, the active first) with the silent ones after the others, each
-        group in its order."""
+        """``holders`` (a partition's copies, the active first) with the silent or slow ones after the
+        others, each group in its order."""
         now = self._clock()
-        return tuple(sorted(holders, key=lambda u: self.silent_for(u, now) is not None))
+
+        def later(uuid: str) -> bool:
+            slow = self._slow.get(uuid)
+            return self.silent_for(uuid, now) is not None or (slow is not None and now - slow < SILENT_MEMORY)
+
+        return tuple(sorted(holders, key=later))
 
     def budget(self, uuid: str, seconds: float) -> float:
         """What a call to ``uuid`` may wait: ``seconds``, or ``SILENT_BUDGET`` if that is shorter and it is

@@ -589,6 +589,29 @@ async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_
         await core.stop()
 
 
+async def test_a_scan_that_waited_out_a_hung_active_starts_the_next_on_its_standby(
+    bus: FakeBus,
+) -> None:
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {f"k{i:03d}": f"v{i}" for i in range(50)})
+    core = Facade(bus, timeout=0.3, page_size=16)
+    await core.start()
+    try:
+        table = core.view.table("r")
+        assert table is not None
+        active = table.partitions[0].active
+        assert active is not None
+        bus.owners[active].stall = 5.0  # hung, as on a node that went away: only scans ask it here
+        keys = [f"k{i:03d}" for i in range(50)]
+        assert [k for k, _ in await core.entries(RangeQuery("r"))] == keys  # failed over after the deadline
+        asked = bus.owners[active].calls.count("scan")
+        assert [k for k, _ in await core.entries(RangeQuery("r"))] == keys
+        assert bus.owners[active].calls.count("scan") == asked  # its standby first: no wait on it
+        assert core.router.silent_for(active) is None  # slow, not silent: its budget is whole
+    finally:
+        await core.stop()
+
+
 async def test_a_scan_whose_owner_dies_midway_continues_on_the_standby_with_every_key_once(
     replicated: tuple[FakeBus, Facade],
 ) -> None:

@@ -46,3 +46,16 @@ def test_owners_gone_from_the_view_are_forgotten_and_the_503_names_what_it_is_ab
     )
     assert "for 2.5s" in one.message and "partition 3 of store s" in one.message
     assert "partition" not in silent_owner("b", "s", [1, 2], 2.5).details
+
+
+def test_a_slow_owner_is_asked_after_the_others_but_keeps_its_whole_budget_until_it_answers() -> None:
+    now = [0.0]
+    silence = Silence(clock=lambda: now[0])
+    silence.slow("a")  # a scan to it outlasted its deadline
+    assert silence.in_order(("a", "b")) == ("b", "a")
+    assert silence.silent_for("a") is None and silence.budget("a", 10.0) == 10.0
+    now[0] += SILENT_MEMORY
+    assert silence.in_order(("a", "b")) == ("a", "b")  # forgotten after a while
+    silence.slow("a")
+    silence.heard("a")  # or at its first answer
+    assert silence.in_order(("a", "b")) == ("a", "b")
