@@ -207,8 +207,9 @@ class QueryCore:
         )
         self._spawn = spawn or _start_thread
         # Whether a copy that finds a gap or restarts with nothing starts a catch-up by itself (a store with
-        # standbys); without, only ``catch_up`` starts one (a move's new copy, ``runtime.moves``).
-        self._catch_up_on_gap = catch_up_on_gap
+        # standbys); without, only ``catch_up`` starts one (a move's new copy, ``runtime.moves``). Turned
+        # on when the store gains standbys after creation (``riqr standbys``: its copies have peers then).
+        self.catch_up_on_gap = catch_up_on_gap
         self._exports: SnapshotExports | None = None
         # Until when batches are refused (``seal``): a move is switching this actor's copies over.
         self._clock = clock
@@ -294,7 +295,7 @@ class QueryCore:
                         retry_after=1,
                     )
                 result = state.apply(source, batch_id, rows, hold)
-                if result.state == INCOMPLETE and self._rebuilder is not None and self._catch_up_on_gap:
+                if result.state == INCOMPLETE and self._rebuilder is not None and self.catch_up_on_gap:
                     result = self._start_catch_up(state, (source, batch_id, rows))
                 results.append(result)
                 if isinstance(rows, BatchRows):
@@ -329,23 +330,12 @@ class QueryCore:
         self._spawn(lambda: rebuilder.run(state, generation))
         return ApplyResult(state.partition, False, 0, state=CATCHING_UP)
 
-    @property
-    def catch_up_on_gap(self) -> bool:
-        """Whether a copy that finds a gap, or restarts with nothing, starts a catch-up from peers by itself."""
-        return self._catch_up_on_gap
-
-    @catch_up_on_gap.setter
-    def catch_up_on_gap(self, on: bool) -> None:
-        # Turned on when the store gains standbys after creation (``riqr standbys``): its copies then have
-        # peers to copy from.
-        self._catch_up_on_gap = on
-
     def rebuild_unserved(self) -> list[int]:
         """Start rebuilding every partition that cannot serve (a restarted actor whose copy was wiped,
         lost or marked incomplete); returns those partitions. Without peers, nothing happens. (A
         ``rebuilding`` partition is complete up to its position and catches up by the batches to come;
         no peer could give it more.)"""
-        if self._rebuilder is None or not self._catch_up_on_gap:
+        if self._rebuilder is None or not self.catch_up_on_gap:
             return []
         return self.catch_up([p for p, state in self.partitions.items() if state.state not in (SERVING, REBUILDING)])
 

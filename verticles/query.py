@@ -134,9 +134,7 @@ class QueryVerticle:
             env.report_moved(uuid, self.node_id, self.node_ip)
             # Ray restarts an actor with its first arguments: a store created without standbys may have been
             # given some since (``riqr standbys``); the registry then tells it so (``peers_joined``).
-            rebuilding = self.core.rebuild_unserved()
-            if rebuilding:
-                self.log.warning("rebuilding partitions %s from live peers", rebuilding)
+            self._rebuild_unserved()
 
     def ready(self) -> dict[str, str]:
         """Where this actor runs; the registry waits on this before publishing the actor."""
@@ -150,6 +148,10 @@ class QueryVerticle:
             return []
         self.core.catch_up_on_gap = True
         self.log.info("its store has standby copies now: copies that cannot serve catch up from peers")
+        return self._rebuild_unserved()
+
+    def _rebuild_unserved(self) -> list[int]:
+        """``QueryCore.rebuild_unserved``, said in the log when it starts any."""
         rebuilding = self.core.rebuild_unserved()
         if rebuilding:
             self.log.warning("rebuilding partitions %s from live peers", rebuilding)

@@ -851,8 +851,9 @@ class Registry:
         has standbys is told its copies have peers: Ray restarts an actor with its first arguments, and a
         store created without standbys may have been given some since (``riqr standbys``)."""
         epoch = self.state.actor_moved(uuid, node_id, node_ip)
-        info = self.state.view().actors.get(uuid)
-        table = None if info is None else self.state.view().table(info.store)
+        view = self.state.view()
+        info = view.actors.get(uuid)
+        table = None if info is None else view.table(info.store)
         if table is not None and table.spec.standbys:
             self._env.query_actor_tell(uuid, "peers_joined")
         return epoch

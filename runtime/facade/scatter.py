@@ -125,15 +125,8 @@ def owners_or_unavailable(
             store=table.spec.name,
             partitions=missing,
         )
-    groups: dict[str, list[int]] = {}
-    for p, owners in enumerate(table.partitions):
-        if only is not None and p not in only:
-            continue
-        assert owners.active is not None  # no partition is unassigned (above)
-        holders = (owners.active, *owners.standbys)
-        first = holders[0] if silence is None else silence.in_order(holders)[0]
-        groups.setdefault(first, []).append(p)
-    return groups
+    wanted = [p for p in range(table.spec.partitions) if only is None or p in only]
+    return _other_holders(table, wanted, frozenset(), silence)  # each partition on its first copy
 
 
 def _failover_groups(
@@ -199,7 +192,7 @@ class ScatterGather:
         ``partitions`` is left to fail over to; otherwise it is asked again after a pause, until the deadline.
         """
         silent = self.silence.silent_for(uuid)
-        budget = self.silence.budget(uuid, self.timeout)
+        budget = self.silence.budget(silent, self.timeout)
         deadline = Deadline(time.monotonic() + budget, self.timeout)
         active = _actives(table, uuid, partitions)
         while True:

@@ -99,10 +99,11 @@ class Silence:
 
         return tuple(sorted(holders, key=later))
 
-    def budget(self, uuid: str, seconds: float) -> float:
-        """What a call to ``uuid`` may wait: ``seconds``, or ``SILENT_BUDGET`` if that is shorter and it is
-        silent."""
-        return min(seconds, SILENT_BUDGET) if self.silent_for(uuid) is not None else seconds
+    @staticmethod
+    def budget(silent: float | None, seconds: float) -> float:
+        """What a call to an owner may wait: ``seconds``, or ``SILENT_BUDGET`` if that is shorter and the
+        owner is silent (``silent``: its ``silent_for``)."""
+        return min(seconds, SILENT_BUDGET) if silent is not None else seconds
 
 
 def silent_owner(uuid: str, store: str, partitions: Sequence[int], silent: float) -> OwnerUnavailable:

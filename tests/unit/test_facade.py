@@ -1,6 +1,8 @@
 import asyncio
+import contextlib
 import datetime as dt
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -492,6 +494,24 @@ async def test_an_owner_that_gave_no_answer_is_asked_after_its_standby_until_it_
     assert bus.owners[active].calls.count("get_many") == asked
 
 
+@contextlib.asynccontextmanager
+async def _one_copy(bus: FakeBus, timeout: float) -> AsyncIterator[tuple[Facade, str]]:
+    """A store ``solo`` without standbys (keys k0..k19), a started facade over it with ``timeout``, and the
+    owner of k1's partition, its only copy."""
+    bus.create_store(kv_spec("solo", standbys=0))
+    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
+    core = Facade(bus, timeout=timeout)
+    await core.start()
+    try:
+        table = core.view.table("solo")
+        assert table is not None
+        owner = table.partitions[table.partition_of("k1")].active
+        assert owner is not None and not table.partitions[table.partition_of("k1")].standbys
+        yield core, owner
+    finally:
+        await core.stop()
+
+
 async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_silent_budget_not_a_504(
     bus: FakeBus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -499,15 +519,7 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
 
     monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
     monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
-    bus.create_store(kv_spec("solo", standbys=0))
-    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
-    core = Facade(bus, timeout=2.0)
-    await core.start()
-    try:
-        table = core.view.table("solo")
-        assert table is not None
-        owner = table.partitions[table.partition_of("k1")].active
-        assert owner is not None and not table.partitions[table.partition_of("k1")].standbys
+    async with _one_copy(bus, timeout=2.0) as (core, owner):
         bus.owners[owner].stall = 0.8  # its call hangs, as one to a node that went away does
         first = asyncio.create_task(core.get(KeyQuery("solo", "k1")))
         await asyncio.sleep(0.3)  # its call has been out longer than SILENT_AFTER
@@ -518,8 +530,6 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
         assert core.router.silent_for(owner) is None  # which ends the silence: it answers again
         bus.owners[owner].stall = 0.0
         assert await core.get(KeyQuery("solo", "k1")) == "v1"
-    finally:
-        await core.stop()
 
 
 async def test_scans_and_counts_start_on_the_standby_of_a_silent_active(
@@ -544,23 +554,13 @@ async def test_a_scan_or_count_whose_only_copy_is_silent_is_a_503_within_the_sil
     from runtime.facade import silence
 
     monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
-    bus.create_store(kv_spec("solo", standbys=0))
-    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
-    core = Facade(bus, timeout=5.0)
-    await core.start()
-    try:
-        table = core.view.table("solo")
-        assert table is not None
-        owner = table.partitions[0].active
-        assert owner is not None
+    async with _one_copy(bus, timeout=5.0) as (core, owner):
         bus.owners[owner].stall = 30.0
         core.router.silence.missed(owner)  # as a lookup it did not answer leaves it
         with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
             await core.count("solo")  # not a 504 after the 5 s deadline
         with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
             await core.entries(RangeQuery("solo"))
-    finally:
-        await core.stop()
 
 
 async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_but_a_silent_owners_own_504_stays(
@@ -568,15 +568,7 @@ async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_
 ) -> None:
     from runtime.facade import silence
 
-    bus.create_store(kv_spec("solo", standbys=0))
-    bus.load("solo", {f"k{i}": f"v{i}" for i in range(20)})
-    core = Facade(bus, timeout=0.2)
-    await core.start()
-    try:
-        table = core.view.table("solo")
-        assert table is not None
-        owner = table.partitions[table.partition_of("k1")].active
-        assert owner is not None
+    async with _one_copy(bus, timeout=0.2) as (core, owner):
         bus.owners[owner].stall = 1.0  # a large scan, say: slow, not gone
         with pytest.raises(DeadlineExceeded):
             await core.count("solo")
@@ -585,8 +577,6 @@ async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_
         core.router.silence.missed(owner)
         with pytest.raises(DeadlineExceeded):  # the request's deadline ran out first: its 504, not a 503
             await core.get(KeyQuery("solo", "k1"))
-    finally:
-        await core.stop()
 
 
 async def test_a_scan_that_waited_out_a_hung_active_starts_the_next_on_its_standby(

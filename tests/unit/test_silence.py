@@ -27,8 +27,9 @@ def test_a_call_out_for_silent_after_makes_its_owner_silent_before_any_miss() ->
     silence = Silence(busy=lambda uuid, _now: busy.get(uuid), clock=lambda: 0.0)
     assert silence.silent_for("a") is None and silence.silent_for("b") == SILENT_AFTER + 0.5
     assert silence.in_order(("b", "a", "c")) == ("a", "c", "b")  # the silent last, the others in order
-    assert silence.budget("b", 10.0) == SILENT_BUDGET and silence.budget("a", 10.0) == 10.0
-    assert silence.budget("b", 0.2) == 0.2  # never longer than asked
+    b, a = silence.silent_for("b"), silence.silent_for("a")
+    assert silence.budget(b, 10.0) == SILENT_BUDGET and silence.budget(a, 10.0) == 10.0
+    assert silence.budget(b, 0.2) == 0.2  # never longer than asked
 
 
 def test_owners_gone_from_the_view_are_forgotten_and_the_503_names_what_it_is_about() -> None:
@@ -53,7 +54,7 @@ def test_a_slow_owner_is_asked_after_the_others_but_keeps_its_whole_budget_until
     silence = Silence(clock=lambda: now[0])
     silence.slow("a")  # a scan to it outlasted its deadline
     assert silence.in_order(("a", "b")) == ("b", "a")
-    assert silence.silent_for("a") is None and silence.budget("a", 10.0) == 10.0
+    assert silence.silent_for("a") is None and silence.budget(silence.silent_for("a"), 10.0) == 10.0
     now[0] += SILENT_MEMORY
     assert silence.in_order(("a", "b")) == ("a", "b")  # forgotten after a while
     silence.slow("a")
