@@ -190,10 +190,8 @@ class Registry:
         # while it starts (``join``), -> (the actor it replaces, when it was asked for).
         self._moving: dict[str, str] = {}
         self._starting: dict[str, tuple[str, float]] = {}
-        # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``;
-        # and the copies kept (a give-up after a lost answer leaves them).
+        # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``.
         self._copying: dict[str, tuple[int, ...]] = {}
-        self._kept: set[str] = set()
         self._drops_failing = False
         # Nodes that join get a facade and a REST API (``follow_nodes``): the nodes seen with them, those
         # whose verticles are starting, the failed attempts by node, and no look before this time.
@@ -245,6 +243,11 @@ class Registry:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
                 continue
             self.state.install(table, actors)
+            if table.fewest_standbys() > (spec.standbys or 0):
+                # Copies ``riqr standbys`` admitted before the restart, not kept yet (this registry keeps no
+                # moves, so they are copies like any other): the store says so, and its actors rebuild
+                # from peers.
+                self._store_standbys(table)
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
         if merged.dropping:
@@ -680,7 +683,6 @@ class Registry:
         by themselves). Returns the store's standbys."""
         self._moving.pop(new, None)
         self._copying.pop(new, None)
-        self._kept.add(new)
         view = self.state.view()
         info = view.actors.get(new)
         table = None if info is None else view.table(info.store)
@@ -704,10 +706,10 @@ class Registry:
         with its data, and ``old`` takes batches again; ``{"outcome": "given-up", "epoch"}``. Nothing is
         undone when the switch was made already (``"switched"``: a mover that gave up while its switch
         call was under way), or when ``new`` answers for a partition (a restarted registry dealt it one)
-        or serves one that no other copy serves now (its source lost meanwhile): then it stays, a copy
-        like any other (``"kept"``). ``"none"``: no such move."""
-        if new in self._kept:  # a standby copy kept already (its driver's answer was lost): it stays
-            return {"outcome": "kept", "epoch": self.state.epoch, "why": "it was kept as a standby copy already"}
+        or serves one that no other copy serves now (its source lost meanwhile), or is no move this
+        registry has under way (a standby copy kept already, whose driver's answer was lost; or one admitted
+        before the registry restarted, which keeps no moves: in doubt, no copy is destroyed): then it stays,
+        a copy like any other (``"kept"``). ``"none"``: no such move."""
         starting = self._starting.get(new)
         if starting is not None and starting[0] == old:  # not in a table yet: it holds nothing
             del self._starting[new]
@@ -721,7 +723,7 @@ class Registry:
         view = self.state.view()
         joined = view.actors.get(new)
         table = None if joined is None else view.table(joined.store)
-        self._moving.pop(new, None)
+        under_way = self._moving.pop(new, None) == old
         self._copying.pop(new, None)
         if joined is None or table is None or new not in table.all_owners():
             return {"outcome": "none", "epoch": self.state.epoch}
@@ -729,8 +731,15 @@ class Registry:
         if old not in table.all_owners():
             log.info("the move of query actor %s to %s was made already: nothing to give up", old, new, extra=fields)
             return {"outcome": "switched", "epoch": self.state.epoch}
-        answers = any(o.active == new for o in table.partitions)
-        why = "it answers for partitions" if answers else self._only_serving_copy(table, new)
+        if not under_way:
+            why: str | None = (
+                "no move of it is under way here: kept as a standby copy already, or admitted before the registry "
+                "restarted"
+            )
+        elif any(o.active == new for o in table.partitions):
+            why = "it answers for partitions"
+        else:
+            why = self._only_serving_copy(table, new)
         if why is not None:
             log.warning("gave up moving query actor %s of %s: its new actor %s stays, a copy like any other (%s)",
                         old, joined.store, new, why, extra=fields)  # fmt: skip

@@ -734,3 +734,37 @@ def test_copies_added_to_a_store_without_standbys_make_every_copy_catch_up_from_
     env.actors[first].core.catch_up_on_gap = False
     registry.actor_moved(first, view.actors[first].node_id, "10.0.0.9")
     assert env.actors[first].core.catch_up_on_gap
+
+
+def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_up_and_counts_as_a_standby(
+    tmp_path: Path,
+) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    (first,) = view.actors
+    env.deliver(0, {f"k{i}": "0" for i in range(20)})
+    copy = registry.add_standby(first, "node-b", (0, 1))["uuid"]
+    registry.admit(first, copy)
+    _wait(lambda: _serving(env.actors[copy]), "the copy caught up")
+    # The registry restarts before its driver's keep (the saved members and the live actors rebuild it): it
+    # keeps no moves, so it cannot tell this copy from one kept already.
+    restarted_env = MoveEnv(tmp_path)
+    restarted_env.membership, restarted_env.actors, restarted_env._restarted = env.membership, env.actors, True
+    restarted_env.infos = [a.info() for a in env.actors.values()]
+    later = itertools.count(100)
+    restarted = Registry(
+        "ns", restarted_env, new_uuid=lambda: f"00000000-0000-4000-8000-{next(later):012d}", clock=Clock()
+    )
+    restarted_env.registry = restarted
+    table = restarted.view().tables["s"]
+    assert set(table.all_owners()) == {first, copy}
+    # The store says the standbys its table has, and its original actor now rebuilds from its peer.
+    assert table.spec.standbys == table.fewest_standbys() == 1
+    assert env.actors[first].core.catch_up_on_gap
+    # The driver's keep answer was lost and its deadline passed: its give-up leaves the copy, in doubt.
+    out = restarted.abandon_move(first, copy)
+    assert out["outcome"] == "kept" and "restarted" in out["why"]
+    assert copy in restarted.view().actors and copy not in restarted_env.destroyed
+    assert all(copy in (o.active, *o.standbys) for o in restarted.view().tables["s"].partitions)
