@@ -53,6 +53,11 @@ class OwnerClient(Protocol):
         """``positions()`` as ``"partitions"`` and the actor's metric samples (``QueryCore.stats``)."""
         ...
 
+    async def ping(self) -> bool:
+        """True from an actor that is there, on a call its busy threads do not hold up (a facade asks when
+        a scan's call is long: ``runtime.facade.silence.answer_or_silence``)."""
+        ...
+
 
 class Bus(Protocol):
     """How a facade reaches the registry and the query actors."""

@@ -47,6 +47,7 @@ __all__ = [
     "EPOCH_WAIT",
     "EPOCH_WAIT_MAX",
     "SUSPECT_CHECK_GAP",
+    "PROBE_GROUP",
     "FEED_HEARTBEAT_INTERVAL",
     "FEED_STALE_AFTER",
     "FEED_SAVE_INTERVAL",
@@ -159,6 +160,9 @@ EPOCH_WAIT_MAX = 30.0
 VIEW_REFRESH_INTERVAL = 1.0
 # The least time between two checks of the query actors that facades ask for (``Registry.suspect``).
 SUSPECT_CHECK_GAP = 0.2
+# A query actor's concurrency group of one thread for ``ping`` (a facade's question whether an actor whose
+# scan call is long is there at all), so that threads busy with long calls do not hold the answer up.
+PROBE_GROUP = "probe"
 # A move's switch (``runtime.moves``): how long the old actor refuses batches while the registry compares
 # positions (lifted at once if the new copy is behind; this bounds a stall if the registry dies meanwhile),
 # and how long the old actor keeps answering reads already sent to it once the new one took its place.

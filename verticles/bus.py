@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from runtime import raycalls
-from runtime.config import DEFAULT_REQUEST_TIMEOUT, REGISTRY_NAME, SUSPECT_CHECK_GAP
+from runtime.config import DEFAULT_REQUEST_TIMEOUT, PROBE_GROUP, REGISTRY_NAME, SUSPECT_CHECK_GAP
 from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable
 from runtime.monotonic import Spans
@@ -66,8 +66,9 @@ class RayOwner:
                 ) from None
         return self._handle
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        remote = getattr(self._actor(), method).remote
+    async def _call(self, method: str, *args: Any, group: str | None = None) -> Any:
+        call = getattr(self._actor(), method)
+        remote = (call if group is None else call.options(concurrency_group=group)).remote
         deadline = Deadline.after(self._timeout)
         try:
             return await raycalls.call(
@@ -126,6 +127,10 @@ class RayOwner:
 
     async def stats(self) -> dict[str, Any]:
         answer: dict[str, Any] = await self._call("stats")
+        return answer
+
+    async def ping(self) -> bool:
+        answer: bool = await self._call("ping", group=PROBE_GROUP)
         return answer
 
 

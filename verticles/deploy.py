@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from runtime import logs, raycalls
 from runtime.catalog import StoreSpec
 from runtime.config import (
+    PROBE_GROUP,
     RECLAIM_ENV,
     REGISTRY_NAME,
     ROCKSDB_CACHE_ENV,
@@ -110,6 +111,12 @@ def _options(name: str, namespace: str, node_id: str | None = None, **extra: Any
 def _remote(cls: type, **options: Any) -> Any:
     """``ray.remote`` applied to a verticle class (typed loosely: Ray's actor classes defeat mypy)."""
     return ray.remote(**options)(cls) if options else ray.remote(cls)
+
+
+def _query_actor() -> Any:
+    """The query actor's class for Ray: ``max_concurrency`` threads for its calls (given per actor), and
+    one more of its own for ``ping`` (``PROBE_GROUP``), which long calls on the others do not hold up."""
+    return _remote(QueryVerticle, concurrency_groups={PROBE_GROUP: 1})
 
 
 def alive_nodes() -> list[str]:
@@ -211,7 +218,7 @@ class RayEnv:
         # rather than a store's pair after the other's (docs/benchmarks.md, "Demo start-up").
         handles = [
             [
-                _remote(QueryVerticle)
+                _query_actor()
                 .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
                 .remote(uuid, spec, list(partitions), self)
                 for uuid, partitions, node_id in members
@@ -259,7 +266,7 @@ class RayEnv:
         while True:
             try:
                 return (
-                    _remote(QueryVerticle)
+                    _query_actor()
                     .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
                     .remote(uuid, spec, list(partitions), self, replacement=True)
                 )
@@ -272,9 +279,9 @@ class RayEnv:
         # Not waited for: the mover looks it up by name (again until it is listed) and waits for ``ready``.
         # One that never starts is destroyed by its move's give-up or the registry's check
         # (``MOVE_START_SECONDS``), and one found by a restarted registry is dropped (``joining``).
-        _remote(QueryVerticle).options(
-            **_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS)
-        ).remote(uuid, spec, list(partitions), self, joining=True)
+        _query_actor().options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS)).remote(
+            uuid, spec, list(partitions), self, joining=True
+        )
 
     def query_actor_tell(self, uuid: str, method: str) -> None:
         _submit_unless_gone(self.namespace, uuid, method, f"{method} on query actor {uuid}")

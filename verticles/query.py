@@ -140,6 +140,12 @@ class QueryVerticle:
         """Where this actor runs; the registry waits on this before publishing the actor."""
         return {"uuid": self.uuid, "node_id": self.node_id, "node_ip": self.node_ip}
 
+    def ping(self) -> bool:
+        """Whether this actor is there at all: a facade asks when a scan's call to it is long
+        (``runtime.facade.silence.answer_or_silence``). Called in its own concurrency group
+        (``runtime.config.PROBE_GROUP``), so threads busy with long calls do not hold it up."""
+        return True
+
     def peers_joined(self) -> list[int]:
         """Its store gained standby copies (``Registry.keep``): from now on a copy of it that finds a gap,
         or cannot serve, catches up from peers by itself, as in a store created with standbys; returns the

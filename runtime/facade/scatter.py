@@ -24,7 +24,7 @@ from runtime.config import DEFAULT_PAGE_SIZE, MAX_PAGE, PAGE_BYTES
 from runtime.deadline import Deadline, within
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import CopyBehind, DeadlineExceeded, OwnerUnavailable, PartitionUnavailable, ResultTooLarge
-from runtime.facade.silence import Silence, silent_owner
+from runtime.facade.silence import NoPing, Silence, answer_or_silence, silent_owner
 from runtime.facade.view import ViewCache
 from runtime.keys import TOP
 from runtime.merge import merge_pages_async, merge_runs_async, sum_counts
@@ -195,9 +195,14 @@ class ScatterGather:
         budget = self.silence.budget(silent, self.timeout)
         deadline = Deadline(time.monotonic() + budget, self.timeout)
         active = _actives(table, uuid, partitions)
+        owner = self._bus.owner(uuid)
         while True:
             try:
-                answer, spans = await within(deadline, ask(), what)
+                answer, spans = await answer_or_silence(deadline, ask(), owner.ping, what)
+            except NoPing as err:  # a call out SILENT_AFTER, and no answer to a ping: silent, not slow
+                self._views.suspect(uuid)
+                self.silence.missed(uuid, err.silent)
+                raise silent_owner(uuid, table.spec.name, partitions, err.silent) from None
             except (OwnerUnavailable, DeadlineExceeded) as err:  # the actor itself did not answer
                 self._views.suspect(uuid)
                 if isinstance(err, OwnerUnavailable):  # Ray says it is dead or restarting

@@ -9,16 +9,33 @@ or more (``runtime.coalesce.Coalescer.busy_for``), which shows the loss before a
 comes. Key lookups and scans ask a silent owner after its partitions' other copies, and as the last copy
 left give it ``SILENT_BUDGET``, then answer 503 (``OwnerUnavailable``: ``silent_owner``) rather than wait
 for the whole request deadline.
+
+A scan's or count's call may be long by its nature (a filter that reads much to return little), so its
+time alone says nothing: one still out after ``SILENT_AFTER`` has its owner pinged on a call of its own
+(``answer_or_silence``), and an owner that answers no ping within ``SILENT_BUDGET`` is silent too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
-from runtime.errors import OwnerUnavailable
+from runtime.deadline import Deadline, within
+from runtime.errors import DeadlineExceeded, OwnerUnavailable
 
-__all__ = ["Silence", "silent_owner", "SILENT_MEMORY", "SILENT_BUDGET", "SILENT_AFTER"]
+__all__ = [
+    "Silence",
+    "NoPing",
+    "answer_or_silence",
+    "silent_owner",
+    "SILENT_MEMORY",
+    "SILENT_BUDGET",
+    "SILENT_AFTER",
+]
+
+T = TypeVar("T")
 
 # How long after the last call it did not answer an owner stays silent (any answer ends it at once).
 SILENT_MEMORY = 5.0
@@ -120,3 +137,37 @@ def silent_owner(uuid: str, store: str, partitions: Sequence[int], silent: float
         actors=[uuid],
         retry_after=1,
     )
+
+
+class NoPing(Exception):
+    """The owner of a call still out after ``SILENT_AFTER`` answered no ping within ``SILENT_BUDGET``;
+    ``silent``: how long the call had been out then."""
+
+    def __init__(self, silent: float) -> None:
+        super().__init__(f"no answer to a ping after {silent:.1f}s")
+        self.silent = silent
+
+
+async def answer_or_silence(
+    deadline: Deadline, call: Awaitable[T], ping: Callable[[], Awaitable[object]], what: str
+) -> T:
+    """``call``'s answer by ``deadline`` (``DeadlineExceeded`` past it). A call still out after
+    ``SILENT_AFTER`` may be a long one or an owner that is gone: ``ping()`` (a call of the owner's own,
+    which its busy threads do not hold up) tells which; ``NoPing`` if it gives no answer within
+    ``SILENT_BUDGET`` (the call is cancelled), else the call is awaited to its deadline. A deadline too
+    close for the ping to matter is awaited as it is."""
+    started = time.monotonic()
+    task = asyncio.ensure_future(within(deadline, call, what))
+    try:
+        if deadline.remaining() <= SILENT_AFTER + SILENT_BUDGET:
+            return await task
+        await asyncio.wait({task}, timeout=SILENT_AFTER)
+        if not task.done():
+            try:
+                await within(Deadline.after(SILENT_BUDGET), ping(), f"ping of the owner of a {what}")
+            except (OwnerUnavailable, DeadlineExceeded):
+                raise NoPing(time.monotonic() - started) from None
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()

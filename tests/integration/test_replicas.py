@@ -641,3 +641,57 @@ def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_
                  what="the thawed owner answering")  # fmt: skip
     for name in frozen:
         raycalls.get(registry.drop_store.remote(name), "drop_store")
+
+
+def test_a_scan_whose_owner_is_frozen_fails_over_or_answers_503_once_a_ping_goes_unanswered(
+    runtime_ns: Runtime,
+) -> None:
+    """Scans alone (no lookup found the owner silent first) of a store whose owner is frozen (SIGSTOP):
+    the scan's call is long, so the facade pings the owner on the actor's own probe thread; no answer,
+    and the scan continues on the standby (whole and right), or, where the frozen owner is the only copy,
+    is a 503 `owner-unavailable`, both in a few seconds rather than a 504 at the request deadline."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from bench.faults import user_scores, worker_pid
+    from runtime.config import DEFAULT_REQUEST_TIMEOUT
+
+    registry = runtime_ns.registry()
+    url = runtime_ns.url
+    pids = []
+    for name, standbys in (("hung-scan-solo", 0), ("hung-scan-pair", 1)):
+        spec = StoreSpec(name, KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2,
+                         standbys=standbys)  # fmt: skip
+        view = raycalls.get(registry.create_store.remote(spec), "create_store")
+        table = view.tables[name]
+        BatchDelivery(spec, runtime_ns.namespace, checkpoint="unused").deliver(
+            "q", 0, user_scores(table, {u: u * 10 for u in USERS})
+        )
+        wait_for(
+            lambda n=name: http_get(f"{url}/stores/{n}/approximate-num-entries")[2] == {"result": len(USERS)},
+            what="the store loaded and visible",
+        )
+        pids.append(worker_pid(ray.get_actor(sorted(table.by_owner())[0], namespace=runtime_ns.namespace)))
+    want = [{"key": u, "value": u * 10} for u in USERS]
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        pair = http_get(f"{url}/stores/hung-scan-pair/all")
+        pair_took = time.monotonic() - started
+        started = time.monotonic()
+        solo = http_get(f"{url}/stores/hung-scan-solo/all")
+        solo_took = time.monotonic() - started
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    print(f"\nscan of the pair: {pair[0]} in {pair_took:.2f}s; of the solo store: {solo[0]} in {solo_took:.2f}s")
+    assert pair[0] == 200 and pair[2]["result"] == want, pair[0]
+    assert solo[0] == 503 and solo[2]["error"]["code"] == "owner-unavailable", solo
+    assert max(pair_took, solo_took) < DEFAULT_REQUEST_TIMEOUT / 2, (pair_took, solo_took)
+    wait_for(lambda: http_get(f"{url}/stores/hung-scan-solo/all")[2] == {"result": want}, what="the thawed owner")
+    for name in ("hung-scan-solo", "hung-scan-pair"):
+        raycalls.get(registry.drop_store.remote(name), "drop_store")

@@ -48,6 +48,7 @@ class FakeOwner:
         self.calls: list[str] = []
         self.down = False
         self.stall = 0.0
+        self.hung = False  # pings get no answer either (a stall alone is a busy owner, which answers them)
         self.down_after: int | None = None  # goes down once it has answered this many calls
 
     async def _enter(self, name: str) -> None:
@@ -85,6 +86,15 @@ class FakeOwner:
     async def stats(self) -> dict[str, Any]:
         await self._enter("stats")
         return self.core.stats()
+
+    async def ping(self) -> bool:
+        """Answers at once unless the owner is ``down`` or ``hung`` (a stall alone is a busy owner)."""
+        self.calls.append("ping")
+        if self.hung:
+            await asyncio.sleep(3600)
+        if self.down:
+            raise OwnerUnavailable("fake owner is down", retry_after=1)
+        return True
 
 
 class FakeBus:

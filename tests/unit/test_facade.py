@@ -2,6 +2,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -577,6 +578,57 @@ async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_
         core.router.silence.missed(owner)
         with pytest.raises(DeadlineExceeded):  # the request's deadline ran out first: its 504, not a 503
             await core.get(KeyQuery("solo", "k1"))
+
+
+async def test_a_long_scan_on_a_hung_only_copy_is_a_503_once_a_ping_goes_unanswered_and_a_busy_one_answers(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import silence
+
+    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
+    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
+    async with _one_copy(bus, timeout=5.0) as (core, owner):
+        # Busy, not gone: its calls are long but it answers the ping, so the scan and count wait for it.
+        bus.owners[owner].stall = 0.4
+        assert len(await core.entries(RangeQuery("solo"))) == 20
+        assert await core.count("solo") == 20
+        assert "ping" in bus.owners[owner].calls and core.router.silent_for(owner) is None
+        # Hung (a node gone, a stopped process): no ping answered either. A 503 after about SILENT_AFTER
+        # and SILENT_BUDGET, not a 504 at the 5 s deadline, and the owner is silent for lookups too.
+        bus.owners[owner].stall, bus.owners[owner].hung = 30.0, True
+        started = time.monotonic()
+        with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
+            await core.entries(RangeQuery("solo"))
+        assert time.monotonic() - started < 2.0
+        assert core.router.silent_for(owner) is not None and owner in bus.suspected
+        with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
+            await core.count("solo")  # silent already: within SILENT_BUDGET
+        assert time.monotonic() - started < 3.0
+
+
+async def test_a_scan_on_a_hung_active_fails_over_to_its_standby_once_its_ping_goes_unanswered(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import silence
+
+    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
+    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {f"k{i:03d}": f"v{i}" for i in range(50)})
+    core = Facade(bus, timeout=5.0, page_size=16)
+    await core.start()
+    try:
+        table = core.view.table("r")
+        assert table is not None
+        active = table.partitions[0].active
+        assert active is not None
+        bus.owners[active].stall, bus.owners[active].hung = 30.0, True
+        started = time.monotonic()
+        assert [k for k, _ in await core.entries(RangeQuery("r"))] == [f"k{i:03d}" for i in range(50)]
+        assert time.monotonic() - started < 2.0  # not the 5 s deadline
+        assert core.router.silent_for(active) is not None
+    finally:
+        await core.stop()
 
 
 async def test_a_scan_that_waited_out_a_hung_active_starts_the_next_on_its_standby(

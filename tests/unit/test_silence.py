@@ -60,3 +60,69 @@ def test_a_slow_owner_is_asked_after_the_others_but_keeps_its_whole_budget_until
     silence.slow("a")
     silence.heard("a")  # or at its first answer
     assert silence.in_order(("a", "b")) == ("a", "b")
+
+
+# -- a long call: a ping says whether its owner is there (answer_or_silence) ---------------------------------
+
+
+def _race(call_seconds: float, ping: str, deadline: float) -> tuple[str, list[str]]:
+    """``answer_or_silence`` with SILENT_AFTER and SILENT_BUDGET at 0.05 s, a call of ``call_seconds`` and a
+    ping that ``answers``, ``hangs`` or ``fails``: its outcome, and what happened in order."""
+    import asyncio
+
+    import pytest
+
+    from runtime.deadline import Deadline
+    from runtime.errors import DeadlineExceeded, OwnerUnavailable
+    from runtime.facade import silence
+
+    events: list[str] = []
+
+    async def call() -> str:
+        try:
+            await asyncio.sleep(call_seconds)
+        except asyncio.CancelledError:
+            events.append("call cancelled")
+            raise
+        return "answer"
+
+    async def pinged() -> bool:
+        events.append("ping")
+        if ping == "hangs":
+            await asyncio.sleep(60)
+        if ping == "fails":
+            raise OwnerUnavailable("gone")
+        return True
+
+    async def run() -> str:
+        try:
+            return await silence.answer_or_silence(Deadline.after(deadline), call(), pinged, "scan")
+        except silence.NoPing as err:
+            assert err.silent >= 0.05  # the call was out SILENT_AFTER at least
+            await asyncio.sleep(0.01)  # the call's cancellation lands
+            return "no ping"
+        except DeadlineExceeded:
+            return "504"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(silence, "SILENT_AFTER", 0.05)
+        patch.setattr(silence, "SILENT_BUDGET", 0.05)
+        return asyncio.run(run()), events
+
+
+def test_a_call_answered_before_silent_after_asks_no_ping() -> None:
+    assert _race(0.01, "hangs", 5.0) == ("answer", [])
+
+
+def test_a_long_call_whose_owner_answers_a_ping_is_awaited_to_its_answer_or_deadline() -> None:
+    assert _race(0.3, "answers", 5.0) == ("answer", ["ping"])
+    assert _race(5.0, "answers", 0.4) == ("504", ["ping", "call cancelled"])
+
+
+def test_a_long_call_whose_owner_answers_no_ping_is_cancelled_as_silent() -> None:
+    assert _race(5.0, "hangs", 5.0) == ("no ping", ["ping", "call cancelled"])
+    assert _race(5.0, "fails", 5.0) == ("no ping", ["ping", "call cancelled"])
+
+
+def test_a_deadline_too_close_for_a_ping_to_matter_is_awaited_as_it_is() -> None:
+    assert _race(5.0, "hangs", 0.08) == ("504", ["call cancelled"])
