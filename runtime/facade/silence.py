@@ -18,6 +18,7 @@ time alone says nothing: one still out after ``SILENT_AFTER`` has its owner ping
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
@@ -156,11 +157,11 @@ async def answer_or_silence(
     which its busy threads do not hold up) tells which; ``NoPing`` if it gives no answer within
     ``SILENT_BUDGET`` (the call is cancelled), else the call is awaited to its deadline. A deadline too
     close for the ping to matter is awaited as it is."""
+    if deadline.remaining() <= SILENT_AFTER + SILENT_BUDGET:
+        return await within(deadline, call, what)
     started = time.monotonic()
     task = asyncio.ensure_future(within(deadline, call, what))
     try:
-        if deadline.remaining() <= SILENT_AFTER + SILENT_BUDGET:
-            return await task
         await asyncio.wait({task}, timeout=SILENT_AFTER)
         if not task.done():
             try:
@@ -171,3 +172,7 @@ async def answer_or_silence(
     finally:
         if not task.done():
             task.cancel()
+        # Cancelled before the task took its first step (the caller itself cancelled at once): the call
+        # was never awaited; closed, it does not warn so.
+        if inspect.iscoroutine(call) and inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
+            call.close()
