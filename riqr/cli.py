@@ -7,7 +7,7 @@ riqr down [--address ADDR]                 remove them
 riqr drop STORE [--force]                  drop one store: its query actors stop, its data is deleted
 riqr rebalance [--store S] [--dry-run]     spread the stores' query actors over the live nodes (new ones too)
 riqr drain NODE [--dry-run]                move every query actor off a node, before it is taken away
-riqr standbys STORE N [--dry-run]          give each partition of a store N standby copies, while it serves
+riqr standbys STORE N [--dry-run]          give each partition of a store N standby copies (adds or removes)
 riqr status [--address ADDR] [--json]      stores, partitions, replicas, positions, lag, ingest, endpoints
 riqr query STORE get KEY                   a value; range [FROM [TO]] / prefix P / all: JSON lines
 riqr run TOPOLOGY [options]                run a topology (as ``python -m topologies.TOPOLOGY`` does)
@@ -255,23 +255,39 @@ def _rebalance(args: argparse.Namespace) -> int:
 
 
 def _cmd_standbys(args: argparse.Namespace) -> int:
-    """Add standby copies to a store while queries and batches go on (``riqr.moves.add_standbys``)."""
+    """Give a store's partitions N standby copies while queries and batches go on: copies added
+    (``riqr.moves.add_standbys``) or removed (``riqr.moves.remove_standbys``)."""
     from riqr import moves
 
     _connect_ray(args.address, args.namespace)
     _registry(args.namespace)  # riqr is up there
     try:
+        removals = moves.plan_removals(args.namespace, args.store, args.count)
         has, planned = moves.plan_standby_copies(args.namespace, args.store, args.count)
         if args.dry_run:
+            for r in removals:
+                _say(f"would remove {r.describe()}")
             for m in planned:
                 _say(f"would add {moves.describe(m)}")
-            _say(f"{moves.copies(len(planned))} planned" if planned else
-                 f"nothing to add: every partition has {moves.copies(has)}")  # fmt: skip
+            if not removals and not planned:
+                _say(f"nothing to change: every partition of store {args.store} has {moves.copies(args.count)}")
+            else:
+                _say(", ".join(f"{moves.copies(len(xs))} {what}" for xs, what in
+                               ((planned, "to add"), (removals, "to remove")) if xs))  # fmt: skip
             return 0
-        done = moves.add_standbys(args.namespace, args.store, args.count, timeout=args.timeout, say=_say)
+        removed = moves.remove_standbys(args.namespace, args.store, args.count, say=_say) if removals else []
+        done = (
+            moves.add_standbys(args.namespace, args.store, args.count, timeout=args.timeout, say=_say)
+            if planned or not removed
+            else []
+        )
     except KeyboardInterrupt:
-        _say("riqr: stopped; the standby copies added before stay (what became of one under way is said above)")
+        _say("riqr: stopped; the standby copies added or removed before stay so (what became of one under way is "
+             "said above)")  # fmt: skip
         return 130
+    if removed:
+        _say(f"removed {moves.copies(len(removed))}, and their data is deleted: no partition of store "
+             f"{args.store} has more than {moves.copies(args.count)}")  # fmt: skip
     if done:
         _say(f"added {moves.copies(len(done))} in {sum(d.seconds for d in done):.1f}s: every partition of store "
              f"{args.store} has {moves.copies(args.count)}")  # fmt: skip
@@ -570,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
         "standbys",
         help=what,
         description=what + ": each new copy is a new query actor that copies its partitions from live copies, "
-        "catches up and stays. Copies are added, not removed; a store created on one node has none.",
+        "catches up and stays. Fewer than a partition has removes copies riqr standbys added (whole query "
+        "actors that answer for no partition; a store's own actors keep theirs). A store created on one node "
+        "has none.",
     )
     standbys.add_argument("store")
     standbys.add_argument("count", metavar="N", type=_standby_count, help="standby copies each partition should have")

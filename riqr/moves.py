@@ -1,5 +1,5 @@
 """Moving query actors between nodes while queries and batches go on: ``riqr rebalance`` and ``riqr drain``;
-and adding standby copies to a store the same way: ``riqr standbys``.
+and adding standby copies to a store the same way, or removing them: ``riqr standbys``.
 
 The plan and the switch's check are pure (``runtime.moves``); the registry makes each step atomic
 (``Registry.join``, ``Registry.admit``, ``Registry.switch``, ``Registry.abandon_move``; for a standby added,
@@ -21,7 +21,7 @@ import ray
 from runtime import raycalls
 from runtime.config import REGISTRY_NAME
 from runtime.errors import DeadlineExceeded, OwnerUnavailable, RiqrError, Unavailable
-from runtime.moves import Move, behind, plan_moves, plan_standbys
+from runtime.moves import Move, behind, plan_moves, plan_standby_removals, plan_standbys
 from runtime.ownership import ClusterView
 
 __all__ = [
@@ -29,6 +29,9 @@ __all__ = [
     "MoveFailed",
     "plan",
     "plan_standby_copies",
+    "Removal",
+    "plan_removals",
+    "remove_standbys",
     "move",
     "rebalance",
     "add_standbys",
@@ -70,6 +73,21 @@ class MoveDone:
     new_uuid: str
     seconds: float
     epoch: int
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Standby copies to remove (``riqr standbys`` with fewer): query actor ``uuid`` of ``store`` on
+    ``node``, with its copies of ``partitions``."""
+
+    store: str
+    uuid: str
+    node: str
+    partitions: tuple[int, ...]
+
+    def describe(self) -> str:
+        return (f"store {self.store}: query actor {self.uuid} on node {_node(self.node)}, its standby copies of "
+                f"partitions {_parts(self.partitions)}")  # fmt: skip
 
 
 def plan(
@@ -125,19 +143,75 @@ def copies(n: int) -> str:
     return f"{n} standby cop{'y' if n == 1 else 'ies'}"
 
 
+def plan_removals(namespace: str, store: str, wanted: int) -> list[Removal]:
+    """The standby copies ``remove_standbys`` would remove so that no partition of ``store`` has more than
+    ``wanted`` (``runtime.moves.plan_standby_removals``: whole query actors that answer for no partition).
+    ``MoveFailed``, before anything is removed, when some partitions would have more all the same."""
+    view = _view_with(namespace, store)
+    table = view.tables[store]
+    removed, left = plan_standby_removals(view, alive_nodes(), store, wanted)
+    if left:
+        most = max(len(table.partitions[p].standbys) for p in left)
+        raise MoveFailed(f"partitions {_parts(left)} of store {store} would keep up to {copies(most)}: their other "
+                         "copies are on query actors that also answer for partitions (a store's own actors, "
+                         "whose partitions are fixed when they start), so only copies riqr standbys added can "
+                         f"go; nothing was removed (`riqr status {store}` shows the copies)")  # fmt: skip
+    owners = table.all_owners()
+    return [Removal(store, u, view.actors[u].node_id if u in view.actors else "", tuple(owners[u])) for u in removed]
+
+
+def remove_standbys(namespace: str, store: str, wanted: int, *, say: Callable[[str], None] = print) -> list[Removal]:
+    """Remove standby copies of ``store`` so that no partition has more than ``wanted``, one query actor after
+    another (``Registry.remove_standby``: out of the table at once, destroyed with its data after a grace
+    for reads already sent to it), then wait for their deletion. ``MoveFailed`` if the plan cannot reach
+    ``wanted`` (nothing removed) or an actor is not deleted in time; a removal the registry refuses
+    (``Conflict``: a failover made it answer for a partition meanwhile, say) stops there, the ones
+    before it made."""
+    _settle(namespace, store)
+    planned = plan_removals(namespace, store, wanted)
+    if not planned:
+        return []
+    say(f"{copies(len(planned))} to remove from store {store}, one after another")
+    reg = registry_of(namespace)
+    for i, r in enumerate(planned, 1):
+        out = raycalls.get(reg.remove_standby.remote(r.uuid, wanted), "removing a standby copy",
+                           timeout=_CALL_TIMEOUT)  # fmt: skip
+        say(f"[{i}/{len(planned)}] removed {r.describe()} (epoch {out['epoch']}; the fewest standby copies "
+            f"of a partition now: {out['standbys']})")  # fmt: skip
+    left = wait_until_deleted(namespace, [r.uuid for r in planned], say=say)
+    if left:
+        raise MoveFailed(f"the removed copies' query actors {', '.join(left)} were not deleted within "
+                         f"{_DELETED_WITHIN:.0f}s: the registry deletes them at its next checks")  # fmt: skip
+    return planned
+
+
+def _view_with(namespace: str, store: str) -> ClusterView:
+    """The registry's view, which must have ``store`` (``MoveFailed`` if not)."""
+    view: ClusterView = raycalls.get(registry_of(namespace).view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+    if view.table(store) is None:
+        raise MoveFailed(f"no store {store} in namespace {namespace!r}")
+    return view
+
+
+def _settle(namespace: str, store: str) -> None:
+    """Copies an earlier run added and could not keep (stopped after their admission) first: kept if they
+    caught up since, so they count as what they are (``Registry.settle_standbys``)."""
+    settled = raycalls.get(
+        registry_of(namespace).settle_standbys.remote(store), "settling copies", timeout=_CALL_TIMEOUT
+    )
+    if settled["pending"]:
+        raise MoveFailed(f"standby copies of store {store} added by an earlier run are still catching up "
+                         f"({', '.join(settled['pending'])}): run it again once they serve")  # fmt: skip
+
+
 def plan_standby_copies(namespace: str, store: str, wanted: int) -> tuple[int, list[Move]]:
     """How many standby copies each partition of ``store`` has now (the fewest of any), and the copies
-    ``add_standbys`` would add to give each ``wanted`` (``runtime.moves.plan_standbys``). ``MoveFailed``
-    for fewer than it has (standbys are added, not removed), or for more than the live nodes can each
-    hold one of (one node: one copy in another process)."""
-    view: ClusterView = raycalls.get(registry_of(namespace).view.remote(), "registry view", timeout=_CALL_TIMEOUT)
-    table = view.table(store)
-    if table is None:
-        raise MoveFailed(f"no store {store} in namespace {namespace!r}")
+    ``add_standbys`` would add to give each ``wanted`` (``runtime.moves.plan_standbys``; none for a partition
+    that has that many or more). ``MoveFailed`` for more than the live nodes can each hold one of (one
+    node: one copy in another process)."""
+    view = _view_with(namespace, store)
+    table = view.tables[store]
     has = table.fewest_standbys()
-    if wanted < has:
-        raise MoveFailed(f"store {store} has {copies(has)} of each partition: riqr standbys adds copies, "
-                         "it does not remove them")  # fmt: skip
     alive = alive_nodes()
     most = max(1, len(alive) - 1)
     if wanted > most:
@@ -162,14 +236,7 @@ def add_standbys(
     new copy is a new query actor that copies its partitions from live copies, catches up and stays
     (``move`` with ``Move.standby``), one after another. Stops at the first that fails (``MoveFailed``;
     the copies added before it stay)."""
-    # Copies an earlier run added and could not keep (stopped after their admission) first: kept if they
-    # caught up since, so they count as what they are.
-    settled = raycalls.get(
-        registry_of(namespace).settle_standbys.remote(store), "settling copies", timeout=_CALL_TIMEOUT
-    )
-    if settled["pending"]:
-        raise MoveFailed(f"standby copies of store {store} added by an earlier run are still catching up "
-                         f"({', '.join(settled['pending'])}): run it again once they serve")  # fmt: skip
+    _settle(namespace, store)
     has, planned = plan_standby_copies(namespace, store, wanted)
     if not planned:
         say(f"nothing to add: every partition of store {store} has {copies(has)} or more")

@@ -30,7 +30,7 @@ from typing import Any
 
 from runtime.ownership import ActorInfo, ClusterView, OwnershipTable, replacement_node
 
-__all__ = ["Move", "plan_moves", "plan_standbys", "behind"]
+__all__ = ["Move", "plan_moves", "plan_standbys", "plan_standby_removals", "removable_standby", "behind"]
 
 SERVING = "serving"
 
@@ -153,6 +153,68 @@ def plan_standbys(view: ClusterView, alive: Sequence[str], store: str, wanted: i
             load[target] += 1
             for p in parts:
                 nodes[p].append(target)
+
+
+def removable_standby(table: OwnershipTable, uuid: str, wanted: int) -> str | None:
+    """Why query actor ``uuid`` cannot leave ``table`` so that its partitions keep ``wanted`` standby copies
+    (None: it can). It must answer for no partition (an actor's partitions are fixed when it starts, so a
+    store's own actors, which hold active copies beside their standbys, stay), and each of its partitions
+    must have an active and keep ``wanted`` standbys without it."""
+    held = table.all_owners().get(uuid)
+    if held is None:
+        return f"query actor {uuid} holds no copy of store {table.spec.name}"
+    answers = [p for p in held if table.partitions[p].active == uuid]
+    if answers:
+        return f"query actor {uuid} answers for partitions {answers}"
+    short = [p for p in held if table.partitions[p].active is None or len(table.partitions[p].standbys) - 1 < wanted]
+    if short:
+        return f"partitions {short} would keep fewer than {wanted} standby copies without query actor {uuid}"
+    return None
+
+
+def plan_standby_removals(
+    view: ClusterView, alive: Sequence[str], store: str, wanted: int
+) -> tuple[list[str], list[int]]:
+    """The query actors to remove so that no partition of ``store`` has more than ``wanted`` standby
+    copies (``riqr standbys`` with fewer than a partition has), and the partitions that would have more
+    all the same (their other copies are on actors that cannot go: ``removable_standby``). The copies
+    ``riqr standbys`` added are removable actors; a store's own are not. Preferred, one after another: an
+    actor on a node that is not alive, then one sharing its node with another copy of one of its
+    partitions, then one on the node with the most of the store's actors, then the smallest uuid."""
+    table = view.tables[store]
+    live = set(alive)
+    where = {u: info.node_id for u, info in view.actors.items()}
+    removed: list[str] = []
+    while True:
+        over = sorted(p for p, o in enumerate(table.partitions) if len(o.standbys) > wanted)
+        if not over:
+            return removed, []
+        held = table.all_owners()
+        candidates = [u for u in held if removable_standby(table, u, wanted) is None]
+        if not candidates:
+            return removed, over
+        load: dict[str | None, int] = {}
+        for u in held:
+            load[where.get(u)] = load.get(where.get(u), 0) + 1
+        preference = {u: _removal_preference(table, where, live, load, u) for u in candidates}
+        pick = min(candidates, key=preference.__getitem__)
+        removed.append(pick)
+        table = table.without_standby(pick)
+
+
+def _removal_preference(
+    table: OwnershipTable, where: Mapping[str, str], live: Set[str], load: Mapping[str | None, int], uuid: str
+) -> tuple[bool, bool, int, str]:
+    """``plan_standby_removals``' order (smallest first): on a node that is not alive, sharing its node with
+    another copy of one of its partitions, on the node with the most of the store's actors, by uuid."""
+    node = where.get(uuid)
+    shared = any(
+        where.get(other) == node
+        for p in table.all_owners()[uuid]
+        for other in (table.partitions[p].active, *table.partitions[p].standbys)
+        if other not in (None, uuid)
+    )
+    return node in live, not shared, -load[node], uuid
 
 
 def behind(sealed: Mapping[int, Mapping[str, Any]], joined: Mapping[int, Mapping[str, Any]]) -> list[int]:

@@ -156,6 +156,16 @@ class QueryVerticle:
         self.log.info("its store has standby copies now: copies that cannot serve catch up from peers")
         return self._rebuild_unserved()
 
+    def peers_left(self) -> bool:
+        """No partition of this actor has another copy any more (``riqr standbys`` removed them): a copy that
+        finds a gap, or cannot serve, waits for the rebuild path, as in a store created without standbys,
+        rather than look for a peer that is not there. True if that changed."""
+        if not self.core.catch_up_on_gap:
+            return False
+        self.core.catch_up_on_gap = False
+        self.log.info("its copies have no peers any more: a copy that cannot serve waits for the rebuild path")
+        return True
+
     def _rebuild_unserved(self) -> list[int]:
         """``QueryCore.rebuild_unserved``, said in the log when it starts any."""
         rebuilding = self.core.rebuild_unserved()

@@ -55,7 +55,7 @@ from runtime.config import (
 from runtime.errors import Conflict, InvalidParameter, NotFound, RiqrError, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.membership import UndecodableRecord, membership_record, merge_members
-from runtime.moves import behind
+from runtime.moves import behind, removable_standby
 from runtime.ownership import (
     ActorInfo,
     ClusterView,
@@ -486,15 +486,21 @@ class Registry:
         wanted = tuple(sorted({int(p) for p in partitions}))
         return self._start_copy(uuid, node_id, wanted)
 
-    def _start_copy(self, uuid: str, node_id: str, partitions: tuple[int, ...] | None) -> dict[str, Any]:
-        """``join`` (``partitions`` None: all of ``uuid``'s, on another node) and ``add_standby``."""
+    def _known_actor(self, uuid: str, done: str) -> tuple[ActorInfo, OwnershipTable]:
+        """Query actor ``uuid`` and its store's table, for a change of its copies: ``NotFound`` if no table
+        has it, ``Unavailable`` while ``riqr down`` is under way (then nothing is ``done``)."""
         view = self.state.view()
         info = view.actors.get(uuid)
         table = None if info is None else view.table(info.store)
         if info is None or table is None or uuid not in table.all_owners():
             raise NotFound(f"query actor {uuid} is not known", actor=uuid)
         if self._retired:
-            raise Unavailable("the runtime is going down (riqr down): nothing is moved", retry_after=5)
+            raise Unavailable(f"the runtime is going down (riqr down): nothing is {done}", retry_after=5)
+        return info, table
+
+    def _start_copy(self, uuid: str, node_id: str, partitions: tuple[int, ...] | None) -> dict[str, Any]:
+        """``join`` (``partitions`` None: all of ``uuid``'s, on another node) and ``add_standby``."""
+        info, table = self._known_actor(uuid, "moved")
         if partitions is None and node_id == info.node_id:
             raise InvalidParameter(f"query actor {uuid} already runs on node {node_id}", actor=uuid)
         held = table.all_owners()[uuid]
@@ -676,6 +682,48 @@ class Registry:
         standbys = (table.spec.standbys or 0) if pending else self._store_standbys(table)
         return {"standbys": standbys, "pending": sorted(pending)}
 
+    def remove_standby(self, uuid: str, wanted: int) -> dict[str, Any]:
+        """``riqr standbys`` with fewer copies: query actor ``uuid``, which answers for no partition, leaves
+        its store's table so that each of its partitions keeps ``wanted`` standby copies, and is destroyed
+        with its data after ``MOVE_LEAVE_GRACE`` (reads already sent to it are answered). The store's spec
+        then says the standbys its table has, and actors whose partitions have no other copy any more are
+        told so (``QueryVerticle.peers_left``). Refused (``Conflict``, nothing changed) when it answers for a
+        partition, would leave one with fewer than ``wanted``, is part of a move or copy under way, or
+        when another copy of each of its partitions does not serve now: in doubt, no copy is removed.
+        Returns ``{"epoch", "standbys", "partitions"}``."""
+        info, table = self._known_actor(uuid, "removed")
+        under_way = (
+            uuid in self._moving
+            or uuid in self._starting
+            or uuid in self._moving.values()
+            or any(old == uuid for old, _ in self._starting.values())
+        )
+        if under_way:
+            raise Conflict(f"query actor {uuid} is part of a move or a copy under way: remove it once that is done",
+                           actor=uuid)  # fmt: skip
+        why = removable_standby(table, uuid, wanted)
+        if why is not None:
+            raise Conflict(f"{why}: it stays; plan again", actor=uuid)
+        held = table.all_owners()[uuid]
+        serving: set[int] = set()
+        for other in {o for p in held for o in (table.partitions[p].active, *table.partitions[p].standbys)}:
+            if other is not None and other != uuid:
+                serving |= self._env.serving_partitions(other)
+        alone = [p for p in held if p not in serving]
+        if alone:
+            raise Conflict(f"no other copy of partitions {alone} of {info.store} serves now: query actor {uuid} stays "
+                           "(try again once they serve)", actor=uuid)  # fmt: skip
+        self._dropping.add(uuid)
+        self._leaving[uuid] = self._clock() + MOVE_LEAVE_GRACE
+        epoch = self.state.remove_actor(table.without_standby(uuid), uuid)
+        after = self.state.view().table(info.store)
+        assert after is not None
+        standbys = self._store_standbys(after)
+        log.info("query actor %s of %s leaves with its standby copies of partitions %s (epoch %d); the store has "
+                 "%d standby copies of each partition; it is destroyed in %.0fs", uuid, info.store, held, epoch,
+                 standbys, MOVE_LEAVE_GRACE, extra={"store": info.store, "actor": uuid})  # fmt: skip
+        return {"epoch": self.state.epoch, "standbys": standbys, "partitions": held}
+
     def _settle_copy(self, new: str) -> int:
         """Standby copy ``new`` stays for good: no longer one being added (``abandon_move`` keeps it), the
         store's ``standbys`` as its table now has it, and every actor of the store told that its copies have
@@ -689,17 +737,29 @@ class Registry:
         return 0 if table is None else self._store_standbys(table)
 
     def _store_standbys(self, table: OwnershipTable) -> int:
-        """``table``'s store says the standbys its table has (the fewest of any partition), and, when it has
-        some, every actor of it is told its copies have peers."""
+        """``table``'s store says the standbys its table has (the fewest of any partition), and each actor of
+        it is told whether its copies have peers (``_tell_peers``)."""
         standbys = table.fewest_standbys()
         if table.spec.standbys != standbys:
             self.state.replace_table(replace(table, spec=replace(table.spec, standbys=standbys)))
-        if standbys:
-            # Not waited for: an actor on a node that went away would hold the registry's calls (the sink's
-            # epoch check among them); one that misses it asks the registry itself when it restarts.
-            for uuid in table.all_owners():
-                self._env.query_actor_tell(uuid, "peers_joined")
+        for uuid in table.all_owners():
+            self._tell_peers(table, uuid)
         return standbys
+
+    def _tell_peers(self, table: OwnershipTable, uuid: str) -> None:
+        """Tell query actor ``uuid`` whether a partition of it has another copy in ``table`` (``peers_joined``:
+        a copy that cannot serve catches up from them) or none does (``peers_left``: it waits for the rebuild
+        path, as in a store created without standbys). Not waited for: an actor on a node that went away
+        would hold the registry's calls (the sink's epoch check among them); one that misses it is told
+        again when it restarts (``actor_moved``)."""
+        moving = {new for new in self._moving if new not in self._copying}  # a move's new actor is no peer
+        held = table.all_owners().get(uuid, [])
+        peers = any(
+            other not in (None, uuid) and other not in moving
+            for p in held
+            for other in (table.partitions[p].active, *table.partitions[p].standbys)
+        )
+        self._env.query_actor_tell(uuid, "peers_joined" if peers else "peers_left")
 
     def abandon_move(self, old: str, new: str) -> dict[str, Any]:
         """Give a move up (its mover timed out or was stopped): ``new`` leaves the table and is destroyed
@@ -856,15 +916,15 @@ class Registry:
         return self.state.unregister_endpoint(node_id)
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
-        """A query actor restarted (by Ray, or created again here) tells where it runs. One of a store that
-        has standbys is told its copies have peers: Ray restarts an actor with its first arguments, and a
-        store created without standbys may have been given some since (``riqr standbys``)."""
+        """A query actor restarted (by Ray, or created again here) tells where it runs, and is told whether
+        its copies have peers (``_tell_peers``): Ray restarts an actor with its first arguments, and its
+        store may have been given standbys since, or had them removed (``riqr standbys``)."""
         epoch = self.state.actor_moved(uuid, node_id, node_ip)
         view = self.state.view()
         info = view.actors.get(uuid)
         table = None if info is None else view.table(info.store)
-        if table is not None and table.spec.standbys:
-            self._env.query_actor_tell(uuid, "peers_joined")
+        if table is not None:
+            self._tell_peers(table, uuid)
         return epoch
 
     def add_reader(self, reader: ReaderCopy) -> int:

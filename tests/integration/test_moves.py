@@ -210,12 +210,13 @@ def test_a_node_that_joins_gets_copies_and_a_drained_one_gives_them_back_while_e
         deploy.down(runtime.namespace)
 
 
-def test_standbys_added_to_a_store_made_without_them_catch_up_under_load_and_take_over_when_an_owner_dies(
+def test_standbys_added_to_a_store_made_without_them_catch_up_take_over_when_an_owner_dies_and_go_again(
     ray_cluster: RayCluster,
 ) -> None:
     """`riqr standbys` (the command, as its own Ray driver) gives a store created with no standby one copy
     of each partition on the other node while batches and GETs go on; then an active owner is killed for
-    good and its partitions are answered by the new copies: every GET a 200, none wrong, no batch lost."""
+    good and its partitions are answered by the new copies; then `riqr standbys STORE 0` removes the
+    copies: every GET a 200, none wrong, no batch lost."""
     from bench.faults import user_scores
     from verticles import deploy
 
@@ -273,6 +274,8 @@ def test_standbys_added_to_a_store_made_without_them_catch_up_under_load_and_tak
             added = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
             assert added.returncode == 0, added.stderr
             grown = _view(registry)
+            _, _, stores = http_get(f"{url}/stores")
+            listed_standbys = [s["standbys"] for s in stores["result"] if s["name"] == "growing"]
             at_add = len(reads)
             wait_for(lambda: len(reads) > at_add + 100, what="reads after the copies were added")
 
@@ -283,6 +286,25 @@ def test_standbys_added_to_a_store_made_without_them_catch_up_under_load_and_tak
             wait_for(lambda: len(reads) > at_kill + 200, what="reads after the owner's death")
             last = delivered[0]
             wait_for(lambda: delivered[0] >= last + 3, what="batches after the owner's death")
+            again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+            assert again.returncode == 0 and "nothing to add" in again.stderr, again.stderr
+
+            # Back to none, under the same load, once the re-created owner answers for its partitions again:
+            # the copies riqr standbys added go, whole, and their data with them; the store's own actors stay.
+            wait_for(
+                lambda: {o.active for o in _view(registry).tables["growing"].partitions} <= set(first.actors),
+                what="the re-created owner answering for its partitions again",
+            )
+            fewer_command = [*command[:5], "0", *command[6:]]
+            dry = subprocess.run([*fewer_command, "--dry-run"], env=env, capture_output=True, text=True, timeout=300)
+            assert dry.returncode == 0 and dry.stderr.count("would remove store growing") == 2, dry.stderr
+            assert "2 standby copies to remove" in dry.stderr, dry.stderr
+            at_remove = len(reads)
+            fewer = subprocess.run(fewer_command, env=env, capture_output=True, text=True, timeout=300)
+            assert fewer.returncode == 0, fewer.stderr
+            wait_for(lambda: len(reads) > at_remove + 100, what="reads after the copies were removed")
+            last = delivered[0]
+            wait_for(lambda: delivered[0] >= last + 3, what="batches after the copies were removed")
 
         assert load.errors == [], f"ingest must never fail: {load.errors[:3]}"
         assert load.wrong == [], load.wrong[:10]
@@ -299,12 +321,16 @@ def test_standbys_added_to_a_store_made_without_them_catch_up_under_load_and_tak
             nodes = [grown.actors[u].node_id for u in (owners.active, *owners.standbys) if u]
             assert len(nodes) == 2 and len(set(nodes)) == 2, nodes
         assert set(first.actors) < set(grown.actors) and len(grown.actors) == 4
+        assert listed_standbys == [1]
+        print(fewer.stderr)
+        assert "2 standby copies to remove from store growing" in fewer.stderr, fewer.stderr
+        assert "no partition of store growing has more than 0 standby copies" in fewer.stderr, fewer.stderr
+        shrunk = _view(registry).tables["growing"]
+        assert set(shrunk.all_owners()) == set(first.actors) and shrunk.spec.standbys == 0
+        named = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+        assert not (set(grown.actors) - set(first.actors)) & named  # the copies' actors are gone
         _, _, stores = http_get(f"{url}/stores")
-        assert [s["standbys"] for s in stores["result"] if s["name"] == "growing"] == [1]
-        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        assert again.returncode == 0 and "nothing to add" in again.stderr, again.stderr
-        fewer = subprocess.run([*command[:5], "0", *command[6:]], env=env, capture_output=True, text=True, timeout=300)
-        assert fewer.returncode == 2 and "does not remove them" in fewer.stderr, fewer.stderr
+        assert [s["standbys"] for s in stores["result"] if s["name"] == "growing"] == [0]
 
         # No batch lost: every copy still listed that answers holds the latest value of each of its keys.
         final = _view(registry)

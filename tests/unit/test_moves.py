@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pyarrow as pa
 import pytest
 
@@ -264,7 +265,9 @@ class MoveEnv(FakeEnv):
 
     def serving_partitions(self, uuid: str) -> set[int]:
         actor = self.actors.get(uuid)
-        return set() if actor is None else {p for p, pos in actor.positions().items() if pos["state"] == "serving"}
+        if actor is None or uuid in self.unreachable:  # as RayEnv: empty when it does not answer
+            return set()
+        return {p for p, pos in actor.positions().items() if pos["state"] == "serving"}
 
     def kill(self, names: Sequence[str]) -> None:
         for name in names:
@@ -636,6 +639,44 @@ def test_standby_copies_are_planned_one_new_actor_per_active_actor_on_nodes_with
     assert sorted(p for m in left for p in m.partitions) == [1, 2, 3]
 
 
+def _with_copies(view: ClusterView, copies: dict[str, tuple[str, Sequence[int]]]) -> ClusterView:
+    """``view`` with the actors ``copies`` names (uuid -> node and partitions) as the last standbys of their
+    partitions, as ``riqr standbys`` adds them."""
+    table = view.tables["s"]
+    actors = dict(view.actors)
+    for uuid, (node, parts) in copies.items():
+        source = table.partitions[parts[0]].active
+        assert source is not None
+        table = table.with_joining(source, uuid, tuple(parts))
+        actors[uuid] = ActorInfo(uuid, "s", node, "ip", tuple(parts))
+    return ClusterView(view.epoch, {"s": table}, actors)
+
+
+def test_standby_copies_planned_for_removal_are_whole_actors_that_answer_for_nothing() -> None:
+    from runtime.moves import plan_standby_removals, removable_standby
+
+    alone = _placed(kv_spec("s", partitions=4, actors=2, standbys=0), ["n1"], ["u1", "u2"])
+    two = _with_copies(alone, {"c1": ("n2", (0, 2)), "c2": ("n2", (1, 3)), "c3": ("n3", (0, 2)), "c4": ("n1", (1, 3))})
+    # To one each: c4 shares n1 with u2, the original of its partitions; c1 and c3 are on nodes of their own,
+    # the most loaded node's first (n2 holds c1 and c2).
+    assert plan_standby_removals(two, ["n1", "n2", "n3"], "s", 1) == (["c4", "c1"], [])
+    # To none: all four, the ones on a node that is not alive first.
+    removed, left = plan_standby_removals(two, ["n1", "n2"], "s", 0)
+    assert removed[0] == "c3" and sorted(removed) == ["c1", "c2", "c3", "c4"] and left == []
+    assert plan_standby_removals(two, ["n1", "n2", "n3"], "s", 2) == ([], [])  # none has more than 2
+    # A copy that answers for a partition now (a failover promoted it) stays, and so does its partition's
+    # other standby; a store's own actors hold active copies: their standbys are not removed.
+    promoted = two.tables["s"].with_active(0, "c1")
+    view = ClusterView(2, {"s": promoted}, two.actors)
+    assert "answers for partitions [0]" in (removable_standby(promoted, "c1", 0) or "")
+    removed, left = plan_standby_removals(view, ["n1", "n2", "n3"], "s", 0)
+    assert "c1" not in removed and sorted(removed) == ["c2", "c3", "c4"] and left == [0, 2]
+    ringed = _placed(kv_spec("s", partitions=4, actors=2, standbys=1), ["n1", "n2"], ["u1", "u2"])
+    assert plan_standby_removals(ringed, ["n1", "n2"], "s", 0) == ([], [0, 1, 2, 3])
+    assert "answers for partitions" in (removable_standby(ringed.tables["s"], "u1", 0) or "")
+    assert "would keep fewer than 2" in (removable_standby(two.tables["s"], "c1", 2) or "")
+
+
 def test_the_registry_adds_a_standby_copy_that_catches_up_and_stays_with_no_batch_lost(tmp_path: Path) -> None:
     env = MoveEnv(tmp_path)
     registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
@@ -768,3 +809,62 @@ def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_u
     assert out["outcome"] == "kept" and "restarted" in out["why"]
     assert copy in restarted.view().actors and copy not in restarted_env.destroyed
     assert all(copy in (o.active, *o.standbys) for o in restarted.view().tables["s"].partitions)
+
+
+def test_standby_copies_are_removed_whole_after_a_grace_and_the_store_says_what_it_has_left(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    clock = Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    first, second = sorted(view.actors)
+    held = view.tables["s"].all_owners()
+    latest = {f"k{i}": str(i) for i in range(40)}
+    env.deliver(0, latest)
+    copies = {}
+    for source in (first, second):
+        new = registry.add_standby(source, "node-b", held[source])["uuid"]
+        registry.admit(source, new)
+        _wait(lambda n=new: _serving(env.actors[n]), "the copy caught up")
+        assert registry.keep(source, new)["kept"]
+        copies[source] = new
+    assert registry.view().tables["s"].spec.standbys == 1 and env.actors[first].core.catch_up_on_gap
+
+    # Refused, nothing changed: an actor that answers for partitions, a removal that would leave fewer than
+    # wanted, a copy whose partitions' other copy does not serve now, an actor not known.
+    with pytest.raises(Conflict, match="answers for partitions"):
+        registry.remove_standby(first, 0)
+    with pytest.raises(Conflict, match="would keep fewer than 1"):
+        registry.remove_standby(copies[first], 1)
+    env.unreachable = {first}
+    with pytest.raises(Conflict, match="serves now"):
+        registry.remove_standby(copies[first], 0)
+    env.unreachable = set()
+    with pytest.raises(NotFound):
+        registry.remove_standby("nobody", 0)
+    assert registry.view().tables["s"].spec.standbys == 1
+
+    # Removed: out of the table at once (the sink stops delivering to it), destroyed after the grace for
+    # reads already sent to it; the store says the fewest standbys any partition has left.
+    out = registry.remove_standby(copies[first], 0)
+    assert out["standbys"] == 0 and out["partitions"] == list(held[first])
+    assert copies[first] not in registry.view().tables["s"].all_owners() and copies[first] not in env.destroyed
+    assert not env.actors[first].core.catch_up_on_gap  # its copies have no peer left: the rebuild path
+    assert env.actors[second].core.catch_up_on_gap  # its partitions still have one
+    clock.now += 6
+    registry.check_nodes()
+    assert copies[first] in env.destroyed
+    registry.remove_standby(copies[second], 0)
+    table = registry.view().tables["s"]
+    assert set(table.all_owners()) == {first, second} and table.spec.standbys == 0
+    assert not env.actors[second].core.catch_up_on_gap
+    assert env.membership is not None and env.membership["stores"]["s"]["spec"]["standbys"] == 0
+    # Batches go on to the copies left, and every one of them holds every batch.
+    env.deliver(1, {k: v + "!" for k, v in latest.items()})
+    for uuid, parts in table.all_owners().items():
+        got = dict(env.actors[uuid].scan(parts, Scan())[0])
+        assert got == {k: msgpack.packb(v + "!") for k, v in latest.items() if table.partition_of(k) in parts}
+    # A restarted original is told it has no peers (Ray restarts it with its first arguments).
+    env.actors[first].core.catch_up_on_gap = True
+    registry.actor_moved(first, view.actors[first].node_id, "10.0.0.9")
+    assert not env.actors[first].core.catch_up_on_gap
