@@ -1,6 +1,6 @@
 """Benchmark: a query actor that gives no answer (its worker frozen with SIGSTOP) under load.
 
-    .venv/bin/python -m bench.freeze [--freeze 6] [--before 3] [--after 4] [--rate 100]
+    .venv/bin/python -m bench.freeze [--freeze 6] [--before 3] [--after 4] [--rate 100] [--scans]
 
 An actor on a node that went away, or on a host that hangs, neither answers nor fails: Ray keeps its
 calls waiting until it declares the node dead (about 15 s with its default health checks). SIGSTOP of the
@@ -15,6 +15,11 @@ last one seen); a 503 or 504 is honest but not an answer.
 Printed per store, for the GETs of the frozen actor's partitions that started while it was frozen: how
 many, by status, and their time to an answer (p50, p99, max); then the wrong answers of the whole run
 (which must be 0) and the GETs of the other partitions meanwhile, as the baseline of the same run.
+
+With ``--scans`` the reads are whole scans (``GET /stores/S/all``, ``--rate`` of them a second, no key
+lookup to find the frozen actor first), each of which needs every partition: printed per store, the
+scans that started while the actor was frozen and, as the baseline, those before; a 200 must hold
+every user with a score that was written.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(freeze: float, before: float, after: float, rate: float) -> None:
+def run(freeze: float, before: float, after: float, rate: float, scans: bool = False) -> None:
     import ray
 
     from runtime import raycalls
@@ -109,6 +114,7 @@ def run(freeze: float, before: float, after: float, rate: float) -> None:
             while http_get(f"{url}/stores/{name}/approximate-num-entries")[1] != {"result": len(USERS)}:
                 time.sleep(0.1)
         gets: list[Get] = []
+        scanned: list[Get] = []  # with ``scans``: body None for a whole and right answer (or not a 200)
 
         def write() -> None:
             rng, batch_id = random.Random(7), 1
@@ -123,6 +129,12 @@ def run(freeze: float, before: float, after: float, rate: float) -> None:
 
         def read(store: str, u: int) -> None:
             started = time.monotonic()
+            if scans:
+                status, body = http_get(f"{url}/stores/{store}/all")
+                got = {e["key"]: e["value"] for e in body["result"]} if status == 200 else {}
+                whole = status != 200 or (sorted(got) == USERS and all(v in history[k] for k, v in got.items()))
+                scanned.append(Get(store, -1, started, time.monotonic(), status, None, None if whole else body))
+                return
             status, body = http_get(f"{url}/stores/{store}/get/{u}")
             value = body["response"] if status == 200 and isinstance(body, dict) else None
             gets.append(Get(store, u, started, time.monotonic(), status, value, body if value is None else None))
@@ -165,6 +177,9 @@ def run(freeze: float, before: float, after: float, rate: float) -> None:
         deploy.down(namespace)
         ray.shutdown()
 
+    if scans:
+        _print_scans(scanned, tables, freeze, rate, froze, thawed)
+        return
     print(f"\na query actor of each store frozen (SIGSTOP) for {freeze:g}s under load ({rate:g} GETs/s a store, open "
           "loop; a batch every 50 ms); GETs started while it was frozen")  # fmt: skip
     print(f"{'store':<6}{'partitions':<12}{'GETs':>6}{'200':>6}{'503':>6}{'504':>6}{'other':>6}"
@@ -185,14 +200,34 @@ def run(freeze: float, before: float, after: float, rate: float) -> None:
         print(f"    wrong: {example}")
 
 
+def _print_scans(scanned: list[Get], tables: dict[str, Any], freeze: float, rate: float, froze: float,
+                 thawed: float) -> None:  # fmt: skip
+    print(f"\na query actor of each store frozen (SIGSTOP) for {freeze:g}s under load ({rate:g} whole scans/s a "
+          "store, open loop; a batch every 50 ms)")  # fmt: skip
+    print(f"{'store':<6}{'scans':<12}{'count':>6}{'200':>6}{'503':>6}{'504':>6}{'other':>6}"
+          f"{'p50 s':>8}{'p99 s':>8}{'max s':>8}")  # fmt: skip
+    for name in tables:
+        for label, (lo, hi) in (("before", (float("-inf"), froze)), ("frozen", (froze, thawed))):
+            window = [g for g in scanned if g.store == name and lo <= g.started < hi]
+            statuses = Counter(g.status for g in window)
+            took = [g.ended - g.started for g in window]
+            other = len(window) - statuses[200] - statuses[503] - statuses[504]
+            print(f"{name:<6}{label:<12}{len(window):>6}{statuses[200]:>6}{statuses[503]:>6}{statuses[504]:>6}"
+                  f"{other:>6}{statistics.median(took) if took else float('nan'):>8.3f}{_quantile(took, 0.99):>8.3f}"
+                  f"{max(took, default=float('nan')):>8.3f}")  # fmt: skip
+    wrong = [g for g in scanned if g.body is not None]
+    print(f"wrong or partial answers in the whole run: {len(wrong)} of {len(scanned)} scans")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--freeze", type=float, default=6.0, help="seconds the actors stay frozen")
     parser.add_argument("--before", type=float, default=3.0, help="seconds of load before the freeze")
     parser.add_argument("--after", type=float, default=4.0, help="seconds of load after it")
-    parser.add_argument("--rate", type=float, default=100.0, help="GETs a second per store, started on time")
+    parser.add_argument("--rate", type=float, default=100.0, help="reads a second per store, started on time")
+    parser.add_argument("--scans", action="store_true", help="whole scans instead of key lookups")
     args = parser.parse_args()
-    run(args.freeze, args.before, args.after, args.rate)
+    run(args.freeze, args.before, args.after, args.rate, args.scans)
 
 
 if __name__ == "__main__":
