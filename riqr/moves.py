@@ -153,9 +153,10 @@ def plan_removals(namespace: str, store: str, wanted: int) -> list[Removal]:
     if left:
         most = max(len(table.partitions[p].standbys) for p in left)
         raise MoveFailed(f"partitions {_parts(left)} of store {store} would keep up to {copies(most)}: their other "
-                         "copies are on query actors that also answer for partitions (a store's own actors, "
-                         "whose partitions are fixed when they start), so only copies riqr standbys added can "
-                         f"go; nothing was removed (`riqr status {store}` shows the copies)")  # fmt: skip
+                         "copies are on query actors that also answer for partitions (the store's own actors, "
+                         "whose partitions are fixed when they start, or copies a failover or a registry "
+                         "restart made answer), and only whole actors that answer for none can go; nothing "
+                         f"was removed (`riqr status {store}` shows the copies)")  # fmt: skip
     owners = table.all_owners()
     return [Removal(store, u, view.actors[u].node_id if u in view.actors else "", tuple(owners[u])) for u in removed]
 
@@ -174,8 +175,13 @@ def remove_standbys(namespace: str, store: str, wanted: int, *, say: Callable[[s
     say(f"{copies(len(planned))} to remove from store {store}, one after another")
     reg = registry_of(namespace)
     for i, r in enumerate(planned, 1):
-        out = raycalls.get(reg.remove_standby.remote(r.uuid, wanted), "removing a standby copy",
-                           timeout=_CALL_TIMEOUT)  # fmt: skip
+        try:
+            out = raycalls.get(reg.remove_standby.remote(r.uuid, wanted), "removing a standby copy",
+                               timeout=_CALL_TIMEOUT)  # fmt: skip
+        except RiqrError as err:
+            if i > 1:
+                say(f"[{i}/{len(planned)}] not removed: {err.message}; the {i - 1} removed before stay removed")
+            raise
         say(f"[{i}/{len(planned)}] removed {r.describe()} (epoch {out['epoch']}; the fewest standby copies "
             f"of a partition now: {out['standbys']})")  # fmt: skip
     left = wait_until_deleted(namespace, [r.uuid for r in planned], say=say)
@@ -214,7 +220,7 @@ def plan_standby_copies(namespace: str, store: str, wanted: int) -> tuple[int, l
     has = table.fewest_standbys()
     alive = alive_nodes()
     most = max(1, len(alive) - 1)
-    if wanted > most:
+    if wanted > max(has, most):  # removing copies needs no live node
         raise MoveFailed(f"{copies(wanted)} of each partition need {wanted + 1} live nodes, one copy each; "
                          f"{len(alive)} are live, so {most} at most")  # fmt: skip
     unassigned = table.unassigned()

@@ -1,7 +1,8 @@
 """The Ray adapter of the facade's ``Bus`` protocol: Ray calls are the bus.
 
 Every call goes through ``runtime.raycalls``, the one place Ray's failures become riqr's errors; a query
-actor that is restarting is called again within the request deadline before it is a 503.
+actor that is restarting is called again within the call's deadline before it is a 503 (the facade gives
+a call that long only when the owner is not silent: ``runtime.facade.silence``).
 """
 
 from __future__ import annotations

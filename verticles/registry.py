@@ -688,32 +688,51 @@ class Registry:
         with its data after ``MOVE_LEAVE_GRACE`` (reads already sent to it are answered). The store's spec
         then says the standbys its table has, and actors whose partitions have no other copy any more are
         told so (``QueryVerticle.peers_left``). Refused (``Conflict``, nothing changed) when it answers for a
-        partition, would leave one with fewer than ``wanted``, is part of a move or copy under way, or
-        when another copy of each of its partitions does not serve now: in doubt, no copy is removed.
-        Returns ``{"epoch", "standbys", "partitions"}``."""
+        partition, or did before a failover and gets it back (``_first_active``: one of the store's own
+        actors), would leave one with fewer than ``wanted``, while a move or copy of the store's actors is
+        under way (its new actor would count as a standby it may never be), or when its partitions would
+        not keep ``wanted + 1`` copies that serve now: in doubt, no copy is removed. Saved as leaving before
+        the table changes (``Unavailable`` if that cannot be saved). Returns ``{"epoch", "standbys",
+        "partitions"}``."""
         info, table = self._known_actor(uuid, "removed")
-        under_way = (
-            uuid in self._moving
-            or uuid in self._starting
-            or uuid in self._moving.values()
-            or any(old == uuid for old, _ in self._starting.values())
-        )
+        store = info.store
+        actors = self.state.view().actors
+
+        def of_store(actor: str) -> bool:
+            return actor in actors and actors[actor].store == store
+
+        under_way = [n for n, old in self._moving.items() if of_store(old)]
+        under_way += [n for n, (old, _) in self._starting.items() if of_store(old)]
         if under_way:
-            raise Conflict(f"query actor {uuid} is part of a move or a copy under way: remove it once that is done",
+            # A move's new actor, or a copy not kept yet, would count as a standby it may never be.
+            raise Conflict(f"a move or a copy of store {store}'s query actors is under way ({under_way[0]}): remove "
+                           "standby copies once it is done", actor=uuid)  # fmt: skip
+        if any(name == store and first == uuid for (name, _), first in self._first_active.items()):
+            raise Conflict(f"query actor {uuid} answered for partitions of {store} before a failover and gets them "
+                           "back once it serves again: one of the store's own actors, it stays",
                            actor=uuid)  # fmt: skip
         why = removable_standby(table, uuid, wanted)
         if why is not None:
             raise Conflict(f"{why}: it stays; plan again", actor=uuid)
         held = table.all_owners()[uuid]
-        serving: set[int] = set()
+        serving: dict[int, int] = {}
         for other in {o for p in held for o in (table.partitions[p].active, *table.partitions[p].standbys)}:
             if other is not None and other != uuid:
-                serving |= self._env.serving_partitions(other)
-        alone = [p for p in held if p not in serving]
-        if alone:
-            raise Conflict(f"no other copy of partitions {alone} of {info.store} serves now: query actor {uuid} stays "
-                           "(try again once they serve)", actor=uuid)  # fmt: skip
+                for p in self._env.serving_partitions(other) & set(held):
+                    serving[p] = serving.get(p, 0) + 1
+        short = [p for p in held if serving.get(p, 0) < wanted + 1]
+        if short:
+            raise Conflict(f"partitions {short} of {store} would not keep {wanted + 1} copies that serve now "
+                           f"(an active and {wanted} standbys): query actor {uuid} stays (try again once they "
+                           "serve)", actor=uuid)  # fmt: skip
+        # Saved as leaving before the table changes: a registry restarted from here destroys it rather than
+        # take it back as a copy (its command said its data was deleted).
         self._dropping.add(uuid)
+        try:
+            self._save_members(strict=True)
+        except RiqrError:
+            self._dropping.discard(uuid)
+            raise
         self._leaving[uuid] = self._clock() + MOVE_LEAVE_GRACE
         epoch = self.state.remove_actor(table.without_standby(uuid), uuid)
         after = self.state.view().table(info.store)

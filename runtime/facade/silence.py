@@ -154,24 +154,33 @@ async def answer_or_silence(
 ) -> T:
     """``call``'s answer by ``deadline`` (``DeadlineExceeded`` past it). A call still out after
     ``SILENT_AFTER`` may be a long one or an owner that is gone: ``ping()`` (a call of the owner's own,
-    which its busy threads do not hold up) tells which; ``NoPing`` if it gives no answer within
-    ``SILENT_BUDGET`` (the call is cancelled), else the call is awaited to its deadline. A deadline too
-    close for the ping to matter is awaited as it is."""
+    which its busy threads do not hold up) tells which; ``NoPing`` if neither the ping nor the call
+    answers within ``SILENT_BUDGET`` (the call is cancelled), else the call is awaited to its deadline
+    (an answer that comes while the ping is out is taken at once; a ping that fails otherwise than by
+    "gone" or "no answer", say an actor of an older riqr without ``ping``, says nothing either way). A
+    deadline too close for the ping to matter is awaited as it is."""
     if deadline.remaining() <= SILENT_AFTER + SILENT_BUDGET:
         return await within(deadline, call, what)
     started = time.monotonic()
     task = asyncio.ensure_future(within(deadline, call, what))
+    probe: asyncio.Future[object] | None = None
     try:
         await asyncio.wait({task}, timeout=SILENT_AFTER)
         if not task.done():
-            try:
-                await within(Deadline.after(SILENT_BUDGET), ping(), f"ping of the owner of a {what}")
-            except (OwnerUnavailable, DeadlineExceeded):
-                raise NoPing(time.monotonic() - started) from None
+            probe = asyncio.ensure_future(within(Deadline.after(SILENT_BUDGET), ping(), f"ping of a {what}'s owner"))
+            await asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({probe})  # bounded by its own budget
+                error = probe.exception()
+                if isinstance(error, (OwnerUnavailable, DeadlineExceeded)) and not task.done():
+                    raise NoPing(time.monotonic() - started)
         return await task
     finally:
-        if not task.done():
-            task.cancel()
+        for pending in (task, probe):
+            if pending is not None and not pending.done():
+                pending.cancel()
+        if probe is not None and probe.done() and not probe.cancelled():
+            probe.exception()  # retrieved: a failed ping is no error of the caller's
         # Cancelled before the task took its first step (the caller itself cancelled at once): the call
         # was never awaited; closed, it does not warn so.
         if inspect.iscoroutine(call) and inspect.getcoroutinestate(call) == inspect.CORO_CREATED:

@@ -837,9 +837,21 @@ def test_standby_copies_are_removed_whole_after_a_grace_and_the_store_says_what_
     with pytest.raises(Conflict, match="would keep fewer than 1"):
         registry.remove_standby(copies[first], 1)
     env.unreachable = {first}
-    with pytest.raises(Conflict, match="serves now"):
+    with pytest.raises(Conflict, match="would not keep 1 copies that serve now"):
         registry.remove_standby(copies[first], 0)
     env.unreachable = set()
+    # While a move of one of the store's actors is under way: its new actor counts as a standby it may
+    # never be.
+    moving = registry.join(second, "node-c")["uuid"]
+    registry.admit(second, moving)
+    with pytest.raises(Conflict, match="under way"):
+        registry.remove_standby(copies[first], 0)
+    registry.abandon_move(second, moving)
+    # An actor a failover took partitions from, which gets them back once it serves: one of the store's own.
+    registry._first_active[("s", held[first][0])] = copies[first]  # as a promotion leaves it
+    with pytest.raises(Conflict, match="gets them back"):
+        registry.remove_standby(copies[first], 0)
+    registry._first_active.clear()
     with pytest.raises(NotFound):
         registry.remove_standby("nobody", 0)
     assert registry.view().tables["s"].spec.standbys == 1

@@ -67,7 +67,8 @@ def test_a_slow_owner_is_asked_after_the_others_but_keeps_its_whole_budget_until
 
 def _race(call_seconds: float, ping: str, deadline: float) -> tuple[str, list[str]]:
     """``answer_or_silence`` with SILENT_AFTER and SILENT_BUDGET at 0.05 s, a call of ``call_seconds`` and a
-    ping that ``answers``, ``hangs`` or ``fails``: its outcome, and what happened in order."""
+    ping that ``answers``, ``hangs``, ``fails`` (gone) or ``breaks`` (any other error): its outcome, and what
+    happened in order."""
     import asyncio
 
     import pytest
@@ -92,6 +93,8 @@ def _race(call_seconds: float, ping: str, deadline: float) -> tuple[str, list[st
             await asyncio.sleep(60)
         if ping == "fails":
             raise OwnerUnavailable("gone")
+        if ping == "breaks":  # an actor of an older riqr, without ``ping``
+            raise AttributeError("'QueryVerticle' object has no attribute 'ping'")
         return True
 
     async def run() -> str:
@@ -126,3 +129,11 @@ def test_a_long_call_whose_owner_answers_no_ping_is_cancelled_as_silent() -> Non
 
 def test_a_deadline_too_close_for_a_ping_to_matter_is_awaited_as_it_is() -> None:
     assert _race(5.0, "hangs", 0.08) == ("504", ["call cancelled"])
+
+
+def test_an_answer_that_comes_while_the_ping_is_out_is_taken_whatever_the_ping_does() -> None:
+    assert _race(0.07, "hangs", 5.0) == ("answer", ["ping"])
+
+
+def test_a_ping_that_fails_otherwise_than_by_gone_says_nothing_and_the_call_is_awaited() -> None:
+    assert _race(0.3, "breaks", 5.0) == ("answer", ["ping"])
