@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from runtime.codec import to_json
+from runtime.codec import encode_json
 from runtime.config import (
     DEFAULT_NAMESPACE,
     DEFAULT_PAGE_SIZE,
@@ -377,7 +377,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     client = connect(args.namespace)
     catalog, instances = client.stores(), client.metadata()
     if args.json:
-        print(to_json({"stores": catalog, "instances": instances,
+        print(_json({"stores": catalog, "instances": instances,
                        "endpoints": {n: f"http://{h}:{p}/" for n, (h, p) in endpoints.items()}}))  # fmt: skip
         return 0
     from rich.console import Console
@@ -403,10 +403,16 @@ def _url_key(text: str | None) -> UrlKey | None:
     return None if text is None else UrlKey(text)
 
 
+def _json(value: Any) -> str:
+    """A line of JSON as the REST API writes it: NaN and infinities spelled as text (docs/api.md), never
+    an error halfway through a scan."""
+    return encode_json(value).decode("utf-8")
+
+
 def _entry_json(entry: Any) -> str:
     if isinstance(entry, Windowed):
-        return to_json(entry.to_json())
-    return to_json({"key": entry[0], "value": entry[1]})
+        return _json(entry.to_json())
+    return _json({"key": entry[0], "value": entry[1]})
 
 
 def query_lines(store: Any, args: argparse.Namespace) -> Iterator[str]:
@@ -417,7 +423,7 @@ def query_lines(store: Any, args: argparse.Namespace) -> Iterator[str]:
     store streams with flat memory; ``--limit`` stops early.
     """
     if args.op == "get":
-        yield to_json(store.get(UrlKey(args.key)))
+        yield _json(store.get(UrlKey(args.key)))
         return
     bounds: dict[str, Any] = {}
     if args.op == "range":
@@ -441,9 +447,18 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+# The plain handler ``main`` gives the command's own warnings (``_cmd_run`` hands logging to the topology).
+_PLAIN_HANDLERS: list[logging.Handler] = []
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from topologies import NotATopology, run_by_name
 
+    # The topology logs riqr's way (logfmt or JSON, its own level); the command's plain handler beside it
+    # would print every line twice, once in each format.
+    root = logging.getLogger()
+    for handler in _PLAIN_HANDLERS:
+        root.removeHandler(handler)
     try:
         return run_by_name(args.topology, args.options, prog=f"riqr run {args.topology}")
     except NotATopology as err:
@@ -623,7 +638,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     no_auto_connect()  # before Ray is imported
     args = build_parser().parse_args(argv)
+    before = set(logging.getLogger().handlers)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _PLAIN_HANDLERS[:] = [h for h in logging.getLogger().handlers if h not in before]
     try:
         return int(args.func(args))
     except RiqrError as err:

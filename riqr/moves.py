@@ -222,7 +222,7 @@ def plan_standby_copies(namespace: str, store: str, wanted: int) -> tuple[int, l
     most = max(1, len(alive) - 1)
     if wanted > max(has, most):  # removing copies needs no live node
         raise MoveFailed(f"{copies(wanted)} of each partition need {wanted + 1} live nodes, one copy each; "
-                         f"{len(alive)} are live, so {most} at most")  # fmt: skip
+                         f"{len(alive)} {'is' if len(alive) == 1 else 'are'} live, so {most} at most")  # fmt: skip
     unassigned = table.unassigned()
     if unassigned and wanted > has:
         raise MoveFailed(f"partitions {_parts(unassigned)} of store {store} have no active copy to copy: try again "

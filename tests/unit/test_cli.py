@@ -364,3 +364,22 @@ def test_a_drain_waits_until_the_moved_actors_old_copies_are_gone(monkeypatch) -
     monkeypatch.setattr(moves, "_named_in", lambda _ns: ["a"])
     assert moves.wait_until_deleted("ns", ["a"], timeout=0.0, say=said.append) == ["a"]  # named when it gives up
     assert moves.wait_until_deleted("ns", [], say=said.append) == [] and len(said) == 2  # nothing moved: no wait
+
+
+def test_riqr_run_leaves_logging_to_the_topology_each_line_once(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    monkeypatch.setattr(logging.root, "handlers", [])  # as a shell starts it: the command's handler is the first
+    (tmp_path / "riqr_test_logging.py").write_text(
+        "import logging\nfrom runtime import logs\n"
+        "def main(argv, prog=None):\n"
+        "    handler = logs.configure('info', 'json')\n"
+        "    logging.getLogger('topologies.runner').info('home here')\n"
+        "    logging.getLogger().removeHandler(handler)\n"
+        "    return 0\n"
+    )
+    assert cli.main(["run", "riqr_test_logging"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("home here") == 1 and err.lstrip().startswith("{"), err  # once, as the JSON it asked for

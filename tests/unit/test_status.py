@@ -202,6 +202,17 @@ def test_query_prints_json_lines() -> None:
     assert _lines(store, "prefix", "a%2F") == ['{"key":"a/b","value":[1.5]}']  # written as in a REST path
 
 
+def test_query_spells_nan_and_infinities_as_the_rest_api_does_and_finishes_the_scan() -> None:
+    store = FakeStore({"1": 21.0, "2": float("nan"), "3": [float("inf"), -float("inf")], "4": 4.5})
+    assert _lines(store, "get", "2") == ['"NaN"']
+    assert _lines(store, "all") == [
+        '{"key":"1","value":21.0}',
+        '{"key":"2","value":"NaN"}',
+        '{"key":"3","value":["Infinity","-Infinity"]}',
+        '{"key":"4","value":4.5}',
+    ]
+
+
 def test_query_takes_either_bound_alone_and_its_options_after_the_query() -> None:
     store = FakeStore({"1": "a", "2": "b", "3": "c"})
     assert _lines(store, "range", "--to", "2") == ['{"key":"1","value":"a"}', '{"key":"2","value":"b"}']
