@@ -509,34 +509,51 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
     ray.init(address=target, namespace=namespace, log_to_driver=False)
 
 
+def _canonical(address: str) -> str | None:
+    """``address`` as Ray resolves it (``host:port``, a local host as this node's address), None if it
+    cannot say."""
+    try:  # Ray's own resolution of "auto" and $RAY_ADDRESS (internal, stable across Ray 2.x)
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - nothing to compare: the caller goes on
+        return None
+    return str(resolved) if resolved else None
+
+
 def _probe_bootstrap(target: str, timeout: float) -> ConnectionError | None:
     """The error that says nothing listens at ``target`` (Ray's "auto", ``host:port``), or None when a TCP
     connection opens there or the address cannot be read here (``ray.init`` then says what is wrong)."""
     import socket
 
-    try:  # Ray's own resolution of "auto" and $RAY_ADDRESS (internal, stable across Ray 2.x)
-        from ray._private.services import canonicalize_bootstrap_address
-
-        resolved = canonicalize_bootstrap_address(target)
-    except Exception:  # noqa: BLE001 - nothing to try first: ray.init says what is wrong
-        return None
-    if not resolved:
+    resolved = _canonical(target)
+    if resolved is None:  # nothing to try first: ray.init says what is wrong
         return None
     host, _, port = resolved.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except (OSError, ValueError) as err:
-        return ConnectionError(f"no Ray cluster answers at {resolved} ({err}); is it running (ray status)?")
+        where = resolved if resolved == target else f"{target} ({resolved})"
+        return ConnectionError(f"no Ray cluster answers at {where} ({err}); is it running (ray status)?")
     return None
 
 
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:
     """Connect to riqr in ``namespace``, joining the Ray cluster at ``address`` if not connected yet
-    (``join_ray``: ``ConnectionError`` at once if nothing answers there)."""
+    (``join_ray``: ``ConnectionError`` at once if nothing answers there); ``ConnectionError`` too when this
+    process is in a Ray cluster already and ``address`` names another."""
     import ray
 
     if not ray.is_initialized():
         join_ray(address, namespace)
+    elif address not in (None, "auto") and not address.startswith("ray://"):
+        # A process is in one Ray cluster: another address asked for is an error, not silently this one.
+        asked, joined = _canonical(address), _canonical(ray.get_runtime_context().gcs_address)
+        if asked is not None and joined is not None and asked != joined:
+            raise ConnectionError(
+                f"this process is in the Ray cluster at {joined} already, not {address} ({asked}): a process "
+                "joins one cluster (ray.shutdown() first to join another)"
+            )
     node_id = ray.get_runtime_context().get_node_id()
     try:
         facade = ray.get_actor(facade_name(node_id), namespace=namespace)

@@ -65,6 +65,15 @@ def test_errors_are_riqrs_own(client: runtime.Client) -> None:
         asyncio.run(client.store("order-count").get_async("99"))
 
 
+def test_connecting_to_another_cluster_from_a_joined_process_is_an_error(seeded: Runtime) -> None:
+    import ray
+
+    here = ray.get_runtime_context().gcs_address
+    with pytest.raises(ConnectionError, match="a process joins one cluster"):
+        runtime.connect(seeded.namespace, address="127.0.0.1:1")  # another port: not this cluster
+    assert runtime.connect(seeded.namespace, address=here).store("order-count").get("1") == 1  # this one
+
+
 def test_catalog_and_owner(client: runtime.Client) -> None:
     assert [s["name"] for s in client.stores()] == ["customer-v1-changelog", "order-count"]
     owner = client.store("order-count").owner("1")

@@ -331,6 +331,7 @@ def test_an_address_where_no_ray_cluster_listens_is_an_error_at_once_not_a_hang(
     err = capsys.readouterr().err
     # Ray's own reading of the address: 127.0.0.1 may be written as this node's IP.
     assert err.startswith("riqr: cannot reach the Ray cluster: no Ray cluster answers at ") and f":{port} (" in err
+    assert f"127.0.0.1:{port}" in err  # the address as given, beside what Ray made of it
 
 
 def test_an_address_whose_lookup_hangs_is_an_error_within_the_probes_time(monkeypatch) -> None:  # type: ignore[no-untyped-def]
