@@ -96,7 +96,7 @@ def bind_partition_key(spec: StoreSpec, key: Any) -> Any:
 def check_limit(limit: int, maximum: int = MAX_PAGE) -> int:
     """A page size a client asked for, or ``InvalidParameter``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
-        raise InvalidParameter(f"limit must be an integer between 1 and {maximum}", maximum=maximum)
+        raise InvalidParameter(f"limit must be an integer between 1 and {maximum}", parameter="limit", maximum=maximum)
     return limit
 
 

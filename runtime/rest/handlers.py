@@ -129,7 +129,7 @@ async def _scan_reply(request: web.Request, query: ScanQuery) -> web.StreamRespo
     cursor = request.query.get("cursor")
     if wants_ndjson(request):
         if limit is not None and limit < 1:
-            raise InvalidParameter(f"limit must be positive, got {limit}", limit=limit)
+            raise InvalidParameter(f"limit must be positive, got {limit}", parameter="limit", limit=limit)
         return await stream_ndjson(request, facade.stream_ndjson(query, cursor, limit), limit)
     with collecting() as seen:
         if limit is not None or cursor is not None:

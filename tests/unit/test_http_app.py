@@ -232,6 +232,14 @@ async def test_bad_scan_parameters_are_400s(client, query: str, code: str) -> No
     assert (await resp.json())["error"]["code"] == code
 
 
+async def test_a_bad_limit_names_its_parameter_in_json_and_ndjson_alike(client) -> None:  # type: ignore[no-untyped-def]
+    for query, accept in (("limit=0", "*/*"), ("limit=10001", "*/*"), ("limit=ten", "*/*"),
+                          ("limit=0", "application/x-ndjson")):  # fmt: skip
+        resp = await client.get(f"/stores/customer-v1-changelog/all?{query}", headers={"Accept": accept})
+        error = (await resp.json())["error"]
+        assert resp.status == 400 and error["parameter"] == "limit", (query, accept, error)
+
+
 async def test_prefix_on_integer_keys_is_a_400(client) -> None:  # type: ignore[no-untyped-def]
     resp = await client.get("/stores/ints/prefix/1")
     assert resp.status == 400 and "need a string key" in (await resp.json())["error"]["message"]
