@@ -129,7 +129,9 @@ class ViewCache:
         if table is None:
             table = (await self.refresh()).table(store)
         if table is None:
-            raise StoreNotFound(f"store {store!r} is not known; GET /stores lists the stores", store=store)
+            raise StoreNotFound(
+                f"store {store!r} is not known (GET /stores, Client.stores() and riqr status list them)", store=store
+            )
         return table
 
     async def loaded(self) -> ClusterView:
