@@ -157,14 +157,15 @@ class RangeQuery:
                     store=spec.name,
                 )
             return prefix_scan(self.prefix, reverse=self.reverse, composite=key.composite)
-        try:
-            lo = None if self.lo is None else key.coerce_bound(_user_key(spec, self.lo), upper=False)
-            hi = None if self.hi is None else key.coerce_bound(_user_key(spec, self.hi), upper=True)
-        except KeyTooLong:
-            raise
-        except RiqrError as err:
-            raise MalformedRange(err.message, store=spec.name) from None
-        return Scan.closed(lo, hi, reverse=self.reverse)
+        bounds = []
+        for parameter, bound, upper in (("from", self.lo, False), ("to", self.hi, True)):
+            try:
+                bounds.append(None if bound is None else key.coerce_bound(_user_key(spec, bound), upper=upper))
+            except KeyTooLong:
+                raise
+            except RiqrError as err:  # named as the window and session bounds are
+                raise MalformedRange(err.message, store=spec.name, parameter=parameter) from None
+        return Scan.closed(bounds[0], bounds[1], reverse=self.reverse)
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,13 @@ async def test_errors_are_json_with_the_right_status(client, path: str, status: 
     assert (await resp.json())["error"]["code"] == code
 
 
+async def test_a_malformed_range_bound_is_named(client) -> None:  # type: ignore[no-untyped-def]
+    for query, parameter in (("from=abc", "from"), ("from=1&to=x", "to"), ("to=%2B", "to")):
+        resp = await client.get(f"/stores/ints/range?{query}")
+        error = (await resp.json())["error"]
+        assert resp.status == 400 and error["code"] == "malformed-range" and error["parameter"] == parameter, error
+
+
 async def test_wrong_method_is_405_json(client) -> None:  # type: ignore[no-untyped-def]
     resp = await client.post("/stores/order-count/get/1")
     assert resp.status == 405
