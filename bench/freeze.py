@@ -188,16 +188,21 @@ def run(freeze: float, before: float, after: float, rate: float, scans: bool = F
         for label, mine in (("frozen", True), ("others", False)):
             window = [g for g in gets if g.store == name and froze <= g.started < thawed
                       and (table.partition_of(g.user) in frozen[name]) == mine]  # fmt: skip
-            statuses = Counter(g.status for g in window)
-            took = [g.ended - g.started for g in window]
-            other = len(window) - statuses[200] - statuses[503] - statuses[504]
-            print(f"{name:<6}{label:<12}{len(window):>6}{statuses[200]:>6}{statuses[503]:>6}{statuses[504]:>6}"
-                  f"{other:>6}{statistics.median(took) if took else float('nan'):>8.3f}{_quantile(took, 0.99):>8.3f}"
-                  f"{max(took, default=float('nan')):>8.3f}")  # fmt: skip
+            _print_row(name, label, window)
     wrong = judged(gets, history)
     print(f"wrong answers in the whole run: {len(wrong)} of {len(gets)} GETs")
     for example in wrong[:5]:
         print(f"    wrong: {example}")
+
+
+def _print_row(store: str, label: str, window: list[Get]) -> None:
+    """One line of a table: the reads in ``window``, by status, and their time to an answer."""
+    statuses = Counter(g.status for g in window)
+    took = [g.ended - g.started for g in window]
+    other = len(window) - statuses[200] - statuses[503] - statuses[504]
+    print(f"{store:<6}{label:<12}{len(window):>6}{statuses[200]:>6}{statuses[503]:>6}{statuses[504]:>6}"
+          f"{other:>6}{statistics.median(took) if took else float('nan'):>8.3f}{_quantile(took, 0.99):>8.3f}"
+          f"{max(took, default=float('nan')):>8.3f}")  # fmt: skip
 
 
 def _print_scans(scanned: list[Get], tables: dict[str, Any], freeze: float, rate: float, froze: float,
@@ -208,13 +213,7 @@ def _print_scans(scanned: list[Get], tables: dict[str, Any], freeze: float, rate
           f"{'p50 s':>8}{'p99 s':>8}{'max s':>8}")  # fmt: skip
     for name in tables:
         for label, (lo, hi) in (("before", (float("-inf"), froze)), ("frozen", (froze, thawed))):
-            window = [g for g in scanned if g.store == name and lo <= g.started < hi]
-            statuses = Counter(g.status for g in window)
-            took = [g.ended - g.started for g in window]
-            other = len(window) - statuses[200] - statuses[503] - statuses[504]
-            print(f"{name:<6}{label:<12}{len(window):>6}{statuses[200]:>6}{statuses[503]:>6}{statuses[504]:>6}"
-                  f"{other:>6}{statistics.median(took) if took else float('nan'):>8.3f}{_quantile(took, 0.99):>8.3f}"
-                  f"{max(took, default=float('nan')):>8.3f}")  # fmt: skip
+            _print_row(name, label, [g for g in scanned if g.store == name and lo <= g.started < hi])
     wrong = [g for g in scanned if g.body is not None]
     print(f"wrong or partial answers in the whole run: {len(wrong)} of {len(scanned)} scans")
 

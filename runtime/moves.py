@@ -196,21 +196,27 @@ def plan_standby_removals(
         load: dict[str | None, int] = {}
         for u in held:
             load[where.get(u)] = load.get(where.get(u), 0) + 1
-        preference = {u: _removal_preference(table, where, live, load, u) for u in candidates}
+        preference = {u: _removal_preference(table, where, live, load, u, held[u]) for u in candidates}
         pick = min(candidates, key=preference.__getitem__)
         removed.append(pick)
         table = table.without_standby(pick)
 
 
 def _removal_preference(
-    table: OwnershipTable, where: Mapping[str, str], live: Set[str], load: Mapping[str | None, int], uuid: str
+    table: OwnershipTable,
+    where: Mapping[str, str],
+    live: Set[str],
+    load: Mapping[str | None, int],
+    uuid: str,
+    partitions: Sequence[int],
 ) -> tuple[bool, bool, int, str]:
-    """``plan_standby_removals``' order (smallest first): on a node that is not alive, sharing its node with
-    another copy of one of its partitions, on the node with the most of the store's actors, by uuid."""
+    """``plan_standby_removals``' order for ``uuid``, which holds ``partitions`` (smallest first): on a node
+    that is not alive, sharing its node with another copy of one of them, on the node with the most of the
+    store's actors, by uuid."""
     node = where.get(uuid)
     shared = any(
         where.get(other) == node
-        for p in table.all_owners()[uuid]
+        for p in partitions
         for other in (table.partitions[p].active, *table.partitions[p].standbys)
         if other not in (None, uuid)
     )

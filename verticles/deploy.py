@@ -113,10 +113,11 @@ def _remote(cls: type, **options: Any) -> Any:
     return ray.remote(**options)(cls) if options else ray.remote(cls)
 
 
-def _query_actor() -> Any:
-    """The query actor's class for Ray: ``max_concurrency`` threads for its calls (given per actor), and
-    one more of its own for ``ping`` (``PROBE_GROUP``), which long calls on the others do not hold up."""
-    return _remote(QueryVerticle, concurrency_groups={PROBE_GROUP: 1})
+def _query_actor(uuid: str, namespace: str, node_id: str | None) -> Any:
+    """The query actor ``uuid``'s class for Ray, with its options: ``_QUERY_THREADS`` threads for its calls,
+    and one more of its own for ``ping`` (``PROBE_GROUP``), which long calls on the others do not hold up."""
+    actor = _remote(QueryVerticle, concurrency_groups={PROBE_GROUP: 1})
+    return actor.options(**_options(uuid, namespace, node_id, max_concurrency=_QUERY_THREADS))
 
 
 def alive_nodes() -> list[str]:
@@ -218,9 +219,7 @@ class RayEnv:
         # rather than a store's pair after the other's (docs/benchmarks.md, "Demo start-up").
         handles = [
             [
-                _query_actor()
-                .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
-                .remote(uuid, spec, list(partitions), self)
+                _query_actor(uuid, self.namespace, node_id).remote(uuid, spec, list(partitions), self)
                 for uuid, partitions, node_id in members
             ]
             for spec, members in stores
@@ -265,10 +264,8 @@ class RayEnv:
     ) -> Any:
         while True:
             try:
-                return (
-                    _query_actor()
-                    .options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS))
-                    .remote(uuid, spec, list(partitions), self, replacement=True)
+                return _query_actor(uuid, self.namespace, node_id).remote(
+                    uuid, spec, list(partitions), self, replacement=True
                 )
             except ValueError:  # the killed actor's name is not released yet
                 if deadline.remaining() <= 0:
@@ -279,9 +276,7 @@ class RayEnv:
         # Not waited for: the mover looks it up by name (again until it is listed) and waits for ``ready``.
         # One that never starts is destroyed by its move's give-up or the registry's check
         # (``MOVE_START_SECONDS``), and one found by a restarted registry is dropped (``joining``).
-        _query_actor().options(**_options(uuid, self.namespace, node_id, max_concurrency=_QUERY_THREADS)).remote(
-            uuid, spec, list(partitions), self, joining=True
-        )
+        _query_actor(uuid, self.namespace, node_id).remote(uuid, spec, list(partitions), self, joining=True)
 
     def query_actor_tell(self, uuid: str, method: str) -> None:
         _submit_unless_gone(self.namespace, uuid, method, f"{method} on query actor {uuid}")

@@ -561,6 +561,34 @@ def test_owners_killed_again_and_again_under_reads_and_batches_never_give_an_old
     assert delivered[0] >= 10, delivered
 
 
+def _solo_and_pair(runtime_ns: Runtime, prefix: str) -> dict[str, tuple[list[int], int]]:
+    """Stores ``{prefix}-solo`` (no standby) and ``{prefix}-pair`` (a standby of each partition), 4 partitions
+    on 2 actors, loaded with every user's score and visible over REST; for each, the users of its first
+    actor's partitions and that actor's worker pid (the one to freeze)."""
+    from bench.faults import user_scores, worker_pid
+
+    registry = runtime_ns.registry()
+    out = {}
+    for name, standbys in ((f"{prefix}-solo", 0), (f"{prefix}-pair", 1)):
+        spec = StoreSpec(name, KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2,
+                         standbys=standbys)  # fmt: skip
+        view = raycalls.get(registry.create_store.remote(spec), "create_store")
+        table = view.tables[name]
+        BatchDelivery(spec, runtime_ns.namespace, checkpoint="unused").deliver(
+            "q", 0, user_scores(table, {u: u * 10 for u in USERS})
+        )
+        wait_for(
+            lambda n=name: (
+                http_get(f"{runtime_ns.url}/stores/{n}/approximate-num-entries")[2] == {"result": len(USERS)}
+            ),
+            what="the store loaded and visible",
+        )
+        victim = sorted(table.by_owner())[0]
+        users = [u for u in USERS if table.partition_of(u) in table.by_owner()[victim]]
+        out[name] = users, worker_pid(ray.get_actor(victim, namespace=runtime_ns.namespace))
+    return out
+
+
 def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_503_not_after_the_deadline(
     runtime_ns: Runtime,
 ) -> None:
@@ -575,27 +603,11 @@ def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from bench.faults import user_scores, worker_pid
-
     registry = runtime_ns.registry()
     url = runtime_ns.url
-    frozen: dict[str, list[int]] = {}
-    pids = []
-    for name, standbys in (("frozen-solo", 0), ("frozen-pair", 1)):
-        spec = StoreSpec(name, KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2,
-                         standbys=standbys)  # fmt: skip
-        view = raycalls.get(registry.create_store.remote(spec), "create_store")
-        table = view.tables[name]
-        BatchDelivery(spec, runtime_ns.namespace, checkpoint="unused").deliver(
-            "q", 0, user_scores(table, {u: u * 10 for u in USERS})
-        )
-        wait_for(
-            lambda n=name: http_get(f"{url}/stores/{n}/approximate-num-entries")[2] == {"result": len(USERS)},
-            what="the store loaded and visible",
-        )
-        victim = sorted(table.by_owner())[0]
-        frozen[name] = [u for u in USERS if table.partition_of(u) in table.by_owner()[victim]]
-        pids.append(worker_pid(ray.get_actor(victim, namespace=runtime_ns.namespace)))
+    loaded = _solo_and_pair(runtime_ns, "frozen")
+    frozen = {name: users for name, (users, _) in loaded.items()}
+    pids = [pid for _, pid in loaded.values()]
     answers: dict[str, list[tuple[int, int, Any]]] = {name: [] for name in frozen}
 
     def get(name: str, user: int) -> None:
@@ -655,25 +667,11 @@ def test_a_scan_whose_owner_is_frozen_fails_over_or_answers_503_once_a_ping_goes
     import signal
     import time
 
-    from bench.faults import user_scores, worker_pid
     from runtime.config import DEFAULT_REQUEST_TIMEOUT
 
     registry = runtime_ns.registry()
     url = runtime_ns.url
-    pids = []
-    for name, standbys in (("hung-scan-solo", 0), ("hung-scan-pair", 1)):
-        spec = StoreSpec(name, KeySchema("user", "long"), (ValueField("score", "bigint"),), partitions=4, actors=2,
-                         standbys=standbys)  # fmt: skip
-        view = raycalls.get(registry.create_store.remote(spec), "create_store")
-        table = view.tables[name]
-        BatchDelivery(spec, runtime_ns.namespace, checkpoint="unused").deliver(
-            "q", 0, user_scores(table, {u: u * 10 for u in USERS})
-        )
-        wait_for(
-            lambda n=name: http_get(f"{url}/stores/{n}/approximate-num-entries")[2] == {"result": len(USERS)},
-            what="the store loaded and visible",
-        )
-        pids.append(worker_pid(ray.get_actor(sorted(table.by_owner())[0], namespace=runtime_ns.namespace)))
+    pids = [pid for _, pid in _solo_and_pair(runtime_ns, "hung-scan").values()]
     want = [{"key": u, "value": u * 10} for u in USERS]
     try:
         for pid in pids:

@@ -513,6 +513,24 @@ async def _one_copy(bus: FakeBus, timeout: float) -> AsyncIterator[tuple[Facade,
         await core.stop()
 
 
+@contextlib.asynccontextmanager
+async def _paired(bus: FakeBus, timeout: float) -> AsyncIterator[tuple[Facade, str]]:
+    """A store ``r`` with a standby of each partition (keys k000..k049), a started facade over it with
+    ``timeout`` and pages of 16, and the active of partition 0."""
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {f"k{i:03d}": f"v{i}" for i in range(50)})
+    core = Facade(bus, timeout=timeout, page_size=16)
+    await core.start()
+    try:
+        table = core.view.table("r")
+        assert table is not None
+        active = table.partitions[0].active
+        assert active is not None
+        yield core, active
+    finally:
+        await core.stop()
+
+
 async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_silent_budget_not_a_504(
     bus: FakeBus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -613,36 +631,18 @@ async def test_a_scan_on_a_hung_active_fails_over_to_its_standby_once_its_ping_g
 
     monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
     monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
-    bus.create_store(kv_spec("r", standbys=1))
-    bus.load("r", {f"k{i:03d}": f"v{i}" for i in range(50)})
-    core = Facade(bus, timeout=5.0, page_size=16)
-    await core.start()
-    try:
-        table = core.view.table("r")
-        assert table is not None
-        active = table.partitions[0].active
-        assert active is not None
+    async with _paired(bus, timeout=5.0) as (core, active):
         bus.owners[active].stall, bus.owners[active].hung = 30.0, True
         started = time.monotonic()
         assert [k for k, _ in await core.entries(RangeQuery("r"))] == [f"k{i:03d}" for i in range(50)]
         assert time.monotonic() - started < 2.0  # not the 5 s deadline
         assert core.router.silent_for(active) is not None
-    finally:
-        await core.stop()
 
 
 async def test_a_scan_that_waited_out_a_hung_active_starts_the_next_on_its_standby(
     bus: FakeBus,
 ) -> None:
-    bus.create_store(kv_spec("r", standbys=1))
-    bus.load("r", {f"k{i:03d}": f"v{i}" for i in range(50)})
-    core = Facade(bus, timeout=0.3, page_size=16)
-    await core.start()
-    try:
-        table = core.view.table("r")
-        assert table is not None
-        active = table.partitions[0].active
-        assert active is not None
+    async with _paired(bus, timeout=0.3) as (core, active):
         bus.owners[active].stall = 5.0  # hung, as on a node that went away: only scans ask it here
         keys = [f"k{i:03d}" for i in range(50)]
         assert [k for k, _ in await core.entries(RangeQuery("r"))] == keys  # failed over after the deadline
@@ -650,8 +650,6 @@ async def test_a_scan_that_waited_out_a_hung_active_starts_the_next_on_its_stand
         assert [k for k, _ in await core.entries(RangeQuery("r"))] == keys
         assert bus.owners[active].calls.count("scan") == asked  # its standby first: no wait on it
         assert core.router.silent_for(active) is None  # slow, not silent: its budget is whole
-    finally:
-        await core.stop()
 
 
 async def test_a_scan_whose_owner_dies_midway_continues_on_the_standby_with_every_key_once(
