@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.catalog import StoreSpec, ValueField
@@ -105,6 +105,9 @@ def membership_record(
                 for a in members
             ],
         }
+        # Which copy answers for each partition: the actors cannot say (a copy does not know it is active), and
+        # a restart that dealt actives anew would make copies ``riqr standbys`` added answer for partitions.
+        stores[name]["actives"] = [o.active for o in table.partitions]
         if table.moved_from:  # the actors moves replaced (``OwnershipTable.lineage``)
             stores[name]["moved_from"] = sorted(table.moved_from)
     if without is not None:
@@ -129,6 +132,7 @@ class Merged:
     dropping: list[str]  # uuids of dropped stores' actors the record says are still to be destroyed
     moved_from: dict[str, frozenset[str]]  # store -> the actors moves replaced (``OwnershipTable.moved_from``)
     follow: bool = False  # the record says nodes that join get a facade and a REST API
+    actives: dict[str, tuple[str | None, ...]] = field(default_factory=dict)  # store -> each partition's saved active
 
 
 def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]) -> Merged:
@@ -183,6 +187,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
     remembered: list[str] = []
     carried: dict[str, Any] = {}
     moved_from: dict[str, frozenset[str]] = {}
+    actives: dict[str, tuple[str | None, ...]] = {}
     for name, entry in sorted(entries.items()):
         if name in doomed:
             dropping.update(_listed(entry))
@@ -214,6 +219,9 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         replaced = entry.get("moved_from", [])
         if isinstance(replaced, list) and replaced:
             moved_from[name] = frozenset(str(u) for u in replaced)
+        saved_actives = entry.get("actives")  # absent in a record of an older riqr: actives are dealt
+        if isinstance(saved_actives, list) and all(u is None or isinstance(u, str) for u in saved_actives):
+            actives[name] = tuple(saved_actives)
         for actor in actors:
             if actor.uuid not in answered and actor.uuid not in members and actor.uuid not in dropping:
                 members[actor.uuid] = actor
@@ -228,6 +236,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         sorted(dropping),
         moved_from,
         follow,
+        actives,
     )
 
 

@@ -322,13 +322,18 @@ def replacement_node(
     return min(free, key=lambda n: (load[n], n))
 
 
-def table_from_holdings(spec: StoreSpec, holdings: Mapping[str, Sequence[int]]) -> OwnershipTable:
+def table_from_holdings(
+    spec: StoreSpec, holdings: Mapping[str, Sequence[int]], actives: Sequence[str | None] = ()
+) -> OwnershipTable:
     """An ownership table rebuilt from what each actor holds (a restarted registry asks the actors).
 
-    The actors know which partitions they hold a copy of, not which copy was active, so actives are
-    dealt out evenly: partition ``p``'s active is the ``p``-th of its holders (sorted by uuid) round the
-    ring, the others are its standbys in ring order. Every copy serves reads alike (the in-sync rule is
-    the copy's own, and facades refuse older copies), so this only balances the load.
+    The actors know which partitions they hold a copy of, not which copy was active: ``actives`` (the
+    saved members' record of them, partition by partition) says. A partition whose saved active still
+    holds it gets it back; the others' actives are dealt out evenly: partition ``p``'s is the ``p``-th of
+    its holders (sorted by uuid) round the ring. The other holders are standbys in ring order. Every copy
+    serves reads alike (the in-sync rule is the copy's own, and facades refuse older copies), so dealing
+    only balances the load, but keeping the saved actives keeps a store's own actors answering for their
+    partitions, and so the copies ``riqr standbys`` added removable.
     ``KeyError`` when a partition has no holder.
     """
     owners = []
@@ -338,5 +343,9 @@ def table_from_holdings(spec: StoreSpec, holdings: Mapping[str, Sequence[int]]) 
             raise KeyError(p)
         first = p % len(holders)
         ring = holders[first:] + holders[:first]
+        saved = actives[p] if p < len(actives) else None
+        if saved is not None and saved in ring:
+            ring.remove(saved)
+            ring.insert(0, saved)
         owners.append(PartitionOwners(ring[0], tuple(ring[1:])))
     return OwnershipTable(spec, tuple(owners))

@@ -192,6 +192,9 @@ class Registry:
         self._starting: dict[str, tuple[str, float]] = {}
         # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``.
         self._copying: dict[str, tuple[int, ...]] = {}
+        # Stores whose spec ``_rebuild`` raised to the standbys their table had: a move's new actor admitted
+        # before the restart counted as one, and its switch takes the spec back.
+        self._raised: set[str] = set()
         self._drops_failing = False
         # Nodes that join get a facade and a REST API (``follow_nodes``): the nodes seen with them, those
         # whose verticles are starting, the failed attempts by node, and no look before this time.
@@ -237,7 +240,7 @@ class Registry:
                         "riqr up")  # fmt: skip
         for name, (spec, actors) in sorted(merged.stores.items()):
             try:
-                table = table_from_holdings(spec, {a.uuid: a.partitions for a in actors})
+                table = table_from_holdings(spec, {a.uuid: a.partitions for a in actors}, merged.actives.get(name, ()))
                 table = replace(table, moved_from=merged.moved_from.get(name, frozenset()))
             except KeyError:
                 log.error("store %s lost actors; it will be unavailable until recreated", name, extra={"store": name})
@@ -246,7 +249,8 @@ class Registry:
             if table.fewest_standbys() > (spec.standbys or 0):
                 # Copies ``riqr standbys`` admitted before the restart, not kept yet (this registry keeps no
                 # moves, so they are copies like any other): the store says so, and its actors rebuild
-                # from peers.
+                # from peers. Or a move's new actor: its switch takes the spec back (``switch``).
+                self._raised.add(name)
                 self._store_standbys(table)
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
@@ -627,6 +631,12 @@ class Registry:
         self._first_active = {k: (new if v == old else v) for k, v in self._first_active.items()}
         epoch = self.state.remove_actor(replaced, old)
         self._moving.pop(new, None)
+        if info.store in self._raised and replaced.fewest_standbys() < (replaced.spec.standbys or 0):
+            # The move was under way when this registry restarted, which took its new actor for a standby
+            # copy: the store has the standbys it had before the move again.
+            self._raised.discard(info.store)
+            self._store_standbys(replaced)
+            epoch = self.state.epoch
         try:
             self._env.query_actor_call(old, "seal", None)
         except RiqrError as err:  # sealed for MOVE_SEAL_SECONDS, destroyed before that

@@ -61,6 +61,22 @@ def test_a_record_lists_each_store_with_its_spec_and_every_actor() -> None:
         {"uuid": "u1", "node_id": "a", "node_ip": "ip-a", "partitions": [0, 2]},
         {"uuid": "u2", "node_id": "b", "node_ip": "ip-b", "partitions": [1, 3]},
     ]
+    assert record["stores"]["s"]["actives"] == ["u1", "u2", "u1", "u2"]
+
+
+def test_each_partitions_saved_active_comes_back_and_a_record_of_an_older_riqr_has_none() -> None:
+    spec = kv_spec("s", partitions=2, actors=2, standbys=1)
+    view = _view((spec, {"u1": ("a", (0, 1)), "u2": ("b", (0, 1))}))
+    swapped = dataclasses.replace(view.tables["s"], partitions=tuple(
+        dataclasses.replace(o, active=o.standbys[0], standbys=(o.active,)) for o in view.tables["s"].partitions
+    ))  # fmt: skip
+    saved = json.loads(json.dumps(membership_record(dataclasses.replace(view, tables={"s": swapped}))))
+    live = [_info(spec, "u1", "a", [0, 1]), _info(spec, "u2", "b", [0, 1])]
+    assert merge_members(saved, live).actives == {"s": ("u2", "u1")}
+    del saved["stores"]["s"]["actives"]
+    assert merge_members(saved, live).actives == {}
+    saved["stores"]["s"]["actives"] = "u1"  # not a list: ignored, the actives are dealt
+    assert merge_members(saved, live).actives == {}
 
 
 def test_the_actors_that_do_not_answer_come_from_the_record_and_the_live_ones_win() -> None:

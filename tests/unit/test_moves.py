@@ -777,6 +777,19 @@ def test_copies_added_to_a_store_without_standbys_make_every_copy_catch_up_from_
     assert env.actors[first].core.catch_up_on_gap
 
 
+def _restart(env: MoveEnv, tmp_path: Path) -> tuple[MoveEnv, Registry]:
+    """A registry restarted over ``env``'s actors and saved members (Ray restarts it; the actors live on)."""
+    restarted_env = MoveEnv(tmp_path)
+    restarted_env.membership, restarted_env.actors, restarted_env._restarted = env.membership, env.actors, True
+    restarted_env.infos = [a.info() for a in env.actors.values()]
+    later = itertools.count(100)
+    restarted = Registry(
+        "ns", restarted_env, new_uuid=lambda: f"00000000-0000-4000-8000-{next(later):012d}", clock=Clock()
+    )
+    restarted_env.registry = restarted
+    return restarted_env, restarted
+
+
 def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_up_and_counts_as_a_standby(
     tmp_path: Path,
 ) -> None:
@@ -791,14 +804,7 @@ def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_u
     _wait(lambda: _serving(env.actors[copy]), "the copy caught up")
     # The registry restarts before its driver's keep (the saved members and the live actors rebuild it): it
     # keeps no moves, so it cannot tell this copy from one kept already.
-    restarted_env = MoveEnv(tmp_path)
-    restarted_env.membership, restarted_env.actors, restarted_env._restarted = env.membership, env.actors, True
-    restarted_env.infos = [a.info() for a in env.actors.values()]
-    later = itertools.count(100)
-    restarted = Registry(
-        "ns", restarted_env, new_uuid=lambda: f"00000000-0000-4000-8000-{next(later):012d}", clock=Clock()
-    )
-    restarted_env.registry = restarted
+    restarted_env, restarted = _restart(env, tmp_path)
     table = restarted.view().tables["s"]
     assert set(table.all_owners()) == {first, copy}
     # The store says the standbys its table has, and its original actor now rebuilds from its peer.
@@ -809,6 +815,54 @@ def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_u
     assert out["outcome"] == "kept" and "restarted" in out["why"]
     assert copy in restarted.view().actors and copy not in restarted_env.destroyed
     assert all(copy in (o.active, *o.standbys) for o in restarted.view().tables["s"].partitions)
+
+
+def test_copies_added_before_a_registry_restart_stay_standbys_and_can_be_removed_after_it(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=0))
+    held = view.tables["s"].all_owners()
+    env.deliver(0, {f"k{i}": str(i) for i in range(40)})
+    copies = []
+    for source in sorted(held):
+        new = registry.add_standby(source, "node-b", held[source])["uuid"]
+        registry.admit(source, new)
+        _wait(lambda n=new: _serving(env.actors[n]), "the copy caught up")
+        assert registry.keep(source, new)["kept"]
+        copies.append(new)
+    before = registry.view().tables["s"].partitions
+    # A restarted registry learns from the actors which partitions each holds, not which copy answered: the
+    # saved members say, so the store's own actors answer again and the added copies stay standbys (dealt
+    # anew, some copies became actives, and ``riqr standbys s 0`` was refused for them).
+    _, restarted = _restart(env, tmp_path)
+    assert restarted.view().tables["s"].partitions == before
+    for copy in copies:
+        restarted.remove_standby(copy, 0)
+    table = restarted.view().tables["s"]
+    assert set(table.all_owners()) == set(held) and table.spec.standbys == 0
+
+
+def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_standbys_it_had(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    (old,) = view.actors
+    env.deliver(0, {f"k{i}": "0" for i in range(20)})
+    new = _join(registry, old, "node-b")
+    _wait(lambda: _serving(env.actors[new]), "the new actor caught up")
+    # Restarted mid-move, the registry takes the new actor for a standby copy (it keeps no moves): the
+    # store says 1 standby while both copies are there.
+    restarted_env, restarted = _restart(env, tmp_path)
+    assert restarted.view().tables["s"].spec.standbys == 1
+    # The mover's switch needs no memory of the move: once made, the store has the 0 standbys it had.
+    assert restarted.switch(old, new)["switched"]
+    table = restarted.view().tables["s"]
+    assert set(table.all_owners()) == {new} and table.spec.standbys == table.fewest_standbys() == 0
+    assert restarted_env.membership is not None
+    assert restarted_env.membership["stores"]["s"]["spec"]["standbys"] == 0
+    assert not env.actors[new].core.catch_up_on_gap  # told it has no peers: the rebuild path
 
 
 def test_standby_copies_are_removed_whole_after_a_grace_and_the_store_says_what_it_has_left(tmp_path: Path) -> None:

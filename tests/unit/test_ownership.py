@@ -118,3 +118,15 @@ def test_a_table_rebuilt_from_holdings_spreads_the_actives_over_the_holders() ->
     ]
     with pytest.raises(KeyError):
         table_from_holdings(spec, {"u1": [0, 1]})
+
+
+def test_a_rebuilt_table_gives_each_partition_back_to_its_saved_active_while_it_holds_it() -> None:
+    spec = kv_spec(partitions=4, actors=2, standbys=1)
+    holdings = {"u1": [0, 1, 2, 3], "u2": [0, 1, 2, 3], "u3": [0, 1, 2, 3]}
+    table = table_from_holdings(spec, holdings, ["u3", "u3", None, "gone"])
+    assert [(o.active, o.standbys) for o in table.partitions] == [
+        ("u3", ("u1", "u2")),
+        ("u3", ("u2", "u1")),
+        ("u3", ("u1", "u2")),  # no saved active, and one that holds no copy: dealt as before
+        ("u1", ("u2", "u3")),
+    ]
