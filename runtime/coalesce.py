@@ -12,6 +12,14 @@ one timer for all its waiters, armed for the earliest deadline (waiters sit in a
 leave it as their batch returns), instead of one ``asyncio.timeout`` per request: the timer is re-armed
 about once per deadline period, not per request (docs/design.md, "Where a GET's time goes"). An item
 whose waiter timed out before its batch left is not sent.
+
+An owner that neither answers nor fails (a host that hangs, a node gone until Ray declares it dead) holds
+its call, and with ``max_in_flight`` reached every waiter behind it, until their deadlines. Given a
+``probe``, the coalescer asks it once a call has been out ``probe_after`` (one timer for the coalescer,
+armed while calls are out, not one per call): an exception it returns fails every waiter of the calls out
+and of the queue (the owner is silent: its callers answer so at once, docs/design.md, "Silent owners");
+None (the owner answered the probe: it is busy, not gone) lets them wait on, and it asks again
+``probe_after`` later.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ class Coalescer(Generic[T, R]):
         max_batch: int = 1024,
         on_send: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        probe: Callable[[float], Awaitable[BaseException | None]] | None = None,
+        probe_after: float = math.inf,
     ) -> None:
         if max_in_flight < 1 or max_batch < 1:
             raise ValueError("max_in_flight and max_batch must be at least 1")
@@ -60,8 +70,14 @@ class Coalescer(Generic[T, R]):
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        # When each call in flight was sent (``busy_for``).
+        # When each call in flight was sent (``busy_for``), and its waiters (failed whole by a probe).
         self._sent_at: list[float] = []
+        self._out: dict[int, list[tuple[T, asyncio.Future[R]]]] = {}
+        # The probe of calls out long (``probe``): its timer, and whether a probe is under way.
+        self._probe = probe
+        self._probe_after = probe_after
+        self._watch: asyncio.TimerHandle | None = None
+        self._probing = False
 
     async def submit(self, item: T, deadline: float | None = None) -> R:
         """The result for ``item``; ``TimeoutError`` if it is not there by ``deadline`` (monotonic seconds)."""
@@ -132,6 +148,9 @@ class Coalescer(Generic[T, R]):
             self._on_send(len(batch))
         sent = self._clock()
         self._sent_at.append(sent)
+        self._out[id(batch)] = batch
+        if self._probe is not None and self._watch is None and not self._probing:
+            self._watch = asyncio.get_running_loop().call_later(self._probe_after, self._look)
         try:
             results = await self._send([item for item, _ in batch])
             if len(results) != len(batch):
@@ -151,6 +170,47 @@ class Coalescer(Generic[T, R]):
         finally:
             self._in_flight -= 1
             self._sent_at.remove(sent)
+            del self._out[id(batch)]
+            if not self._sent_at and self._watch is not None:
+                self._watch.cancel()
+                self._watch = None
             self._prune()
             if self._pending:
                 self._dispatch()
+
+    def _look(self) -> None:
+        """The probe's timer: probe if a call has been out ``probe_after``, else wait for the oldest to be."""
+        self._watch = None
+        out = self.busy_for()
+        if out is None or self._probing:
+            return
+        loop = asyncio.get_running_loop()
+        if out < self._probe_after:
+            self._watch = loop.call_later(self._probe_after - out, self._look)
+            return
+        self._probing = True
+        task = loop.create_task(self._probe_owner(min(self._sent_at), out))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _probe_owner(self, oldest: float, out: float) -> None:
+        """Probe the owner of the call sent at ``oldest``, out ``out`` seconds now; fail every waiter if the
+        probe says so and that call is still out."""
+        assert self._probe is not None
+        try:
+            verdict = await self._probe(out)
+        except Exception:  # a probe that fails says nothing either way: its waiters wait on
+            verdict = None
+        finally:
+            self._probing = False
+        if oldest not in self._sent_at:
+            return  # the call it was about answered meanwhile
+        if verdict is None:
+            self._watch = asyncio.get_running_loop().call_later(self._probe_after, self._look)
+            return
+        waiters = [fut for batch in self._out.values() for _, fut in batch] + [fut for _, fut in self._pending]
+        self._pending.clear()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(verdict)
+        self._prune()

@@ -28,7 +28,7 @@ from runtime.errors import (
     RiqrError,
 )
 from runtime.facade import silence as quiet
-from runtime.facade.silence import Silence, silent_owner
+from runtime.facade.silence import NoPing, Silence, ping_verdict, silent_owner
 from runtime.facade.view import ViewCache
 from runtime.metrics import Metrics
 from runtime.monotonic import Marks, Span, position_header, span_text
@@ -136,7 +136,14 @@ class KeyRouter:
         if batcher is None:
             sizes = self.metrics.child("riqr_coalesced_batch_size", store)  # an actor holds one store
             owner = self._bus.owner(uuid)
-            batcher = self._batchers[uuid] = Coalescer(_per_item(owner), max_in_flight=1, on_send=sizes.observe)
+            batcher = self._batchers[uuid] = Coalescer(
+                _per_item(owner),
+                max_in_flight=1,
+                on_send=sizes.observe,
+                # A call out SILENT_AFTER: its owner is pinged, and with no answer its waiters answer at once.
+                probe=ping_verdict(owner.ping, "lookup"),
+                probe_after=quiet.SILENT_AFTER,
+            )
         return batcher
 
     async def get(self, spec: StoreSpec, table: OwnershipTable, key: Any) -> Found:
@@ -148,7 +155,9 @@ class KeyRouter:
         owner that did not answer is reported to the registry (``ViewCache.suspect``), which promotes a
         standby if the owner is down, so later lookups go to a live copy first. Until then, and for an owner
         whose call has been out ``SILENT_AFTER``, it is silent (``silent_for``): asked after the other
-        copies, and as the last one given ``SILENT_BUDGET`` before the answer is 503 (``OwnerUnavailable``).
+        copies, and as the last one given ``SILENT_BUDGET`` before the answer is 503 (``OwnerUnavailable``);
+        a lookup already waiting on a call out ``SILENT_AFTER`` gets that 503 as soon as a ping of the owner
+        goes unanswered (the coalescer's probe), not at its deadline.
         An answer from a copy older than what this facade already served from the partition is refused
         (``runtime.monotonic``) and the next copy asked; when every copy that answered was older, all are
         asked again after ``CATCH_UP_PAUSE`` until one catches up, and at the deadline the answer is
@@ -177,6 +186,14 @@ class KeyRouter:
                 budget = deadline if wait is None else Deadline(min(deadline.at, time.monotonic() + wait), self.timeout)
                 try:
                     answer, span = await self._ask(uuid, spec.name, route.partition, key, budget)
+                except NoPing as unanswered:  # its call out SILENT_AFTER, and no answer to a ping: silent
+                    self.silence.missed(uuid, unanswered.silent)
+                    self._views.suspect(uuid)
+                    failure = silent_owner(uuid, spec.name, [route.partition], unanswered.silent)
+                    if last and behind is None:
+                        raise failure from None
+                    log.info("failing over from %s for partition %d: %s", uuid, route.partition, failure.message)
+                    continue
                 except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
                     if isinstance(err, OwnerUnavailable):
                         self._views.refresh_soon()

@@ -12,7 +12,9 @@ for the whole request deadline.
 
 A scan's or count's call may be long by its nature (a filter that reads much to return little), so its
 time alone says nothing: one still out after ``SILENT_AFTER`` has its owner pinged on a call of its own
-(``answer_or_silence``), and an owner that answers no ping within ``SILENT_BUDGET`` is silent too.
+(``answer_or_silence``), and an owner that answers no ping within ``SILENT_BUDGET`` is silent too. The
+same ping ends the wait of key lookups already waiting on a call out ``SILENT_AFTER`` (``ping_verdict``,
+the coalescer's probe): as the last copy they answer 503 then, not 504 at their deadline.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "Silence",
     "NoPing",
     "answer_or_silence",
+    "ping_verdict",
     "silent_owner",
     "SILENT_MEMORY",
     "SILENT_BUDGET",
@@ -147,6 +150,25 @@ class NoPing(Exception):
     def __init__(self, silent: float) -> None:
         super().__init__(f"no answer to a ping after {silent:.1f}s")
         self.silent = silent
+
+
+def ping_verdict(ping: Callable[[], Awaitable[object]], what: str) -> Callable[[float], Awaitable[NoPing | None]]:
+    """A coalescer's probe (``runtime.coalesce.Coalescer``) for an owner whose call has been out a while:
+    ``NoPing`` if ``ping()`` gets no answer within ``SILENT_BUDGET`` (or Ray says the owner is gone), None
+    if it answers (busy, not gone) or fails otherwise (an actor of an older riqr without ``ping``: it says
+    nothing either way)."""
+
+    async def probe(out: float) -> NoPing | None:
+        started = time.monotonic()
+        try:
+            await within(Deadline.after(SILENT_BUDGET), ping(), f"ping of a {what}'s owner")
+        except (OwnerUnavailable, DeadlineExceeded):
+            return NoPing(out + time.monotonic() - started)
+        except Exception:
+            return None
+        return None
+
+    return probe
 
 
 async def answer_or_silence(

@@ -596,11 +596,13 @@ def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_
     until Ray declares it dead): lookups of its partitions are answered by their standby, and where it is
     the only copy they answer 503 `owner-unavailable` once it has been silent (docs/design.md, "Silent
     owners"), not 504 at the request deadline; every answer given is right, and all are 200 again once it
-    runs."""
+    runs. Lookups sent before the owner was found silent get the 503 too, once a ping of it goes
+    unanswered, rather than waiting for it to run again."""
     import contextlib
     import os
     import signal
     import threading
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     registry = runtime_ns.registry()
@@ -609,10 +611,13 @@ def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_
     frozen = {name: users for name, (users, _) in loaded.items()}
     pids = [pid for _, pid in loaded.values()]
     answers: dict[str, list[tuple[int, int, Any]]] = {name: [] for name in frozen}
+    took: dict[str, list[float]] = {name: [] for name in frozen}
 
     def get(name: str, user: int) -> None:
+        started = time.monotonic()
         status, _, body = http_get(f"{url}/stores/{name}/get/{user}")
         answers[name].append((user, status, body))
+        took[name].append(time.monotonic() - started)
 
     stop = threading.Event()
     try:
@@ -648,6 +653,10 @@ def test_a_frozen_owner_is_asked_after_its_standby_and_as_the_only_copy_answers_
     silent = [b for _, s, b in answers["frozen-solo"] if s == 503]
     assert silent and all(b["error"]["code"] == "owner-unavailable" for b in silent), silent[:3]
     assert {s for _, s, _ in answers["frozen-solo"]} <= {200, 503}
+    # The owner stayed frozen over 6 s (the lookups, then a scan and a count): the first lookups, sent
+    # before anything found it silent, waited for it that long until its ping was made on their behalf
+    # (SILENT_AFTER, 2 s, then SILENT_BUDGET, 1 s).
+    assert max(took["frozen-solo"]) < 4.5, sorted(took["frozen-solo"])[-5:]
     for user in frozen["frozen-solo"][:20]:  # running again: answered at once, not remembered as silent
         wait_for(lambda u=user: http_get(f"{url}/stores/frozen-solo/get/{u}")[2] == {"response": u * 10},
                  what="the thawed owner answering")  # fmt: skip

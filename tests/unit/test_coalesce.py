@@ -171,3 +171,65 @@ async def test_busy_for_is_how_long_the_oldest_call_in_flight_has_been_out() -> 
     rec.release.set()
     assert await waiter == 10
     assert c.busy_for() is None
+
+
+class Silent(Exception):
+    pass
+
+
+async def test_a_call_out_past_probe_after_fails_its_waiters_and_the_queue_when_the_probe_says_so() -> None:
+    rec = Recorder()
+    rec.release = asyncio.Event()  # the owner never answers
+    probes: list[float] = []
+
+    async def probe(out: float) -> BaseException | None:
+        probes.append(out)
+        return Silent(f"out {out:.2f}s")
+
+    c = Coalescer(rec.send, max_in_flight=1, probe=probe, probe_after=0.05)
+    started = time.monotonic()
+    first = asyncio.ensure_future(c.submit(0, time.monotonic() + 10))
+    await rec.started.wait()
+    queued = asyncio.ensure_future(c.submit(1, time.monotonic() + 10))  # behind it: never sent
+    for waiter in (first, queued):
+        with pytest.raises(Silent):
+            await waiter
+    assert time.monotonic() - started < 1 and len(probes) == 1 and probes[0] >= 0.05
+    assert rec.batches == [[0]]
+    # When the call comes back at last, what queued since leaves.
+    later = asyncio.ensure_future(c.submit(2))
+    rec.release.set()
+    assert await later == 20 and rec.batches == [[0], [2]]
+
+
+async def test_an_owner_that_answers_the_probe_keeps_its_waiters_and_is_probed_again_while_the_call_is_out() -> None:
+    rec = Recorder()
+    rec.release = asyncio.Event()
+    probes: list[float] = []
+
+    async def probe(out: float) -> BaseException | None:
+        probes.append(out)
+        if len(probes) == 3:
+            rec.release.set()  # busy, not gone: its answer comes
+        return None
+
+    c = Coalescer(rec.send, max_in_flight=1, probe=probe, probe_after=0.02)
+    assert await c.submit(3, time.monotonic() + 10) == 30
+    assert len(probes) == 3 and probes == sorted(probes)
+    # No call out: nothing probed, and no timer left behind.
+    await asyncio.sleep(0.06)
+    assert len(probes) == 3 and c._watch is None
+
+
+async def test_a_call_that_answers_before_probe_after_is_never_probed() -> None:
+    probes: list[float] = []
+
+    async def probe(out: float) -> BaseException | None:
+        probes.append(out)
+        return Silent()
+
+    c = Coalescer(Recorder(delay=0.01).send, max_in_flight=1, probe=probe, probe_after=0.2)
+    for i in range(5):
+        assert await c.submit(i, time.monotonic() + 1) == i * 10
+    await asyncio.sleep(0.25)
+    assert probes == [] and c._watch is None

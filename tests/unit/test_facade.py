@@ -551,6 +551,31 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
         assert await core.get(KeyQuery("solo", "k1")) == "v1"
 
 
+async def test_lookups_already_waiting_on_a_hung_only_copy_answer_503_once_its_ping_goes_unanswered(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.facade import silence
+
+    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
+    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
+    async with _one_copy(bus, timeout=5.0) as (core, owner):
+        bus.owners[owner].stall, bus.owners[owner].hung = 30.0, True  # no answer, to pings neither
+        started = time.monotonic()
+        # Sent before anything found the owner silent: the first waits on the call out, the others queue
+        # behind it. All answer 503 once the ping goes unanswered, not 504 at the 5 s deadline.
+        table = core.view.table("solo")
+        assert table is not None
+        keys = [k for k in (f"k{i}" for i in range(20)) if table.partitions[table.partition_of(k)].active == owner]
+        waiting = [asyncio.create_task(core.get(KeyQuery("solo", k))) for k in keys]
+        assert len(waiting) >= 2
+        for task in waiting:
+            with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
+                await task
+        assert time.monotonic() - started < 1.5
+        assert bus.owners[owner].calls.count("ping") == 1 and owner in bus.suspected
+        assert core.router.silent_for(owner) is not None
+
+
 async def test_scans_and_counts_start_on_the_standby_of_a_silent_active(
     replicated: tuple[FakeBus, Facade], monkeypatch: pytest.MonkeyPatch
 ) -> None:
