@@ -15,11 +15,12 @@ whose waiter timed out before its batch left is not sent.
 
 An owner that neither answers nor fails (a host that hangs, a node gone until Ray declares it dead) holds
 its call, and with ``max_in_flight`` reached every waiter behind it, until their deadlines. Given a
-``probe``, the coalescer asks it once a call has been out ``probe_after`` (one timer for the coalescer,
-armed while calls are out, not one per call): an exception it returns fails every waiter of the calls out
-and of the queue (the owner is silent: its callers answer so at once, docs/design.md, "Silent owners");
-None (the owner answered the probe: it is busy, not gone) lets them wait on, and it asks again
-``probe_after`` later.
+``probe``, the coalescer asks it once a call has been out ``probe_after``. One timer serves all calls: a
+call that leaves arms it unless it is armed, and when it fires with no call out it lapses, so under load
+it is set about once per ``probe_after``, not once per call. An exception the probe returns fails every
+waiter of the calls out and of the queue (the owner is silent: its callers answer so at once,
+docs/design.md, "Silent owners"); None (the owner answered the probe: it is busy, not gone) lets them
+wait on, and it asks again ``probe_after`` later.
 """
 
 from __future__ import annotations
@@ -170,10 +171,7 @@ class Coalescer(Generic[T, R]):
         finally:
             self._in_flight -= 1
             self._sent_at.remove(sent)
-            del self._out[id(batch)]
-            if not self._sent_at and self._watch is not None:
-                self._watch.cancel()
-                self._watch = None
+            del self._out[id(batch)]  # the probe's timer stays: it lapses by itself if no call is out then
             self._prune()
             if self._pending:
                 self._dispatch()
