@@ -38,7 +38,20 @@ def rest_auth(namespace: str, *, disabled: bool, environ: Mapping[str, str] | No
 
 
 def token_for(auth: AuthConfig, stores: Sequence[str] = ("*",), ttl_seconds: int = DEMO_TTL_SECONDS) -> str | None:
-    """A token ``auth`` accepts, or None when tokens come from the operator's issuer (a public key)."""
+    """A token ``auth`` accepts for reading ``stores``, or None when tokens come from the operator's issuer (a
+    public key): signed with the first of its algorithms, its stores and roles in the claims it reads, and
+    holding every role its ACL asks of a reader of those stores (whoever holds the secret can mint any
+    token, so an ACL binds tokens from elsewhere, not these)."""
     if auth.secret is None:
         return None
-    return mint_token(auth.secret, stores=stores, ttl_seconds=ttl_seconds, issuer=auth.issuer, audience=auth.audience)
+    return mint_token(
+        auth.secret,
+        stores=stores,
+        ttl_seconds=ttl_seconds,
+        issuer=auth.issuer,
+        audience=auth.audience,
+        roles=sorted(auth.roles_for(stores)),
+        stores_claim=auth.stores_claim,
+        roles_claim=auth.roles_claim,
+        algorithm=auth.algorithms[0] if auth.algorithms else "HS256",
+    )

@@ -134,7 +134,9 @@ def _cmd_token(args: argparse.Namespace) -> int:
     if secret is None:
         _say("riqr: the REST API verifies tokens with a public key (RIQR_JWT_PUBLIC_KEY_FILE): ask its issuer")
         return 2
-    auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=())
+    # The HS algorithms the operator configured (any other fits only a public key, which mints nothing).
+    hs = tuple(a for a in env.algorithms if a.startswith("HS"))
+    auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=hs)
     token = token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl)
     if env.secret is None:  # minted with the deployment's own key: is it the one its REST API checks?
         from verticles import deploy
@@ -619,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "topology",
         metavar="TOPOLOGY",
-        help=f"one of {', '.join(sorted(TOPOLOGIES))}, or a module (sensors, jobs.sensors)",
+        help=f"one of {', '.join(sorted(TOPOLOGIES))}, a module (sensors, jobs.sensors) or a file (path/to/sensors.py)",
     )
     run.add_argument("options", nargs=argparse.REMAINDER, help="the topology's options")
     run.set_defaults(func=_cmd_run)

@@ -64,6 +64,7 @@ DEMO_TTL_SECONDS = 24 * 3600
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
 # RFC 7518 3.2: an HMAC key must be at least as long as the hash output (32 bytes for HS256).
 MIN_SECRET_BYTES = 32
+_MIN_SECRET_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 _FAMILIES = {
     "HS": ("HS256", "HS384", "HS512"),
     "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
@@ -153,6 +154,8 @@ class AuthConfig:
         wrong = [a for a in self.algorithms if a not in _FAMILIES[family]]
         if wrong:
             raise ValueError(f"algorithms {', '.join(wrong)} do not fit the configured key; use {_FAMILIES[family]}")
+        if self.secret is not None:
+            _check_secret(self.secret, self.algorithms)
 
     def __repr__(self) -> str:
         # Hand-written so that no secret ever reaches a log line, a traceback or a debugger.
@@ -185,6 +188,11 @@ class AuthConfig:
         ]
         digest = hashlib.sha256(b"riqr-auth-v1\0" + json.dumps(settings).encode("utf-8")).hexdigest()
         return "on:" + digest[:16]
+
+    def roles_for(self, stores: Iterable[str]) -> frozenset[str]:
+        """Every role the ACL asks of a reader of ``stores`` (``*``: of every store it lists)."""
+        names = set(stores)
+        return frozenset(role for store, roles in self.acl.items() if "*" in names or store in names for role in roles)
 
     @property
     def verification_key(self) -> Any:
@@ -448,26 +456,43 @@ def mint_token(
     issuer: str | None = None,
     audience: str | None = DEFAULT_AUDIENCE,
     roles: Iterable[str] = (),
+    stores_claim: str = "stores",
+    roles_claim: str = "roles",
+    algorithm: str = "HS256",
 ) -> str:
-    """An HS256 token for ``secret`` granting ``stores`` (and ``roles``) for ``ttl_seconds``: for demos."""
-    if len(secret.encode("utf-8")) < MIN_SECRET_BYTES:
-        raise ValueError(f"the JWT secret must be at least {MIN_SECRET_BYTES} bytes; see generate_secret()")
+    """A token for ``secret`` granting ``stores`` (and ``roles``) for ``ttl_seconds``, signed with
+    ``algorithm`` (an HS one), the stores and roles in the claims an ``AuthConfig`` with these
+    ``stores_claim`` and ``roles_claim`` reads (one claim holds both when they are the same)."""
+    if algorithm not in _FAMILIES["HS"]:
+        raise ValueError(f"a token minted with a secret is signed with one of {_FAMILIES['HS']}, not {algorithm}")
+    _check_secret(secret, (algorithm,))
     if ttl_seconds <= 0:
         raise ValueError("ttl_seconds must be positive")
     now = int(time.time())
-    claims: dict[str, Any] = {"sub": subject, "iat": now, "exp": now + ttl_seconds, "stores": list(stores)}
-    if roles:
-        claims["roles"] = list(roles)
+    claims: dict[str, Any] = {"sub": subject, "iat": now, "exp": now + ttl_seconds}
+    claims[stores_claim] = list(stores)
+    granted = list(roles)
+    if granted:
+        claims[roles_claim] = claims[roles_claim] + granted if roles_claim == stores_claim else granted
     if issuer is not None:
         claims["iss"] = issuer
     if audience is not None:
         claims["aud"] = audience
-    return jwt.encode(claims, secret, algorithm="HS256")
+    return jwt.encode(claims, secret, algorithm=algorithm)
+
+
+def _check_secret(secret: str, algorithms: Iterable[str]) -> None:
+    """``ValueError`` unless ``secret`` is as long as RFC 7518 (3.2) asks of each HS algorithm: the hash's
+    output, 32 bytes for HS256, 48 for HS384, 64 for HS512."""
+    need = max((_MIN_SECRET_BYTES.get(a, MIN_SECRET_BYTES) for a in algorithms), default=MIN_SECRET_BYTES)
+    if len(secret.encode("utf-8")) < need:
+        which = ", ".join(a for a in algorithms if _MIN_SECRET_BYTES.get(a, MIN_SECRET_BYTES) == need) or "HS256"
+        raise ValueError(f"the JWT secret must be at least {need} bytes for {which}; see generate_secret()")
 
 
 def generate_secret() -> str:
-    """A fresh random HS256 secret (256 bits, URL-safe text)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random HS secret (512 bits, URL-safe text: long enough for HS512 too)."""
+    return secrets.token_urlsafe(64)
 
 
 @dataclass(frozen=True, repr=False)

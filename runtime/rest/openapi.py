@@ -54,6 +54,7 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
         "partition-incomplete",
         "partition-catching-up",
         "owner-unavailable",
+        "copy-behind",
         "not-connected",
     ),
     504: ("deadline-exceeded",),
@@ -146,7 +147,7 @@ _COMPONENTS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "host": {"type": "string"},
-            "port": {"type": "integer"},
+            "port": {"type": ["integer", "null"]},
             "state-store-names": {"type": "array", "items": {"type": "string"}},
             "actor": {"type": "string"},
             "node": {"type": "string"},

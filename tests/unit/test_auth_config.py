@@ -165,6 +165,47 @@ def test_a_minted_token_authenticates_to_its_stores_and_roles() -> None:
         mint_token(SECRET, ttl_seconds=0)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"RIQR_JWT_STORES_CLAIM": "scope"},
+        {"RIQR_JWT_STORES_CLAIM": "scope", "RIQR_JWT_ROLES_CLAIM": "scope"},
+        {"RIQR_JWT_ALGORITHMS": "HS512"},
+        {"RIQR_JWT_ALGORITHMS": "HS384,HS256", "RIQR_JWT_ISSUER": "ops", "RIQR_JWT_AUDIENCE": ""},
+        {"ACL": '{"payments": ["finance", "audit"], "orders": ["ops"]}'},
+    ],
+    ids=["defaults", "stores-claim", "one-claim", "hs512", "hs384-issuer-no-audience", "acl"],
+)
+def test_the_token_riqr_prints_reads_its_stores_under_every_setting_of_the_rest_api(
+    settings: dict[str, str], tmp_path: Path
+) -> None:
+    from riqr.access import token_for
+
+    env = {"RIQR_JWT_SECRET": generate_secret(), **settings}  # 64 bytes: long enough for HS512
+    if "ACL" in env:
+        (tmp_path / "acl.json").write_text(env.pop("ACL"))
+        env["RIQR_AUTH_ACL_FILE"] = str(tmp_path / "acl.json")
+    config = AuthConfig.from_env(env)
+    # A token for every store reads every store, the ACL's among them (the Prometheus scrape token of
+    # docs/operations.md needs that for /metrics); one for some stores reads those and only those.
+    everything = authenticate(config, f"Bearer {token_for(config)}")
+    assert all(visible(config, everything, s) for s in ("payments", "orders", "other"))
+    some = authenticate(config, f"Bearer {token_for(config, ['payments'])}")
+    assert visible(config, some, "payments") and not visible(config, some, "orders")
+
+
+def test_a_secret_shorter_than_its_algorithms_hash_is_refused() -> None:
+    short = "s" * 40  # enough for HS256 only
+    assert AuthConfig(enabled=True, secret=short).algorithms == ("HS256",)
+    for algorithm, need in (("HS384", 48), ("HS512", 64)):
+        with pytest.raises(ValueError, match=f"at least {need} bytes for {algorithm}"):
+            AuthConfig(enabled=True, secret=short, algorithms=("HS256", algorithm))
+        with pytest.raises(ValueError, match=f"at least {need} bytes"):
+            mint_token(short, algorithm=algorithm)
+    assert len(generate_secret()) >= 64
+
+
 def test_claims_may_be_space_separated_like_oauth_scope() -> None:
     config = AuthConfig(enabled=True, secret=SECRET, roles_claim="scope")
     token = mint_token(SECRET, stores=["a"])

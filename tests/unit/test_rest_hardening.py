@@ -324,3 +324,22 @@ async def test_a_store_name_too_long_says_so_and_the_accept_headers_weights_are_
     answer = await client.get("/stores/strings/all", headers=listed_first)
     assert answer.content_type == "application/msgpack"
     assert set(msgpack.unpackb(await answer.read(), strict_map_key=False)) == {"result"}
+
+
+def test_the_error_codes_of_the_openapi_document_are_those_docs_api_md_lists() -> None:
+    from pathlib import Path
+
+    from runtime.rest.openapi import ERROR_CODES
+
+    text = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    errors = text[text.index("\n## Errors") :]
+    rows = [line for line in errors.splitlines() if line.startswith("| 4") or line.startswith("| 5")]
+    documented = {(int(row.split("|")[1]), code) for row in rows for code in _codes(row.split("|")[2])}
+    listed = {(status, code) for status, codes in ERROR_CODES.items() for code in codes}
+    assert listed <= documented, sorted(listed - documented)
+    # Only a bug's 500 is in the docs and not a route's possible answers.
+    assert {code for _, code in documented - listed} == {"internal"}, sorted(documented - listed)
+
+
+def _codes(cell: str) -> list[str]:
+    return [part.strip("` ") for part in cell.split(",") if part.strip()]
