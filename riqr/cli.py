@@ -27,6 +27,7 @@ from typing import Any
 
 from runtime.codec import encode_json
 from runtime.config import (
+    DEFAULT_MOVE_TIMEOUT,
     DEFAULT_NAMESPACE,
     DEFAULT_PAGE_SIZE,
     DEFAULT_PORT,
@@ -300,7 +301,10 @@ def _copying_options(parser: argparse.ArgumentParser, unit: str) -> None:
     """The options of the commands that copy query actors' partitions (a ``unit`` is a move or a copy)."""
     parser.add_argument("--dry-run", action="store_true", help=f"print the {unit}s planned, make none")
     parser.add_argument(
-        "--timeout", type=_positive_seconds, default=900.0, help=f"seconds one {unit} may take (default 900)"
+        "--timeout",
+        type=_positive_seconds,
+        default=DEFAULT_MOVE_TIMEOUT,
+        help=f"seconds one {unit} may take (default {DEFAULT_MOVE_TIMEOUT:.0f})",
     )
     parser.add_argument("--address", default=None, help=_ADDRESS_HELP)
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 
 from runtime import raycalls
-from runtime.config import REGISTRY_NAME
+from runtime.config import DEFAULT_MOVE_TIMEOUT, REGISTRY_NAME
 from runtime.errors import DeadlineExceeded, OwnerUnavailable, RiqrError, Unavailable
 from runtime.moves import Move, behind, plan_moves, plan_standby_removals, plan_standbys
 from runtime.ownership import ClusterView
@@ -43,7 +43,6 @@ __all__ = [
 
 # How long one move may take, from the new actor's start to the switch (a large partition's copy over
 # the network takes most of it).
-DEFAULT_MOVE_TIMEOUT = 900.0
 # How often the mover looks at the two copies, and says how far the copy is.
 _LOOK_EVERY = 0.2
 _SAY_EVERY = 5.0

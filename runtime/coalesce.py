@@ -189,7 +189,7 @@ class Coalescer(Generic[T, R]):
         self._probing = True
         task = loop.create_task(self._probe_owner(min(self._sent_at), out))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._probed)
 
     async def _probe_owner(self, oldest: float, out: float) -> None:
         """Probe the owner of the call sent at ``oldest``, out ``out`` seconds now; fail every waiter if the
@@ -199,16 +199,23 @@ class Coalescer(Generic[T, R]):
             verdict = await self._probe(out)
         except Exception:  # a probe that fails says nothing either way: its waiters wait on
             verdict = None
-        finally:
-            self._probing = False
-        if oldest not in self._sent_at:
-            return  # the call it was about answered meanwhile
-        if verdict is None:
-            self._watch = asyncio.get_running_loop().call_later(self._probe_after, self._look)
-            return
+        if verdict is None or oldest not in self._sent_at:
+            return  # the owner answered the probe, or the call it was about answered meanwhile
         waiters = [fut for batch in self._out.values() for _, fut in batch] + [fut for _, fut in self._pending]
         self._pending.clear()
         for fut in waiters:
             if not fut.done():
                 fut.set_exception(verdict)
         self._prune()
+
+    def _probed(self, task: asyncio.Task[None]) -> None:
+        """A probe ended (whatever its end, a cancel before its first step included): while calls are out,
+        look again ``probe_after`` after the probe for the call it was about, or once a newer call sent
+        meanwhile has been out that long."""
+        self._tasks.discard(task)
+        self._probing = False
+        if not self._sent_at or self._watch is not None or task.cancelled():
+            return
+        out = self.busy_for() or 0.0
+        wait = self._probe_after - out if out < self._probe_after else self._probe_after
+        self._watch = asyncio.get_running_loop().call_later(wait, self._look)

@@ -168,6 +168,10 @@ PROBE_GROUP = "probe"
 # and how long the old actor keeps answering reads already sent to it once the new one took its place.
 MOVE_SEAL_SECONDS = 30.0
 MOVE_LEAVE_GRACE = 5.0
+# The longest a move (``riqr rebalance``/``drain``/``standbys``) goes on by default before its mover gives it
+# up; ``--timeout`` changes it. A restarted registry that may have a move under way unseen waits this long.
+DEFAULT_MOVE_TIMEOUT = 900.0
+RESTARTED_MOVE_SECONDS = DEFAULT_MOVE_TIMEOUT
 # How long a move's new actor may take from ``Registry.join`` (which starts it and returns) to
 # ``Registry.admit`` (its mover saw it answer): past that, its mover is taken for dead and the registry's
 # next check destroys it. Above the mover's own wait for the start (``riqr.moves``) and its admit call.

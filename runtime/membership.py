@@ -87,6 +87,7 @@ def membership_record(
     without: str | None = None,
     dropping: Iterable[str] = (),
     follow: bool = False,
+    first_actives: Mapping[tuple[str, int], str] | None = None,
 ) -> dict[str, Any]:
     """Each store of ``view`` (but ``without``) with its spec and its actors (uuid, node, partitions), and
     whether the registry is retired (``riqr down`` under way: a registry restarted meanwhile stays so).
@@ -94,7 +95,9 @@ def membership_record(
     stores it does not hold (dropping them would forget those stores' actors for good). ``dropping``: the
     uuids of query actors of dropped stores not yet destroyed (a registry restarted meanwhile destroys
     them rather than take them back). ``follow``: nodes that join get a facade and a REST API (``riqr up``
-    for every node asked for it), which a restarted registry goes on doing."""
+    for every node asked for it), which a restarted registry goes on doing. ``first_actives``: (store,
+    partition) -> the active a promotion replaced, to be given the partition back once it serves (a
+    registry restarted meanwhile still gives it back)."""
     stores: dict[str, Any] = {name: entry for name, entry in (carried or {}).items() if name not in view.tables}
     for name, table in sorted(view.tables.items()):
         members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
@@ -108,6 +111,9 @@ def membership_record(
         # Which copy answers for each partition: the actors cannot say (a copy does not know it is active), and
         # a restart that dealt actives anew would make copies ``riqr standbys`` added answer for partitions.
         stores[name]["actives"] = [o.active for o in table.partitions]
+        owed = {str(p): u for (store, p), u in sorted((first_actives or {}).items()) if store == name}
+        if owed:
+            stores[name]["first_actives"] = owed
         if table.moved_from:  # the actors moves replaced (``OwnershipTable.lineage``)
             stores[name]["moved_from"] = sorted(table.moved_from)
     if without is not None:
@@ -133,6 +139,8 @@ class Merged:
     moved_from: dict[str, frozenset[str]]  # store -> the actors moves replaced (``OwnershipTable.moved_from``)
     follow: bool = False  # the record says nodes that join get a facade and a REST API
     actives: dict[str, tuple[str | None, ...]] = field(default_factory=dict)  # store -> each partition's saved active
+    # (store, partition) -> the active a promotion replaced, owed the partition back once it serves.
+    first_actives: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, Any]]) -> Merged:
@@ -188,6 +196,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
     carried: dict[str, Any] = {}
     moved_from: dict[str, frozenset[str]] = {}
     actives: dict[str, tuple[str | None, ...]] = {}
+    first_actives: dict[tuple[str, int], str] = {}
     for name, entry in sorted(entries.items()):
         if name in doomed:
             dropping.update(_listed(entry))
@@ -222,6 +231,11 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         saved_actives = entry.get("actives")  # absent in a record of an older riqr: actives are dealt
         if isinstance(saved_actives, list) and all(u is None or isinstance(u, str) for u in saved_actives):
             actives[name] = tuple(saved_actives)
+        owed = entry.get("first_actives")
+        if isinstance(owed, Mapping):
+            first_actives.update(
+                {(name, int(p)): u for p, u in owed.items() if isinstance(u, str) and str(p).isdigit()}
+            )
         for actor in actors:
             if actor.uuid not in answered and actor.uuid not in members and actor.uuid not in dropping:
                 members[actor.uuid] = actor
@@ -237,6 +251,7 @@ def merge_members(saved: Mapping[str, Any] | None, live: Sequence[Mapping[str, A
         moved_from,
         follow,
         actives,
+        first_actives,
     )
 
 

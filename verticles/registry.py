@@ -49,6 +49,7 @@ from runtime.config import (
     MOVE_SEAL_SECONDS,
     MOVE_START_SECONDS,
     RECREATE_ENV,
+    RESTARTED_MOVE_SECONDS,
     SUSPECT_CHECK_GAP,
     seconds_setting,
 )
@@ -192,9 +193,11 @@ class Registry:
         self._starting: dict[str, tuple[str, float]] = {}
         # A new actor that adds a standby copy (``add_standby``) -> the partitions it copies, until ``keep``.
         self._copying: dict[str, tuple[int, ...]] = {}
-        # Stores whose spec ``_rebuild`` raised to the standbys their table had: a move's new actor admitted
-        # before the restart counted as one, and its switch takes the spec back.
-        self._raised: set[str] = set()
+        # Stores whose spec ``_rebuild`` raised to the standbys their table had (a move's new actor admitted
+        # before the restart counts as one, and its switch takes the spec back), until when a move of theirs
+        # may still be under way unseen (a mover gives up after its timeout, 900 s by default): no standby
+        # copy of such a store is removed before then, since the one kept could be the move's old actor.
+        self._raised: dict[str, float] = {}
         self._drops_failing = False
         # Nodes that join get a facade and a REST API (``follow_nodes``): the nodes seen with them, those
         # whose verticles are starting, the failed attempts by node, and no look before this time.
@@ -250,8 +253,13 @@ class Registry:
                 # Copies ``riqr standbys`` admitted before the restart, not kept yet (this registry keeps no
                 # moves, so they are copies like any other): the store says so, and its actors rebuild
                 # from peers. Or a move's new actor: its switch takes the spec back (``switch``).
-                self._raised.add(name)
+                self._raised[name] = self._clock() + RESTARTED_MOVE_SECONDS
                 self._store_standbys(table)
+        # The give-backs owed when it stopped: a partition a failover moved goes back to its first active
+        # once that serves again, as if the registry had not restarted (``_give_back`` drops any no longer
+        # a holder).
+        tables = self.state.view().tables
+        self._first_active = {key: u for key, u in merged.first_actives.items() if key[0] in tables}
         for endpoint in self._env.http_endpoints():
             self.state.register_endpoint(endpoint)
         if merged.dropping:
@@ -293,7 +301,8 @@ class Registry:
             return
         view = self.state.view()
         record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without,
-                                   dropping=self._dropping.union(dropping), follow=self._follow)  # fmt: skip
+                                   dropping=self._dropping.union(dropping), follow=self._follow,
+                                   first_actives=self._first_active)  # fmt: skip
         if record == self._members_saved:
             return
         try:
@@ -631,10 +640,11 @@ class Registry:
         self._first_active = {k: (new if v == old else v) for k, v in self._first_active.items()}
         epoch = self.state.remove_actor(replaced, old)
         self._moving.pop(new, None)
-        if info.store in self._raised and replaced.fewest_standbys() < (replaced.spec.standbys or 0):
-            # The move was under way when this registry restarted, which took its new actor for a standby
-            # copy: the store has the standbys it had before the move again.
-            self._raised.discard(info.store)
+        if replaced.fewest_standbys() < (replaced.spec.standbys or 0):
+            # The move was under way when a registry restarted, which took its new actor for a standby copy
+            # and raised the spec (maybe a restart before this one): the store has the standbys it had
+            # before the move again. (A switch changes no partition's count of copies.)
+            self._raised.pop(info.store, None)
             self._store_standbys(replaced)
             epoch = self.state.epoch
         try:
@@ -717,6 +727,11 @@ class Registry:
             # A move's new actor, or a copy not kept yet, would count as a standby it may never be.
             raise Conflict(f"a move or a copy of store {store}'s query actors is under way ({under_way[0]}): remove "
                            "standby copies once it is done", actor=uuid)  # fmt: skip
+        if self._raised.get(store, 0.0) > self._clock():
+            raise Conflict(f"the registry restarted with more copies of store {store} than its standbys, as a move "
+                           "under way leaves it: remove standby copies once that move is done (its switch says the "
+                           f"store's standbys again), or after {RESTARTED_MOVE_SECONDS:.0f}s from the restart, when "
+                           "its mover has given up", actor=uuid)  # fmt: skip
         if any(name == store and first == uuid for (name, _), first in self._first_active.items()):
             raise Conflict(f"query actor {uuid} answered for partitions of {store} before a failover and gets them "
                            "back once it serves again: one of the store's own actors, it stays",

@@ -233,3 +233,35 @@ async def test_a_call_that_answers_before_probe_after_is_never_probed() -> None:
         assert await c.submit(i, time.monotonic() + 1) == i * 10
     await asyncio.sleep(0.25)
     assert probes == [] and c._watch is None
+
+
+async def test_a_call_sent_while_the_probe_of_the_one_before_was_out_is_probed_in_its_turn() -> None:
+    probes: list[float] = []
+    first_back = asyncio.Event()
+    hang = asyncio.Event()  # never set: the second call hangs
+
+    async def send(items: list[int]) -> list[int]:
+        if items == [0]:
+            await asyncio.sleep(0.07)  # back while the probe of it is out
+            first_back.set()
+            return [0]
+        await hang.wait()
+        return [i * 10 for i in items]
+
+    async def probe(out: float) -> BaseException | None:
+        probes.append(out)
+        if len(probes) == 1:
+            await first_back.wait()  # a slow ping: the call it is about answers first, and the next leaves
+            await asyncio.sleep(0.02)
+            return None
+        return Silent()
+
+    c = Coalescer(send, max_in_flight=1, probe=probe, probe_after=0.05)
+    first = asyncio.ensure_future(c.submit(0, time.monotonic() + 5))
+    await asyncio.sleep(0.06)  # the first call is out, its probe under way
+    second = asyncio.ensure_future(c.submit(1, time.monotonic() + 5))
+    assert await first == 0
+    started = time.monotonic()
+    with pytest.raises(Silent):  # by the probe of its own call, not at its 5 s deadline
+        await second
+    assert time.monotonic() - started < 1 and len(probes) == 2

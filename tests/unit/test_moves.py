@@ -843,6 +843,30 @@ def test_copies_added_before_a_registry_restart_stay_standbys_and_can_be_removed
     assert set(table.all_owners()) == set(held) and table.spec.standbys == 0
 
 
+def test_a_partition_a_failover_moved_goes_back_to_its_first_active_across_a_registry_restart(tmp_path: Path) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    (first,) = view.actors
+    env.deliver(0, {f"k{i}": "0" for i in range(20)})
+    copy = registry.add_standby(first, "node-b", (0, 1))["uuid"]
+    registry.admit(first, copy)
+    _wait(lambda: _serving(env.actors[copy]), "the copy caught up")
+    assert registry.keep(first, copy)["kept"]
+    env.down = {first}
+    registry.check_actors()  # a failover: the added copy answers for both partitions
+    assert {o.active for o in registry.view().tables["s"].partitions} == {copy}
+    # The registry restarts before the first active is back: the give-back it owed is saved with the members.
+    restarted_env, restarted = _restart(env, tmp_path)
+    assert {o.active for o in restarted.view().tables["s"].partitions} == {copy}
+    restarted_env.down = set()
+    restarted.check_actors()
+    assert {o.active for o in restarted.view().tables["s"].partitions} == {first}
+    restarted.remove_standby(copy, 0)  # the added copy is one again: it can go
+    assert set(restarted.view().tables["s"].all_owners()) == {first}
+
+
 def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_standbys_it_had(tmp_path: Path) -> None:
     env = MoveEnv(tmp_path)
     registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
@@ -863,6 +887,28 @@ def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_st
     assert restarted_env.membership is not None
     assert restarted_env.membership["stores"]["s"]["spec"]["standbys"] == 0
     assert not env.actors[new].core.catch_up_on_gap  # told it has no peers: the rebuild path
+
+
+def test_a_move_across_two_registry_restarts_still_gives_the_store_its_standbys_back_and_no_copy_goes_meanwhile(
+    tmp_path: Path,
+) -> None:
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    (old,) = view.actors
+    env.deliver(0, {f"k{i}": "0" for i in range(20)})
+    new = _join(registry, old, "node-b")
+    _wait(lambda: _serving(env.actors[new]), "the new actor caught up")
+    once_env, once = _restart(env, tmp_path)
+    # While the move may be under way unseen, no copy is removed: the one kept could be the move's old actor.
+    with pytest.raises(Conflict, match="restarted with more copies"):
+        once.remove_standby(new, 0)
+    twice_env, twice = _restart(once_env, tmp_path)  # the raised spec was saved: this one sees nothing raised
+    assert twice.view().tables["s"].spec.standbys == 1
+    assert twice.switch(old, new)["switched"]
+    table = twice.view().tables["s"]
+    assert set(table.all_owners()) == {new} and table.spec.standbys == table.fewest_standbys() == 0
 
 
 def test_standby_copies_are_removed_whole_after_a_grace_and_the_store_says_what_it_has_left(tmp_path: Path) -> None:
