@@ -186,32 +186,12 @@ class KeyRouter:
                 budget = deadline if wait is None else Deadline(min(deadline.at, time.monotonic() + wait), self.timeout)
                 try:
                     answer, span = await self._ask(uuid, spec.name, route.partition, key, budget)
-                except NoPing as unanswered:  # its call out SILENT_AFTER, and no answer to a ping: silent
-                    self.silence.missed(uuid, unanswered.silent)
-                    self._views.suspect(uuid)
-                    failure = silent_owner(uuid, spec.name, [route.partition], unanswered.silent)
+                except (NoPing, OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as caught:
+                    err = self._no_answer(
+                        uuid, spec.name, route.partition, caught, silent, last and budget.at < deadline.at
+                    )
                     if last and behind is None:
-                        raise failure from None
-                    log.info("failing over from %s for partition %d: %s", uuid, route.partition, failure.message)
-                    continue
-                except (OwnerUnavailable, PartitionUnavailable, DeadlineExceeded) as err:
-                    if isinstance(err, OwnerUnavailable):
-                        self._views.refresh_soon()
-                    if isinstance(err, PartitionUnavailable):  # it answered: its copy cannot serve
-                        self.silence.heard(uuid)
-                    else:  # the actor itself did not answer
-                        self.silence.missed(uuid, silent)
-                        self._views.suspect(uuid)
-                        # A 503 for the silence, unless the request's own deadline ran out (then its 504).
-                        if (
-                            last
-                            and silent is not None
-                            and isinstance(err, DeadlineExceeded)
-                            and budget.at < deadline.at
-                        ):
-                            err = silent_owner(uuid, spec.name, [route.partition], silent)
-                    if last and behind is None:
-                        raise err
+                        raise err from None  # the error itself, or the 503 that stands for it
                     failure = err
                     log.info("failing over from %s for partition %d: %s", uuid, route.partition, err.message)
                     continue
@@ -225,6 +205,34 @@ class KeyRouter:
             if deadline.remaining() <= CATCH_UP_PAUSE:
                 raise behind
             await asyncio.sleep(CATCH_UP_PAUSE)
+
+    def _no_answer(
+        self,
+        uuid: str,
+        store: str,
+        partition: int,
+        err: NoPing | RiqrError,
+        silent: float | None,
+        cut_short: bool,
+    ) -> RiqrError:
+        """What holder ``uuid`` not answering a lookup says of it (recorded: silence, a suspect, a view to
+        refresh), and the error that stands for it. ``silent``: its ``silent_for`` when asked;
+        ``cut_short``: it was the last copy and its budget ended before the request's deadline."""
+        if isinstance(err, NoPing):  # its call out SILENT_AFTER, and no answer to a ping: silent
+            self.silence.missed(uuid, err.silent)
+            self._views.suspect(uuid)
+            return silent_owner(uuid, store, [partition], err.silent)
+        if isinstance(err, OwnerUnavailable):
+            self._views.refresh_soon()
+        if isinstance(err, PartitionUnavailable):  # it answered: its copy cannot serve
+            self.silence.heard(uuid)
+            return err
+        self.silence.missed(uuid, silent)  # the actor itself did not answer
+        self._views.suspect(uuid)
+        # A 503 for the silence, unless the request's own deadline ran out (then its 504).
+        if cut_short and silent is not None and isinstance(err, DeadlineExceeded):
+            return silent_owner(uuid, store, [partition], silent)
+        return err
 
     @staticmethod
     def _found(spec: StoreSpec, key: Any, partition: int, answer: bytes | None, span: Span) -> Found:

@@ -495,6 +495,16 @@ async def test_an_owner_that_gave_no_answer_is_asked_after_its_standby_until_it_
     assert bus.owners[active].calls.count("get_many") == asked
 
 
+@pytest.fixture
+def quick_silence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An owner is silent after a call out 0.1 s (``SILENT_AFTER``), and a silent one gets 0.1 s
+    (``SILENT_BUDGET``): the silent-owner paths in tenths of a second."""
+    from runtime.facade import silence
+
+    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
+    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
+
+
 @contextlib.asynccontextmanager
 async def _one_copy(bus: FakeBus, timeout: float) -> AsyncIterator[tuple[Facade, str]]:
     """A store ``solo`` without standbys (keys k0..k19), a started facade over it with ``timeout``, and the
@@ -532,12 +542,8 @@ async def _paired(bus: FakeBus, timeout: float) -> AsyncIterator[tuple[Facade, s
 
 
 async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_silent_budget_not_a_504(
-    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+    bus: FakeBus, quick_silence: None
 ) -> None:
-    from runtime.facade import silence
-
-    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
-    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
     async with _one_copy(bus, timeout=2.0) as (core, owner):
         bus.owners[owner].stall = 0.8  # its call hangs, as one to a node that went away does
         first = asyncio.create_task(core.get(KeyQuery("solo", "k1")))
@@ -552,12 +558,8 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
 
 
 async def test_lookups_already_waiting_on_a_hung_only_copy_answer_503_once_its_ping_goes_unanswered(
-    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+    bus: FakeBus, quick_silence: None
 ) -> None:
-    from runtime.facade import silence
-
-    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
-    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
     async with _one_copy(bus, timeout=5.0) as (core, owner):
         bus.owners[owner].stall, bus.owners[owner].hung = 30.0, True  # no answer, to pings neither
         started = time.monotonic()
@@ -624,12 +626,8 @@ async def test_a_scan_that_outlasts_its_deadline_does_not_make_its_owner_silent_
 
 
 async def test_a_long_scan_on_a_hung_only_copy_is_a_503_once_a_ping_goes_unanswered_and_a_busy_one_answers(
-    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+    bus: FakeBus, quick_silence: None
 ) -> None:
-    from runtime.facade import silence
-
-    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
-    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
     async with _one_copy(bus, timeout=5.0) as (core, owner):
         # Busy, not gone: its calls are long but it answers the ping, so the scan and count wait for it.
         bus.owners[owner].stall = 0.4
@@ -650,12 +648,8 @@ async def test_a_long_scan_on_a_hung_only_copy_is_a_503_once_a_ping_goes_unanswe
 
 
 async def test_a_scan_on_a_hung_active_fails_over_to_its_standby_once_its_ping_goes_unanswered(
-    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+    bus: FakeBus, quick_silence: None
 ) -> None:
-    from runtime.facade import silence
-
-    monkeypatch.setattr(silence, "SILENT_AFTER", 0.1)
-    monkeypatch.setattr(silence, "SILENT_BUDGET", 0.1)
     async with _paired(bus, timeout=5.0) as (core, active):
         bus.owners[active].stall, bus.owners[active].hung = 30.0, True
         started = time.monotonic()

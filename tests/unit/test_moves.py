@@ -867,7 +867,9 @@ def test_a_partition_a_failover_moved_goes_back_to_its_first_active_across_a_reg
     assert set(restarted.view().tables["s"].all_owners()) == {first}
 
 
-def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_standbys_it_had(tmp_path: Path) -> None:
+def _move_admitted(tmp_path: Path) -> tuple[MoveEnv, str, str]:
+    """A store of 2 partitions on one actor, no standbys, loaded; a move of that actor admitted and its new
+    actor caught up, not switched: the env, the old actor and the new one."""
     env = MoveEnv(tmp_path)
     registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
     env.registry = registry
@@ -876,6 +878,11 @@ def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_st
     env.deliver(0, {f"k{i}": "0" for i in range(20)})
     new = _join(registry, old, "node-b")
     _wait(lambda: _serving(env.actors[new]), "the new actor caught up")
+    return env, old, new
+
+
+def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_standbys_it_had(tmp_path: Path) -> None:
+    env, old, new = _move_admitted(tmp_path)
     # Restarted mid-move, the registry takes the new actor for a standby copy (it keeps no moves): the
     # store says 1 standby while both copies are there.
     restarted_env, restarted = _restart(env, tmp_path)
@@ -892,14 +899,7 @@ def test_a_move_under_way_across_a_registry_restart_leaves_the_store_with_the_st
 def test_a_move_across_two_registry_restarts_still_gives_the_store_its_standbys_back_and_no_copy_goes_meanwhile(
     tmp_path: Path,
 ) -> None:
-    env = MoveEnv(tmp_path)
-    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
-    env.registry = registry
-    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
-    (old,) = view.actors
-    env.deliver(0, {f"k{i}": "0" for i in range(20)})
-    new = _join(registry, old, "node-b")
-    _wait(lambda: _serving(env.actors[new]), "the new actor caught up")
+    env, old, new = _move_admitted(tmp_path)
     once_env, once = _restart(env, tmp_path)
     # While the move may be under way unseen, no copy is removed: the one kept could be the move's old actor.
     with pytest.raises(Conflict, match="restarted with more copies"):
