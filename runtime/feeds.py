@@ -188,6 +188,9 @@ class AckLog:
 class _Feed:
     report: FeedReport
     heard_at: float  # the registry's clock
+    # The lineage (checkpoint) whose batches the store holds: that of the last feed that delivered one. A
+    # claim (a report with no batch yet) keeps it, so a take-over that never delivered leaves it as it was.
+    contents: str | None = None
 
 
 class FeedBook:
@@ -236,7 +239,10 @@ class FeedBook:
             )
         if report.batch_id is not None and report.live:
             self._acks.setdefault(report.store, AckLog()).record(report.source, report.batch_id, now)
-        self._feeds[report.store] = _Feed(report, now)
+        contents = None if current is None else current.contents
+        if report.live and report.batch_id is not None and report.checkpoint is not None:
+            contents = report.checkpoint
+        self._feeds[report.store] = _Feed(report, now, contents)
         self.dirty = True
         if current is None:
             return True
@@ -281,23 +287,70 @@ class FeedBook:
             "stop that topology first (ray job stop, Ctrl-C)"
         )
 
+    def replacing(self, report: FeedReport, now: float) -> str | None:
+        """Why ``report``'s feeder would replace what its store holds by starting, or None if it would not:
+        a store's contents belong to the checkpoint that fed them, and only a take-over on purpose gives
+        them to another (``claim``'s ``take_over``).
+
+        The store holds batches of checkpoint A (``_Feed.contents``), and the claimant's checkpoint is
+        another one, B: B's query computes its own state, and its first batch replaces A's (for a source
+        that is not read again from its start, such as Kafka from the latest offsets, with the records
+        from now on only). Or the claimant's checkpoint is A's location but empty (``plan == "fresh"``):
+        the checkpoint was deleted since, or this is another host's disk with the same path. The run that
+        holds the store's live feed from that checkpoint already took it; a store nothing has delivered a
+        batch to, or one fed from its claimant's own checkpoint as it stands, is not replaced. One process
+        is one feeder, so a query of that run on another checkpoint is held to the rule like any other.
+        """
+        feed = self._feeds.get(report.store)
+        if feed is None or feed.contents is None or report.checkpoint is None:
+            return None
+        if feed.report.live and feed.report.feeder == report.feeder and feed.report.checkpoint == report.checkpoint:
+            return None  # this run's own feed (a rebuild in place, materialize's claim after materialize_all's)
+        state, _ = self.verdict(report.store, now) or (feed.report.state, None)
+        ago = now - feed.heard_at
+        who = feed.report.query or feed.report.feeder
+        last = f"last fed by {who} (run {feed.report.feeder}), {state} {ago:.0f}s ago"
+        choices = (
+            "start the topology where that checkpoint is, drop the store first (riqr drop), or take it over on "
+            "purpose (riqr run ... --take-over; take_over=True for materialize)"
+        )
+        if feed.contents != report.checkpoint:
+            return (
+                f"store {report.store!r} holds what checkpoint {feed.contents} fed it ({last}); this topology's "
+                f"checkpoint {report.checkpoint} is another, and its first batch would replace the store's "
+                f"contents with what it computes: {choices}"
+            )
+        if report.plan == "fresh":
+            return (
+                f"store {report.store!r} holds batches of checkpoint {feed.contents} ({last}), which is empty "
+                "here (deleted since, or another host's disk under the same path): this topology's first batch "
+                f"would replace the store's contents with what it computes from an empty checkpoint: {choices}"
+            )
+        return None
+
     def holder(self, store: str) -> FeedReport | None:
         """The last report recorded for ``store``'s feed, if any."""
         feed = self._feeds.get(store)
         return None if feed is None else feed.report
 
     def claim(
-        self, report: FeedReport, now: float, owners: Collection[str] = (), displace: str | None = None
+        self,
+        report: FeedReport,
+        now: float,
+        owners: Collection[str] = (),
+        displace: str | None = None,
+        take_over: bool = False,
     ) -> str | None:
-        """``report``'s feeder takes its store's feed, unless ``refusal`` says why not: that reason is
-        returned and nothing changes. Taken, ``report`` is recorded as the store's feed; a feeder whose own
-        live record it is only counts as heard (its reports keep the record's batch and partitions)."""
-        why = self.refusal(report, now, displace)
+        """``report``'s feeder takes its store's feed, unless ``refusal`` says why not, or ``replacing``
+        does and the claim is not a ``take_over``: that reason is returned and nothing changes. Taken,
+        ``report`` is recorded as the store's feed; a feeder whose own live record it is only counts as
+        heard (its reports keep the record's batch and partitions)."""
+        why = self.refusal(report, now, displace) or (None if take_over else self.replacing(report, now))
         if why is not None:
             return why
         current = self._feeds.get(report.store)
         if current is not None and current.report.feeder == report.feeder and current.report.live:
-            self._feeds[report.store] = _Feed(current.report, now)
+            self._feeds[report.store] = replace(current, heard_at=now)
         else:
             self.report(report, now, owners)
         return None
@@ -355,10 +408,12 @@ class FeedBook:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": _FORMAT,
-            "feeds": {s: {"report": f.report.to_json(), "heard_at": f.heard_at} for s, f in self._feeds.items()},
-        }
+        feeds: dict[str, Any] = {}
+        for store, feed in self._feeds.items():
+            feeds[store] = {"report": feed.report.to_json(), "heard_at": feed.heard_at}
+            if feed.contents is not None:
+                feeds[store]["contents"] = feed.contents
+        return {"format": _FORMAT, "feeds": feeds}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], now: float, stale_after: float = FEED_STALE_AFTER) -> FeedBook:
@@ -369,7 +424,10 @@ class FeedBook:
             raise ValueError(f"unknown ingest record format {data.get('format')!r}")
         book = cls(stale_after)
         for store, feed in data.get("feeds", {}).items():
-            book._feeds[store] = _Feed(FeedReport.from_json(store, feed["report"]), now)
+            report = FeedReport.from_json(store, feed["report"])
+            # Saved before contents were: the record's own checkpoint, if it had delivered a batch.
+            contents = feed.get("contents", report.checkpoint if report.batch_id is not None else None)
+            book._feeds[store] = _Feed(report, now, contents)
         return book
 
 

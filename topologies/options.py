@@ -46,7 +46,9 @@ class TopologyOptions:
     (None: the sink's default); ``source`` of its topics; ``dead_letter_trigger``, the interval of its
     dead-letter queries (None: ``topologies.deadletter.DEAD_LETTER_TRIGGER``'s). Both intervals are checked
     as Spark's trigger takes them (``check_interval``): ValueError here rather than Spark's error once
-    the topology's first queries run."""
+    the topology's first queries run. ``take_over``: its stores may be taken from what another checkpoint
+    (or this one's location, emptied) fed them, their contents replaced by its first batch
+    (``topologies.sink.materialize``); refused otherwise."""
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_PARTITIONS
@@ -57,6 +59,7 @@ class TopologyOptions:
     standbys: int | None = DEFAULT_STANDBYS
     read_replicas: bool = False
     dead_letter_trigger: str | None = None
+    take_over: bool = False
 
     def __post_init__(self) -> None:
         for interval in (self.trigger, self.dead_letter_trigger):
@@ -76,6 +79,7 @@ class TopologyOptions:
             "checkpoint": str(checkpoint_for(home, self.namespace, store)),
             # Landing files are read whole by a fresh checkpoint; Kafka from the latest offsets is not.
             "rebuild_from_input": self.source.kind == "files" or self.source.starting_offsets == "earliest",
+            "take_over": self.take_over,
         }
 
     def read(self, spark: Any, home: Path, topic: str) -> tuple[Any, Any | None]:

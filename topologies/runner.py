@@ -115,6 +115,12 @@ def run_topology(
         "instead of failing the batch (the sources' failOnDataLoss=false)",
     )
     parser.add_argument(
+        "--take-over",
+        action="store_true",
+        help="feed stores that hold what another checkpoint fed them (another --home or host, or this checkpoint "
+        "deleted): their contents are replaced by what this run computes; without it such a start is refused",
+    )
+    parser.add_argument(
         "--no-class-archive",
         action="store_true",
         help="load Spark's classes from its jars even if `riqr demo` left a class archive (~/.cache/riqr) that "
@@ -154,6 +160,7 @@ def run_topology(
         standbys=args.standbys,
         read_replicas=args.read_replicas,
         dead_letter_trigger=args.dead_letter_trigger,
+        take_over=args.take_over,
     )
 
     # A Ray job runs in the environment Ray was started with, not the submitting shell's: a RIQR_HOME set

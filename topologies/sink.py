@@ -554,21 +554,27 @@ def _check_arguments(trigger: str, delivery_timeout: float) -> None:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
 
 
-def claim_feed(namespace: str, feeder: Feeder, report: FeedReport, wait: float | None = None) -> None:
+def claim_feed(
+    namespace: str, feeder: Feeder, report: FeedReport, wait: float | None = None, take_over: bool = False
+) -> None:
     """Take ``report.store``'s feed at the registry of ``namespace`` (``Registry.claim_feed``) for
     ``feeder``'s run: granted at once when nothing else feeds it, when this process did, or when the feed
     that held it stopped, failed or fell silent past the bound; and at once too when it is a run on this
     very checkpoint whose process is gone from this host (``run_ended_here``: a topology SIGKILLed and
     started again). Otherwise try again every half second for up to ``wait`` seconds (``CLAIM_WAIT`` by
     default: the other may be a run killed a moment ago on another host), saying so once; then
-    ``StoreInUse``, naming the topology that feeds it. Once granted the feed beats (``Feeder.claimed``)."""
+    ``StoreInUse``, naming the topology that feeds it. Once granted the feed beats (``Feeder.claimed``).
+
+    A store that holds what another checkpoint fed it, or whose checkpoint is empty here where it was
+    not, is ``StoreInUse`` at once, unless ``take_over`` (``runtime.feeds.FeedBook.replacing``): this
+    topology's first batch would replace the store's contents."""
     wait = CLAIM_WAIT if wait is None else wait
     store = report.store
     reg = registry(namespace)
     deadline = time.monotonic() + wait
     waiting, displace = False, None
     while True:
-        refused = raycalls.get(reg.claim_feed.remote(report, displace), f"taking the feed of store {store}")
+        refused = raycalls.get(reg.claim_feed.remote(report, displace, take_over), f"taking the feed of store {store}")
         if refused is None:
             feeder.claimed(report)
             if waiting or displace:
@@ -576,6 +582,8 @@ def claim_feed(namespace: str, feeder: Feeder, report: FeedReport, wait: float |
                          f"run {displace} had ended" if displace else "the other feed let it go",
                          extra={"store": store})  # fmt: skip
             return
+        if refused.get("final"):  # the store's contents are another checkpoint's: waiting changes nothing
+            raise StoreInUse(refused["why"], store=store)
         if refused["same_checkpoint"] and refused["feeder"] != displace and run_ended_here(refused["feeder"]):
             displace = refused["feeder"]  # a run of this checkpoint whose process is gone: ask again, now
             continue
@@ -594,9 +602,11 @@ def query_name(namespace: str, store: str) -> str:
 
 
 def _claim_report(namespace: str, feeder: Feeder, store: str, checkpoint: str, owners: Any) -> FeedReport:
-    """What ``claim_feed`` sends for ``store`` fed from ``checkpoint`` (``owners``: its actors' uuids)."""
+    """What ``claim_feed`` sends for ``store`` fed from ``checkpoint`` (``owners``: its actors' uuids):
+    ``plan`` is ``"fresh"`` when the checkpoint never planned a batch and is no rebuild's (read only)."""
+    fresh = last_planned(checkpoint) is None and not rebuild_pending(checkpoint)
     return FeedReport(store, feeder.id, RUNNING, query=query_name(namespace, store), checkpoint=lineage_of(checkpoint),
-                      owners=tuple(sorted(owners)))  # fmt: skip
+                      owners=tuple(sorted(owners)), plan="fresh" if fresh else None)  # fmt: skip
 
 
 def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
@@ -625,7 +635,8 @@ def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> 
             table = views[namespace].table(store)
             feeder = feeder_for(namespace)
             owners = table.all_owners() if table is not None else ()
-            claim_feed(namespace, feeder, _claim_report(namespace, feeder, store, options["checkpoint"], owners))
+            report = _claim_report(namespace, feeder, store, options["checkpoint"], owners)
+            claim_feed(namespace, feeder, report, take_over=options.get("take_over", False))
             claimed.append((feeder, store))
         for df, options in df_and_options:
             queries.append(materialize(df, **options))
@@ -658,6 +669,7 @@ def materialize(
     delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT,
     read_replicas: bool = False,
     rebuild_from_input: bool = True,
+    take_over: bool = False,
     _rebuilding: bool = False,
     _owners: frozenset[str] | None = None,
 ) -> Any:
@@ -684,7 +696,11 @@ def materialize(
 
     One store has one feed: the store's feed is claimed at the registry (``claim_feed``) before the
     checkpoint or any copy is touched, and ``StoreInUse`` says, after up to ``CLAIM_WAIT`` seconds, that
-    another topology (another run, from another checkpoint or alive on this one) still feeds it.
+    another topology (another run, from another checkpoint or alive on this one) still feeds it. A
+    store's contents belong to the checkpoint that fed them: a store that holds batches of another
+    checkpoint, or of this one's location while it is empty now (deleted, or another host's disk), is
+    ``StoreInUse`` at once, since this query's first batch would replace them; ``take_over=True`` says
+    that is meant.
 
     ``rebuild_from_input=False`` says that a fresh checkpoint of ``df``'s source does not read its input
     again (Kafka from the latest offsets): a partition no copy serves is then never rebuilt by setting the
@@ -703,7 +719,7 @@ def materialize(
         materialize, df, store=store, key=key, value=value, checkpoint=checkpoint, kind=kind,
         window_column=window_column, namespace=namespace, partitions=partitions, actors=actors, standbys=standbys,
         engine=engine, trigger=trigger, output_mode=output_mode, delivery_timeout=delivery_timeout,
-        read_replicas=read_replicas, rebuild_from_input=rebuild_from_input,
+        read_replicas=read_replicas, rebuild_from_input=rebuild_from_input, take_over=take_over,
     )  # fmt: skip
     df, key_cols, spec = _declare(
         df, store, key, value, kind, window_column, partitions, actors, standbys, engine, read_replicas
@@ -733,7 +749,7 @@ def materialize(
     # One store, one feed: taken at the registry before the checkpoint or any copy is touched. Started again
     # in place, this process holds it already, unless another took it meanwhile: then no point waiting.
     report = _claim_report(namespace, delivery.feeder, store, checkpoint, delivery.owners or ())
-    claim_feed(namespace, delivery.feeder, report, wait=0 if _owners is not None else None)
+    claim_feed(namespace, delivery.feeder, report, wait=0 if _owners is not None else None, take_over=take_over)
     return _start(delivery, shaped, df, kind, output_mode, trigger, _rebuilding, again)
 
 

@@ -928,26 +928,39 @@ class Registry:
         self._save_feeds(now=significant)
         return refused
 
-    def claim_feed(self, report: FeedReport, displace: str | None = None) -> dict[str, Any] | None:
+    def claim_feed(
+        self, report: FeedReport, displace: str | None = None, take_over: bool = False
+    ) -> dict[str, Any] | None:
         """A topology is about to start feeding ``report.store`` (``topologies.sink.materialize``, before it
         touches its checkpoint or the store's copies): it takes the store's feed (None), or is told why
-        another feed holds it: ``{"why", "feeder", "same_checkpoint"}``, the run that holds it and whether
-        that run feeds from the claimant's own checkpoint, which the claimant may ``displace`` once it saw
-        that run's process gone (``FeedBook.refusal``). The claim is the registry's one call, so of two
-        topologies starting at once on one store, one takes it. A store that is not registered (dropped
-        meanwhile) is ``StoreNotFound``."""
+        not: ``{"why", "feeder", "same_checkpoint", "final"}``. Either another feed holds it (``final``
+        false): the run that holds it and whether that run feeds from the claimant's own checkpoint, which
+        the claimant may ``displace`` once it saw that run's process gone (``FeedBook.refusal``). Or the
+        store holds what another checkpoint fed it, or the claimant's checkpoint is empty where the store's
+        was not, and the claim is no ``take_over`` (``final``: waiting changes nothing;
+        ``FeedBook.replacing``). The claim is the registry's one call, so of two topologies starting at
+        once on one store, one takes it. A store that is not registered (dropped meanwhile) is
+        ``StoreNotFound``."""
         table = self.state.view().table(report.store)
         if table is None:
             raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
-        why = self.feeds.claim(report, self._clock(), table.lineage(), displace)
+        now = self._clock()
+        replacing = self.feeds.replacing(report, now)
+        why = self.feeds.claim(report, now, table.lineage(), displace, take_over)
         if why is None:
             self._save_feeds(now=True)
-            log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
-                     extra={"store": report.store})  # fmt: skip
+            if replacing is not None:
+                log.warning("store %s: taken over by %s from checkpoint %s, on purpose: its first batch replaces "
+                            "the store's contents", report.store, report.feeder, report.checkpoint,
+                            extra={"store": report.store})  # fmt: skip
+            else:
+                log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
+                         extra={"store": report.store})  # fmt: skip
             return None
         holder = self.feeds.holder(report.store)
-        assert holder is not None  # refused: a feed holds it
-        return {"why": why, "feeder": holder.feeder, "same_checkpoint": holder.checkpoint == report.checkpoint}
+        assert holder is not None  # refused: a feed holds it, or fed it
+        return {"why": why, "feeder": holder.feeder, "same_checkpoint": holder.checkpoint == report.checkpoint,
+                "final": why == replacing}  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         """What is not routing: each store's ingest state, with the registry's verdict on its liveness."""

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import runtime
+from runtime.errors import StoreInUse
 from runtime.landing import Record, write_records
 from tests import promtext
 from tests.integration.conftest import RayCluster, Runtime, deploy_runtime
@@ -176,10 +177,11 @@ def test_a_session_store_rebuilt_from_a_fresh_checkpoint_never_shows_fewer_sessi
     write_records(tmp_path, "order", [Record("carol", "tea", at(600))])  # moves the watermark on
     expected = {"alice": [(iso(0), iso(40), 2), (iso(70), iso(100), 1)], "bob": [(iso(20), iso(50), 1)]}
 
-    def start(checkpoint: Path) -> Any:
+    def start(checkpoint: Path, take_over: bool = False) -> Any:
         frame = order_sessions(fast(rt).read(spark, tmp_path, "order")[0], watermark="5 seconds")
         return materialize(frame, store=store, key="key", value="orders", kind="session",
-                           checkpoint=str(checkpoint), namespace=rt.namespace, trigger="200 milliseconds")  # fmt: skip
+                           checkpoint=str(checkpoint), namespace=rt.namespace, trigger="200 milliseconds",
+                           take_over=take_over)  # fmt: skip
 
     def sessions(key: str) -> Any:
         status, _, body = http_get(f"{rt.url}/stores/{store}/sessions/{key}")
@@ -194,8 +196,12 @@ def test_a_session_store_rebuilt_from_a_fresh_checkpoint_never_shows_fewer_sessi
     def rebuilt() -> bool:  # the new checkpoint's batch 1, the first with a watermark, is in
         return (last_committed(str(second)) or 0) >= 1 and all(sessions(k) == v for k, v in expected.items())
 
+    # The store holds what the first checkpoint fed it: another one takes it over only when told to.
+    with pytest.raises(StoreInUse, match=f"store '{store}' holds what checkpoint .*cp-1 fed it"):
+        start(second)
+    assert not second.exists()
     with SessionReader(rt.url, store, expected) as reader:
-        query = start(second)  # a new checkpoint: its batch 0 resets every partition
+        query = start(second, take_over=True)  # a new checkpoint: its batch 0 resets every partition
         try:
             wait_for(rebuilt, what="the sessions again after the new checkpoint's batch 1")
             reader.more(2 * len(expected), "reads after the rebuild")  # and they stay

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +360,12 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
     for a watermark that its restarted query will not bring without new input, and rebuilds the store once
     more from a fresh checkpoint (``topologies.sink.plan_start``): the store never showed fewer sessions than
     it had, and lost none of the orders that landed meanwhile. Last, paused with SIGSTOP past the bound while
-    another topology takes its store, and resumed, it ends without feeding the store again."""
+    another topology takes its store, and resumed, it ends without feeding the store again.
+
+    The store is first fed from another home than the topology's, so the topology takes it over: without
+    ``--take-over`` it is refused (exit 1) before it touches the store, which serves the first feed's sessions
+    on; with it, it feeds, and every start after that passes it too (a start on its own checkpoint emptied
+    by hand would be refused as well)."""
     from topologies.checkpoint import last_committed, last_planned
     from topologies.feeder import feeder_for
     from topologies.food_orders_windowed import materialize_sessions
@@ -393,6 +399,16 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
                                "--watermark", "5 seconds")  # fmt: skip
     checkpoint = checkpoint_for(tmp_path, runtime_ns.namespace, SESSIONS)
 
+    # Another checkpoint's sessions in the store: not taken over unless said so.
+    topology.start("--trigger", "5 minutes")
+    assert topology.proc is not None and topology.proc.wait(timeout=180) == 1, topology.log()
+    said = topology.log(tail=None)
+    assert f"store '{SESSIONS}' holds what checkpoint {os.path.realpath(tmp_path / 'first')}" in said, said
+    assert "--take-over" in said and "Traceback" not in said, said
+    assert not (checkpoint / "offsets").exists()  # refused before its query started
+    assert all(sessions(k) == v for k, v in expected.items())  # the store serves what it held
+    assert _ingest_state(url, SESSIONS) == "stopped"  # the first feed's record, as it was
+
     def batch_0_done() -> str | None:
         """Where the new checkpoint is: "window" while Spark has committed batch 0 and the store's partitions
         wait for a watermark (503), "missed" once batch 1 ran, None before."""
@@ -408,7 +424,7 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
         loader.start()
         with SessionReader(url, SESSIONS, expected, pause=0.02) as reader:
             for attempt in range(3):
-                topology.start("--trigger", "5 minutes")
+                topology.start("--trigger", "5 minutes", "--take-over")
                 seen = topology.wait_for(batch_0_done, timeout=180, interval=0.02, what="batch 0 of the new checkpoint")
                 if seen == "window":
                     topology.sigkill()
@@ -426,7 +442,7 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
             # between the look and the kill, the restart runs it again (with its watermark) and resumes
             # instead of rebuilding: also right, and the checks below accept either.
             assert last_committed(str(checkpoint)) == 0
-            topology.start("--trigger", "500 milliseconds")
+            topology.start("--trigger", "500 milliseconds", "--take-over")
 
             def rebuilt() -> bool:
                 superseded = list(checkpoint.parent.glob(f"{SESSIONS}.superseded-*"))
@@ -464,7 +480,8 @@ def test_a_session_store_rebuilding_from_a_fresh_checkpoint_survives_a_sigkill_b
             os.killpg(topology.proc.pid, signal.SIGSTOP)
             try:
                 wait_for(lambda: _ingest_state(url, SESSIONS) == "stale", timeout=30, what="the paused feed stale")
-                taker = materialize_sessions(orders, tmp_path / "taker", options, watermark="5 seconds")
+                taker = materialize_sessions(orders, tmp_path / "taker", replace(options, take_over=True),
+                                             watermark="5 seconds")  # fmt: skip
             finally:
                 os.killpg(topology.proc.pid, signal.SIGCONT)
             try:

@@ -103,10 +103,16 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
     assert book.claim(first, 104.7) is None
     assert (book.status(104.7)["s"]["batch_id"], book.status(104.7)["s"]["heard_at"]) == (9, 104.7)
     assert book.refusal(replace(other, checkpoint=None), 105.0) is not None  # no checkpoint: never the same feed
-    # Silent past the bound: the other checkpoint may take it.
-    assert book.refusal(other, 110.5) is not None and book.claim(other, 111.0) is None
+    # Silent past the bound: the other checkpoint may take it, but only on purpose (``replacing``): the store
+    # holds what the first checkpoint fed it, and the other's first batch would replace that.
+    assert book.refusal(other, 110.5) is not None and book.refusal(other, 111.0) is None
+    why = book.claim(other, 111.0)
+    assert why is not None and "holds what checkpoint /home/a/checkpoints/ns/s fed it" in why and "--take-over" in why
+    assert book.status(111.0)["s"]["feeder"] == "host:1:aa"  # refused: nothing changed
+    assert book.claim(other, 111.0, take_over=True) is None
     assert book.status(111.0)["s"]["feeder"] == "host:2:bb"
-    # A feed that ended lets it go at once.
+    # A feed that ended lets it go at once; the store still holds the first checkpoint's batches (the other
+    # delivered none), so the first takes it back without taking over.
     book.report(replace(other, state="stopped"), 112.0)
     assert book.claim(first, 112.5) is None
     book.report(replace(first, state="failed", error="boom"), 113.0)
@@ -114,6 +120,56 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
     # Its own failed record, claimed again by the same run: recorded, live, so it holds the store again.
     assert book.claim(first, 114.0) is None and book.status(114.0)["s"]["state"] == "running"
     assert book.refusal(other, 114.5) is not None
+
+
+def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store_over(tmp_path: Path) -> None:
+    """``replacing``: a store holds what the checkpoint that last delivered a batch fed it. Another
+    checkpoint's first batch would replace that, and so would one from that checkpoint's location emptied
+    (deleted, or another host's disk): both only with ``take_over``. The contents survive a save and load,
+    and a take-over that never delivered leaves them where they were."""
+    book = FeedBook(stale_after=6.0)
+    a = FeedReport("s", "h:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s")
+    b = FeedReport("s", "h:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
+    assert book.claim(a, 0.0) is None
+    book.report(replace(a, state="stopped"), 1.0)
+    assert book.replacing(b, 2.0) is None and book.claim(b, 2.0) is None  # a delivered nothing: nothing to replace
+    book.report(replace(b, batch_id=0, source="q1"), 3.0)  # now the store holds b's batches
+    book.report(replace(b, state="stopped", batch_id=0), 4.0)
+    why = book.claim(a, 64.0)
+    assert why is not None
+    assert why.startswith("store 's' holds what checkpoint /b/s fed it (last fed by riqr-ns-s (run h:2:bb), stopped 6")
+    assert "this topology's checkpoint /a/s is another" in why and "riqr drop" in why and "--take-over" in why
+    assert book.holder("s") == replace(b, state="stopped", batch_id=0)  # refused: nothing changed
+    # Its own checkpoint again, as it stands: a restart; emptied: refused, saying so.
+    assert book.replacing(replace(b, feeder="h:2:cc"), 65.0) is None
+    emptied = book.replacing(replace(b, feeder="h:2:cc", plan="fresh"), 65.0)
+    assert emptied is not None and "holds batches of checkpoint /b/s" in emptied and "which is empty here" in emptied
+    assert book.claim(replace(b, feeder="h:2:cc", plan="fresh"), 65.0) == emptied
+    # A take-over is granted; until it delivers a batch the store still holds b's, so b may come back
+    # without one, and a third checkpoint is told it is b's.
+    assert book.claim(a, 66.0, take_over=True) is None
+    assert book.replacing(replace(a, feeder="h:1:zz"), 66.5) is not None  # another run of a: a holds the feed now
+    assert book.replacing(a, 66.5) is None  # a's own run, its own checkpoint (a rebuild in place)
+    # The same run (one process is one feeder) on another checkpoint: held to the rule like any other.
+    assert "holds what checkpoint /b/s fed it" in (book.replacing(replace(a, checkpoint="/a2/s"), 66.5) or "")
+    book.report(replace(a, state="failed", error="boom"), 67.0)
+    c = FeedReport("s", "h:3:cc", "running", checkpoint="/c/s")
+    assert "holds what checkpoint /b/s fed it" in (book.replacing(c, 68.0) or "")
+    assert book.claim(replace(b, feeder="h:2:dd"), 68.0) is None
+    # The contents are saved with the book; a book saved before them takes the record's own checkpoint if
+    # it had delivered a batch.
+    path = tmp_path / "ingest.json"
+    save_book(book, path)
+    again = load_book(path, now=100.0, stale_after=6.0)
+    assert "holds what checkpoint /b/s fed it" in (again.replacing(c, 200.0) or "")
+    saved = json.loads(path.read_text())
+    del saved["feeds"]["s"]["contents"]
+    older = FeedBook.from_json(saved, now=100.0)
+    assert older.replacing(c, 200.0) is None  # the record (b's claim) had delivered nothing: not known
+    saved["feeds"]["s"]["report"]["batch_id"] = 3
+    assert "holds what checkpoint /b/s fed it" in (FeedBook.from_json(saved, now=100.0).replacing(c, 200.0) or "")
+    # A feeder too old to say its checkpoint is never refused for it.
+    assert again.replacing(replace(c, checkpoint=None), 200.0) is None
 
 
 def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:

@@ -746,9 +746,14 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     other = {"why": "store 's' is fed by another topology: x", "feeder": "elsewhere:1:aa", "same_checkpoint": False}
     answers: list[Any] = [other, other, None]
     claims: list[tuple[Any, Any]] = []
+    taking_over: list[bool] = []
 
     class Registry:
-        claim_feed = _Answer(lambda report, displace: claims.append((report, displace)) or answers.pop(0))
+        claim_feed = _Answer(
+            lambda report, displace, take_over: (
+                taking_over.append(take_over) or claims.append((report, displace)) or answers.pop(0)
+            )
+        )
 
     monkeypatch.setattr(sink, "registry", lambda _ns: Registry())
     monkeypatch.setattr(sink.raycalls, "get", lambda ref, *_, **__: ref)
@@ -766,6 +771,20 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     answers[:] = [other] * 100
     with pytest.raises(StoreInUse, match="fed by another topology: x"):
         sink.claim_feed("ns", feeder, report, wait=0.05)  # type: ignore[arg-type]
+
+    # The store holds what another checkpoint fed it: refused at once (waiting changes nothing), and the
+    # claim says whether it takes the store over on purpose.
+    claims.clear()
+    taking_over.clear()
+    replaced = {"why": "store 's' holds what checkpoint /b/s fed it", "feeder": "elsewhere:1:aa",
+                "same_checkpoint": False, "final": True}  # fmt: skip
+    answers[:] = [replaced] * 100
+    with pytest.raises(StoreInUse, match="holds what checkpoint /b/s fed it"):
+        sink.claim_feed("ns", feeder, report, wait=5.0)  # type: ignore[arg-type]
+    assert len(claims) == 1 and taking_over == [False]
+    answers[:] = [None]
+    sink.claim_feed("ns", feeder, report, wait=5.0, take_over=True)  # type: ignore[arg-type]
+    assert taking_over == [False, True]
 
     # Held by a run of this very checkpoint: displaced at once if its process is gone from this host, never
     # if it runs (this test's own process), nor if it ran on another host (the claim waits for the bound).
@@ -813,17 +832,22 @@ def test_materialize_all_claims_every_store_first_and_lets_go_of_those_it_did_no
     started: list[str] = []
     monkeypatch.setattr(sink, "materialize", lambda df, **options: started.append(options["store"]))
 
-    def claim(namespace: str, who: Any, report: Any, wait: float | None = None) -> None:
+    taking_over: list[bool] = []
+
+    def claim(namespace: str, who: Any, report: Any, wait: float | None = None, take_over: bool = False) -> None:
+        taking_over.append(take_over)
         if report.store == "second":
             raise StoreInUse("store 'second' is fed by another topology: x", store="second")
         who.claimed(report)
 
     monkeypatch.setattr(sink, "claim_feed", claim)
-    pairs = [(None, {"store": s, "key": "k", "checkpoint": f"/h/{s}", "namespace": "ns"}) for s in ("first", "second")]
+    pairs = [(None, {"store": s, "key": "k", "checkpoint": f"/h/{s}", "namespace": "ns", "take_over": s == "first"})
+             for s in ("first", "second")]  # fmt: skip
     with pytest.raises(StoreInUse):
         sink.materialize_all(pairs)
     assert started == []
     assert feeder.updates == [{"claimed": "first"}, {"store": "first", "state": "stopped"}]
+    assert taking_over == [True, False]  # each store's claim as its options say
 
 
 class Feeder(FakeFeeder):

@@ -916,15 +916,19 @@ def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
     assert registry.report_feeds([dataclasses.replace(a, batch_id=1)]) == {}
     refused = registry.claim_feed(b)
     assert refused is not None and "fed by another topology" in refused["why"]
-    assert (refused["feeder"], refused["same_checkpoint"]) == ("host:1:aa", False)
+    assert (refused["feeder"], refused["same_checkpoint"], refused["final"]) == ("host:1:aa", False, False)
+    refused = registry.claim_feed(b, take_over=True)  # a live feed is never taken over: stop it first
+    assert refused is not None and "fed by another topology" in refused["why"] and refused["final"] is False
     # Another run on a's own checkpoint is told so, and may displace a once it saw a's process gone.
     a_again = dataclasses.replace(a, feeder="host:1:cc")
     assert (registry.claim_feed(a_again) or {}).get("same_checkpoint") is True
     assert registry.claim_feed(a_again, displace="host:1:aa") is None
     assert registry.claim_feed(a, displace="host:1:cc") is None  # and back, for what follows
     assert registry.feed_epoch("s", "host:1:aa", "/a/s") == (registry.epoch(), None)
-    clock.now += 7  # a is silent (hung, or SIGSTOPped) past the bound: b may take the store
-    assert registry.claim_feed(b) is None
+    clock.now += 7  # a is silent (hung, or SIGSTOPped) past the bound: b may take the store, on purpose only
+    refused = registry.claim_feed(b)  # the store holds a's batch 1, which b's first batch would replace
+    assert refused is not None and refused["final"] is True and "holds what checkpoint /a/s fed it" in refused["why"]
+    assert registry.claim_feed(b, take_over=True) is None
     epoch, taken = registry.feed_epoch("s", "host:1:aa", "/a/s")
     assert epoch == registry.epoch() and taken is not None and "run host:2:bb from checkpoint /b/s" in taken
     # A caller whose owners say it fed a store of that name dropped since is not told about feeds: its own
