@@ -22,7 +22,7 @@ from runtime import raycalls
 from runtime.config import DEFAULT_MOVE_TIMEOUT, REGISTRY_NAME
 from runtime.errors import DeadlineExceeded, OwnerUnavailable, RiqrError, Unavailable
 from runtime.moves import Move, behind, plan_moves, plan_standby_removals, plan_standbys
-from runtime.ownership import ClusterView
+from runtime.ownership import ClusterView, OwnershipTable
 
 __all__ = [
     "MoveDone",
@@ -291,7 +291,7 @@ def move(
         say(f"  caught up in {seconds:.1f}s (epoch {epoch}): {new} keeps a standby copy of partitions "
             f"{_parts(m.partitions)}")  # fmt: skip
     else:
-        say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} answers for partitions {_parts(m.partitions)}; "
+        say(f"  switched in {seconds:.1f}s (epoch {epoch}): {new} {_holds(namespace, m, new)}; "
             f"{m.uuid} is destroyed with its data after a short grace")  # fmt: skip
     return MoveDone(m, new, seconds, epoch)
 
@@ -515,6 +515,31 @@ def _actor(namespace: str, uuid: str) -> Any:
 
 def _parts(partitions: Sequence[int]) -> str:
     return ", ".join(str(p) for p in partitions)
+
+
+def _holds(namespace: str, m: Move, new: str) -> str:
+    """What the move's new actor ``new`` holds of ``m.partitions`` now the switch is made, as the registry's
+    table says: the partitions it answers for, and those it keeps a standby copy of (an actor `riqr
+    standbys` added answers for none). Said plainly if the registry cannot be asked."""
+    try:
+        view: ClusterView = raycalls.get(registry_of(namespace).view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+    except RiqrError:
+        return f"holds partitions {_parts(m.partitions)}"
+    table = view.table(m.store)
+    if table is None:
+        return f"holds partitions {_parts(m.partitions)}"
+    return holdings_phrase(table, new, m.partitions)
+
+
+def holdings_phrase(table: OwnershipTable, uuid: str, partitions: Sequence[int]) -> str:
+    """'answers for partitions 0, 2' and/or 'keeps a standby copy of partitions 1, 3': ``uuid``'s role in
+    ``table`` for each of ``partitions``."""
+    answers = [p for p in partitions if table.partitions[p].active == uuid]
+    standby = [p for p in partitions if p not in answers]
+    said = [f"answers for partitions {_parts(answers)}"] if answers else []
+    if standby:
+        said.append(f"keeps a standby copy of partitions {_parts(standby)}")
+    return " and ".join(said)
 
 
 def describe(m: Move) -> str:

@@ -677,6 +677,20 @@ def test_standby_copies_planned_for_removal_are_whole_actors_that_answer_for_not
     assert "would keep fewer than 2" in (removable_standby(two.tables["s"], "c1", 2) or "")
 
 
+def test_a_moved_actor_is_said_to_answer_for_its_active_partitions_and_keep_copies_of_the_others() -> None:
+    """What `riqr rebalance` and `riqr drain` say of a moved actor: a copy `riqr standbys` added answers for
+    no partition (it used to be said to answer for all it held), a store's own actor for its actives."""
+    from riqr.moves import holdings_phrase
+
+    alone = _placed(kv_spec("s", partitions=4, actors=2, standbys=0), ["n1"], ["u1", "u2"])
+    two = _with_copies(alone, {"c1": ("n2", (0, 2))}).tables["s"]
+    assert holdings_phrase(two, "c1", (0, 2)) == "keeps a standby copy of partitions 0, 2"
+    assert holdings_phrase(two, "u1", (0, 2)) == "answers for partitions 0, 2"
+    promoted = two.with_active(0, "c1")
+    said = holdings_phrase(promoted, "c1", (0, 2))
+    assert said == "answers for partitions 0 and keeps a standby copy of partitions 2"
+
+
 def test_the_registry_adds_a_standby_copy_that_catches_up_and_stays_with_no_batch_lost(tmp_path: Path) -> None:
     env = MoveEnv(tmp_path)
     registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
