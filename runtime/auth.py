@@ -269,13 +269,18 @@ def _names(claims: Mapping[str, Any], claim: str) -> frozenset[str]:
     raise Unauthorized("invalid token")
 
 
+# One wording for a request without a bearer token, whether it sent no Authorization header or another
+# scheme's (Basic, a bare token), on every route.
+_NO_BEARER = "missing bearer token: send 'Authorization: Bearer <token>'"
+
+
 def _bearer_token(authorization: str | None) -> str:
     if not authorization:
-        raise Unauthorized("missing bearer token")
+        raise Unauthorized(_NO_BEARER)
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
-        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+        raise Unauthorized(_NO_BEARER)
     return token
 
 
@@ -361,7 +366,7 @@ class TokenCache:
         if not self._config.enabled:
             return ANONYMOUS
         if not authorization:
-            raise Unauthorized("missing bearer token")  # as _bearer_token says it
+            raise Unauthorized(_NO_BEARER)  # as _bearer_token says it
         # Keyed by the header as sent, so a hit does not even parse it (the token in it is what verified).
         hit = self._tokens.get(authorization)
         if hit is not None:

@@ -28,8 +28,14 @@ def check_limits(request: web.BaseRequest) -> None:
     if not request.body_exists:  # the common case, decided without parsing a header
         return
     length = request.content_length
-    if length is None or length > MAX_BODY_BYTES:
+    if length is None:
         # A chunked body has no length up front: no route reads one, so it is refused whatever its size.
+        raise PayloadTooLarge(
+            f"no route takes a chunked request body (Transfer-Encoding: chunked), whatever its size; a body of at "
+            f"most {MAX_BODY_BYTES} bytes with a Content-Length is ignored",
+            limit=MAX_BODY_BYTES,
+        )
+    if length > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"no route takes a request body over {MAX_BODY_BYTES} bytes", limit=MAX_BODY_BYTES)
 
 

@@ -4,6 +4,7 @@ covers every route and validates; the server announces no version."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -184,6 +185,15 @@ async def test_bodies_and_other_methods_are_json_errors(client) -> None:  # type
     assert probed.headers["Content-Type"] == ready.headers["Content-Type"]
     resp = await client.get("/stores/strings/all", data=b"x" * 5000)
     assert resp.status == 413 and (await resp.json())["error"]["code"] == "payload-too-large"
+    assert "over 1024 bytes" in (await resp.json())["error"]["message"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"x"
+
+    resp = await client.get("/stores/strings/all", data=chunks())  # chunked, one byte: refused, and said why
+    error = (await resp.json())["error"]
+    assert resp.status == 413 and error["code"] == "payload-too-large" and "chunked request body" in error["message"]
+    assert (await client.get("/stores/strings/all", data=b"x" * 10)).status == 200  # a small body is ignored
     for method in ("POST", "PUT", "DELETE", "PATCH", "HEAD"):
         for path in ("/stores/strings/all", "/stores/strings/get/a/b", "/health"):
             resp = await client.request(method, path)
