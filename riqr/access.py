@@ -37,16 +37,20 @@ def rest_auth(namespace: str, *, disabled: bool, environ: Mapping[str, str] | No
     return dataclasses.replace(env, enabled=True, secret=deploy.deployment_secrets(namespace).jwt_secret)
 
 
-def token_for(auth: AuthConfig, stores: Sequence[str] = ("*",), ttl_seconds: int = DEMO_TTL_SECONDS) -> str | None:
+def token_for(
+    auth: AuthConfig, stores: Sequence[str] = ("*",), ttl_seconds: int = DEMO_TTL_SECONDS, *, subject: str = "riqr"
+) -> str | None:
     """A token ``auth`` accepts for reading ``stores``, or None when tokens come from the operator's issuer (a
     public key): signed with the first of its algorithms, its stores and roles in the claims it reads, and
     holding every role its ACL asks of a reader of those stores (whoever holds the secret can mint any
-    token, so an ACL binds tokens from elsewhere, not these)."""
+    token, so an ACL binds tokens from elsewhere, not these). ``subject`` is its ``sub``: who minted it
+    (``riqr-demo``, ``riqr-up``, ``riqr token``'s ``--subject``)."""
     if auth.secret is None:
         return None
     return mint_token(
         auth.secret,
         stores=stores,
+        subject=subject,
         ttl_seconds=ttl_seconds,
         issuer=auth.issuer,
         audience=auth.audience,

@@ -103,7 +103,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
              "these: tokens must come from those keys (riqr token mints with the deployment's own secret, "
              "when no key of yours is set)")  # fmt: skip
         return 1
-    token = token_for(auth)
+    token = token_for(auth, subject="riqr-up")
     if token is None:
         _say("REST authentication is on: send tokens signed by your issuer as 'Authorization: Bearer <token>'")
     else:
@@ -138,7 +138,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
     # The HS algorithms the operator configured (any other fits only a public key, which mints nothing).
     hs = tuple(a for a in env.algorithms if a.startswith("HS"))
     auth = dataclasses.replace(env, enabled=True, secret=secret, public_key=None, algorithms=hs)
-    token = token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl)
+    token = token_for(auth, stores, DEMO_TTL_SECONDS if args.ttl is None else args.ttl, subject=args.subject)
     if env.secret is None:  # minted with the deployment's own key: is it the one its REST API checks?
         from verticles import deploy
         from verticles.http import NO_AUTH
@@ -486,6 +486,14 @@ def _positive(text: str) -> int:
 
 
 _positive.__name__ = "positive integer"  # argparse's "invalid <name> value" message
+
+
+def _subject(text: str) -> str:
+    if not text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be a name without control characters, got {text!r}")
+    return text.strip()
+
+
 _ADDRESS_HELP = "Ray address; default $RAY_ADDRESS or the local cluster"
 _NAMESPACE_HELP = f"riqr's Ray namespace (default {DEFAULT_NAMESPACE})"
 
@@ -536,6 +544,12 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     token.add_argument("--stores", default="*", help="comma-separated stores the token may read; default all")
     token.add_argument("--ttl", type=_positive, default=None, help="seconds until it expires (default: 24 h)")
+    token.add_argument(
+        "--subject",
+        type=_subject,
+        default="riqr-token",
+        help="the token's sub claim: whom it is for (default riqr-token)",
+    )
     token.set_defaults(func=_cmd_token)
 
     status = sub.add_parser("status", help="stores, partitions, replicas, positions, lag, ingest, REST endpoints")

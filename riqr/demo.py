@@ -183,7 +183,7 @@ def run_demo(args: argparse.Namespace) -> int:
             try:
                 with steps.step("starting the registry, facades and HTTP verticles"):
                     auth = rest_auth(namespace, disabled=False)
-                    token = token_for(auth)
+                    token = token_for(auth, subject="riqr-demo")
                     config = RuntimeConfig(
                         namespace=namespace, http_host=args.host, http_port=args.port, advertise_host="localhost",
                         auth=auth,

@@ -209,7 +209,7 @@ class AuthConfig:
         env = os.environ if environ is None else environ
         secret = _secret_from_env(env)
         key_file = env.get("RIQR_JWT_PUBLIC_KEY_FILE")
-        public_key = Path(key_file).read_text(encoding="utf-8") if key_file else None
+        public_key = _read_named("RIQR_JWT_PUBLIC_KEY_FILE", Path(key_file)) if key_file else None
         switch = env.get("RIQR_AUTH", "").strip().lower()
         if switch not in ("", "on", "off"):
             raise ValueError("RIQR_AUTH must be 'on' or 'off'")
@@ -223,11 +223,27 @@ class AuthConfig:
             algorithms=tuple(a.strip() for a in env.get("RIQR_JWT_ALGORITHMS", "").split(",") if a.strip()),
             issuer=env.get("RIQR_JWT_ISSUER") or None,
             audience=audience or None,  # set but empty: do not check the audience
-            leeway_seconds=float(env.get("RIQR_JWT_LEEWAY_SECONDS", "30")),
+            leeway_seconds=_seconds_named("RIQR_JWT_LEEWAY_SECONDS", env.get("RIQR_JWT_LEEWAY_SECONDS", "30")),
             stores_claim=env.get("RIQR_JWT_STORES_CLAIM", "stores"),
             roles_claim=env.get("RIQR_JWT_ROLES_CLAIM", "roles"),
-            acl=load_acl(Path(acl_file)) if acl_file else {},
+            acl=load_acl(Path(acl_file), "RIQR_AUTH_ACL_FILE") if acl_file else {},
         )
+
+
+def _read_named(variable: str, path: Path) -> str:
+    """The text of the file ``variable`` names, or ValueError naming both and why it cannot be read (a
+    bare "No such file or directory" left the operator guessing which of the settings it was)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"{variable} {path}: cannot read it ({err.strerror or err})") from err
+
+
+def _seconds_named(variable: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{variable} must be a number of seconds, got {value!r}") from None
 
 
 def _secret_from_env(env: Mapping[str, str]) -> str | None:
@@ -236,18 +252,20 @@ def _secret_from_env(env: Mapping[str, str]) -> str | None:
         raise ValueError("set RIQR_JWT_SECRET or RIQR_JWT_SECRET_FILE, not both")
     if secret_file:
         path = Path(secret_file)
-        if path.stat().st_mode & 0o077:  # anyone else on the node who reads it mints tokens for every store
+        text = _read_named("RIQR_JWT_SECRET_FILE", path)
+        mode = path.stat().st_mode
+        if mode & 0o077:  # anyone else on the node who reads it mints tokens for every store
             log.warning("RIQR_JWT_SECRET_FILE %s can be read by other users (mode %o): chmod 600 it", path,
-                        path.stat().st_mode & 0o777)  # fmt: skip
+                        mode & 0o777)  # fmt: skip
         # A trailing newline from `echo > file` is not part of the secret.
-        return path.read_text(encoding="utf-8").rstrip("\r\n")
+        return text.rstrip("\r\n")
     return secret or None
 
 
-def load_acl(path: Path) -> dict[str, frozenset[str]]:
+def load_acl(path: Path, variable: str = "the ACL file") -> dict[str, frozenset[str]]:
     """An ACL file: a JSON object mapping each restricted store to the list of roles it requires."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(_read_named(variable, path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     if not isinstance(raw, dict) or not all(
@@ -456,7 +474,7 @@ def mint_token(
     secret: str,
     *,
     stores: Iterable[str] = ("*",),
-    subject: str = "riqr-demo",
+    subject: str = "riqr",
     ttl_seconds: int = DEMO_TTL_SECONDS,
     issuer: str | None = None,
     audience: str | None = DEFAULT_AUDIENCE,

@@ -211,9 +211,7 @@ def test_claims_may_be_space_separated_like_oauth_scope() -> None:
     token = mint_token(SECRET, stores=["a"])
     claims = jwt.decode(token, SECRET, algorithms=["HS256"], audience="riqr")
     scoped = jwt.encode({**claims, "stores": "a b", "scope": "read ops"}, SECRET, algorithm="HS256")
-    assert authenticate(config, f"Bearer {scoped}") == Principal(
-        "riqr-demo", frozenset("ab"), frozenset({"read", "ops"})
-    )
+    assert authenticate(config, f"Bearer {scoped}") == Principal("riqr", frozenset("ab"), frozenset({"read", "ops"}))
 
 
 def test_visible_and_authorize_agree() -> None:
@@ -247,6 +245,17 @@ def test_a_leeway_that_would_let_expired_tokens_in_is_refused(leeway: str) -> No
     """``exp <= now - leeway`` is never true for nan or inf: every expired token would be accepted."""
     with pytest.raises(ValueError, match="finite number of seconds"):
         AuthConfig(enabled=True, secret=SECRET, leeway_seconds=float(leeway))
+
+
+@pytest.mark.parametrize("variable", ["RIQR_JWT_SECRET_FILE", "RIQR_JWT_PUBLIC_KEY_FILE", "RIQR_AUTH_ACL_FILE"])
+def test_a_file_setting_that_cannot_be_read_is_named(tmp_path: Path, variable: str) -> None:
+    env = {variable: str(tmp_path / "absent")}
+    if variable == "RIQR_AUTH_ACL_FILE":
+        env["RIQR_JWT_SECRET"] = SECRET
+    with pytest.raises(ValueError, match=f"^{variable} .*absent: cannot read it \\(No such file or directory\\)$"):
+        AuthConfig.from_env(env)
+    with pytest.raises(ValueError, match="^RIQR_JWT_LEEWAY_SECONDS must be a number of seconds, got 'soon'$"):
+        AuthConfig.from_env({"RIQR_JWT_SECRET": SECRET, "RIQR_JWT_LEEWAY_SECONDS": "soon"})
 
 
 def test_a_secret_file_others_can_read_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

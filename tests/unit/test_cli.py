@@ -217,7 +217,7 @@ def test_a_missing_secret_file_is_a_message_not_a_traceback(tmp_path, monkeypatc
     monkeypatch.setenv("RIQR_JWT_SECRET_FILE", str(tmp_path / "absent"))
     assert cli.main(["token"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("riqr: ") and "No such file or directory" in err and "absent" in err
+    assert err.startswith("riqr: RIQR_JWT_SECRET_FILE ") and "No such file or directory" in err and "absent" in err
     assert "Traceback" not in err
 
 
@@ -300,7 +300,14 @@ def test_a_token_for_no_store_is_refused_rather_than_minted_for_every_store(monk
         assert "names no store" in capsys.readouterr().err
     assert cli.main(["token", "--stores", "a, b"]) == 0
     claims = capsys.readouterr().out.strip().split(".")[1]
-    assert json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["stores"] == ["a", "b"]
+    decoded = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+    assert (decoded["stores"], decoded["sub"]) == (["a", "b"], "riqr-token")  # not the demo's
+    assert cli.main(["token", "--subject", "grafana"]) == 0
+    claims = capsys.readouterr().out.strip().split(".")[1]
+    assert json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["sub"] == "grafana"
+    with pytest.raises(SystemExit):
+        cli.main(["token", "--subject", " "])
+    assert "argument --subject: must be a name" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["token", "--ttl", "0"])
     assert "argument --ttl: must be at least 1, got 0" in capsys.readouterr().err  # not ttl_seconds
