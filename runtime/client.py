@@ -506,7 +506,17 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
             )
         if outcome[0] is not None:
             raise outcome[0]
-    ray.init(address=target, namespace=namespace, log_to_driver=False)
+    try:
+        ray.init(address=target, namespace=namespace, log_to_driver=False)
+    except ConnectionError as err:
+        # Something listens there (the probe connected), yet Ray's client could not join: on a cluster with
+        # Ray's token auth, most often a token that is not the cluster's, which Ray only logs.
+        raise ConnectionError(
+            f"{err}: something answers at {target}, but Ray's client could not join it. If the cluster runs "
+            "with Ray's token auth (RAY_AUTH_MODE=token), this process must send the cluster's token "
+            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or the one `ray get-auth-token` shows here; compare with the "
+            "head's): Ray's own lines above say 'InvalidAuthToken' when it is wrong"
+        ) from err
 
 
 def _canonical(address: str) -> str | None:

@@ -360,6 +360,29 @@ def test_an_address_whose_lookup_hangs_is_an_error_within_the_probes_time(monkey
     assert time.monotonic() - started < 5  # not the resolver's own minutes
 
 
+def test_a_cluster_that_listens_but_will_not_let_the_client_join_names_rays_token(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A wrong Ray token: Ray's client retries, logs InvalidAuthToken, and raises a bare "Failed to connect"
+    (checked against a `ray start` with RAY_AUTH_MODE=token and a wrong RAY_AUTH_TOKEN); riqr names the
+    likely cause. ``ray.init`` is stood in for: unit tests start no Ray."""
+    import socket
+
+    import ray
+
+    with socket.socket() as listening:
+        listening.bind(("0.0.0.0", 0))  # Ray reads a local address as this node's
+        listening.listen()
+        port = listening.getsockname()[1]
+
+        def refused(**_: object) -> None:
+            raise ConnectionError(f"Failed to connect to Ray cluster at 127.0.0.1:{port}")
+
+        monkeypatch.setattr(ray, "init", refused)
+        assert cli.main(["token", "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"riqr: cannot reach the Ray cluster: Failed to connect to Ray cluster at 127.0.0.1:{port}")
+    assert "RAY_AUTH_TOKEN" in err and "InvalidAuthToken" in err and "Traceback" not in err
+
+
 def test_a_drain_waits_until_the_moved_actors_old_copies_are_gone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from riqr import moves
 
