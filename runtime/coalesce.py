@@ -79,6 +79,7 @@ class Coalescer(Generic[T, R]):
         self._probe_after = probe_after
         self._watch: asyncio.TimerHandle | None = None
         self._probing = False
+        self._alive_at = -math.inf  # when the owner last answered a probe
 
     async def submit(self, item: T, deadline: float | None = None) -> R:
         """The result for ``item``; ``TimeoutError`` if it is not there by ``deadline`` (monotonic seconds)."""
@@ -101,11 +102,13 @@ class Coalescer(Generic[T, R]):
         return len(self._deadlines)
 
     def busy_for(self, now: float | None = None) -> float | None:
-        """How long the oldest call in flight has been out (None: none is): an owner that does not answer
-        shows here before any waiter's deadline comes."""
+        """How long the owner has shown no sign of life while calls are out: since the oldest call in flight
+        was sent, or since the owner last answered a probe if that is later (None: no call is out). An
+        owner that does not answer shows here before any waiter's deadline comes; one busy with a long call
+        that answers its probes does not stay silent for it."""
         if not self._sent_at:
             return None
-        return (self._clock() if now is None else now) - min(self._sent_at)
+        return (self._clock() if now is None else now) - max(min(self._sent_at), self._alive_at)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
@@ -187,7 +190,8 @@ class Coalescer(Generic[T, R]):
             self._watch = loop.call_later(self._probe_after - out, self._look)
             return
         self._probing = True
-        task = loop.create_task(self._probe_owner(min(self._sent_at), out))
+        oldest = min(self._sent_at)
+        task = loop.create_task(self._probe_owner(oldest, self._clock() - oldest))
         self._tasks.add(task)
         task.add_done_callback(self._probed)
 
@@ -198,9 +202,12 @@ class Coalescer(Generic[T, R]):
         try:
             verdict = await self._probe(out)
         except Exception:  # a probe that fails says nothing either way: its waiters wait on
-            verdict = None
-        if verdict is None or oldest not in self._sent_at:
-            return  # the owner answered the probe, or the call it was about answered meanwhile
+            return
+        if verdict is None:
+            self._alive_at = self._clock()  # busy, not gone: not silent for ``probe_after`` more
+            return
+        if oldest not in self._sent_at:
+            return  # the call it was about answered meanwhile
         waiters = [fut for batch in self._out.values() for _, fut in batch] + [fut for _, fut in self._pending]
         self._pending.clear()
         for fut in waiters:
@@ -216,6 +223,6 @@ class Coalescer(Generic[T, R]):
         self._probing = False
         if not self._sent_at or self._watch is not None or task.cancelled():
             return
-        out = self.busy_for() or 0.0
+        out = self.busy_for() or 0.0  # since the probe's answer, if it had one
         wait = self._probe_after - out if out < self._probe_after else self._probe_after
         self._watch = asyncio.get_running_loop().call_later(wait, self._look)

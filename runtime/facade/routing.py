@@ -9,6 +9,7 @@ queue there while making batches smaller (measured in docs/design.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -141,7 +142,7 @@ class KeyRouter:
                 max_in_flight=1,
                 on_send=sizes.observe,
                 # A call out SILENT_AFTER: its owner is pinged, and with no answer its waiters answer at once.
-                probe=ping_verdict(owner.ping, "lookup"),
+                probe=ping_verdict(owner.ping, "lookup", heard=functools.partial(self.silence.heard, uuid)),
                 probe_after=quiet.SILENT_AFTER,
             )
         return batcher

@@ -152,11 +152,13 @@ class NoPing(Exception):
         self.silent = silent
 
 
-def ping_verdict(ping: Callable[[], Awaitable[object]], what: str) -> Callable[[float], Awaitable[NoPing | None]]:
+def ping_verdict(
+    ping: Callable[[], Awaitable[object]], what: str, heard: Callable[[], None] = lambda: None
+) -> Callable[[float], Awaitable[NoPing | None]]:
     """A coalescer's probe (``runtime.coalesce.Coalescer``) for an owner whose call has been out a while:
-    ``NoPing`` if ``ping()`` gets no answer within ``SILENT_BUDGET`` (or Ray says the owner is gone), None
-    if it answers (busy, not gone) or fails otherwise (an actor of an older riqr without ``ping``: it says
-    nothing either way)."""
+    ``NoPing`` if ``ping()`` gets no answer within ``SILENT_BUDGET`` (or Ray says the owner is gone); None
+    if it answers (busy, not gone: ``heard()`` is called, for what remembers its silence); what else it
+    raises otherwise (an actor of an older riqr without ``ping``: it says nothing either way)."""
 
     async def probe(out: float) -> NoPing | None:
         started = time.monotonic()
@@ -164,8 +166,7 @@ def ping_verdict(ping: Callable[[], Awaitable[object]], what: str) -> Callable[[
             await within(Deadline.after(SILENT_BUDGET), ping(), f"ping of a {what}'s owner")
         except (OwnerUnavailable, DeadlineExceeded):
             return NoPing(out + time.monotonic() - started)
-        except Exception:
-            return None
+        heard()
         return None
 
     return probe

@@ -207,15 +207,22 @@ async def test_an_owner_that_answers_the_probe_keeps_its_waiters_and_is_probed_a
     rec.release = asyncio.Event()
     probes: list[float] = []
 
+    busy: list[float | None] = []
+
     async def probe(out: float) -> BaseException | None:
         probes.append(out)
+        busy.append(c.busy_for())
         if len(probes) == 3:
             rec.release.set()  # busy, not gone: its answer comes
         return None
 
     c = Coalescer(rec.send, max_in_flight=1, probe=probe, probe_after=0.02)
     assert await c.submit(3, time.monotonic() + 10) == 30
-    assert len(probes) == 3 and probes == sorted(probes)
+    assert len(probes) == 3 and probes == sorted(probes)  # each the time the call has been out
+    # What shows the owner silent counts from its last answer to a probe, not from the call's start.
+    # Each probe after the first was answered at least probe_after after the call was sent.
+    assert busy[0] is not None and busy[0] >= probes[0], (busy, probes)
+    assert all(b is not None and b <= out - 0.019 for b, out in zip(busy[1:], probes[1:])), (busy, probes)
     # No call out: nothing probed, and no timer left behind.
     await asyncio.sleep(0.06)
     assert len(probes) == 3 and c._watch is None

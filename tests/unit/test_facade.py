@@ -545,7 +545,13 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
     bus: FakeBus, quick_silence: None
 ) -> None:
     async with _one_copy(bus, timeout=2.0) as (core, owner):
-        bus.owners[owner].stall = 0.8  # its call hangs, as one to a node that went away does
+        # Its call hangs, and its ping says nothing either way (an actor of an older riqr, without one):
+        # the call out longer than SILENT_AFTER alone makes it silent.
+        async def no_ping() -> bool:
+            raise RuntimeError("no such method")
+
+        bus.owners[owner].ping = no_ping  # type: ignore[method-assign]
+        bus.owners[owner].stall = 0.8
         first = asyncio.create_task(core.get(KeyQuery("solo", "k1")))
         await asyncio.sleep(0.3)  # its call has been out longer than SILENT_AFTER
         with pytest.raises(OwnerUnavailable, match="has given no answer in time"):
@@ -555,6 +561,28 @@ async def test_a_partition_whose_only_copy_gives_no_answer_is_a_503_within_the_s
         assert core.router.silent_for(owner) is None  # which ends the silence: it answers again
         bus.owners[owner].stall = 0.0
         assert await core.get(KeyQuery("solo", "k1")) == "v1"
+
+
+async def test_an_owner_busy_with_a_long_call_that_answers_its_ping_is_not_silent_for_new_lookups(
+    bus: FakeBus, quick_silence: None
+) -> None:
+    """A call out past SILENT_AFTER made its owner silent for new lookups even after the owner answered the
+    ping sent for it: as the last copy they answered 503 after SILENT_BUDGET while it was only busy. An
+    answered ping now counts as a sign of life, and clears a miss remembered from before."""
+    async with _one_copy(bus, timeout=3.0) as (core, owner):
+        bus.owners[owner].stall = 0.8  # busy: its calls are long, its pings answered at once
+        pings = bus.owners[owner].calls.count
+        first = asyncio.create_task(core.get(KeyQuery("solo", "k1")))
+        await eventually(lambda: pings("ping") >= 1, what="the owner pinged")
+        await asyncio.sleep(0.02)
+        assert core.router.silent_for(owner) is None  # the ping's answer: busy, not gone
+        core.router.silence.missed(owner)  # as another lookup it did not answer in time would leave it
+        assert core.router.silent_for(owner) is not None
+        await eventually(lambda: pings("ping") >= 2, what="the owner pinged again while the call is out")
+        await asyncio.sleep(0.02)
+        assert core.router.silent_for(owner) is None  # answered: the miss is forgotten
+        later = asyncio.create_task(core.get(KeyQuery("solo", "k1")))  # waits for it, no 503
+        assert (await first, await later) == ("v1", "v1")
 
 
 async def test_lookups_already_waiting_on_a_hung_only_copy_answer_503_once_its_ping_goes_unanswered(
