@@ -671,7 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again
         return 128 + signal.SIGPIPE
     except ConnectionError as err:
-        _say(f"riqr: cannot reach the Ray cluster: {err}")
+        from runtime.client import JoinRefused
+
+        _say(f"riqr: {'cannot join' if isinstance(err, JoinRefused) else 'cannot reach'} the Ray cluster: {err}")
         return 2
     except ValueError as err:  # a bad auth setting (RIQR_JWT_*); its message never quotes a secret
         _say(f"riqr: {err}")

@@ -237,6 +237,8 @@ def _read_named(variable: str, path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as err:
         raise ValueError(f"{variable} {path}: cannot read it ({err.strerror or err})") from err
+    except UnicodeDecodeError:
+        raise ValueError(f"{variable} {path}: not UTF-8 text (a key file is PEM, a secret file text)") from None
 
 
 def _seconds_named(variable: str, value: str) -> float:

@@ -35,7 +35,7 @@ from runtime.windows import Windowed
 if TYPE_CHECKING:
     from runtime.facade.inprocess import InProcessFacade
 
-__all__ = ["connect", "Client", "Store", "Page", "Lookup"]
+__all__ = ["connect", "Client", "Store", "Page", "Lookup", "JoinRefused"]
 
 
 class Client:
@@ -490,8 +490,9 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
     import ray
 
     target = address or "auto"
+    answered = False  # a TCP connection opened at the address: something listens there
     if not target.startswith("ray://"):
-        outcome: list[BaseException | None] = []
+        outcome: list[ConnectionError | bool] = []
         probe = threading.Thread(
             target=lambda: outcome.append(_probe_bootstrap(target, probe_timeout)),
             name="riqr-probe-ray",
@@ -504,19 +505,26 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
                 f"no Ray cluster answered at {target} within {probe_timeout:g} s (the name's lookup or the "
                 "connection hung); is the address right, and is it running (ray status)?"
             )
-        if outcome[0] is not None:
+        if isinstance(outcome[0], ConnectionError):
             raise outcome[0]
+        answered = outcome[0]
     try:
         ray.init(address=target, namespace=namespace, log_to_driver=False)
     except ConnectionError as err:
+        if not answered:  # not probed (ray://, an address not read here): nothing says what answers there
+            raise
         # Something listens there (the probe connected), yet Ray's client could not join: on a cluster with
         # Ray's token auth, most often a token that is not the cluster's, which Ray only logs.
-        raise ConnectionError(
+        raise JoinRefused(
             f"{err}: something answers at {target}, but Ray's client could not join it. If the cluster runs "
             "with Ray's token auth (RAY_AUTH_MODE=token), this process must send the cluster's token "
             "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or the one `ray get-auth-token` shows here; compare with the "
             "head's): Ray's own lines above say 'InvalidAuthToken' when it is wrong"
         ) from err
+
+
+class JoinRefused(ConnectionError):
+    """A Ray cluster answers at the address, but Ray's client could not join it (``join_ray``)."""
 
 
 def _canonical(address: str) -> str | None:
@@ -531,21 +539,22 @@ def _canonical(address: str) -> str | None:
     return str(resolved) if resolved else None
 
 
-def _probe_bootstrap(target: str, timeout: float) -> ConnectionError | None:
-    """The error that says nothing listens at ``target`` (Ray's "auto", ``host:port``), or None when a TCP
-    connection opens there or the address cannot be read here (``ray.init`` then says what is wrong)."""
+def _probe_bootstrap(target: str, timeout: float) -> ConnectionError | bool:
+    """The error that says nothing listens at ``target`` (Ray's "auto", ``host:port``); else True when a TCP
+    connection opens there, False when the address cannot be read here (``ray.init`` then says what is
+    wrong)."""
     import socket
 
     resolved = _canonical(target)
     if resolved is None:  # nothing to try first: ray.init says what is wrong
-        return None
+        return False
     host, _, port = resolved.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except (OSError, ValueError) as err:
         where = resolved if resolved == target else f"{target} ({resolved})"
         return ConnectionError(f"no Ray cluster answers at {where} ({err}); is it running (ray status)?")
-    return None
+    return True
 
 
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 30.0) -> Client:

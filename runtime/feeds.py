@@ -76,6 +76,8 @@ class FeedReport:
     (``FeedBook.report``). Empty: not known (an older feeder), never ignored for it. ``checkpoint`` is the
     feed's lineage, its streaming query's checkpoint location: a run started again on it (after a kill,
     or rebuilding in place) is the same feed, one from another checkpoint is another (``FeedBook.refusal``).
+    ``delivered`` is the checkpoint of the last batch this run delivered to every copy (None: none yet):
+    what the store's contents come from (``FeedBook.replacing``); a start, a heartbeat, a claim do not set it.
     """
 
     store: str
@@ -95,6 +97,7 @@ class FeedReport:
     dropped_rows: Mapping[str, int] = field(default_factory=dict)
     owners: tuple[str, ...] = ()
     checkpoint: str | None = None
+    delivered: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in REPORTED_STATES:
@@ -107,7 +110,7 @@ class FeedReport:
     def to_json(self) -> dict[str, Any]:
         """The JSON form (catalog, the registry's file); fields without a value are left out."""
         out: dict[str, Any] = {"state": self.state, "feeder": self.feeder}
-        for name in ("query", "checkpoint", "at", "batch_id", "source", "rows", "plan", "error"):
+        for name in ("query", "checkpoint", "at", "batch_id", "source", "rows", "plan", "error", "delivered"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -145,6 +148,7 @@ class FeedReport:
             late_rows=None if data.get("late_rows") is None else int(data["late_rows"]),
             dropped_rows={str(r): int(n) for r, n in (data.get("dropped_rows") or {}).items()},
             owners=tuple(str(u) for u in data.get("owners", ())),
+            delivered=data.get("delivered"),
         )
 
 
@@ -188,8 +192,9 @@ class AckLog:
 class _Feed:
     report: FeedReport
     heard_at: float  # the registry's clock
-    # The lineage (checkpoint) whose batches the store holds: that of the last feed that delivered one. A
-    # claim (a report with no batch yet) keeps it, so a take-over that never delivered leaves it as it was.
+    # The lineage (checkpoint) whose batches the store holds: that of the last batch delivered
+    # (``FeedReport.delivered``). A claim, a start or a heartbeat keeps it, so a take-over that never
+    # delivered leaves it as it was.
     contents: str | None = None
 
 
@@ -240,11 +245,11 @@ class FeedBook:
         if report.batch_id is not None and report.live:
             self._acks.setdefault(report.store, AckLog()).record(report.source, report.batch_id, now)
         contents = None if current is None else current.contents
-        if report.live and report.batch_id is not None and report.checkpoint is not None:
-            contents = report.checkpoint
+        if report.live and report.delivered is not None:
+            contents = report.delivered
         self._feeds[report.store] = _Feed(report, now, contents)
         self.dirty = True
-        if current is None:
+        if current is None or contents != current.contents:  # whose the store's contents are: saved at once
             return True
         return any(getattr(current.report, f) != getattr(report, f) for f in _SIGNIFICANT)
 
@@ -287,7 +292,7 @@ class FeedBook:
             "stop that topology first (ray job stop, Ctrl-C)"
         )
 
-    def replacing(self, report: FeedReport, now: float) -> str | None:
+    def replacing(self, report: FeedReport, now: float, *, claim: bool = True) -> str | None:
         """Why ``report``'s feeder would replace what its store holds by starting, or None if it would not:
         a store's contents belong to the checkpoint that fed them, and only a take-over on purpose gives
         them to another (``claim``'s ``take_over``).
@@ -300,6 +305,8 @@ class FeedBook:
         holds the store's live feed from that checkpoint already took it; a store nothing has delivered a
         batch to, or one fed from its claimant's own checkpoint as it stands, is not replaced. One process
         is one feeder, so a query of that run on another checkpoint is held to the rule like any other.
+        Not a ``claim`` (a report of a feeder that holds no claim, ``unclaimed``): only another checkpoint
+        counts, not an empty one.
         """
         feed = self._feeds.get(report.store)
         if feed is None or feed.contents is None or report.checkpoint is None:
@@ -309,7 +316,8 @@ class FeedBook:
         state, _ = self.verdict(report.store, now) or (feed.report.state, None)
         ago = now - feed.heard_at
         who = feed.report.query or feed.report.feeder
-        last = f"last fed by {who} (run {feed.report.feeder}), {state} {ago:.0f}s ago"
+        whence = "" if feed.report.checkpoint == feed.contents else f" from checkpoint {feed.report.checkpoint}"
+        last = f"its feed last: {who} (run {feed.report.feeder}{whence}), {state} {ago:.0f}s ago"
         choices = (
             "start the topology where that checkpoint is, drop the store first (riqr drop), or take it over on "
             "purpose (riqr run ... --take-over; take_over=True for materialize)"
@@ -320,13 +328,33 @@ class FeedBook:
                 f"checkpoint {report.checkpoint} is another, and its first batch would replace the store's "
                 f"contents with what it computes: {choices}"
             )
-        if report.plan == "fresh":
+        if claim and report.plan == "fresh":
             return (
                 f"store {report.store!r} holds batches of checkpoint {feed.contents} ({last}), which is empty "
                 "here (deleted since, or another host's disk under the same path): this topology's first batch "
                 f"would replace the store's contents with what it computes from an empty checkpoint: {choices}"
             )
         return None
+
+    def unclaimed(self, report: FeedReport, now: float) -> str | None:
+        """Why a live report of ``report.feeder`` may not feed its store, or None if it may: another live
+        feed holds the store (``refusal``), or, from a feeder that is not the one the record names (it holds
+        no claim: it lost the store while silent, and another feed took it), the store holds another
+        checkpoint's batches (``replacing``). Such a feeder takes the store back only by a claim: were its
+        reports let through after the other feed stopped, its next batch would be a gap for the partitions
+        and its rebuild in place would replace what the other fed, with no take-over asked for."""
+        why = self.refusal(report, now)
+        if why is not None:
+            return why
+        feed = self._feeds.get(report.store)
+        if feed is None or feed.report.feeder == report.feeder:
+            return None
+        return self.replacing(report, now, claim=False)
+
+    def contents(self, store: str) -> str | None:
+        """The checkpoint whose batches ``store`` holds, if known."""
+        feed = self._feeds.get(store)
+        return None if feed is None else feed.contents
 
     def holder(self, store: str) -> FeedReport | None:
         """The last report recorded for ``store``'s feed, if any."""
@@ -394,10 +422,14 @@ class FeedBook:
     def status(self, now: float) -> dict[str, dict[str, Any]]:
         """Every store's feed as JSON: the last report, ``heard_at``, and the verdict as ``state`` (a
         live feed gone silent is ``stale``, with ``reason`` and the ``reported`` state), plus ``acked``:
-        ``[batch_id, age in seconds]`` of its newest acknowledged batches (``AckLog``), when known."""
+        ``[batch_id, age in seconds]`` of its newest acknowledged batches (``AckLog``), when known, and
+        ``contents``: the checkpoint whose batches the store holds (``replacing``), when known."""
         out: dict[str, dict[str, Any]] = {}
         for store, feed in self._feeds.items():
             entry = {**feed.report.to_json(), "heard_at": feed.heard_at}
+            entry.pop("delivered", None)  # the feeder's side of ``contents``, which says it for the store
+            if feed.contents is not None:
+                entry["contents"] = feed.contents
             acks = self._acks.get(store)
             if acks is not None and acks.source == feed.report.source:
                 entry["acked"] = acks.ages(now)
@@ -410,9 +442,8 @@ class FeedBook:
     def to_json(self) -> dict[str, Any]:
         feeds: dict[str, Any] = {}
         for store, feed in self._feeds.items():
-            feeds[store] = {"report": feed.report.to_json(), "heard_at": feed.heard_at}
-            if feed.contents is not None:
-                feeds[store]["contents"] = feed.contents
+            # contents null when not known: a record without the key was saved before contents were kept
+            feeds[store] = {"report": feed.report.to_json(), "heard_at": feed.heard_at, "contents": feed.contents}
         return {"format": _FORMAT, "feeds": feeds}
 
     @classmethod
@@ -425,8 +456,10 @@ class FeedBook:
         book = cls(stale_after)
         for store, feed in data.get("feeds", {}).items():
             report = FeedReport.from_json(store, feed["report"])
-            # Saved before contents were: the record's own checkpoint, if it had delivered a batch.
-            contents = feed.get("contents", report.checkpoint if report.batch_id is not None else None)
+            # Saved before contents were: the record's own checkpoint, if it had delivered a batch (a failed
+            # record's batch is the one that failed).
+            delivered = report.batch_id is not None and report.state != FAILED
+            contents = feed.get("contents", report.checkpoint if delivered else None)
             book._feeds[store] = _Feed(report, now, contents)
         return book
 

@@ -89,8 +89,15 @@ Shared = Any  # pa.Table | ray.ObjectRef | None: a slice as handed to the actors
 
 def lineage_of(checkpoint: str) -> str:
     """A feed's lineage (``runtime.feeds.FeedReport.checkpoint``): its checkpoint's location, a local path
-    made absolute with its symbolic links resolved (the same home reached another way is the same feed),
-    a URI (hdfs://, s3a://, file://) as given."""
+    made absolute with its symbolic links resolved (the same home reached another way is the same feed;
+    a ``file://`` URI is read as its path, so ``file:///x`` and ``/x`` are one), another URI (hdfs://,
+    s3a://) as given."""
+    if checkpoint.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        parsed = urlparse(checkpoint)
+        if parsed.netloc in ("", "localhost"):
+            return os.path.realpath(unquote(parsed.path))
     if "://" in checkpoint:
         return checkpoint
     return os.path.realpath(checkpoint)
@@ -535,6 +542,7 @@ class BatchDelivery:
                 state="rebuilding" if rebuilding else "running",
                 batch_id=batch_id,
                 source=source,
+                delivered=self.lineage,  # the store's contents are this checkpoint's from now on
                 rows=table.num_rows,
                 incomplete=incomplete,
                 catching_up=catching_up,

@@ -170,11 +170,14 @@ def run_topology(
     log.info("home %s (from %s): landing directories under %s, checkpoints under %s", home, whence,
              home / "data", home / "checkpoints")  # fmt: skip
 
-    from runtime.client import join_ray
+    from runtime.client import JoinRefused, join_ray
     from topologies.spark import shared_archive_options, spark_session
 
     try:
         join_ray(args.address, args.namespace)
+    except JoinRefused as err:  # a cluster there, but it would not let this process join: said plainly
+        log.error("not started: cannot join the Ray cluster (%s)", err)
+        return 1
     except ConnectionError as err:  # no Ray cluster there: said plainly, no traceback
         log.error("not started: cannot reach the Ray cluster (%s); start one (`ray start --head`, then "
                   "`riqr up`) or give --address", err)  # fmt: skip

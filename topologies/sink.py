@@ -574,7 +574,9 @@ def claim_feed(
     deadline = time.monotonic() + wait
     waiting, displace = False, None
     while True:
-        refused = raycalls.get(reg.claim_feed.remote(report, displace, take_over), f"taking the feed of store {store}")
+        # take_over only when asked: a registry of the riqr before it (upgraded in place) takes two arguments.
+        call = reg.claim_feed.remote(report, displace, True) if take_over else reg.claim_feed.remote(report, displace)
+        refused = raycalls.get(call, f"taking the feed of store {store}")
         if refused is None:
             feeder.claimed(report)
             if waiting or displace:

@@ -351,8 +351,9 @@ class Registry:
     def feed_epoch(
         self, store: str, feeder: str, checkpoint: str | None, owners: Sequence[str] = ()
     ) -> tuple[int, str | None]:
-        """``epoch``, and why another feed holds ``store`` now if it does (``FeedBook.refusal`` of a live
-        report of ``feeder`` from ``checkpoint``), else None: asked before each batch is delivered
+        """``epoch``, and why another feed holds ``store`` now if it does (``FeedBook.unclaimed`` of a live
+        report of ``feeder`` from ``checkpoint``: another live feed, or another checkpoint's batches in the
+        store while ``feeder`` holds no claim), else None: asked before each batch is delivered
         (``topologies.delivery``), in the call that looks at the epoch anyway, so a topology that another
         one replaced while it was silent delivers no further batch. None too when ``owners`` say the
         caller fed a store of that name dropped since: the caller's own view says so, in its own words."""
@@ -360,7 +361,7 @@ class Registry:
         report = FeedReport(store, feeder, RUNNING, checkpoint=checkpoint, owners=tuple(owners))
         if table is None or self.feeds.about_an_older_store(report, table.lineage()):
             return self.state.epoch, None
-        return self.state.epoch, self.feeds.refusal(report, self._clock())
+        return self.state.epoch, self.feeds.unclaimed(report, self._clock())
 
     def _epoch_moved(self, _epoch: int) -> None:
         with self._changed:
@@ -908,8 +909,9 @@ class Registry:
         """A topology process says how ingest of the stores it feeds goes: a batch, a failure, a stop, or
         its heartbeat (``runtime.feeds``). Reports for stores that are not registered are ignored, and so
         are those about a store dropped and declared again since its feeder declared it
-        (``FeedBook.report``). Returns the stores another feed holds now (``FeedBook.refusal``), each with
-        why: their live reports are refused, and the feeder stops feeding them (``topologies.feeder``)."""
+        (``FeedBook.report``). Returns the stores another feed holds now, or that hold another checkpoint's
+        batches while this feeder holds no claim on them (``FeedBook.unclaimed``), each with why: their live
+        reports are refused, and the feeder stops feeding them (``topologies.feeder``)."""
         now, known = self._clock(), self.state.view().tables
         significant, refused = False, {}
         for report in reports:
@@ -917,7 +919,7 @@ class Registry:
             owners = table.lineage() if table is not None else frozenset()
             if table is None or self.feeds.about_an_older_store(report, owners):
                 continue
-            why = self.feeds.refusal(report, now) if report.live else None
+            why = self.feeds.unclaimed(report, now) if report.live else None
             if why is not None:
                 if report.store not in refused:
                     log.warning("store %s: refusing the feed of %s: %s", report.store, report.feeder, why,
@@ -945,14 +947,14 @@ class Registry:
         if table is None:
             raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
         now = self._clock()
-        replacing = self.feeds.replacing(report, now)
+        replacing, contents = self.feeds.replacing(report, now), self.feeds.contents(report.store)
         why = self.feeds.claim(report, now, table.lineage(), displace, take_over)
         if why is None:
             self._save_feeds(now=True)
             if replacing is not None:
-                log.warning("store %s: taken over by %s from checkpoint %s, on purpose: its first batch replaces "
-                            "the store's contents", report.store, report.feeder, report.checkpoint,
-                            extra={"store": report.store})  # fmt: skip
+                log.warning("store %s: taken over on purpose by %s from checkpoint %s: its first batch replaces "
+                            "what checkpoint %s fed the store", report.store, report.feeder, report.checkpoint,
+                            contents, extra={"store": report.store})  # fmt: skip
             else:
                 log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
                          extra={"store": report.store})  # fmt: skip

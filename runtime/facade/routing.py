@@ -142,7 +142,7 @@ class KeyRouter:
                 max_in_flight=1,
                 on_send=sizes.observe,
                 # A call out SILENT_AFTER: its owner is pinged, and with no answer its waiters answer at once.
-                probe=ping_verdict(owner.ping, "lookup", heard=functools.partial(self.silence.heard, uuid)),
+                probe=ping_verdict(owner.ping, "lookup", heard=functools.partial(self.silence.pinged, uuid)),
                 probe_after=quiet.SILENT_AFTER,
             )
         return batcher

@@ -5,10 +5,10 @@ waiting until it declares the node dead (about 15 s with its default health chec
 "A node that goes away"). Each facade remembers such an owner (docs/design.md, "Silent owners"): from a
 key lookup it did not answer in time (or any call Ray said it is dead for) until it answers anything, for at most
 ``SILENT_MEMORY`` after the last such call; and while a key-lookup call to it has been out ``SILENT_AFTER``
-or more (``runtime.coalesce.Coalescer.busy_for``), which shows the loss before any request's deadline
-comes. Key lookups and scans ask a silent owner after its partitions' other copies, and as the last copy
-left give it ``SILENT_BUDGET``, then answer 503 (``OwnerUnavailable``: ``silent_owner``) rather than wait
-for the whole request deadline.
+or more with no ping answered meanwhile (``runtime.coalesce.Coalescer.busy_for``), which shows the loss
+before any request's deadline comes. Key lookups and scans ask a silent owner after its partitions' other
+copies, and as the last copy left give it ``SILENT_BUDGET``, then answer 503 (``OwnerUnavailable``:
+``silent_owner``) rather than wait for the whole request deadline.
 
 A scan's or count's call may be long by its nature (a filter that reads much to return little), so its
 time alone says nothing: one still out after ``SILENT_AFTER`` has its owner pinged on a call of its own
@@ -45,13 +45,15 @@ T = TypeVar("T")
 SILENT_MEMORY = 5.0
 # What a silent owner that is the last copy left to ask gets before the answer is a 503.
 SILENT_BUDGET = 1.0
-# A key-lookup call out this long makes its owner silent, before any lookup's deadline came.
+# A key-lookup call out this long (with no ping answered meanwhile) makes its owner silent, before any
+# lookup's deadline came.
 SILENT_AFTER = 2.0
 
 
 class Silence:
-    """The owners this facade found silent. ``busy`` says how long an owner's key-lookup call in flight has
-    been out (None: none is); ``clock`` is monotonic seconds."""
+    """The owners this facade found silent. ``busy`` says how long an owner with a key-lookup call in flight
+    has shown no sign of life (``runtime.coalesce.Coalescer.busy_for``; None: no call is out); ``clock`` is
+    monotonic seconds."""
 
     def __init__(
         self,
@@ -68,8 +70,9 @@ class Silence:
 
     def silent_for(self, uuid: str, now: float | None = None) -> float | None:
         """For how long ``uuid`` has given no answer in time: since the first call it did not answer, if the
-        last such call was within ``SILENT_MEMORY``, or since its key-lookup call in flight was sent, if that
-        is ``SILENT_AFTER`` or more; else None (not silent)."""
+        last such call was within ``SILENT_MEMORY``, or since its key-lookup calls in flight last showed it
+        alive (the oldest one's sending, or a ping it answered after), if that is ``SILENT_AFTER`` or more;
+        else None (not silent)."""
         now = self._clock() if now is None else now
         marks = self._missed.get(uuid)
         missed = now - marks[0] if marks is not None and now - marks[1] < SILENT_MEMORY else None
@@ -100,6 +103,11 @@ class Silence:
         """``uuid`` answered (a value, "not here", a copy that cannot serve): it is not silent."""
         self._missed.pop(uuid, None)
         self._slow.pop(uuid, None)
+
+    def pinged(self, uuid: str) -> None:
+        """``uuid`` answered a ping while a call of its was out: alive, so a miss is forgotten; but a scan
+        that outlasted its deadline there (``slow``) still says it is slow, busy as it is."""
+        self._missed.pop(uuid, None)
 
     def keep_only(self, uuids: Iterable[str]) -> None:
         """Forget the owners not in ``uuids`` (gone from the view)."""

@@ -254,6 +254,9 @@ def test_a_file_setting_that_cannot_be_read_is_named(tmp_path: Path, variable: s
         env["RIQR_JWT_SECRET"] = SECRET
     with pytest.raises(ValueError, match=f"^{variable} .*absent: cannot read it \\(No such file or directory\\)$"):
         AuthConfig.from_env(env)
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00key")
+    with pytest.raises(ValueError, match=f"^{variable} .*binary: not UTF-8 text"):
+        AuthConfig.from_env({**env, variable: str(tmp_path / "binary")})
     with pytest.raises(ValueError, match="^RIQR_JWT_LEEWAY_SECONDS must be a number of seconds, got 'soon'$"):
         AuthConfig.from_env({"RIQR_JWT_SECRET": SECRET, "RIQR_JWT_LEEWAY_SECONDS": "soon"})
 

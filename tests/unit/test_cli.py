@@ -379,7 +379,7 @@ def test_a_cluster_that_listens_but_will_not_let_the_client_join_names_rays_toke
         monkeypatch.setattr(ray, "init", refused)
         assert cli.main(["token", "--address", f"127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"riqr: cannot reach the Ray cluster: Failed to connect to Ray cluster at 127.0.0.1:{port}")
+    assert err.startswith(f"riqr: cannot join the Ray cluster: Failed to connect to Ray cluster at 127.0.0.1:{port}")
     assert "RAY_AUTH_TOKEN" in err and "InvalidAuthToken" in err and "Traceback" not in err
 
 

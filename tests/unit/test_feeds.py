@@ -99,7 +99,7 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
     assert book.claim(again, 104.0, displace="host:1:aa") is None and book.status(104.0)["s"]["feeder"] == "host:1:cc"
     assert book.claim(first, 104.5, displace="host:1:cc") is None  # and back (as if cc had been killed)
     # Claimed again by the run that holds it (a rebuild in place): heard, its record's progress kept.
-    book.report(replace(first, batch_id=9), 104.6)
+    book.report(replace(first, batch_id=9, delivered=first.checkpoint), 104.6)  # a batch delivered
     assert book.claim(first, 104.7) is None
     assert (book.status(104.7)["s"]["batch_id"], book.status(104.7)["s"]["heard_at"]) == (9, 104.7)
     assert book.refusal(replace(other, checkpoint=None), 105.0) is not None  # no checkpoint: never the same feed
@@ -123,41 +123,51 @@ def test_one_store_has_one_feed_and_only_a_feed_that_let_it_go_gives_it_to_anoth
 
 
 def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store_over(tmp_path: Path) -> None:
-    """``replacing``: a store holds what the checkpoint that last delivered a batch fed it. Another
+    """``replacing``: a store holds what the checkpoint of the last batch delivered fed it. Another
     checkpoint's first batch would replace that, and so would one from that checkpoint's location emptied
-    (deleted, or another host's disk): both only with ``take_over``. The contents survive a save and load,
-    and a take-over that never delivered leaves them where they were."""
+    (deleted, or another host's disk): both only with ``take_over``. A claim, a start (a resumed one says
+    its checkpoint's batch) or a heartbeat does not change the contents, so a take-over that never
+    delivered leaves them where they were. They are saved at once, and survive a save and load."""
     book = FeedBook(stale_after=6.0)
     a = FeedReport("s", "h:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s")
     b = FeedReport("s", "h:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
     assert book.claim(a, 0.0) is None
     book.report(replace(a, state="stopped"), 1.0)
     assert book.replacing(b, 2.0) is None and book.claim(b, 2.0) is None  # a delivered nothing: nothing to replace
-    book.report(replace(b, batch_id=0, source="q1"), 3.0)  # now the store holds b's batches
-    book.report(replace(b, state="stopped", batch_id=0), 4.0)
+    # b's start, resumed at its checkpoint's batch 6: not a delivery. Its batch 7 is, and is saved at once.
+    book.report(replace(b, batch_id=6, source="q1", plan="resume"), 2.5)
+    assert book.contents("s") is None
+    assert book.report(replace(b, batch_id=7, source="q1", plan="resume", delivered="/b/s"), 3.0)
+    assert book.contents("s") == "/b/s" and book.status(3.0)["s"]["contents"] == "/b/s"
+    assert "delivered" not in book.status(3.0)["s"]
+    book.report(replace(b, state="stopped", batch_id=7, delivered="/b/s"), 4.0)
     why = book.claim(a, 64.0)
     assert why is not None
-    assert why.startswith("store 's' holds what checkpoint /b/s fed it (last fed by riqr-ns-s (run h:2:bb), stopped 6")
+    assert why.startswith("store 's' holds what checkpoint /b/s fed it (its feed last: riqr-ns-s (run h:2:bb), stopp")
     assert "this topology's checkpoint /a/s is another" in why and "riqr drop" in why and "--take-over" in why
-    assert book.holder("s") == replace(b, state="stopped", batch_id=0)  # refused: nothing changed
+    assert book.holder("s") == replace(b, state="stopped", batch_id=7, delivered="/b/s")  # refused: nothing changed
     # Its own checkpoint again, as it stands: a restart; emptied: refused, saying so.
     assert book.replacing(replace(b, feeder="h:2:cc"), 65.0) is None
     emptied = book.replacing(replace(b, feeder="h:2:cc", plan="fresh"), 65.0)
     assert emptied is not None and "holds batches of checkpoint /b/s" in emptied and "which is empty here" in emptied
     assert book.claim(replace(b, feeder="h:2:cc", plan="fresh"), 65.0) == emptied
-    # A take-over is granted; until it delivers a batch the store still holds b's, so b may come back
-    # without one, and a third checkpoint is told it is b's.
+    # A take-over is granted; its start (resumed: a's home has batches of its own) and heartbeats leave the
+    # store b's until it delivers, so b may come back without one, and a third checkpoint is told it is b's,
+    # naming the feed that took it over but did not deliver.
     assert book.claim(a, 66.0, take_over=True) is None
+    book.report(replace(a, batch_id=3, source="qa", plan="resume"), 66.2)
+    assert book.contents("s") == "/b/s"
     assert book.replacing(replace(a, feeder="h:1:zz"), 66.5) is not None  # another run of a: a holds the feed now
     assert book.replacing(a, 66.5) is None  # a's own run, its own checkpoint (a rebuild in place)
     # The same run (one process is one feeder) on another checkpoint: held to the rule like any other.
     assert "holds what checkpoint /b/s fed it" in (book.replacing(replace(a, checkpoint="/a2/s"), 66.5) or "")
     book.report(replace(a, state="failed", error="boom"), 67.0)
     c = FeedReport("s", "h:3:cc", "running", checkpoint="/c/s")
-    assert "holds what checkpoint /b/s fed it" in (book.replacing(c, 68.0) or "")
+    said = book.replacing(c, 68.0) or ""
+    assert "/b/s fed it (its feed last: riqr-ns-s (run h:1:aa from checkpoint /a/s), failed" in said
     assert book.claim(replace(b, feeder="h:2:dd"), 68.0) is None
     # The contents are saved with the book; a book saved before them takes the record's own checkpoint if
-    # it had delivered a batch.
+    # it had delivered a batch (a failed record's batch is the one that failed).
     path = tmp_path / "ingest.json"
     save_book(book, path)
     again = load_book(path, now=100.0, stale_after=6.0)
@@ -168,8 +178,34 @@ def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store
     assert older.replacing(c, 200.0) is None  # the record (b's claim) had delivered nothing: not known
     saved["feeds"]["s"]["report"]["batch_id"] = 3
     assert "holds what checkpoint /b/s fed it" in (FeedBook.from_json(saved, now=100.0).replacing(c, 200.0) or "")
+    saved["feeds"]["s"]["report"].update(state="failed", error="boom")
+    assert FeedBook.from_json(saved, now=100.0).replacing(c, 200.0) is None
     # A feeder too old to say its checkpoint is never refused for it.
     assert again.replacing(replace(c, checkpoint=None), 200.0) is None
+
+
+def test_a_feeder_that_lost_its_store_while_silent_takes_it_back_only_by_a_claim() -> None:
+    """``unclaimed``: a topology paused past the bound while another took its store over, delivered and
+    stopped. Its heartbeats, once it resumes, must not take the store back: its next batch would be a gap
+    and its rebuild in place would replace the taker's contents, with no take-over asked for. Had the
+    taker delivered nothing, the store is still the paused one's, and its reports go on."""
+    book = FeedBook(stale_after=6.0)
+    a = FeedReport("s", "h:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s", batch_id=4, delivered="/a/s")
+    b = FeedReport("s", "h:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
+    book.report(a, 0.0)
+    assert book.claim(b, 10.0, take_over=True) is None  # a silent past the bound
+    assert "fed by another topology" in (book.unclaimed(a, 11.0) or "")  # b is live: as before
+    book.report(replace(b, state="stopped"), 12.0)  # b delivered nothing
+    assert book.unclaimed(a, 13.0) is None  # the store is still a's: its reports go on
+    book.report(a, 13.0)
+    assert book.holder("s") == a
+    assert book.claim(b, 20.0, take_over=True) is None
+    book.report(replace(b, batch_id=0, delivered="/b/s"), 21.0)
+    book.report(replace(b, state="stopped", batch_id=0, delivered="/b/s"), 22.0)
+    why = book.unclaimed(a, 23.0)
+    assert why is not None and "holds what checkpoint /b/s fed it" in why
+    assert book.unclaimed(replace(a, plan="fresh"), 23.0) == why  # a report says nothing of an empty checkpoint
+    assert book.unclaimed(replace(b, feeder="h:2:cc"), 23.0) is None  # b's checkpoint, another run: not another's
 
 
 def test_only_state_changes_are_significant_enough_to_save_at_once() -> None:

@@ -750,7 +750,7 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
 
     class Registry:
         claim_feed = _Answer(
-            lambda report, displace, take_over: (
+            lambda report, displace, take_over=False: (
                 taking_over.append(take_over) or claims.append((report, displace)) or answers.pop(0)
             )
         )
@@ -921,3 +921,18 @@ def test_a_topology_says_at_start_which_home_it_reads(
     home = home.resolve() if given != "the default" else home
     assert f"home {home} (from {given}): landing directories under {home / 'data'}, " in caplog.text
     assert f"checkpoints under {home / 'checkpoints'}" in caplog.text
+
+
+def test_a_checkpoints_lineage_is_one_for_a_path_and_its_file_uri(tmp_path: Path) -> None:
+    """A store's contents belong to a lineage, and another one is refused without --take-over: the same
+    directory given as ``file:///x``, ``file://localhost/x``, through a symbolic link or as ``/x`` must be one."""
+    from topologies.delivery import lineage_of
+
+    real = tmp_path / "home" / "checkpoints" / "s"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "home")
+    one = lineage_of(str(real))
+    assert one == os.path.realpath(real)
+    assert lineage_of(f"file://{real}") == lineage_of(f"file://localhost{real}") == one
+    assert lineage_of(str(tmp_path / "link" / "checkpoints" / "s")) == one
+    assert lineage_of("hdfs://nn:8020/riqr/s") == "hdfs://nn:8020/riqr/s"  # another URI as given

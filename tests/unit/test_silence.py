@@ -60,6 +60,12 @@ def test_a_slow_owner_is_asked_after_the_others_but_keeps_its_whole_budget_until
     silence.slow("a")
     silence.heard("a")  # or at its first answer
     assert silence.in_order(("a", "b")) == ("a", "b")
+    # A ping it answered while a lookup's call was out says it is alive, not that it is quick: a miss is
+    # forgotten, its slowness for scans is not.
+    silence.slow("a")
+    silence.missed("a")
+    silence.pinged("a")
+    assert silence.silent_for("a") is None and silence.in_order(("a", "b")) == ("b", "a")
 
 
 # -- a long call: a ping says whether its owner is there (answer_or_silence) ---------------------------------

@@ -913,7 +913,7 @@ def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
     a = FeedReport("s", "host:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s")
     b = FeedReport("s", "host:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
     assert registry.claim_feed(a) is None
-    assert registry.report_feeds([dataclasses.replace(a, batch_id=1)]) == {}
+    assert registry.report_feeds([dataclasses.replace(a, batch_id=1, delivered="/a/s")]) == {}
     refused = registry.claim_feed(b)
     assert refused is not None and "fed by another topology" in refused["why"]
     assert (refused["feeder"], refused["same_checkpoint"], refused["final"]) == ("host:1:aa", False, False)
@@ -937,6 +937,15 @@ def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
     # a comes back: its reports are refused and answered with why; they change nothing.
     refused = registry.report_feeds([dataclasses.replace(a, batch_id=2)])
     assert list(refused) == ["s"] and "host:2:bb" in refused["s"]
+    assert registry.status()["ingest"]["s"]["feeder"] == "host:2:bb"
+    # b delivers and stops while a is still away: a's heartbeats and batches stay refused (the store is b's;
+    # only a claim, a take-over, gives it back), and the ingest record says whose the contents are.
+    registry.report_feeds([dataclasses.replace(b, batch_id=0, delivered="/b/s")])
+    registry.report_feeds([dataclasses.replace(b, state="stopped", batch_id=0, delivered="/b/s")])
+    assert registry.status()["ingest"]["s"]["contents"] == "/b/s"
+    refused = registry.report_feeds([dataclasses.replace(a, batch_id=2)])
+    assert list(refused) == ["s"] and "holds what checkpoint /b/s fed it" in refused["s"]
+    assert "holds what checkpoint /b/s fed it" in (registry.feed_epoch("s", "host:1:aa", "/a/s")[1] or "")
     assert registry.status()["ingest"]["s"]["feeder"] == "host:2:bb"
     with pytest.raises(StoreNotFound):
         registry.claim_feed(FeedReport("gone", "host:1:aa", "running"))
