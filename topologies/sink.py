@@ -554,6 +554,10 @@ def _check_arguments(trigger: str, delivery_timeout: float) -> None:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
 
 
+# The stores this process was told it takes over (said once each, not at every claim of a rebuild in place).
+_TOLD_TAKE_OVER: set[tuple[str, str]] = set()
+
+
 def claim_feed(
     namespace: str, feeder: Feeder, report: FeedReport, wait: float | None = None, take_over: bool = False
 ) -> None:
@@ -583,6 +587,11 @@ def claim_feed(
                 log.info("store %s: this topology feeds it now (%s)", store,
                          f"run {displace} had ended" if displace else "the other feed let it go",
                          extra={"store": store})  # fmt: skip
+            if take_over and (namespace, store) not in _TOLD_TAKE_OVER:
+                _TOLD_TAKE_OVER.add((namespace, store))
+                log.warning("store %s: started with take-over: if the store holds what another checkpoint (or this "
+                            "one before it was emptied) fed it, this topology's first batch replaces that (the "
+                            "registry's log names the checkpoint replaced)", store, extra={"store": store})  # fmt: skip
             return
         if refused.get("final"):  # the store's contents are another checkpoint's: waiting changes nothing
             raise StoreInUse(refused["why"], store=store)

@@ -782,9 +782,13 @@ def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     with pytest.raises(StoreInUse, match="holds what checkpoint /b/s fed it"):
         sink.claim_feed("ns", feeder, report, wait=5.0)  # type: ignore[arg-type]
     assert len(claims) == 1 and taking_over == [False]
-    answers[:] = [None]
-    sink.claim_feed("ns", feeder, report, wait=5.0, take_over=True)  # type: ignore[arg-type]
-    assert taking_over == [False, True]
+    answers[:] = [None, None]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        sink.claim_feed("ns", feeder, report, wait=5.0, take_over=True)  # type: ignore[arg-type]
+        sink.claim_feed("ns", feeder, report, wait=5.0, take_over=True)  # type: ignore[arg-type]
+    assert taking_over == [False, True, True]
+    assert caplog.text.count("store s: started with take-over") == 1  # the topology's log says it, once
 
     # Held by a run of this very checkpoint: displaced at once if its process is gone from this host, never
     # if it runs (this test's own process), nor if it ran on another host (the claim waits for the bound).
