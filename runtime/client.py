@@ -515,11 +515,13 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
             raise
         # Something listens there (the probe connected), yet Ray's client could not join: on a cluster with
         # Ray's token auth, most often a token that is not the cluster's, which Ray only logs.
+        where = _canonical(target) or target
         raise JoinRefused(
-            f"{err}: something answers at {target}, but Ray's client could not join it. If the cluster runs "
-            "with Ray's token auth (RAY_AUTH_MODE=token), this process must send the cluster's token "
-            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or the one `ray get-auth-token` shows here; compare with the "
-            "head's): Ray's own lines above say 'InvalidAuthToken' when it is wrong"
+            f"{err}: something answers at {where}, but Ray's client could not join it. If the cluster runs "
+            "with Ray's token auth (a `ray start` with RAY_AUTH_MODE=token, or with a token under ~/.ray), this "
+            "process needs RAY_AUTH_MODE=token too, and the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
+            "or the one `ray get-auth-token` shows here; compare with the head's): Ray's own lines above say "
+            "'InvalidAuthToken' when it is missing or wrong"
         ) from err
 
 

@@ -196,6 +196,9 @@ class _Feed:
     # (``FeedReport.delivered``). A claim, a start or a heartbeat keeps it, so a take-over that never
     # delivered leaves it as it was.
     contents: str | None = None
+    # The checkpoint a take-over was granted to, until a batch is delivered: the store is its by the
+    # operator's word, so it comes back without the flag as the checkpoint of the contents does.
+    taken: str | None = None
 
 
 class FeedBook:
@@ -245,11 +248,12 @@ class FeedBook:
         if report.batch_id is not None and report.live:
             self._acks.setdefault(report.store, AckLog()).record(report.source, report.batch_id, now)
         contents = None if current is None else current.contents
+        taken = None if current is None else current.taken
         if report.live and report.delivered is not None:
-            contents = report.delivered
-        self._feeds[report.store] = _Feed(report, now, contents)
+            contents, taken = report.delivered, None  # a delivered batch: the store is that checkpoint's alone
+        self._feeds[report.store] = _Feed(report, now, contents, taken)
         self.dirty = True
-        if current is None or contents != current.contents:  # whose the store's contents are: saved at once
+        if current is None or (contents, taken) != (current.contents, current.taken):  # whose it is: saved now
             return True
         return any(getattr(current.report, f) != getattr(report, f) for f in _SIGNIFICANT)
 
@@ -303,8 +307,10 @@ class FeedBook:
         from now on only). Or the claimant's checkpoint is A's location but empty (``plan == "fresh"``):
         the checkpoint was deleted since, or this is another host's disk with the same path. The run that
         holds the store's live feed from that checkpoint already took it; a store nothing has delivered a
-        batch to, or one fed from its claimant's own checkpoint as it stands, is not replaced. One process
-        is one feeder, so a query of that run on another checkpoint is held to the rule like any other.
+        batch to, or one fed from its claimant's own checkpoint as it stands, is not replaced, nor the store
+        a take-over was granted to the claimant's checkpoint and no batch has been delivered since (both
+        checkpoints may come back without the flag then: the operator's word and the store's data). One
+        process is one feeder, so a query of that run on another checkpoint is held to the rule like any other.
         Not a ``claim`` (a report of a feeder that holds no claim, ``unclaimed``): only another checkpoint
         counts, not an empty one.
         """
@@ -317,11 +323,13 @@ class FeedBook:
         ago = now - feed.heard_at
         who = feed.report.query or feed.report.feeder
         whence = "" if feed.report.checkpoint == feed.contents else f" from checkpoint {feed.report.checkpoint}"
-        last = f"its feed last: {who} (run {feed.report.feeder}{whence}), {state} {ago:.0f}s ago"
+        last = f"its feed last: {who} (run {feed.report.feeder}{whence}), {state}, heard from {ago:.0f}s ago"
         choices = (
             "start the topology where that checkpoint is, drop the store first (riqr drop), or take it over on "
             "purpose (riqr run ... --take-over; take_over=True for materialize)"
         )
+        if feed.taken is not None and feed.taken == report.checkpoint:
+            return None  # taken over on purpose by this checkpoint, which has not delivered yet
         if feed.contents != report.checkpoint:
             return (
                 f"store {report.store!r} holds what checkpoint {feed.contents} fed it ({last}); this topology's "
@@ -373,7 +381,8 @@ class FeedBook:
         does and the claim is not a ``take_over``: that reason is returned and nothing changes. Taken,
         ``report`` is recorded as the store's feed; a feeder whose own live record it is only counts as
         heard (its reports keep the record's batch and partitions)."""
-        why = self.refusal(report, now, displace) or (None if take_over else self.replacing(report, now))
+        replacing = self.replacing(report, now)
+        why = self.refusal(report, now, displace) or (None if take_over else replacing)
         if why is not None:
             return why
         current = self._feeds.get(report.store)
@@ -381,6 +390,9 @@ class FeedBook:
             self._feeds[report.store] = replace(current, heard_at=now)
         else:
             self.report(report, now, owners)
+        if replacing is not None:  # taken over on purpose: the store is this checkpoint's by the operator's word
+            self._feeds[report.store] = replace(self._feeds[report.store], taken=report.checkpoint)
+            self.dirty = True
         return None
 
     def live_feeder(self, store: str) -> str | None:
@@ -444,6 +456,8 @@ class FeedBook:
         for store, feed in self._feeds.items():
             # contents null when not known: a record without the key was saved before contents were kept
             feeds[store] = {"report": feed.report.to_json(), "heard_at": feed.heard_at, "contents": feed.contents}
+            if feed.taken is not None:
+                feeds[store]["taken"] = feed.taken
         return {"format": _FORMAT, "feeds": feeds}
 
     @classmethod
@@ -460,7 +474,7 @@ class FeedBook:
             # record's batch is the one that failed).
             delivered = report.batch_id is not None and report.state != FAILED
             contents = feed.get("contents", report.checkpoint if delivered else None)
-            book._feeds[store] = _Feed(report, now, contents)
+            book._feeds[store] = _Feed(report, now, contents, feed.get("taken"))
         return book
 
 

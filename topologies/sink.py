@@ -816,8 +816,12 @@ def _start(
     if plan == "fresh" and not rebuilding and not delivery.rebuild_pending:
         source = _wait_for_query_id(checkpoint)
         began = delivery.begin(source)
-        log.info("store %s: source %s starts empty; partitions %s serve from now", store, source, began,
-                 extra={"store": store})  # fmt: skip
+        if began:
+            log.info("store %s: source %s starts empty; partitions %s serve (empty) from now", store, source, began,
+                     extra={"store": store})  # fmt: skip
+        else:  # the store held rows: its partitions serve them until the new source's batch 0 replaces them
+            log.info("store %s: source %s starts empty; every partition serves what it holds until its batch 0",
+                     store, source, extra={"store": store})  # fmt: skip
     return query
 
 

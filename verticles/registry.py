@@ -436,7 +436,14 @@ class Registry:
         if feeder is not None:
             verdict = self.feeds.verdict(name, self._clock())
             assert verdict is not None  # the feed live_feeder found; its state: running, rebuilding or stale
-            state = verdict[0]
+            state, reason = verdict
+            if state == "stale":  # no heartbeat: killed, or hung, or cut off; the registry cannot tell which
+                raise StoreInUse(
+                    f"store {name!r} is fed by a topology that has gone silent ({feeder}: {reason}): if its process"
+                    " is gone, drop with --force; if it only hangs, stop it first (with --force it fails once it"
+                    " runs again)",
+                    store=name,
+                )
             raise StoreInUse(
                 f"store {name!r} is fed by a running topology ({feeder}, {state}):"
                 " stop it first, or drop with --force (the topology then fails, within seconds under riqr's runner;"
@@ -952,9 +959,11 @@ class Registry:
         if why is None:
             self._save_feeds(now=True)
             if replacing is not None:
+                emptied = contents == report.checkpoint
+                old = "that checkpoint before it was emptied" if emptied else f"checkpoint {contents}"
                 log.warning("store %s: taken over on purpose by %s from checkpoint %s: its first batch replaces "
-                            "what checkpoint %s fed the store", report.store, report.feeder, report.checkpoint,
-                            contents, extra={"store": report.store})  # fmt: skip
+                            "what %s fed the store", report.store, report.feeder, report.checkpoint, old,
+                            extra={"store": report.store})  # fmt: skip
             else:
                 log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
                          extra={"store": report.store})  # fmt: skip

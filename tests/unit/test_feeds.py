@@ -143,7 +143,8 @@ def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store
     book.report(replace(b, state="stopped", batch_id=7, delivered="/b/s"), 4.0)
     why = book.claim(a, 64.0)
     assert why is not None
-    assert why.startswith("store 's' holds what checkpoint /b/s fed it (its feed last: riqr-ns-s (run h:2:bb), stopp")
+    assert why.startswith("store 's' holds what checkpoint /b/s fed it (its feed last: riqr-ns-s (run h:2:bb), stoppe")
+    assert "heard from 60s ago)" in why
     assert "this topology's checkpoint /a/s is another" in why and "riqr drop" in why and "--take-over" in why
     assert book.holder("s") == replace(b, state="stopped", batch_id=7, delivered="/b/s")  # refused: nothing changed
     # Its own checkpoint again, as it stands: a restart; emptied: refused, saying so.
@@ -152,12 +153,14 @@ def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store
     assert emptied is not None and "holds batches of checkpoint /b/s" in emptied and "which is empty here" in emptied
     assert book.claim(replace(b, feeder="h:2:cc", plan="fresh"), 65.0) == emptied
     # A take-over is granted; its start (resumed: a's home has batches of its own) and heartbeats leave the
-    # store b's until it delivers, so b may come back without one, and a third checkpoint is told it is b's,
-    # naming the feed that took it over but did not deliver.
+    # store b's until it delivers, so b may come back without the flag, and so may a (the operator gave it
+    # the store: a topology whose other store it took over and fed must not be stuck between two homes),
+    # while a third checkpoint is told it is b's, naming the feed that took it over but did not deliver.
     assert book.claim(a, 66.0, take_over=True) is None
     book.report(replace(a, batch_id=3, source="qa", plan="resume"), 66.2)
     assert book.contents("s") == "/b/s"
-    assert book.replacing(replace(a, feeder="h:1:zz"), 66.5) is not None  # another run of a: a holds the feed now
+    assert book.replacing(replace(a, feeder="h:1:zz"), 66.5) is None  # a's checkpoint was given the store
+    assert book.refusal(replace(a, feeder="h:1:zz"), 66.5) is not None  # but a's run holds the live feed
     assert book.replacing(a, 66.5) is None  # a's own run, its own checkpoint (a rebuild in place)
     # The same run (one process is one feeder) on another checkpoint: held to the rule like any other.
     assert "holds what checkpoint /b/s fed it" in (book.replacing(replace(a, checkpoint="/a2/s"), 66.5) or "")
@@ -165,7 +168,11 @@ def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store
     c = FeedReport("s", "h:3:cc", "running", checkpoint="/c/s")
     said = book.replacing(c, 68.0) or ""
     assert "/b/s fed it (its feed last: riqr-ns-s (run h:1:aa from checkpoint /a/s), failed" in said
-    assert book.claim(replace(b, feeder="h:2:dd"), 68.0) is None
+    assert book.replacing(replace(a, feeder="h:1:yy"), 68.0) is None  # a again, without the flag
+    assert book.claim(replace(b, feeder="h:2:dd"), 68.0) is None  # and b, whose batches the store holds
+    # Once a checkpoint delivers, the store is its alone: the take-over's grant ends with it.
+    book.report(replace(b, feeder="h:2:dd", batch_id=8, delivered="/b/s"), 68.5)
+    assert "holds what checkpoint /b/s fed it" in (book.replacing(replace(a, feeder="h:1:xx"), 69.0) or "")
     # The contents are saved with the book; a book saved before them takes the record's own checkpoint if
     # it had delivered a batch (a failed record's batch is the one that failed).
     path = tmp_path / "ingest.json"
@@ -174,14 +181,23 @@ def test_a_stores_contents_go_to_another_checkpoint_only_when_it_takes_the_store
     assert "holds what checkpoint /b/s fed it" in (again.replacing(c, 200.0) or "")
     saved = json.loads(path.read_text())
     del saved["feeds"]["s"]["contents"]
+    del saved["feeds"]["s"]["report"]["batch_id"]
     older = FeedBook.from_json(saved, now=100.0)
-    assert older.replacing(c, 200.0) is None  # the record (b's claim) had delivered nothing: not known
+    assert older.replacing(c, 200.0) is None  # a record that had delivered nothing: not known
     saved["feeds"]["s"]["report"]["batch_id"] = 3
     assert "holds what checkpoint /b/s fed it" in (FeedBook.from_json(saved, now=100.0).replacing(c, 200.0) or "")
     saved["feeds"]["s"]["report"].update(state="failed", error="boom")
     assert FeedBook.from_json(saved, now=100.0).replacing(c, 200.0) is None
     # A feeder too old to say its checkpoint is never refused for it.
     assert again.replacing(replace(c, checkpoint=None), 200.0) is None
+    # A take-over's grant is saved too.
+    granted = FeedBook(stale_after=6.0)
+    granted.report(replace(a, batch_id=1, delivered="/a/s"), 299.0)
+    granted.report(replace(a, batch_id=1, delivered="/a/s", state="stopped"), 300.0)
+    assert granted.claim(b, 301.0, take_over=True) is None
+    save_book(granted, path)
+    restored = load_book(path, now=400.0, stale_after=6.0)
+    assert restored.replacing(replace(b, feeder="h:2:ee"), 401.0) is None and restored.replacing(c, 401.0) is not None
 
 
 def test_a_feeder_that_lost_its_store_while_silent_takes_it_back_only_by_a_claim() -> None:
