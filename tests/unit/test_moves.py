@@ -804,9 +804,9 @@ def _restart(env: MoveEnv, tmp_path: Path) -> tuple[MoveEnv, Registry]:
     return restarted_env, restarted
 
 
-def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_up_and_counts_as_a_standby(
-    tmp_path: Path,
-) -> None:
+def _copy_admitted(tmp_path: Path) -> tuple[MoveEnv, Registry, str, str]:
+    """A store of 2 partitions on one actor, no standbys, loaded; a standby copy of both partitions added
+    and admitted, caught up, not kept yet: the env, the registry, the store's actor and the copy."""
     env = MoveEnv(tmp_path)
     registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
     env.registry = registry
@@ -816,6 +816,13 @@ def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_u
     copy = registry.add_standby(first, "node-b", (0, 1))["uuid"]
     registry.admit(first, copy)
     _wait(lambda: _serving(env.actors[copy]), "the copy caught up")
+    return env, registry, first, copy
+
+
+def test_a_copy_admitted_before_a_registry_restart_stays_when_its_driver_gives_up_and_counts_as_a_standby(
+    tmp_path: Path,
+) -> None:
+    env, _, first, copy = _copy_admitted(tmp_path)
     # The registry restarts before its driver's keep (the saved members and the live actors rebuild it): it
     # keeps no moves, so it cannot tell this copy from one kept already.
     restarted_env, restarted = _restart(env, tmp_path)
@@ -858,15 +865,7 @@ def test_copies_added_before_a_registry_restart_stay_standbys_and_can_be_removed
 
 
 def test_a_partition_a_failover_moved_goes_back_to_its_first_active_across_a_registry_restart(tmp_path: Path) -> None:
-    env = MoveEnv(tmp_path)
-    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
-    env.registry = registry
-    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
-    (first,) = view.actors
-    env.deliver(0, {f"k{i}": "0" for i in range(20)})
-    copy = registry.add_standby(first, "node-b", (0, 1))["uuid"]
-    registry.admit(first, copy)
-    _wait(lambda: _serving(env.actors[copy]), "the copy caught up")
+    env, registry, first, copy = _copy_admitted(tmp_path)
     assert registry.keep(first, copy)["kept"]
     env.down = {first}
     registry.check_actors()  # a failover: the added copy answers for both partitions
