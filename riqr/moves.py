@@ -523,12 +523,10 @@ def _holds(namespace: str, m: Move, new: str) -> str:
     standbys` added answers for none). Said plainly if the registry cannot be asked."""
     try:
         view: ClusterView = raycalls.get(registry_of(namespace).view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+        table = view.table(m.store)
     except RiqrError:
-        return f"holds partitions {_parts(m.partitions)}"
-    table = view.table(m.store)
-    if table is None:
-        return f"holds partitions {_parts(m.partitions)}"
-    return holdings_phrase(table, new, m.partitions)
+        table = None
+    return f"holds partitions {_parts(m.partitions)}" if table is None else holdings_phrase(table, new, m.partitions)
 
 
 def holdings_phrase(table: OwnershipTable, uuid: str, partitions: Sequence[int]) -> str:

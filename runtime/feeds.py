@@ -319,6 +319,11 @@ class FeedBook:
             return None
         if feed.report.live and feed.report.feeder == report.feeder and feed.report.checkpoint == report.checkpoint:
             return None  # this run's own feed (a rebuild in place, materialize's claim after materialize_all's)
+        if feed.taken is not None and feed.taken == report.checkpoint:
+            return None  # taken over on purpose by this checkpoint, which has not delivered yet
+        another = feed.contents != report.checkpoint
+        if not another and not (claim and report.plan == "fresh"):
+            return None  # its own checkpoint, as it stands (a restart on its home): the usual case
         state, _ = self.verdict(report.store, now) or (feed.report.state, None)
         ago = now - feed.heard_at
         who = feed.report.query or feed.report.feeder
@@ -328,21 +333,17 @@ class FeedBook:
             "start the topology where that checkpoint is, drop the store first (riqr drop), or take it over on "
             "purpose (riqr run ... --take-over; take_over=True for materialize)"
         )
-        if feed.taken is not None and feed.taken == report.checkpoint:
-            return None  # taken over on purpose by this checkpoint, which has not delivered yet
-        if feed.contents != report.checkpoint:
+        if another:
             return (
                 f"store {report.store!r} holds what checkpoint {feed.contents} fed it ({last}); this topology's "
                 f"checkpoint {report.checkpoint} is another, and its first batch would replace the store's "
                 f"contents with what it computes: {choices}"
             )
-        if claim and report.plan == "fresh":
-            return (
-                f"store {report.store!r} holds batches of checkpoint {feed.contents} ({last}), which is empty "
-                "here (deleted since, or another host's disk under the same path): this topology's first batch "
-                f"would replace the store's contents with what it computes from an empty checkpoint: {choices}"
-            )
-        return None
+        return (
+            f"store {report.store!r} holds batches of checkpoint {feed.contents} ({last}), which is empty "
+            "here (deleted since, or another host's disk under the same path): this topology's first batch "
+            f"would replace the store's contents with what it computes from an empty checkpoint: {choices}"
+        )
 
     def unclaimed(self, report: FeedReport, now: float) -> str | None:
         """Why a live report of ``report.feeder`` may not feed its store, or None if it may: another live
