@@ -378,10 +378,9 @@ class FeedBook:
         displace: str | None = None,
         take_over: bool = False,
     ) -> str | None:
-        """``report``'s feeder takes its store's feed, unless ``refusal`` says why not, or ``replacing``
-        does and the claim is not a ``take_over``: that reason is returned and nothing changes. Taken,
-        ``report`` is recorded as the store's feed; a feeder whose own live record it is only counts as
-        heard (its reports keep the record's batch and partitions)."""
+        """``report``'s feeder takes its store's feed, unless ``why_not`` says why not: that reason is
+        returned and nothing changes. Taken, ``report`` is recorded as the store's feed; a feeder whose own
+        live record it is only counts as heard (its reports keep the record's batch and partitions)."""
         replacing = self.replacing(report, now)
         why = self.refusal(report, now, displace) or (None if take_over else replacing)
         if why is not None:
@@ -395,6 +394,13 @@ class FeedBook:
             self._feeds[report.store] = replace(self._feeds[report.store], taken=report.checkpoint)
             self.dirty = True
         return None
+
+    def why_not(
+        self, report: FeedReport, now: float, displace: str | None = None, take_over: bool = False
+    ) -> str | None:
+        """Why ``claim`` would refuse ``report`` (another live feed holds the store: ``refusal``; or its
+        contents are another checkpoint's and this is no ``take_over``: ``replacing``), changing nothing."""
+        return self.refusal(report, now, displace) or (None if take_over else self.replacing(report, now))
 
     def live_feeder(self, store: str) -> str | None:
         """Who feeds ``store`` if its last report is a live one (running or rebuilding), silent or not: a

@@ -31,7 +31,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from runtime import raycalls
@@ -79,6 +79,7 @@ __all__ = [
     "StoreUnregistered",
     "StoreSuperseded",
     "claim_feed",
+    "claim_feeds",
     "query_name",
     "stop_for_rebuild",
     "stop_looking",
@@ -572,39 +573,101 @@ def claim_feed(
     A store that holds what another checkpoint fed it, or whose checkpoint is empty here where it was
     not, is ``StoreInUse`` at once, unless ``take_over`` (``runtime.feeds.FeedBook.replacing``): this
     topology's first batch would replace the store's contents."""
+    claim_feeds(namespace, feeder, [report], wait, {report.store} if take_over else ())
+
+
+def claim_feeds(
+    namespace: str,
+    feeder: Feeder,
+    reports: Sequence[FeedReport],
+    wait: float | None = None,
+    take_over: Collection[str] = (),
+) -> None:
+    """``claim_feed`` for several stores of one topology at once (``take_over``: the stores it takes over
+    on purpose), all or none (``Registry.claim_feeds``): refused on one store, the topology holds none of
+    the others' feeds either, and ``StoreInUse`` names every store refused, not only the first. A
+    registry of the riqr before it (upgraded in place), which has no ``claim_feeds``, is asked store by
+    store, as that riqr did: the stores claimed before a refusal are let go by ``materialize_all``."""
     wait = CLAIM_WAIT if wait is None else wait
-    store = report.store
     reg = registry(namespace)
+    if len(reports) > 1 and not hasattr(reg, "claim_feeds"):
+        for report in reports:
+            claim_feeds(namespace, feeder, [report], wait, take_over)
+        return
     deadline = time.monotonic() + wait
-    waiting, displace = False, None
+    waiting: set[str] = set()
+    displace: dict[str, str] = {}
     while True:
-        # take_over only when asked: a registry of the riqr before it (upgraded in place) takes two arguments.
-        call = reg.claim_feed.remote(report, displace, True) if take_over else reg.claim_feed.remote(report, displace)
-        refused = raycalls.get(call, f"taking the feed of store {store}")
-        if refused is None:
-            feeder.claimed(report)
-            if waiting or displace:
-                log.info("store %s: this topology feeds it now (%s)", store,
-                         f"run {displace} had ended" if displace else "the other feed let it go",
-                         extra={"store": store})  # fmt: skip
-            if take_over and (namespace, store) not in _TOLD_TAKE_OVER:
-                _TOLD_TAKE_OVER.add((namespace, store))
-                log.warning("store %s: started with take-over: if the store holds what another checkpoint (or this "
-                            "one before it was emptied) fed it, this topology's first batch replaces that (the "
-                            "registry's log names the checkpoint replaced)", store, extra={"store": store})  # fmt: skip
+        refusals = _ask_claims(reg, reports, displace, take_over)
+        if not any(refusals):
+            for report in reports:
+                _claimed(namespace, feeder, report, report.store in waiting, displace.get(report.store),
+                         report.store in take_over)  # fmt: skip
             return
-        if refused.get("final"):  # the store's contents are another checkpoint's: waiting changes nothing
-            raise StoreInUse(refused["why"], store=store)
-        if refused["same_checkpoint"] and refused["feeder"] != displace and run_ended_here(refused["feeder"]):
-            displace = refused["feeder"]  # a run of this checkpoint whose process is gone: ask again, now
+        refused = [(report, why) for report, why in zip(reports, refusals) if why is not None]
+        if any(why.get("final") for _, why in refused):  # another checkpoint's contents: waiting changes nothing
+            raise _in_use(refused, len(reports))
+        again = False
+        for report, why in refused:
+            store = report.store
+            if why["same_checkpoint"] and why["feeder"] != displace.get(store) and run_ended_here(why["feeder"]):
+                displace[store] = why["feeder"]  # a run of this checkpoint whose process is gone: ask again, now
+                again = True
+        if again:
             continue
         if time.monotonic() + _CLAIM_PAUSE > deadline:
-            raise StoreInUse(refused["why"], store=store)
-        if not waiting:
-            log.warning("store %s: %s; waiting up to %.0fs for it to stop or fall silent", store, refused["why"],
-                        wait, extra={"store": store})  # fmt: skip
-            waiting = True
+            raise _in_use(refused, len(reports))
+        for report, why in refused:
+            if report.store not in waiting:
+                log.warning("store %s: %s; waiting up to %.0fs for it to stop or fall silent", report.store,
+                            why["why"], wait, extra={"store": report.store})  # fmt: skip
+                waiting.add(report.store)
         time.sleep(_CLAIM_PAUSE)
+
+
+def _ask_claims(
+    reg: Any, reports: Sequence[FeedReport], displace: Mapping[str, str], take_over: Collection[str]
+) -> list[dict[str, Any] | None]:
+    """The registry's answer to each of ``reports``' claims, in one call: for one store the call every
+    riqr's registry has (``take_over`` passed only when asked, since a registry of the riqr before it
+    takes two arguments), for several ``claim_feeds``."""
+    what = f"taking the feed of store{'s' if len(reports) > 1 else ''} {', '.join(r.store for r in reports)}"
+    if len(reports) == 1:
+        (report,) = reports
+        over, gone = report.store in take_over, displace.get(report.store)
+        call = reg.claim_feed.remote(report, gone, True) if over else reg.claim_feed.remote(report, gone)
+        return [raycalls.get(call, what)]
+    claims = [(r, displace.get(r.store), r.store in take_over) for r in reports]
+    answers: list[dict[str, Any] | None] = raycalls.get(reg.claim_feeds.remote(claims), what)
+    return answers
+
+
+def _claimed(namespace: str, feeder: Feeder, report: FeedReport, waited: bool, displaced: str | None,
+             take_over: bool) -> None:  # fmt: skip
+    """``report``'s store is this run's to feed now: its feed beats, and the log says how it came to it."""
+    store = report.store
+    feeder.claimed(report)
+    if waited or displaced:
+        log.info("store %s: this topology feeds it now (%s)", store,
+                 f"run {displaced} had ended" if displaced else "the other feed let it go",
+                 extra={"store": store})  # fmt: skip
+    if take_over and (namespace, store) not in _TOLD_TAKE_OVER:
+        _TOLD_TAKE_OVER.add((namespace, store))
+        log.warning("store %s: started with take-over: if the store holds what another checkpoint (or this "
+                    "one before it was emptied) fed it, this topology's first batch replaces that (the "
+                    "registry's log names the checkpoint replaced)", store, extra={"store": store})  # fmt: skip
+
+
+def _in_use(refused: Sequence[tuple[FeedReport, Mapping[str, Any]]], stores: int) -> StoreInUse:
+    """``StoreInUse`` for the ``refused`` claims of a start of ``stores`` stores: one store's reason as
+    the registry gave it, or every refused store's, numbered (the topology starts none of them)."""
+    if len(refused) == 1:
+        report, why = refused[0]
+        return StoreInUse(why["why"], store=report.store)
+    names = [report.store for report, _ in refused]
+    reasons = " ".join(f"({i}) {why['why']}." for i, (_, why) in enumerate(refused, 1))
+    return StoreInUse(f"{len(refused)} of this topology's {stores} stores are refused, so it feeds none: {reasons}",
+                      store=names[0], stores=names)  # fmt: skip
 
 
 def query_name(namespace: str, store: str) -> str:
@@ -637,25 +700,35 @@ def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> 
         )[2]  # fmt: skip
         by_namespace.setdefault(options.get("namespace", DEFAULT_NAMESPACE), []).append(spec)
     views = {namespace: create_stores(namespace, specs) for namespace, specs in by_namespace.items()}
-    # Every store's feed taken before any of them starts: refused on one, the topology has started none.
-    claimed: list[tuple[Feeder, str]] = []
+    # Every store's feed taken before any of them starts, all or none (one claim per namespace): refused
+    # on one, the topology has started none and holds none.
+    reports: dict[str, list[FeedReport]] = {}
+    taken_over: dict[str, set[str]] = {}
+    for _, options in df_and_options:
+        namespace, store = options.get("namespace", DEFAULT_NAMESPACE), options["store"]
+        table = views[namespace].table(store)
+        owners = table.all_owners() if table is not None else ()
+        reports.setdefault(namespace, []).append(
+            _claim_report(namespace, feeder_for(namespace), store, options["checkpoint"], owners)
+        )
+        if options.get("take_over", False):
+            taken_over.setdefault(namespace, set()).add(store)
+    held = {namespace: set(feeder_for(namespace).live_stores()) for namespace in reports}
     queries: list[Any] = []
     try:
-        for _, options in df_and_options:
-            namespace, store = options.get("namespace", DEFAULT_NAMESPACE), options["store"]
-            table = views[namespace].table(store)
-            feeder = feeder_for(namespace)
-            owners = table.all_owners() if table is not None else ()
-            report = _claim_report(namespace, feeder, store, options["checkpoint"], owners)
-            claim_feed(namespace, feeder, report, take_over=options.get("take_over", False))
-            claimed.append((feeder, store))
+        for namespace, claims in reports.items():
+            claim_feeds(namespace, feeder_for(namespace), claims, take_over=taken_over.get(namespace, ()))
         for df, options in df_and_options:
             queries.append(materialize(df, **options))
     except BaseException:
         # The stores claimed whose query did not start let their feed go (the one whose start failed said
         # so already): held by a process that feeds them nothing, they would refuse every other topology.
-        for feeder, store in claimed[len(queries) :]:
-            if store in feeder.live_stores():
+        # (Refused, a claim took none; a registry of the riqr before is asked store by store, and the
+        # stores taken before the one refused are let go here too.)
+        for _, options in df_and_options[len(queries) :]:
+            namespace, store = options.get("namespace", DEFAULT_NAMESPACE), options["store"]
+            feeder = feeder_for(namespace)
+            if store in feeder.live_stores() and store not in held[namespace]:
                 feeder.update(store, state="stopped")
         raise
     return queries

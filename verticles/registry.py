@@ -950,14 +950,30 @@ class Registry:
         ``FeedBook.replacing``). The claim is the registry's one call, so of two topologies starting at
         once on one store, one takes it. A store that is not registered (dropped meanwhile) is
         ``StoreNotFound``."""
-        table = self.state.view().table(report.store)
-        if table is None:
-            raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
+        return self.claim_feeds([(report, displace, take_over)])[0]
+
+    def claim_feeds(self, claims: list[tuple[FeedReport, str | None, bool]]) -> list[dict[str, Any] | None]:
+        """``claim_feed`` for each ``(report, displace, take_over)`` of one topology's start, all or none:
+        every store's feed is taken (a list of None), or none is and each refused claim's entry says why
+        (as ``claim_feed``'s answer; None for the claims that alone would be granted). A topology refused
+        on one of its stores then holds none of the others either: a claim it let go again would leave
+        the store's feed record naming a run that never fed it."""
         now = self._clock()
-        replacing, contents = self.feeds.replacing(report, now), self.feeds.contents(report.store)
-        why = self.feeds.claim(report, now, table.lineage(), displace, take_over)
-        if why is None:
-            self._save_feeds(now=True)
+        tables = []
+        for report, _, _ in claims:
+            table = self.state.view().table(report.store)
+            if table is None:
+                raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
+            tables.append(table)
+        whys = [self.feeds.why_not(report, now, displace, take_over) for report, displace, take_over in claims]
+        if any(why is not None for why in whys):
+            return [
+                None if why is None else self._refused(report, why, now) for (report, _, _), why in zip(claims, whys)
+            ]
+        for (report, displace, take_over), table in zip(claims, tables):
+            replacing, contents = self.feeds.replacing(report, now), self.feeds.contents(report.store)
+            why = self.feeds.claim(report, now, table.lineage(), displace, take_over)
+            assert why is None, why  # checked above, in this one call
             if replacing is not None:
                 emptied = contents == report.checkpoint
                 old = "that checkpoint before it was emptied" if emptied else f"checkpoint {contents}"
@@ -967,11 +983,16 @@ class Registry:
             else:
                 log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
                          extra={"store": report.store})  # fmt: skip
-            return None
+        self._save_feeds(now=True)
+        return [None] * len(claims)
+
+    def _refused(self, report: FeedReport, why: str, now: float) -> dict[str, Any]:
+        """``claim_feed``'s answer to a refused claim: the reason, the run the store's record names, whether
+        that run feeds from the claimant's checkpoint, and whether the refusal is final."""
         holder = self.feeds.holder(report.store)
         assert holder is not None  # refused: a feed holds it, or fed it
         return {"why": why, "feeder": holder.feeder, "same_checkpoint": holder.checkpoint == report.checkpoint,
-                "final": why == replacing}  # fmt: skip
+                "final": why == self.feeds.replacing(report, now)}  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         """What is not routing: each store's ingest state, with the registry's verdict on its liveness."""

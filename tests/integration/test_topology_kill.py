@@ -246,7 +246,7 @@ def _a_second_feed_is_refused(spark: Any, runtime: Runtime, home: Path, monkeypa
     from runtime.errors import StoreInUse
     from topologies import sink
     from topologies.feeder import feeder_for
-    from topologies.food_orders import ORDER_COUNT_STORE, order_counts_frame
+    from topologies.food_orders import CUSTOMER_STORE, ORDER_COUNT_STORE, order_counts_frame, store_frames
     from topologies.options import TopologyOptions, checkpoint_for
 
     url, ns = runtime.url, runtime.namespace
@@ -264,6 +264,23 @@ def _a_second_feed_is_refused(spark: Any, runtime: Runtime, home: Path, monkeypa
     ingest = {s["name"]: s for s in http_get(f"{url}/stores")[2]["result"]}[ORDER_COUNT_STORE]["ingest"]
     assert ingest["state"] == "running" and ingest["feeder"] != feeder_for(ns).id, ingest
     assert ingest["checkpoint"] == feeding
+    # The whole topology over the second home: both its stores refused in one claim (the registry's
+    # claim_feeds, all or none), both named, neither started nor held.
+    before = {s["name"]: s["ingest"] for s in http_get(f"{url}/stores")[2]["result"]}
+    pairs, _ = store_frames(spark, second, options)
+    with pytest.raises(StoreInUse, match="2 of this topology's 2 stores are refused, so it feeds none") as both:
+        sink.materialize_all(pairs)
+    assert f"(1) store '{CUSTOMER_STORE}' is fed by another topology" in str(both.value)
+    assert f"(2) store '{ORDER_COUNT_STORE}' is fed by another topology" in str(both.value)
+    assert both.value.details["stores"] == [CUSTOMER_STORE, ORDER_COUNT_STORE]
+    assert not [q for q in spark.streams.active if q.name.endswith((ORDER_COUNT_STORE, CUSTOMER_STORE))]
+    assert not set(feeder_for(ns).live_stores()) & {CUSTOMER_STORE, ORDER_COUNT_STORE}
+    after = {s["name"]: s["ingest"] for s in http_get(f"{url}/stores")[2]["result"]}
+    for store in (CUSTOMER_STORE, ORDER_COUNT_STORE):
+        assert (after[store]["feeder"], after[store]["checkpoint"]) == (
+            before[store]["feeder"],
+            before[store]["checkpoint"],
+        ), after[store]
 
 
 def _dropped_and_declared_again(spark: Any, runtime: Runtime, old: TopologyProcess, home: Path) -> None:

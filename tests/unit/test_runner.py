@@ -820,12 +820,14 @@ def _a_pid_that_is_gone() -> int:
     return proc.pid
 
 
-def test_materialize_all_claims_every_store_first_and_lets_go_of_those_it_did_not_start(
+def test_materialize_all_claims_every_store_at_once_and_holds_none_when_one_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Refused on its second store, a topology starts none, and lets go of the first store's claim: held
-    by a process that feeds it nothing, it would refuse every other topology."""
+    """Refused on its second store, a topology starts none and holds none: its stores are claimed in one
+    call, all or none, each with the take-over its options ask for. One that fails to start after the
+    claims lets go of those not started."""
     from runtime.errors import StoreInUse
+    from runtime.feeds import FeedReport
     from runtime.ownership import ClusterView
     from topologies import sink
 
@@ -833,25 +835,100 @@ def test_materialize_all_claims_every_store_first_and_lets_go_of_those_it_did_no
     monkeypatch.setattr(sink, "_declare", lambda df, store, *_: (df, [], store))
     monkeypatch.setattr(sink, "create_stores", lambda ns, specs: ClusterView(1, {}))
     monkeypatch.setattr(sink, "feeder_for", lambda ns: feeder)
+    monkeypatch.setattr(
+        sink, "_claim_report", lambda ns, who, store, checkpoint, owners: FeedReport(store, who.id, "running")
+    )
     started: list[str] = []
-    monkeypatch.setattr(sink, "materialize", lambda df, **options: started.append(options["store"]))
 
-    taking_over: list[bool] = []
+    def materialize(df: Any, **options: Any) -> str:
+        if options["store"] == "third":
+            raise RuntimeError("the third store's query could not start")
+        started.append(options["store"])
+        return options["store"]
 
-    def claim(namespace: str, who: Any, report: Any, wait: float | None = None, take_over: bool = False) -> None:
-        taking_over.append(take_over)
-        if report.store == "second":
+    monkeypatch.setattr(sink, "materialize", materialize)
+    asked: list[tuple[list[str], set[str]]] = []
+
+    def claim_feeds(namespace: str, who: Any, reports: Any, wait: float | None = None, take_over: Any = ()) -> None:
+        asked.append(([r.store for r in reports], set(take_over)))
+        if any(r.store == "second" for r in reports):
             raise StoreInUse("store 'second' is fed by another topology: x", store="second")
-        who.claimed(report)
+        for report in reports:
+            who.claimed(report)
 
-    monkeypatch.setattr(sink, "claim_feed", claim)
+    monkeypatch.setattr(sink, "claim_feeds", claim_feeds)
     pairs = [(None, {"store": s, "key": "k", "checkpoint": f"/h/{s}", "namespace": "ns", "take_over": s == "first"})
              for s in ("first", "second")]  # fmt: skip
     with pytest.raises(StoreInUse):
         sink.materialize_all(pairs)
-    assert started == []
-    assert feeder.updates == [{"claimed": "first"}, {"store": "first", "state": "stopped"}]
-    assert taking_over == [True, False]  # each store's claim as its options say
+    assert started == [] and feeder.updates == [] and asked == [(["first", "second"], {"first"})]
+
+    pairs = [(None, {"store": s, "key": "k", "checkpoint": f"/h/{s}", "namespace": "ns"}) for s in ("first", "third")]
+    with pytest.raises(RuntimeError, match="could not start"):
+        sink.materialize_all(pairs)
+    assert started == ["first"]  # the third's claim let go; the first, started, keeps feeding
+    assert feeder.updates == [{"claimed": "first"}, {"claimed": "third"}, {"store": "third", "state": "stopped"}]
+
+
+def test_claiming_several_stores_names_every_refusal_and_waits_for_them_together(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``claim_feeds``: one call for all of a topology's stores; a final refusal of any ends the start at
+    once naming every store refused; live feeds are waited for together, each said once; a registry of the
+    riqr before, with no ``claim_feeds``, is asked store by store."""
+    from runtime.errors import StoreInUse
+    from runtime.feeds import FeedReport
+    from topologies import sink
+
+    live = {"why": "store 'b' is fed by another topology: x", "feeder": "elsewhere:1:aa", "same_checkpoint": False,
+            "final": False}  # fmt: skip
+    final = {"why": "store 'c' holds what checkpoint /x/c fed it", "feeder": "elsewhere:1:aa",
+             "same_checkpoint": False, "final": True}  # fmt: skip
+    answers: list[Any] = []
+    calls: list[Any] = []
+
+    class Registry:
+        claim_feeds = _Answer(lambda claims: calls.append(claims) or answers.pop(0))
+
+    monkeypatch.setattr(sink, "registry", lambda _ns: Registry())
+    monkeypatch.setattr(sink.raycalls, "get", lambda ref, *_, **__: ref)
+    monkeypatch.setattr(sink, "_CLAIM_PAUSE", 0.01)
+    feeder = Feeder()
+    reports = [FeedReport(s, feeder.id, "running", checkpoint=f"/h/{s}") for s in "abc"]
+
+    answers[:] = [[None, live, final]]
+    with pytest.raises(StoreInUse) as refused:
+        sink.claim_feeds("ns", feeder, reports, wait=5.0, take_over={"a"})  # type: ignore[arg-type]
+    assert len(calls) == 1 and [(r.store, d, t) for r, d, t in calls[0]] == [("a", None, True), ("b", None, False),
+                                                                             ("c", None, False)]  # fmt: skip
+    message = str(refused.value)
+    assert message.startswith("2 of this topology's 3 stores are refused, so it feeds none: (1) store 'b'")
+    assert "(2) store 'c' holds what checkpoint /x/c fed it." in message
+    assert refused.value.details == {"store": "b", "stores": ["b", "c"]} and feeder.updates == []
+
+    calls.clear()
+    answers[:] = [[None, live, dict(live, why="store 'c' is fed by another topology: y")]] * 3 + [[None] * 3]
+    with caplog.at_level(logging.INFO):
+        sink.claim_feeds("ns", feeder, reports, wait=5.0)  # type: ignore[arg-type]
+    assert len(calls) == 4 and feeder.updates == [{"claimed": s} for s in "abc"]
+    assert caplog.text.count("waiting up to 5s for it to stop or fall silent") == 2  # b's and c's, once each
+    assert caplog.text.count("the other feed let it go") == 2  # b and c; a was never waited for
+
+    answers[:] = [[None, live, None]] * 100
+    with pytest.raises(StoreInUse, match="^store 'b' is fed by another topology: x$"):  # one refused: its words
+        sink.claim_feeds("ns", feeder, reports, wait=0.05)  # type: ignore[arg-type]
+
+    class OlderRegistry:  # the riqr before: one store a call, and take_over only when asked
+        claim_feed = _Answer(lambda report, displace, *take_over: calls.append((report.store, take_over)) or
+                             (live if report.store == "b" else None))  # fmt: skip
+
+    calls.clear()
+    feeder = Feeder()
+    monkeypatch.setattr(sink, "registry", lambda _ns: OlderRegistry())
+    with pytest.raises(StoreInUse, match="store 'b' is fed"):
+        sink.claim_feeds("ns", feeder, reports, wait=0.05, take_over={"a"})  # type: ignore[arg-type]
+    assert calls[0] == ("a", (True,)) and set(calls[1:]) == {("b", ())}
+    assert feeder.updates == [{"claimed": "a"}]  # materialize_all lets it go
 
 
 class Feeder(FakeFeeder):

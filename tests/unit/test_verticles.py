@@ -951,6 +951,48 @@ def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
         registry.claim_feed(FeedReport("gone", "host:1:aa", "running"))
 
 
+def test_a_topologys_claims_of_its_stores_are_granted_all_or_none() -> None:
+    """``claim_feeds``: refused on one store, a topology takes none of the others' feeds, so none of their
+    records names a run that never fed them; every refused store says why, and with the take-over asked
+    for the one that needs it, all are granted in the one call."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock, stale_after=6.0)
+    for store in ("a", "b", "c"):
+        registry.create_store(kv_spec(store, partitions=2, actors=1))
+    home = FeedReport("b", "host:1:aa", "running", query="riqr-ns-b", checkpoint="/home/b")
+    assert registry.claim_feed(home) is None
+    registry.report_feeds([dataclasses.replace(home, batch_id=0, delivered="/home/b")])
+    registry.report_feeds([dataclasses.replace(home, state="stopped", batch_id=0, delivered="/home/b")])
+    live = FeedReport("c", "host:3:cc", "running", query="riqr-ns-c", checkpoint="/other/c")
+    assert registry.claim_feed(live) is None
+    before = registry.status()["ingest"]
+
+    def claims(take_over_b: bool) -> list[tuple[FeedReport, str | None, bool]]:
+        return [(FeedReport(s, "host:2:bb", "running", query=f"riqr-ns-{s}", checkpoint=f"/elsewhere/{s}"), None,
+                 take_over_b and s == "b") for s in ("a", "b", "c")]  # fmt: skip
+
+    answers = registry.claim_feeds(claims(take_over_b=False))
+    assert answers[0] is None  # a alone would be granted, and is not taken
+    assert (
+        answers[1] is not None and answers[1]["final"] and "holds what checkpoint /home/b fed it" in answers[1]["why"]
+    )
+    assert answers[2] is not None and not answers[2]["final"] and "fed by another topology" in answers[2]["why"]
+    assert registry.status()["ingest"] == before and "a" not in before
+    answers = registry.claim_feeds(claims(take_over_b=True))  # c's live feed still refuses: none taken
+    assert answers[:2] == [None, None] and answers[2] is not None
+    assert registry.status()["ingest"] == before
+    clock.now += 7  # c's feed falls silent past the bound: now all three are granted, b on purpose
+    assert registry.claim_feeds(claims(take_over_b=True)) == [None, None, None]
+    ingest = registry.status()["ingest"]
+    assert {s: ingest[s]["feeder"] for s in "abc"} == {"a": "host:2:bb", "b": "host:2:bb", "c": "host:2:bb"}
+    assert ingest["b"]["contents"] == "/home/b"  # taken over: replaced by its first batch, not by the claim
+    with pytest.raises(StoreNotFound):
+        registry.claim_feeds(
+            [(FeedReport("a", "x", "running"), None, False), (FeedReport("gone", "x", "running"), None, False)]
+        )
+    assert registry.status()["ingest"]["a"]["feeder"] == "host:2:bb"
+
+
 def test_a_registry_restarted_during_down_stays_retired_and_resume_saves_again(tmp_path: Path) -> None:
     env, clock = FakeEnv(), Clock()
     env.data = tmp_path
