@@ -346,13 +346,20 @@ def _verify(config: AuthConfig, token: str) -> Verified:
         # `from None`: pyjwt's message may quote parts of the token; it must not reach a traceback.
         log.info("rejected a bearer token: %s", type(exc).__name__)
         raise Unauthorized("invalid token") from None
+    # RFC 7519 4.1.4-4.1.6: NumericDate is a JSON number; pyjwt reads "exp": "9999999999" with int(), so a
+    # time written as text would pass its checks and not ours.
+    for claim in ("exp", "nbf", "iat"):
+        value = claims.get(claim)
+        if claim in claims and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            log.info("rejected a bearer token: its %s is not a number", claim)
+            raise Unauthorized("invalid token")
     subject = claims.get("sub")
     principal = Principal(
         subject=subject if isinstance(subject, str) else "",
         stores=_names(claims, config.stores_claim),
         roles=_names(claims, config.roles_claim),
     )
-    # pyjwt checked these are numbers (exp is required); nbf and iat must not be in the future.
+    # Numbers, checked above (exp is required); nbf and iat must not be in the future.
     starts = [float(claims[c]) for c in ("nbf", "iat") if isinstance(claims.get(c), (int, float))]
     leeway = config.leeway_seconds
     return Verified(principal, max(starts, default=float("-inf")) - leeway, float(claims["exp"]) + leeway)
@@ -439,7 +446,10 @@ class Authenticator:
         if request.rel_url.raw_path in self.public:  # public paths are plain ASCII: raw is decoded
             return
         try:
-            principal = self.tokens.authenticate(request.headers.get(hdrs.AUTHORIZATION))
+            sent = request.headers.getall(hdrs.AUTHORIZATION, ())
+            if len(sent) > 1:  # which one a proxy in front checked is anyone's guess: neither is taken
+                raise Unauthorized("more than one Authorization header")
+            principal = self.tokens.authenticate(sent[0] if sent else None)
             store = request.match_info.get("store")
             if store is not None:
                 authorize(self.config, principal, store)

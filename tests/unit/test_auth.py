@@ -144,12 +144,38 @@ async def test_a_token_not_yet_valid_is_401(client: Any) -> None:
         {"iss": None},
         {"exp": None},
         {"iss": "https://issuer.example", "stores": {"orders": True}},
+        {"exp": str(int(time.time()) + 3600)},  # pyjwt reads a NumericDate written as text with int()
+        {"iat": str(int(time.time()))},
+        {"nbf": "0"},
     ],
-    ids=["wrong-audience", "no-audience", "wrong-issuer", "no-issuer", "no-expiry", "stores-not-a-list"],
+    ids=[
+        "wrong-audience",
+        "no-audience",
+        "wrong-issuer",
+        "no-issuer",
+        "no-expiry",
+        "stores-not-a-list",
+        "expiry-as-text",
+        "issued-at-as-text",
+        "not-before-as-text",
+    ],  # fmt: skip
 )
 async def test_tokens_failing_a_claim_check_are_401_invalid_token(client: Any, overrides: dict[str, Any]) -> None:
     token = _hs256(**{"iss": "https://issuer.example", **overrides})
     await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "invalid token")
+
+
+async def test_two_authorization_headers_are_401_whichever_is_good(client: Any) -> None:
+    from multidict import CIMultiDict
+
+    good = f"Bearer {_hs256(iss='https://issuer.example')}"
+    for pair in ((good, "Bearer junk"), ("Bearer junk", good), (good, good)):
+        headers = CIMultiDict([("Authorization", pair[0]), ("Authorization", pair[1])])
+        await _refused(
+            await client.get("/stores/orders/get/1", headers=headers), 401, "more than one Authorization header"
+        )
+    resp = await client.get("/stores/orders/get/1", headers={"Authorization": good})
+    assert resp.status != 401
 
 
 async def test_a_token_signed_with_another_secret_is_401(client: Any) -> None:
