@@ -139,7 +139,17 @@ class CursorCodec:
             raise MalformedCursor(f"the cursor does not fit store {spec.name!r}", store=spec.name) from None
 
     def _verified_body(self, store: str, token: Any) -> bytes:
-        if not isinstance(token, str) or len(token) > MAX_CURSOR_CHARS or token.count(".") != 1:
+        if isinstance(token, str) and len(token) > MAX_CURSOR_CHARS:
+            # Issued after a page that ended at a very long stored key (``encode`` has no limit: its page is
+            # right), or not ours: either way unread, and said so rather than "not one this server issued".
+            raise MalformedCursor(
+                f"the cursor is {len(token):,} characters long, over the limit of {MAX_CURSOR_CHARS:,} (a page "
+                "that ends at a key of tens of thousands of characters gives one): read on with Store.iterate or "
+                "the NDJSON stream (Accept: application/x-ndjson)",
+                store=store,
+                limit=MAX_CURSOR_CHARS,
+            )
+        if not isinstance(token, str) or token.count(".") != 1:
             raise MalformedCursor(_NOT_OURS, store=store)
         body_text, _, tag_text = token.partition(".")
         try:

@@ -156,3 +156,24 @@ async def test_pages_go_on_after_the_longest_key_a_url_names_and_long_stored_key
         keys += [e["key"] for e in body["result"]]
         url = body["next"] and f"/stores/long-keys/all?limit=1&cursor={quote(body['next'])}"
     assert keys == sorted(stored)
+
+
+def test_a_cursor_over_the_limit_says_so_rather_than_that_it_is_not_ours() -> None:
+    """A page that ends at a very long stored key (keys have no limit in the store) gives a cursor longer
+    than the decoder reads: refused, but naming the length and the ways to read on, not as a forgery."""
+    import secrets
+
+    from runtime.cursor import MAX_CURSOR_CHARS
+
+    codec = CursorCodec(KEY)
+    short = codec.encode("s", "range", Scan(), secrets.token_urlsafe(30_000))  # 40,000 random characters
+    assert len(short) <= MAX_CURSOR_CHARS and codec.decode(kv_spec("s"), "range", short).lo is not None
+    token = codec.encode("s", "range", Scan(), secrets.token_urlsafe(60_000))
+    assert len(token) > MAX_CURSOR_CHARS
+    with pytest.raises(MalformedCursor) as refused:
+        codec.decode(kv_spec("s"), "range", token)
+    assert (
+        f"over the limit of {MAX_CURSOR_CHARS:,}" in refused.value.message and "Store.iterate" in refused.value.message
+    )
+    assert "not one this server issued" not in refused.value.message
+    assert refused.value.details == {"store": "s", "limit": MAX_CURSOR_CHARS}
