@@ -23,7 +23,8 @@ def check_limits(request: web.BaseRequest) -> None:
     if len(request.raw_path) > MAX_URL_CHARS:
         raise UriTooLong(f"the URL is longer than {MAX_URL_CHARS} characters", limit=MAX_URL_CHARS)
     raw_query = request.rel_url.raw_query_string
-    if raw_query and raw_query.count("&") + 1 > MAX_QUERY_PARAMS:
+    # Empty pieces ("?a=1&&b=2", a trailing '&') are no parameters: counted only when the '&'s alone are over.
+    if raw_query.count("&") >= MAX_QUERY_PARAMS and sum(1 for p in raw_query.split("&") if p) > MAX_QUERY_PARAMS:
         raise TooManyParameters(f"at most {MAX_QUERY_PARAMS} query parameters", limit=MAX_QUERY_PARAMS)
     if not request.body_exists:  # the common case, decided without parsing a header
         return

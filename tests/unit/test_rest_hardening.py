@@ -75,6 +75,13 @@ async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # ty
         ("/stores/strings/get/" + "k" * (MAX_KEY_CHARS + 1), 400, "key-too-long"),
         ("/stores/strings/range?from=" + "k" * (MAX_KEY_CHARS + 1), 400, "key-too-long"),
         ("/stores/strings/all?" + "&".join(f"p{i}=1" for i in range(MAX_QUERY_PARAMS + 1)), 400, "too-many-parameters"),
+        (
+            "/stores/strings/all?" + "&&".join(f"p{i}=1" for i in range(MAX_QUERY_PARAMS + 1)),
+            400,
+            "too-many-parameters",
+        ),
+        # Empty pieces are no parameters: 16 and a trailing '&' are read, and the first unknown one named.
+        ("/stores/strings/all?" + "&".join(f"p{i}=1" for i in range(MAX_QUERY_PARAMS)) + "&", 400, "invalid-parameter"),
         ("/stores/strings/all?cursor=" + "A" * 5000, 400, "malformed-cursor"),
         ("/stores/clicks/windows?from=yesterday", 400, "malformed-range"),
         ("/stores/strings/all?limit=1_0", 400, "invalid-parameter"),
@@ -87,6 +94,11 @@ async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # ty
 async def test_hostile_requests_get_their_code(client, path: str, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
     resp = await client.get(path)
     assert resp.status == status and (await resp.json())["error"]["code"] == code
+
+
+async def test_empty_pieces_of_a_query_string_count_for_no_parameter(client) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get("/stores/strings/all?limit=2" + "&" * 40)
+    assert resp.status == 200 and len((await resp.json())["result"]) == 2
 
 
 @pytest.mark.parametrize(
