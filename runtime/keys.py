@@ -121,7 +121,10 @@ class KeyType:
             return self._parse_timestamp(text)
         # One spelling per key in a URL: INTEGER_TEXT.
         if INTEGER_TEXT.fullmatch(text) is None:
-            raise MalformedKey(f"key {text!r} is not a valid {self.name}", key=text, type=self.name)
+            # A '+' sign sent raw in a query string arrives as a space (form encoding): say so.
+            plus = " (a '+' in a query string arrives as a space: write it %2B, or leave it out)"
+            hint = plus if text.startswith(" ") and INTEGER_TEXT.fullmatch("+" + text[1:]) else ""
+            raise MalformedKey(f"key {text!r} is not a valid {self.name}{hint}", key=text, type=self.name)
         if len(text) > MAX_INTEGER_CHARS:
             raise MalformedKey(f"key {text[:24]!r}... is out of range for {self.name}", key=text[:24], type=self.name)
         return self._check_int(int(text, 10), text)

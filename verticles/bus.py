@@ -74,7 +74,7 @@ class RayOwner:
         try:
             return await raycalls.call(
                 lambda: remote(*args),
-                f"{method} on {self.uuid}",
+                f"{_ASKED.get(method, method)} on query actor {self.uuid}",
                 deadline=deadline,
                 actor=self.uuid,
                 on_restarting=self._trouble,
@@ -89,7 +89,7 @@ class RayOwner:
     def get_many_blocking(self, items: list[tuple[int, Any]], timeout: float) -> tuple[Sequence[bytes | None], Spans]:
         """``get_many`` from a plain thread (the Python client's fast path): one call, no retry, at most
         ``timeout`` seconds; the caller's async facade takes over when it fails."""
-        what = f"get_many on {self.uuid}"
+        what = f"{_ASKED['get_many']} on query actor {self.uuid}"
         try:
             answer: tuple[Sequence[bytes | None], Spans] = raycalls.get(
                 self._actor().get_many.remote(items), what, timeout=timeout, actor=self.uuid
@@ -133,6 +133,18 @@ class RayOwner:
     async def ping(self) -> bool:
         answer: bool = await self._call("ping", group=PROBE_GROUP)
         return answer
+
+
+# What each call asks of a query actor, as its errors say it (a 503's message reaches REST clients).
+_ASKED = {
+    "get_many": "a key lookup",
+    "scan": "a scan",
+    "scan_packed": "a scan",
+    "count": "a count",
+    "positions": "its positions",
+    "stats": "its stats",
+    "ping": "a ping",
+}
 
 
 class RayBus:

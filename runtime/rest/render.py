@@ -23,7 +23,7 @@ import msgpack
 from aiohttp import web
 
 from runtime.codec import encode_json
-from runtime.errors import RiqrError
+from runtime.errors import MalformedPath, RiqrError
 from runtime.windows import Windowed
 
 __all__ = [
@@ -174,7 +174,13 @@ def error_response(request: web.BaseRequest, exc: Exception) -> web.Response:
     if isinstance(exc, RiqrError):
         if exc.status >= 500:
             log.info("%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
-        return error_reply(request, exc.to_json(), status=exc.status, headers=exc.headers())
+        body = exc.to_json()
+        # Every error of a store's route names the store, whichever layer raised it (a key's parser, an
+        # owner's call); not a 401 or 403 (said alike for every store), nor a name that did not decode.
+        store = request.match_info.get("store") if isinstance(request, web.Request) else None
+        if store is not None and exc.status not in (401, 403) and not isinstance(exc, MalformedPath):
+            body["error"].setdefault("store", store)
+        return error_reply(request, body, status=exc.status, headers=exc.headers())
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
             raise exc

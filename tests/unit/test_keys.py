@@ -29,6 +29,16 @@ def test_malformed_long_keys_are_400s(text: str) -> None:
     assert info.value.status == 400
 
 
+def test_a_plus_sign_read_as_a_space_is_named_in_the_error() -> None:
+    """``range?from=+2`` arrives as " 2" (a raw '+' in a query string is a space): still a 400, saying why."""
+    with pytest.raises(MalformedKey, match="arrives as a space: write it %2B"):
+        LONG.parse(" 2")
+    for text in (" 10 ", "  2", " x"):  # not a plus sign's space: no such hint
+        with pytest.raises(MalformedKey) as info:
+            LONG.parse(text)
+        assert "%2B" not in info.value.message
+
+
 def test_int_bounds_are_checked() -> None:
     assert INT.parse(str(2**31 - 1)) == 2**31 - 1
     with pytest.raises(MalformedKey):

@@ -365,3 +365,21 @@ def test_the_error_codes_of_the_openapi_document_are_those_docs_api_md_lists() -
 
 def _codes(cell: str) -> list[str]:
     return [part.strip("` ") for part in cell.split(",") if part.strip()]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/stores/clicks/windows?from=yesterday",  # a time bound: had no "store"
+        "/stores/visits/sessions?earliestEnd=bad",
+        "/stores/strings/get/a?limit=1",  # a parameter the route does not take
+        "/stores/longs/get/1_0",
+        "/stores/strings/all?cursor=" + "A" * 5000,
+    ],
+)
+async def test_every_error_of_a_stores_route_names_the_store(client, path: str) -> None:  # type: ignore[no-untyped-def]
+    resp = await client.get(path)
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["store"] == path.split("/")[2], error
+    resp = await client.get("/stores/%FF/all")  # a name that does not decode is not echoed
+    assert "store" not in (await resp.json())["error"]
