@@ -38,6 +38,7 @@ __all__ = [
     "INT",
     "TIMESTAMP",
     "TOP",
+    "TooPrecise",
     "key_type_for_spark",
     "micros_to_datetime",
 ]
@@ -83,6 +84,26 @@ class _Top:
 
 
 TOP = _Top()
+
+
+# The fraction of a second of an ISO-8601 time ("10:00:00.123456789", or basic "100000,5"): Python 3.11's
+# fromisoformat reads any number of its digits and drops those past the sixth.
+_FRACTION = re.compile(r"\d{2}:?\d{2}:?\d{2}[.,](\d+)")
+
+
+class TooPrecise(MalformedKey):
+    """A timestamp with digits past the microsecond that are not zero (a Java ``Instant`` or Go's
+    RFC3339Nano may have nanoseconds): no stored key has them, and read as the microsecond below, a lower
+    bound would let in keys before it and a lookup find another key. Refused, never truncated."""
+
+
+def _too_precise(text: str, type_name: str) -> TooPrecise:
+    return TooPrecise(
+        f"timestamp {text!r} has digits past the microsecond; riqr's timestamps hold microseconds, as Spark's "
+        "do: write at most 6 fractional digits (a lower bound rounded up, an upper bound down)",
+        key=text,
+        type=type_name,
+    )
 
 
 def micros_to_datetime(micros: int) -> _dt.datetime:
@@ -143,6 +164,9 @@ class KeyType:
             # The same for ISO-8601's basic offset, "+0100", after a time ("2026-01-31 0100", a date and
             # a basic time, is left as it is).
             text = text[:-5] + "+" + text[-4:]
+        fraction = _FRACTION.search(text)
+        if fraction is not None and fraction.group(1)[6:].strip("0"):
+            raise _too_precise(text, self.name)
         try:
             parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
         except ValueError:
@@ -160,6 +184,8 @@ class KeyType:
         if self.kind == "integer" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
             return self._check_int(int(value), value)  # numpy's and pandas' integers too, as plain ints
         if self.kind == "timestamp" and isinstance(value, _dt.datetime):
+            if getattr(value, "nanosecond", 0):  # a pandas Timestamp: its nanoseconds are past a datetime's
+                raise _too_precise(str(value), self.name)
             return _datetime_to_micros(value)
         raise MalformedKey(
             f"key {value!r} of type {type(value).__name__} does not fit a {self.name} key", type=self.name

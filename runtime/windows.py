@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
 from runtime.errors import InvalidParameter, KeyTooLong, MalformedKey, MalformedRange, RiqrError
-from runtime.keys import TIMESTAMP, TOP, micros_to_datetime
+from runtime.keys import TIMESTAMP, TOP, TooPrecise, micros_to_datetime
 from runtime.scan import Bound, Scan, TimeFilter
 
 __all__ = ["Windowed", "present", "window_scan", "session_scan", "time_bound", "require_kind"]
@@ -67,6 +67,8 @@ def time_bound(value: Any, name: str) -> int | None:
         return None
     try:
         return int(TIMESTAMP.coerce(value))
+    except TooPrecise as err:
+        raise MalformedRange(f"{name}: {err.message}", parameter=name) from None
     except RiqrError:
         raise MalformedRange(
             f"{name} must be an ISO-8601 timestamp such as 2026-01-31T10:00:00Z, got {value!r}", parameter=name

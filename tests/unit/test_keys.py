@@ -39,6 +39,34 @@ def test_a_plus_sign_read_as_a_space_is_named_in_the_error() -> None:
         assert "%2B" not in info.value.message
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-01-01T00:00:00.000000100Z",
+        "2026-01-01T00:00:00.1234567+01:00",
+        "2026-01-01 00:00:00,0000001",
+        "20260101T000000.0000009Z",
+    ],  # fmt: skip
+)
+def test_timestamps_past_the_microsecond_are_refused_not_truncated(text: str) -> None:
+    """Read as the microsecond below, a lower bound would let in a key before it and a lookup find another
+    key: a 400 that says why. Zeros past the sixth digit (Java's nine-digit form of a whole microsecond)
+    are exact and read."""
+    from runtime.keys import TooPrecise
+
+    with pytest.raises(TooPrecise, match="digits past the microsecond") as info:
+        TIMESTAMP.parse(text)
+    assert info.value.code == "malformed-key"
+    assert TIMESTAMP.parse("2026-01-01T00:00:00.123456000Z") == TIMESTAMP.parse("2026-01-01T00:00:00.123456Z")
+    import pandas
+
+    with pytest.raises(TooPrecise):
+        TIMESTAMP.coerce(pandas.Timestamp("2026-01-01T00:00:00.000000100Z"))
+    assert TIMESTAMP.coerce(pandas.Timestamp("2026-01-01T00:00:00.000001Z")) == TIMESTAMP.parse(
+        "2026-01-01T00:00:00.000001Z"
+    )
+
+
 def test_int_bounds_are_checked() -> None:
     assert INT.parse(str(2**31 - 1)) == 2**31 - 1
     with pytest.raises(MalformedKey):

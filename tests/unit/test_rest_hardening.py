@@ -84,6 +84,7 @@ async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # ty
         ("/stores/strings/all?" + "&".join(f"p{i}=1" for i in range(MAX_QUERY_PARAMS)) + "&", 400, "invalid-parameter"),
         ("/stores/strings/all?cursor=" + "A" * 5000, 400, "malformed-cursor"),
         ("/stores/clicks/windows?from=yesterday", 400, "malformed-range"),
+        ("/stores/clicks/windows?from=2026-01-01T00:00:00.000000100Z", 400, "malformed-range"),  # nanoseconds
         ("/stores/strings/all?limit=1_0", 400, "invalid-parameter"),
         ("/stores/strings/all?limit=" + "9" * 5000, 400, "invalid-parameter"),  # int() raised: a 500
         ("/stores/longs/get/" + "9" * 1000, 400, "malformed-key"),
