@@ -964,6 +964,14 @@ def test_a_topology_that_cannot_reach_ray_says_so_and_exits_1(
         raise ConnectionError("Could not find any running Ray instance.")
 
     monkeypatch.setattr(ray, "init", no_cluster)
+    # An address where nothing listens: "auto" would find a cluster this machine runs meanwhile (another
+    # session's, or the suite's own integration tests), which answers, and that is "cannot join".
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     started: list[object] = []
     with caplog.at_level(logging.ERROR):
         assert run_topology(argparse.ArgumentParser(prog="t"), ["--log-format", "kv"], lambda *a: started) == 1
