@@ -161,11 +161,13 @@ class Store:
         lo: Any = None,
         hi: Any = None,
         prefix: str | None = None,
-        reverse: bool = False,
+        reverse: bool | None = None,
     ) -> Page:
         """At most ``limit`` entries and the cursor of the next page (``None`` after the last page).
 
-        Pass the cursor back to continue the same scan (its bounds and direction travel in the cursor).
+        Pass the cursor back to continue the same scan (its bounds and direction travel in the cursor), alone
+        or with this call's own arguments: ``reverse`` left out (None) is the cursor's direction, and
+        ``reverse=False`` beside a reverse scan's cursor is ``MalformedCursor``.
         Paging through a store that is being updated never repeats a key and never skips one that was
         present throughout.
         """
@@ -243,7 +245,7 @@ class Store:
         key_to: Any = None,
         time_from: Any = None,
         time_to: Any = None,
-        reverse: bool = False,
+        reverse: bool | None = None,
     ) -> Page:
         """At most ``limit`` windows of ``key`` (or of the keys in [``key_from``, ``key_to``]) whose start lies
         in [``time_from``, ``time_to``], and the cursor of the next page, as ``page`` for key-value stores."""
@@ -273,7 +275,7 @@ class Store:
         key_to: Any = None,
         earliest_end: Any = None,
         latest_start: Any = None,
-        reverse: bool = False,
+        reverse: bool | None = None,
     ) -> Page:
         """At most ``limit`` sessions of ``key`` (or of a key range; with ``earliest_end``/``latest_start``,
         those ending at or after and starting at or before them), and the cursor of the next page."""
@@ -360,7 +362,7 @@ class Store:
         lo: Any = None,
         hi: Any = None,
         prefix: str | None = None,
-        reverse: bool = False,
+        reverse: bool | None = None,
     ) -> Page:
         query = RangeQuery(self.name, lo, hi, prefix, reverse)
         return await self._client.call_async("page", query, PageRequest(limit, cursor))

@@ -120,7 +120,8 @@ class ScanQuery(Protocol):
     def bind(self, spec: StoreSpec) -> Scan: ...
 
     def bare(self) -> ScanQuery:
-        """The same kind of query on the same store with none of its parameters: a cursor given alone."""
+        """The same kind of query on the same store with none of its parameters: a cursor given alone. A
+        parameter given with its default value (``reverse=false``) is given: the query is not bare."""
         ...
 
 
@@ -134,7 +135,7 @@ class RangeQuery:
     lo: Any = None
     hi: Any = None
     prefix: str | None = None
-    reverse: bool = False
+    reverse: bool | None = None  # None: not given (forward, or a cursor's own direction)
 
     def bare(self) -> RangeQuery:
         return RangeQuery(self.store)
@@ -156,7 +157,7 @@ class RangeQuery:
                     f"{key.type_label} keys",
                     store=spec.name,
                 )
-            return prefix_scan(self.prefix, reverse=self.reverse, composite=key.composite)
+            return prefix_scan(self.prefix, reverse=bool(self.reverse), composite=key.composite)
         bounds = []
         for parameter, bound, upper in (("from", self.lo, False), ("to", self.hi, True)):
             try:
@@ -165,7 +166,7 @@ class RangeQuery:
                 raise
             except RiqrError as err:  # named as the window and session bounds are
                 raise MalformedRange(err.message, store=spec.name, parameter=parameter) from None
-        return Scan.closed(bounds[0], bounds[1], reverse=self.reverse)
+        return Scan.closed(bounds[0], bounds[1], reverse=bool(self.reverse))
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class WindowQuery:
     key_to: Any = None
     time_from: Any = None
     time_to: Any = None
-    reverse: bool = False
+    reverse: bool | None = None  # None: not given (forward, or a cursor's own direction)
 
     def bare(self) -> WindowQuery:
         return WindowQuery(self.store)
@@ -195,7 +196,7 @@ class WindowQuery:
             key_to=_maybe_bound(spec, self.key_to),
             time_from=self.time_from,
             time_to=self.time_to,
-            reverse=self.reverse,
+            reverse=bool(self.reverse),
         )
 
 
@@ -212,7 +213,7 @@ class SessionQuery:
     key_to: Any = None
     earliest_end: Any = None
     latest_start: Any = None
-    reverse: bool = False
+    reverse: bool | None = None  # None: not given (forward, or a cursor's own direction)
 
     def bare(self) -> SessionQuery:
         return SessionQuery(self.store)
@@ -226,7 +227,7 @@ class SessionQuery:
             key_to=_maybe_bound(spec, self.key_to),
             earliest_end=self.earliest_end,
             latest_start=self.latest_start,
-            reverse=self.reverse,
+            reverse=bool(self.reverse),
         )
 
 

@@ -152,7 +152,7 @@ class Facade:
         if cursor is None:
             return table, scan, scan
         origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor)
-        if scan != origin and scan != query.bare().bind(table.spec):
+        if scan != origin and query != query.bare():
             raise MalformedCursor(
                 "the cursor continues another scan than this request asks for: send it alone, or with the "
                 "parameters of the request whose page gave it",

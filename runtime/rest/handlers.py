@@ -98,10 +98,12 @@ def _query_key(request: web.Request, name: str) -> UrlKey | None:
     return None if found is None else UrlKey(found, in_query=True)
 
 
-def _bool_param(request: web.Request, name: str) -> bool:
+def _bool_param(request: web.Request, name: str) -> bool | None:
+    """A flag's value, or None when it is not given (``reverse=false`` beside a cursor is not the cursor
+    alone: a cursor of a reverse scan sent with it is refused, not continued backwards)."""
     raw = request.query.get(name)
     if raw is None:
-        return False
+        return None
     if raw.lower() in _TRUE or raw == "":
         return True
     if raw.lower() in _FALSE:

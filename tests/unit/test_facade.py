@@ -337,6 +337,20 @@ async def test_pages_follow_cursors_to_the_end(facade: Facade) -> None:
         await facade.page(query, PageRequest(facade.scatter.max_page + 1))
 
 
+async def test_a_reverse_cursor_goes_on_alone_or_with_reverse_and_never_with_reverse_false(facade: Facade) -> None:
+    """Python's ``store.page(limit, cursor)`` leaves ``reverse`` unsaid (None): the cursor's own direction.
+    ``reverse=False`` said beside a reverse scan's cursor is the other direction: refused, not continued."""
+    from runtime.errors import MalformedCursor
+
+    first = await facade.page(RangeQuery("customers", reverse=True), PageRequest(2))
+    newest = sorted(CUSTOMERS.items(), reverse=True)
+    assert first.entries == newest[:2]
+    for same in (RangeQuery("customers"), RangeQuery("customers", reverse=True)):
+        assert (await facade.page(same, PageRequest(2, first.next))).entries == newest[2:4]
+    with pytest.raises(MalformedCursor, match="continues another scan"):
+        await facade.page(RangeQuery("customers", reverse=False), PageRequest(2, first.next))
+
+
 async def test_paging_while_the_store_changes_never_repeats_or_skips_a_stable_key(bus: FakeBus) -> None:
     bus.create_store(kv_spec("busy"))
     stable = {f"k{i:05d}": "v" for i in range(0, 2_000, 2)}

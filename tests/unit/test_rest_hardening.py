@@ -151,6 +151,16 @@ async def test_a_cursor_comes_alone_or_with_the_parameters_that_issued_it(client
     for other in ("from=-5&", "from=0&to=9&", "from=0&reverse=true&", "reverse=true&"):
         got = await client.get(f"/stores/longs/range?{other}limit=1&cursor={first['next']}")
         assert got.status == 400 and (await got.json())["error"]["code"] == "malformed-cursor", other
+    # The other direction said with its default value: a reverse scan's cursor with reverse=false was taken
+    # as a cursor alone and continued backwards, a 200 in the order the request did not ask for.
+    backwards = await (await client.get("/stores/strings/all?reverse=true&limit=1")).json()
+    for path in ("/stores/strings/all?reverse=false&", "/stores/visits/sessions?reverse=0&"):
+        cursor = backwards["next"] if "strings" in path else (await (await client.get(
+            "/stores/visits/sessions?reverse=true&limit=1")).json())["next"]  # fmt: skip
+        got = await client.get(f"{path}limit=1&cursor={cursor}")
+        assert got.status == 400 and (await got.json())["error"]["code"] == "malformed-cursor", path
+    alone = await client.get(f"/stores/strings/all?limit=1&cursor={backwards['next']}")  # alone: its own scan
+    assert alone.status == 200 and (await alone.json())["result"][0]["key"] < backwards["result"][0]["key"]
 
 
 @pytest.mark.parametrize(
