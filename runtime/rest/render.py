@@ -167,6 +167,9 @@ def error_reply(
     return web.Response(body=data, status=status, content_type=content_type, headers=headers)
 
 
+_INTERNAL = "internal error; see the server log"
+
+
 def error_response(request: web.BaseRequest, exc: Exception) -> web.Response:
     """The one place errors become HTTP responses (``runtime.rest.pipeline`` calls it): a riqr error with
     its own status, aiohttp's routing errors as JSON, anything else a logged 500. Re-raises an
@@ -189,7 +192,7 @@ def error_response(request: web.BaseRequest, exc: Exception) -> web.Response:
         body = {"error": {"code": code, "message": exc.reason, "path": request.path}}
         return error_reply(request, body, status=exc.status, headers=headers)
     log.error("unhandled error serving %s %s", request.method, request.path, exc_info=exc)
-    body = {"error": {"code": "internal", "message": "internal error; see the server log"}}
+    body = {"error": {"code": "internal", "message": _INTERNAL}}
     return error_reply(request, body, status=500)
 
 
@@ -302,6 +305,11 @@ async def stream_ndjson(
         except ConnectionResetError:  # the client went away: nothing to tell it
             broke_off(request, CLIENT_LEFT)
             return response
+        except Exception as err:  # noqa: BLE001 - a bug: the stream ends with the 500's line, as any error's
+            # Left to the pipeline, it built a second response and wrote it into this one's body.
+            log.error("unhandled error streaming %s %s", request.method, request.path, exc_info=err)
+            broke_off(request, 500)
+            await response.write(encode_json({"error": {"code": "internal", "message": _INTERNAL}}) + b"\n")
         await response.write_eof()
         return response
     finally:

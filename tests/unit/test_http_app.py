@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+from typing import Any
 
 import msgpack
 import pytest
@@ -362,6 +363,32 @@ async def test_an_ndjson_stream_that_breaks_off_ends_in_an_error_line_counted_as
     assert all("key" in json.loads(line) for line in lines[:-1])
     counted = await (await client.get("/metrics")).text()
     assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="503") == 1
+
+
+async def test_an_ndjson_stream_that_hits_a_bug_ends_in_an_internal_error_line(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """Not a riqr error after the first line: it reached the request pipeline, which built a second
+    response and wrote it (status line and all) into the stream's chunked body."""
+    bus = FakeBus()
+    bus.create_store(kv_spec("s"))
+    bus.load("s", {"k": "v"})
+    facade = Facade(bus, timeout=5.0)
+
+    async def broken(*_: Any, **__: Any) -> Any:
+        yield b'{"key":"k","value":"v"}\n'
+        raise RuntimeError("a bug")
+
+    facade.stream_ndjson = broken  # type: ignore[method-assign]
+    client = await aiohttp_client(build_app(facade))
+    resp = await client.get("/stores/s/all", headers={"Accept": "application/x-ndjson"})
+    body = await resp.read()
+    assert resp.status == 200 and b"HTTP/1.1" not in body
+    lines = [json.loads(line) for line in body.splitlines()]
+    assert lines == [
+        {"key": "k", "value": "v"},
+        {"error": {"code": "internal", "message": "internal error; see the server log"}},
+    ]
+    counted = await (await client.get("/metrics")).text()
+    assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="500") == 1
 
 
 async def test_a_whole_msgpack_answer_past_its_bound_is_a_400_naming_the_ways_out(big) -> None:  # type: ignore[no-untyped-def]
