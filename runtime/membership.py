@@ -88,6 +88,7 @@ def membership_record(
     dropping: Iterable[str] = (),
     follow: bool = False,
     first_actives: Mapping[tuple[str, int], str] | None = None,
+    epochs_below: int | None = None,
 ) -> dict[str, Any]:
     """Each store of ``view`` (but ``without``) with its spec and its actors (uuid, node, partitions), and
     whether the registry is retired (``riqr down`` under way: a registry restarted meanwhile stays so).
@@ -97,7 +98,8 @@ def membership_record(
     them rather than take them back). ``follow``: nodes that join get a facade and a REST API (``riqr up``
     for every node asked for it), which a restarted registry goes on doing. ``first_actives``: (store,
     partition) -> the active a promotion replaced, to be given the partition back once it serves (a
-    registry restarted meanwhile still gives it back)."""
+    registry restarted meanwhile still gives it back). ``epochs_below``: a bound on every epoch the registry
+    has handed out, which a restarted registry starts at or past whatever its node's clock says."""
     stores: dict[str, Any] = {name: entry for name, entry in (carried or {}).items() if name not in view.tables}
     for name, table in sorted(view.tables.items()):
         members = sorted((a for a in view.actors.values() if a.store == name), key=lambda a: a.uuid)
@@ -124,7 +126,16 @@ def membership_record(
         record["dropping"] = pending
     if follow:
         record["follow"] = True
+    if epochs_below is not None:
+        record["epochs_below"] = epochs_below
     return record
+
+
+def epochs_below(saved: Mapping[str, Any] | None) -> int:
+    """The bound a saved record puts on the epochs handed out before it (0 when it has none: a record of
+    an earlier riqr)."""
+    bound = (saved or {}).get("epochs_below")
+    return bound if isinstance(bound, int) and not isinstance(bound, bool) else 0
 
 
 @dataclass(frozen=True)

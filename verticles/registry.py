@@ -5,7 +5,8 @@ A thin shell over ``runtime.registry.RegistryState``. Creating a store also crea
 it rebuilds its tables from the query actors, which each know their store and partitions, and from the
 members it saved (``runtime.membership``: the actors that cannot answer then are not forgotten), and its
 endpoints from the HTTP verticles, and starts its epoch past any value it handed out before (epochs are
-wall-clock based, from the start and again on a rebuild), so facades refresh.
+wall-clock based, from the start and again on a rebuild, and never below the bound its saved members carry,
+whatever the node's clock says), so facades refresh.
 
 Ingest records (``runtime.feeds.FeedBook``: each store's feed, its liveness and dead-letter totals) are not
 in the query actors, so the registry keeps them in a file under its node's data directory and reads it
@@ -55,7 +56,7 @@ from runtime.config import (
 )
 from runtime.errors import Conflict, InvalidParameter, NotFound, RiqrError, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book, save_book
-from runtime.membership import UndecodableRecord, membership_record, merge_members
+from runtime.membership import UndecodableRecord, epochs_below, membership_record, merge_members
 from runtime.moves import behind, removable_standby
 from runtime.ownership import (
     ActorInfo,
@@ -81,6 +82,9 @@ INGEST_FILE = Path("_registry") / "ingest.json"
 
 # A restarted registry that cannot read its saved members (Ray's GCS not answering) tries again after
 # this long, then twice as long each time, up to MEMBERS_READ_WAIT_MAX seconds.
+# How far ahead of the epoch the saved members' bound on epochs is put (``_save_members``): epochs move by
+# one per change, so it is written again only after that many moves without a change of members.
+EPOCH_RESERVE = 1_000_000
 MEMBERS_READ_WAIT = 0.5
 MEMBERS_READ_WAIT_MAX = 5.0
 
@@ -159,6 +163,7 @@ class Registry:
         # and their counts met), and 0 stays "never saw a registry" (``ClusterView``'s default).
         first_epoch = int(clock() * 1000)
         self.state = RegistryState(epoch=first_epoch)
+        self._epochs_below = 0  # the bound on epochs handed out that the saved members carry (_save_members)
         # Woken on every epoch bump; ``wait_epoch`` callers (facades) wait on it in their own threads.
         self._changed = threading.Condition()
         # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
@@ -230,8 +235,17 @@ class Registry:
         would: ``check_nodes`` creates them again (on their node, or elsewhere if it is gone), and until
         then their partitions fail over to a standby or answer 503. A record that says ``riqr down`` was
         under way leaves this registry retired too (``resume`` undoes it)."""
-        self.state = RegistryState(epoch=epoch)
         saved = self._load_members()
+        # At or past every epoch handed out before, whatever this node's clock says: epochs are wall-clock
+        # based, and a registry restarted on a node whose clock is behind would start below them. Facades and
+        # the sink keep the newest view they saw, so every view of the restarted one would be ignored, and a
+        # read replica it no longer lists would go on answering from a state nothing feeds.
+        self._epochs_below = epochs_below(saved)
+        if self._epochs_below > epoch:
+            log.info("epochs go on from %d, the bound saved before the restart (this node's clock says %d)",
+                     self._epochs_below, epoch)  # fmt: skip
+            epoch = self._epochs_below
+        self.state = RegistryState(epoch=epoch)
         self._members_saved = saved  # written again only where the rebuilt tables differ from it
         merged = merge_members(saved, self._env.query_actor_infos())
         self._members_carried = merged.carried
@@ -300,9 +314,12 @@ class Registry:
         if self._members_off:
             return
         view = self.state.view()
+        # The bound on the epochs handed out, moved far ahead only when the epoch reaches it: a write per
+        # EPOCH_RESERVE epoch moves, not per move (an endpoint or a promotion alone writes nothing).
+        bound = self._epochs_below if view.epoch < self._epochs_below else view.epoch + EPOCH_RESERVE
         record = membership_record(view, retired=self._retired, carried=self._members_carried, without=without,
                                    dropping=self._dropping.union(dropping), follow=self._follow,
-                                   first_actives=self._first_active)  # fmt: skip
+                                   first_actives=self._first_active, epochs_below=bound)  # fmt: skip
         if record == self._members_saved:
             return
         try:
@@ -319,7 +336,7 @@ class Registry:
             return
         if self._members_failing:
             log.info("saved the stores' members again")
-        self._members_saved, self._members_failing = record, False
+        self._members_saved, self._members_failing, self._epochs_below = record, False, bound
 
     def _restore_feeds(self, stale_after: float) -> None:
         if self._ingest_path is None:

@@ -647,11 +647,40 @@ def _infos(view: Any, *, without: Sequence[str] = ()) -> list[dict[str, Any]]:
     ]
 
 
+def _members(record: dict[str, Any] | None) -> dict[str, Any]:
+    """A saved members record without its bound on epochs (which a restart moves on)."""
+    return {k: v for k, v in (record or {}).items() if k != "epochs_below"}
+
+
+def test_a_registry_restarted_on_a_node_whose_clock_is_behind_goes_on_past_its_epochs() -> None:
+    """Epochs are wall-clock milliseconds: a registry restarted on a node whose clock is an hour behind
+    started an hour of epochs below the ones facades and the sink hold, and they ignored every view it
+    gave (a read replica it no longer listed went on answering). The saved members bound the epochs handed
+    out, written again only when the epoch reaches the bound (not for an endpoint or a promotion)."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2))
+    writes = env.membership_writes
+    for node in range(5):
+        registry.register_endpoint(f"node-{node}", "10.0.0.1", 7400)
+    last = registry.view().epoch
+    assert env.membership_writes == writes and env.membership is not None and env.membership["epochs_below"] > last
+    clock.now -= 3600  # an hour behind
+    again = FakeEnv(restarted=True)
+    again.membership, again.infos = env.membership, _infos(view)
+    restarted = Registry("ns", again, clock=clock)
+    assert restarted.view().epoch > last and restarted.view().table("s") == view.table("s")
+    assert again.membership is not None and again.membership["epochs_below"] > restarted.view().epoch
+    older = FakeEnv(restarted=True)  # a record of an earlier riqr, without the bound: the clock, as before
+    older.membership, older.infos = _members(env.membership), _infos(view)
+    assert Registry("ns", older, clock=clock).view().epoch < last  # what the bound is for
+
+
 def test_a_registry_saves_the_stores_members_when_they_change_and_only_then() -> None:
     env = FakeEnv()
     registry = Registry("ns", env, new_uuid=uuids())
     # A new deployment's record replaces an earlier one's.
-    assert env.membership == {"version": 1, "retired": False, "stores": {}}
+    assert _members(env.membership) == {"version": 1, "retired": False, "stores": {}}
     registry.create_store(kv_spec("s", partitions=4, actors=2))
     saved = env.membership
     assert saved is not None and sorted(a["uuid"] for a in saved["stores"]["s"]["actors"]) == sorted(
@@ -666,7 +695,7 @@ def test_a_registry_saves_the_stores_members_when_they_change_and_only_then() ->
     assert env.membership is not None
     assert {a["uuid"]: a["node_id"] for a in env.membership["stores"]["s"]["actors"]}[victim] == "node-b"
     registry.drop_store("s")
-    assert env.membership == {"version": 1, "retired": False, "stores": {}}
+    assert _members(env.membership) == {"version": 1, "retired": False, "stores": {}}
     registry.forget_records()  # riqr down
     assert env.membership is None
     registry.register_endpoint("node-b", "10.0.0.2", 7400)
@@ -691,7 +720,7 @@ def test_a_restarted_registry_remembers_the_actors_that_do_not_answer_and_create
     assert sorted(rebuilt.tables) == ["s", "t"]  # neither store is left out
     assert rebuilt.actors[victim] == view.actors[victim] and rebuilt.actors[lone] == view.actors[lone]
     assert sorted(p for a in rebuilt.actors.values() if a.store == "s" for p in a.partitions) == [0, 1, 2, 3]
-    assert again.membership == env.membership  # saved again as rebuilt: nothing was forgotten
+    assert _members(again.membership) == _members(env.membership)  # saved again as rebuilt: nothing was forgotten
     # From there they are actors gone for good: created again on their own nodes, where their data is.
     restarted.check_nodes()
     clock.now += 2
@@ -729,7 +758,8 @@ def test_a_restarted_registry_waits_for_its_saved_members_and_never_writes_over_
     restarted = Registry("ns", again, clock=clock, sleep=waits.append)
     assert waits == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
     assert restarted.view().actors[victim] == view.actors[victim]
-    assert again.membership == env.membership and again.membership_writes == 0  # nothing to change in it
+    assert _members(again.membership) == _members(env.membership)  # nothing to change in it but the epochs' bound
+    assert again.membership_writes == 1 and again.membership["epochs_below"] > restarted.view().epoch
 
 
 def test_a_saved_record_that_cannot_be_decoded_leaves_the_live_actors_and_is_replaced(
@@ -742,7 +772,7 @@ def test_a_saved_record_that_cannot_be_decoded_leaves_the_live_actors_and_is_rep
     again.infos, again.undecodable = _infos(view), True
     restarted = Registry("ns", again, sleep=lambda _: pytest.fail("a record that is there is not waited for"))
     assert restarted.view().table("s") == view.table("s") and "cannot be decoded" in caplog.text
-    assert again.membership == env.membership  # the next save replaced it
+    assert _members(again.membership) == _members(env.membership)  # the next save replaced it
 
 
 def test_an_entry_that_cannot_be_parsed_is_carried_until_its_store_is_dropped() -> None:
