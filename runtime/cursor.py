@@ -93,16 +93,16 @@ class CursorCodec:
     def _tag(self, body: bytes) -> bytes:
         return hmac.new(self._key, body, hashlib.sha256).digest()[:_TAG_BYTES]
 
-    def encode(self, store: str, shape: str, scan: Scan, last_key: Any) -> str:
-        """An opaque token continuing ``scan`` of ``store`` (issued by a ``shape`` query) after ``last_key``."""
+    def encode(self, store: str, shape: str, scan: Scan, last_key: Any, key_types: str | None = None) -> str:
+        """An opaque token continuing ``scan`` of ``store`` (issued by a ``shape`` query) after ``last_key``;
+        ``key_types`` (the store's ``KeySchema.type_label``), when given, is checked by ``decode``."""
         hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
         lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
         times = None if scan.times is None else scan.times.to_wire()
-        body = msgpack.packb(
-            [_CURSOR_VERSION, store, shape, scan.reverse, lo, hi, _wire_key(last_key), times],
-            use_bin_type=True,
-            default=_pack_default,
-        )
+        fields = [_CURSOR_VERSION, store, shape, scan.reverse, lo, hi, _wire_key(last_key), times]
+        if key_types is not None:
+            fields.append(key_types)
+        body = msgpack.packb(fields, use_bin_type=True, default=_pack_default)
         if len(body) > 64:  # short bodies do not shrink
             deflated = _DEFLATED + zlib.compress(body, 9)
             body = deflated if len(deflated) < len(body) else body
@@ -122,16 +122,24 @@ class CursorCodec:
                 body = inflate.decompress(body[1:], 16 * MAX_CURSOR_CHARS)
                 if not inflate.eof:
                     raise ValueError("not a whole deflated body")
-            version, store, issued_for, reverse, lo, hi, last, times = msgpack.unpackb(
-                body, raw=False, ext_hook=_ext_hook, strict_map_key=True
-            )
+            fields = msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=True)
+            # The key's types came later (a cursor issued before has eight fields, and is taken as it was).
+            version, store, issued_for, reverse, lo, hi, last, times, *types = fields
         except MalformedCursor:
             raise MalformedCursor(_NOT_OURS, store=spec.name) from None
         except (ValueError, TypeError, zlib.error, msgpack.UnpackException):
             raise MalformedCursor(_NOT_OURS, store=spec.name) from None
-        if version != _CURSOR_VERSION or store != spec.name or issued_for != shape:
+        if version != _CURSOR_VERSION or store != spec.name or issued_for != shape or len(types) > 1:
             raise MalformedCursor(f"the cursor belongs to another query, not to this {shape} query of store "
                                   f"{spec.name!r}", store=spec.name)  # fmt: skip
+        if types and types[0] != spec.key.type_label:
+            # A store dropped and declared again with other key types: a long's bound read as a timestamp's
+            # (both integers inside) would continue the scan from a meaningless place.
+            raise MalformedCursor(
+                f"the cursor was issued for store {spec.name!r} when its key was {types[0]}; it is "
+                f"{spec.key.type_label} now (the store was declared again)",
+                store=spec.name,
+            )
         try:
             scan = Scan(_bound(spec, lo), _bound(spec, hi), _flag(reverse), _times(spec, times))
             return scan, scan.after(_key(spec, last, whole=True))

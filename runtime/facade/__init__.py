@@ -174,7 +174,7 @@ class Facade:
 
         def cursor_after(last_key: Any) -> str:
             # The scan as begun, not as continued: every page's cursor then fits the query's parameters.
-            return self.cursors.encode(table.spec.name, query.shape, origin, last_key)
+            return self.cursors.encode(table.spec.name, query.shape, origin, last_key, table.spec.key.type_label)
 
         page = await self.scatter.page(table, scan, request.limit, cursor_after)
         self._scanned(query.store, len(page.entries))

@@ -177,3 +177,17 @@ def test_a_cursor_over_the_limit_says_so_rather_than_that_it_is_not_ours() -> No
     )
     assert "not one this server issued" not in refused.value.message
     assert refused.value.details == {"store": "s", "limit": MAX_CURSOR_CHARS}
+
+
+def test_a_cursor_of_a_store_declared_again_with_other_key_types_is_refused() -> None:
+    """A long key and a timestamp key are both integers inside: the cursor's bound would be read as the
+    other type's and the scan continued from a meaningless place. A cursor without the types (issued
+    before they were carried) is taken as it was."""
+    codec = CursorCodec(KEY)
+    longs, times = kv_spec("s", key_type="long"), kv_spec("s", key_type="timestamp")
+    token = codec.encode("s", "range", Scan(), 1_700_000_000_000_000, longs.key.type_label)
+    assert codec.decode(longs, "range", token) == Scan().after(1_700_000_000_000_000)
+    with pytest.raises(MalformedCursor, match="when its key was long; it is timestamp now"):
+        codec.decode(times, "range", token)
+    before = codec.encode("s", "range", Scan(), 1_700_000_000_000_000)
+    assert codec.decode(times, "range", before) == Scan().after(1_700_000_000_000_000)
