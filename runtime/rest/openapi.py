@@ -28,7 +28,7 @@ __all__ = ["SPEC", "openapi_document", "openapi_json", "docs_page", "COMMON_ERRO
 SPEC: web.AppKey[dict[str, Any]] = web.AppKey("riqr.openapi", dict)
 
 # Statuses any route may answer, and the error codes behind each status (docs/api.md lists them too).
-COMMON_ERRORS = (405, 413, 414, 431)
+COMMON_ERRORS = (400, 405, 413, 414, 431)  # 400: too-many-parameters, checked on every path
 ERROR_CODES: dict[int, tuple[str, ...]] = {
     400: (
         "bad-request",
