@@ -213,6 +213,13 @@ class PartitionState:
             return True
         return False
 
+    def resets_for(self, source: str, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` of ``source`` rebuilds this partition from scratch (``apply``): a new
+        source's batch 0, or that batch again after a reset that did not finish. (A catching-up partition
+        ends its catch-up for it, then is rebuilt so too.)"""
+        position = self.engine.position()
+        return batch_id == 0 and (source != position.source or (position.batch_id < 0 and self.state != SERVING))
+
     def apply(self, source: str, batch_id: int, rows: Rows, hold: Hold | None = None) -> ApplyResult:
         """Apply batch ``batch_id`` of ``source`` to this partition, by the rules in the module docstring.
         ``hold`` comes with every batch of an append-mode store with a watermark (see ``Hold``)."""
@@ -224,7 +231,7 @@ class PartitionState:
             # Batch 0 of a new source rebuilds the partition by itself: the catch-up is moot.
             log.info("partition %d: batch 0 of a new source ends its catch-up", self.partition)
             self._end_catch_up()
-        if batch_id == 0 and (source != position.source or (position.batch_id < 0 and self.state != SERVING)):
+        if self.resets_for(source, batch_id):
             # A new source's batch 0 (or that batch again, after a reset whose apply failed or whose actor
             # died before it was in): the partition is rebuilt from it. It answers nothing meanwhile, and
             # if the apply fails it stays so (never serving the emptied state).

@@ -25,7 +25,7 @@ from runtime.codec import decode_value
 from runtime.engines import NONE, EngineCorrupt, PartitionEngine, Position, open_engine
 from runtime.engines.base import fsync_directory
 from runtime.engines.keycodec import KeyCodec
-from runtime.errors import CopyMoved, PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
+from runtime.errors import CopyMoved, NotConnected, PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Span, Spans
@@ -165,8 +165,13 @@ class QueryCore:
         rebuild: RebuildSettings | None = None,
         catch_up_on_gap: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        reset_check: Callable[[str], str | None] | None = None,
     ) -> None:
         self.spec = spec
+        # Asked before a batch 0 resets a partition: why that source may not (another feed holds the store
+        # now), or None (``Registry.reset_refused``). A late batch 0 of a displaced feed would otherwise
+        # replace what the store holds, and serve it: a gap shows only from batch 1 on.
+        self._reset_check = reset_check
         self._codec = KeyCodec(spec.key)
         self.directory = directory
         # What it applied, for Ray's metrics (the verticle mirrors them) and every HTTP node's /metrics.
@@ -271,6 +276,14 @@ class QueryCore:
         hold: Hold | None,
     ) -> list[ApplyResult]:
         started = time.perf_counter()
+        if batch_id == 0 and self._reset_check is not None:
+            resets = [
+                p for p in slices if (state := self.partitions.get(p)) is not None and state.resets_for(source, 0)
+            ]
+            why = self._reset_check(source) if resets else None
+            if why is not None:
+                raise NotConnected(f"{why}; batch 0 of source {source} resets no partition here",
+                                   store=self.spec.name)  # fmt: skip
         results = []
         copied: set[int] = set()  # partitions that took the file another copy wrote of the batch
         for p, table in sorted(slices.items()):

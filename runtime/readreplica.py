@@ -122,9 +122,11 @@ class ReadReplicas:
     def _make(self, spec: StoreSpec, holders: frozenset[str]) -> ReadReplica:
         uuid = self._new_uuid()
         # Every partition starts lost: it serves nothing until copied from a peer after the publication.
+        peers = self._peers_for(spec.name)
         core = QueryCore(
-            spec, range(spec.partitions), recovered=True, peers=self._peers_for(spec.name), me=uuid, spawn=self._spawn
-        )
+            spec, range(spec.partitions), recovered=True, peers=peers, me=uuid, spawn=self._spawn,
+            reset_check=getattr(peers, "reset_refused", None),  # a displaced feed's late batch 0 resets no replica
+        )  # fmt: skip
         replica = ReadReplica(ReaderCopy(uuid, spec.name, self.node_id, self.actor), core, holders)
         self._by_store[spec.name] = replica
         self._by_uuid[uuid] = replica

@@ -168,18 +168,26 @@ class BatchDelivery:
     # -- the cluster ----------------------------------------------------------------------------------
 
     def current_view(
-        self, *, fresh: bool = False, get: Callable[..., Any] = raycalls.get, feeding: bool = False
+        self,
+        *,
+        fresh: bool = False,
+        get: Callable[..., Any] = raycalls.get,
+        feeding: bool = False,
+        source: str | None = None,
     ) -> ClusterView:
         """The registry's view (cached while its epoch holds). Called from the batch's thread and from the
         looks at the copies (``topologies.sink.unserved``): each caller gets the view it fetched, and the
         cache never goes back to an older epoch than it holds. ``get`` waits for the registry's answers
         (``raycalls.get``'s arguments). ``feeding`` (a batch about to be delivered): the same call also
-        asks whether another feed holds the store now, and ``NotConnected`` says so if it does."""
+        asks whether another feed holds the store now, and ``NotConnected`` says so if it does; it names the
+        batch's ``source``, whose batch 0 alone may then reset the store's partitions (a displaced feed's
+        late one may not: ``Registry.reset_refused``)."""
         reg = registry(self.namespace)
         if feeding:
             owners = sorted(self.owners or ())
-            epoch, taken = get(reg.feed_epoch.remote(self.spec.name, self.feeder.id, self.lineage, owners),
-                               "registry epoch", timeout=_CALL_TIMEOUT)  # fmt: skip
+            # The source only when there is one: a registry of the riqr before takes four arguments.
+            args = (self.spec.name, self.feeder.id, self.lineage, owners) + ((source,) if source else ())
+            epoch, taken = get(reg.feed_epoch.remote(*args), "registry epoch", timeout=_CALL_TIMEOUT)
             if taken is not None:
                 raise NotConnected(f"{taken}; this topology stops feeding it", store=self.spec.name)
         else:
@@ -307,7 +315,7 @@ class BatchDelivery:
         deadline: Deadline,
     ) -> list[Any]:
         clock = time.perf_counter()
-        view = self.current_view(feeding=True)
+        view = self.current_view(feeding=True, source=source)
         ownership = self.table(view)
         if ownership is None:
             raise NotConnected(self.gone(), store=self.spec.name)

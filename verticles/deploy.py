@@ -207,6 +207,14 @@ class RayEnv:
     def snapshot_peer(self, uuid: str) -> RaySnapshotPeer:
         return RaySnapshotPeer(self.namespace, uuid)
 
+    def reset_refused(self, store: str, source: str) -> str | None:
+        reg = self._registry()
+        if not hasattr(reg, "reset_refused"):  # a registry of an earlier riqr: it cannot say
+            return None
+        why: str | None = raycalls.get(reg.reset_refused.remote(store, source), "the registry's word on a reset",
+                                       timeout=_CALL_TIMEOUT)  # fmt: skip
+        return why
+
     # -- ClusterOps -------------------------------------------------------------------------------------
 
     def alive_nodes(self) -> list[str]:

@@ -95,6 +95,11 @@ class PeerLink(Protocol):
         """The query actor ``uuid``, as a source of partition snapshots (``runtime.snapshots``)."""
         ...
 
+    def reset_refused(self, store: str, source: str) -> str | None:
+        """Why batch 0 of ``source`` may not reset ``store``'s partitions, or None (``Registry.reset_refused``;
+        None from a registry of an earlier riqr, which cannot say)."""
+        ...
+
 
 class ClusterOps(Protocol):
     """What the registry does to the cluster."""

@@ -74,6 +74,10 @@ class StorePeers:
     def peer(self, uuid: str) -> SnapshotPeer:
         return self._link.snapshot_peer(uuid)
 
+    def reset_refused(self, source: str) -> str | None:
+        """Why batch 0 of ``source`` may not reset the store's partitions (``Registry.reset_refused``)."""
+        return self._link.reset_refused(self._store, source)
+
 
 class QueryVerticle:
     """Holds ``partitions`` of ``spec``; its actor name is ``uuid``. ``env`` gives the node facts and the
@@ -117,15 +121,17 @@ class QueryVerticle:
         # Only a store with standbys rebuilds a lost copy from peers by itself; without, a lost copy waits
         # for the topology-restart rebuild path (docs/design.md, "Durability"). Any store's copies are copied
         # from peers when a move asks (``catch_up``).
+        peers = StorePeers(env, spec.name)
         self.core = QueryCore(
             spec,
             partitions,
             directory=directory,
             recovered=recovered,
             metrics=metrics,
-            peers=StorePeers(env, spec.name),
+            peers=peers,
             me=uuid,
             catch_up_on_gap=(spec.standbys or 0) > 0,
+            reset_check=peers.reset_refused,
         )
         self.opened_in = time.monotonic() - started
         env.export_metrics(metrics)

@@ -164,6 +164,8 @@ class Registry:
         first_epoch = int(clock() * 1000)
         self.state = RegistryState(epoch=first_epoch)
         self._epochs_below = 0  # the bound on epochs handed out that the saved members carry (_save_members)
+        # store -> the source of its feed's last batch check (``feed_epoch``): only its batch 0 resets.
+        self._feeding: dict[str, str] = {}
         # Woken on every epoch bump; ``wait_epoch`` callers (facades) wait on it in their own threads.
         self._changed = threading.Condition()
         # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
@@ -366,19 +368,36 @@ class Registry:
         return self.state.epoch
 
     def feed_epoch(
-        self, store: str, feeder: str, checkpoint: str | None, owners: Sequence[str] = ()
+        self, store: str, feeder: str, checkpoint: str | None, owners: Sequence[str] = (), source: str | None = None
     ) -> tuple[int, str | None]:
         """``epoch``, and why another feed holds ``store`` now if it does (``FeedBook.unclaimed`` of a live
         report of ``feeder`` from ``checkpoint``: another live feed, or another checkpoint's batches in the
         store while ``feeder`` holds no claim), else None: asked before each batch is delivered
         (``topologies.delivery``), in the call that looks at the epoch anyway, so a topology that another
         one replaced while it was silent delivers no further batch. None too when ``owners`` say the
-        caller fed a store of that name dropped since: the caller's own view says so, in its own words."""
+        caller fed a store of that name dropped since: the caller's own view says so, in its own words.
+
+        ``source`` (the batch's source, Spark's query id), when the caller may feed the store, is the one
+        whose batch 0 may reset its partitions from then on (``reset_refused``)."""
         table = self.state.view().table(store)
         report = FeedReport(store, feeder, RUNNING, checkpoint=checkpoint, owners=tuple(owners))
         if table is None or self.feeds.about_an_older_store(report, table.lineage()):
             return self.state.epoch, None
-        return self.state.epoch, self.feeds.unclaimed(report, self._clock())
+        why = self.feeds.unclaimed(report, self._clock())
+        if why is None and source is not None:
+            self._feeding[store] = source
+        return self.state.epoch, why
+
+    def reset_refused(self, store: str, source: str) -> str | None:
+        """Why batch 0 of ``source`` may not reset ``store``'s partitions (a query actor asks before it
+        does), or None. The source is not the one the store's feed named in its last batch's check
+        (``feed_epoch``): a late batch 0 of a topology another one displaced, which would replace what the
+        new feed delivered and serve it (later batches of it are gaps, which never serve). None when no
+        check named a source (a sink of an earlier riqr, or a registry restarted since)."""
+        feeding = self._feeding.get(store)
+        if feeding is None or feeding == source:
+            return None
+        return f"store {store!r} is fed from source {feeding} now (another topology, or a rebuild, took it)"
 
     def _epoch_moved(self, _epoch: int) -> None:
         with self._changed:
@@ -475,6 +494,7 @@ class Registry:
         self._dropping.update(members)
         uuids = self.state.drop(name)
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
+        self._feeding.pop(name, None)  # a store declared again under the name starts from any source
         if self.feeds.forget(name):
             self._save_feeds()
         # The drop is made (saved, and out of the tables) whether or not destroying its actors works now.

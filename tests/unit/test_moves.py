@@ -263,6 +263,9 @@ class MoveEnv(FakeEnv):
     def snapshot_peer(self, uuid: str) -> Any:
         return self.actors[uuid]
 
+    def reset_refused(self, store: str, source: str) -> str | None:
+        return None if self.registry is None else self.registry.reset_refused(store, source)
+
     def serving_partitions(self, uuid: str) -> set[int]:
         actor = self.actors.get(uuid)
         if actor is None or uuid in self.unreachable:  # as RayEnv: empty when it does not answer

@@ -723,6 +723,9 @@ def test_a_batch_is_not_delivered_once_another_feed_holds_the_store(monkeypatch:
     with pytest.raises(NotConnected, match="fed by another topology.*this topology stops feeding it"):
         delivery.current_view(feeding=True, get=lambda ref, *_, **__: ref)
     assert asked == [("s", "host:1:fake", os.path.realpath("relative/checkpoint"), [])]  # its lineage, absolute
+    with pytest.raises(NotConnected):  # a batch's check names its source (only its batch 0 may reset then)
+        delivery.current_view(feeding=True, get=lambda ref, *_, **__: ref, source="q-1")
+    assert asked[-1] == ("s", "host:1:fake", os.path.realpath("relative/checkpoint"), [], "q-1")
     assert delivery.current_view(get=lambda ref, *_, **__: ref).epoch == 3  # a look asks only the epoch
 
     feeder.taken["s"] = taken  # a report's answer said so

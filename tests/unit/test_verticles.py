@@ -34,6 +34,7 @@ class FakeEnv:
     def __init__(self, *, restarted: bool = False, nodes: Sequence[str] = ("node-a", "node-b")) -> None:
         self._restarted = restarted
         self.nodes = list(nodes)
+        self.registry: Any = None  # the registry a query actor asks before a reset (``reset_refused``)
         self.started: list[tuple[str, tuple[int, ...], str | None]] = []
         self.rounds = 0  # calls of start_query_actors
         self.killed: list[str] = []
@@ -176,6 +177,9 @@ class FakeEnv:
 
     def snapshot_peer(self, uuid: str) -> Any:
         return self.peers[uuid]
+
+    def reset_refused(self, store: str, source: str) -> str | None:
+        return None if self.registry is None else self.registry.reset_refused(store, source)
 
     def http_endpoints(self) -> list[Endpoint]:
         return list(self.endpoints.values())
@@ -979,6 +983,52 @@ def test_the_registry_gives_a_store_one_feed_and_tells_the_others_so() -> None:
     assert registry.status()["ingest"]["s"]["feeder"] == "host:2:bb"
     with pytest.raises(StoreNotFound):
         registry.claim_feed(FeedReport("gone", "host:1:aa", "running"))
+
+
+def test_a_displaced_feeds_late_batch_0_resets_no_partition(tmp_path: Path) -> None:
+    """T1 checks its batch 0 (``feed_epoch``), then is paused past the bound; T2 takes the store over and
+    delivers batches 0 and 1; T1's batch 0 lands. Any batch 0 of a source a partition is not at reset it,
+    so T1's state replaced T2's and served with 200s (a later batch of T1 is a gap: 503). Now the query
+    actor asks the registry first, and the registry names the source of the feed's last batch check."""
+    import pyarrow as pa
+
+    from runtime.errors import NotConnected
+    from runtime.ingest import PARTITION_COLUMN
+    from runtime.query import QueryCore
+
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock, stale_after=6.0)
+    spec = kv_spec("s", partitions=1, actors=1)
+    registry.create_store(spec)
+    core = QueryCore(
+        spec, [0], directory=tmp_path / "s", reset_check=lambda source: registry.reset_refused("s", source)
+    )
+
+    def batch(**rows: str) -> dict[int, Any]:
+        return {0: pa.table({"key": list(rows), "value": list(rows.values()),
+                             PARTITION_COLUMN: pa.array([0] * len(rows), pa.int32())})}  # fmt: skip
+
+    t1 = FeedReport("s", "host:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s")
+    t2 = FeedReport("s", "host:2:bb", "running", query="riqr-ns-s", checkpoint="/b/s")
+    assert registry.claim_feed(t1) is None
+    assert registry.feed_epoch("s", t1.feeder, t1.checkpoint, (), "source-1")[1] is None  # T1's batch 0 checked
+    clock.now += 7  # T1 paused past the bound
+    assert registry.claim_feed(t2, take_over=True) is None
+    assert registry.feed_epoch("s", t2.feeder, t2.checkpoint, (), "source-2")[1] is None
+    core.apply("source-2", 0, batch(alice="5"))
+    core.apply("source-2", 1, batch(bob="1"))
+    with pytest.raises(NotConnected, match="fed from source source-2 now"):
+        core.apply("source-1", 0, batch(alice="1"))  # T1's batch 0, late
+    assert core.get_one(0, "bob")[0] is not None and core.positions()[0]["batch_id"] == 1  # T2's, serving
+    # T1 checking again is told it lost the store, and records nothing.
+    assert registry.feed_epoch("s", t1.feeder, t1.checkpoint, (), "source-1")[1] is not None
+    assert registry.reset_refused("s", "source-2") is None and registry.reset_refused("s", "source-1") is not None
+    # T2 rebuilt in place: a new source, named in its next check before its batch 0, resets.
+    assert registry.feed_epoch("s", t2.feeder, t2.checkpoint, (), "source-3")[1] is None
+    assert core.apply("source-3", 0, batch(carol="1"))[0].reset
+    registry.drop_store("s")  # declared again, any source's batch 0 resets
+    registry.create_store(spec)
+    assert registry.reset_refused("s", "source-1") is None
 
 
 def test_a_topologys_claims_of_its_stores_are_granted_all_or_none() -> None:
