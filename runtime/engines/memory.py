@@ -265,15 +265,33 @@ class MemoryEngine:
         """Snapshot ``rows`` at ``position`` (default: the current state) as the next generation."""
         assert self.path is not None
         new = self._generation + 1
-        write_snapshot(
-            self.path / f"snapshot-{new:012d}.bin", self._rows if rows is None else rows, position or self._position
-        )
+        snapshot = self.path / f"snapshot-{new:012d}.bin"
+        # The new changelog first: once the snapshot is in place a restart takes it (the newest) and deletes
+        # this generation's changelog, so nothing may fail after it and leave later batches in that one.
         fd = os.open(self.path / f"changelog-{new:012d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC)
-        fsync_directory(self.path)
+        try:
+            write_snapshot(snapshot, self._rows if rows is None else rows, position or self._position)
+            fsync_directory(self.path)
+        except BaseException:
+            os.close(fd)
+            self._undo_roll(snapshot)
+            raise
         self._close_log()
         self._log_fd, self._log_size, self._log_records, self._log_rows = fd, 0, 0, 0
         self._generation = new
         self._remove_older(self.path, new)
+
+    def _undo_roll(self, snapshot: Path) -> None:
+        """A roll failed: its snapshot must not outlive it, or a restart would take it over the batches the
+        changelog of this generation gets after it. If it cannot be removed, the engine takes no more
+        writes (a batch then fails, and is delivered again after the actor restarts)."""
+        try:
+            snapshot.unlink(missing_ok=True)
+            fsync_directory(snapshot.parent)
+        except OSError:
+            self._closed = True
+            log.exception("memory engine %s: a failed snapshot could not be removed; no more writes until a restart",
+                          self.path)  # fmt: skip
 
     def _close_log(self) -> None:
         if self._log_fd is not None:

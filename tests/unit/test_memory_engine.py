@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from runtime.engines import Position
 from runtime.engines.memory import MemoryEngine
 from runtime.keys import KeySchema
@@ -78,3 +80,50 @@ def test_without_a_directory_nothing_is_written_but_checkpoint_works(tmp_path: P
     engine.apply(Position("q2", 0), [(2, b"2")])
     assert engine.checkpoint(tmp_path / "copy") == Position("q2", 0)
     assert list(MemoryEngine(LONG_KEY, tmp_path / "copy").scan(Scan())) == [(2, b"2")]
+
+
+@pytest.mark.parametrize("fails", ["changelog", "snapshot", "directory"])
+def test_a_failed_roll_leaves_no_snapshot_that_a_restart_would_take_over_later_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    """A roll whose new changelog could not be made (EMFILE) left its snapshot in place while the batches
+    after it went into the old changelog, acknowledged; a restart takes the newest snapshot and deletes the
+    older changelog: those batches were gone (a write-path review). Whatever step fails, a restart now
+    reopens at the last batch applied."""
+    import errno
+    import os
+
+    import runtime.engines.memory as memory
+
+    path = tmp_path / "p"
+    engine = MemoryEngine(LONG_KEY, path, snapshot_records=3, snapshot_rows=10**9)
+    engine.apply(Position("q", 0), [(0, b"a")])
+    engine.apply(Position("q", 1), [(1, b"b")])
+    real_open, real_fsync_directory = os.open, memory.fsync_directory
+
+    def broken_open(where: object, flags: int, *args: object) -> int:
+        if "changelog-000000000001" in str(where):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(where, flags, *args)  # type: ignore[arg-type]
+
+    def broken_fsync(where: Path) -> None:
+        if any(f.name.startswith("snapshot-000000000001") for f in where.iterdir()):
+            raise OSError(errno.EIO, "I/O error")
+        real_fsync_directory(where)
+
+    if fails == "changelog":
+        monkeypatch.setattr(os, "open", broken_open)
+    elif fails == "snapshot":
+        monkeypatch.setattr(
+            memory, "_write_snapshot_lists", lambda *_: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full"))
+        )
+    else:
+        monkeypatch.setattr(memory, "fsync_directory", broken_fsync)
+    engine.apply(Position("q", 2), [(2, b"c")])  # the roll fails: logged, the apply is in the changelog
+    assert not (path / "snapshot-000000000001.bin").exists()
+    engine.apply(Position("q", 3), [(3, b"d")])  # and a second time, still failing
+    monkeypatch.undo()
+    engine.apply(Position("q", 4), [(4, b"e")])
+    reopened = MemoryEngine(LONG_KEY, path)  # the actor restarts
+    assert reopened.position() == Position("q", 4)
+    assert [k for k, _ in reopened.scan(Scan())] == [0, 1, 2, 3, 4]
