@@ -452,10 +452,22 @@ def plan_start(delivery: BatchDelivery, checkpoint: str) -> str:
     positions = _copies_positions(delivery, timeout=30)
     if positions is None:
         raise NotConnected(delivery.gone(), store=delivery.spec.name)
+    planned = last_planned(checkpoint) or committed
+    ahead = sorted({p for answer in positions.values() for p, pos in answer.items()
+                    if pos["source"] == source and pos["batch_id"] > planned})  # fmt: skip
+    if ahead:
+        # The store holds batches the checkpoint never planned: its last files did not reach the disk (a
+        # machine crash: Spark does not fsync them) or it was restored from an older copy. Spark would plan
+        # those batch ids again with other records, which the copies would skip as replays: lost.
+        name = delivery.spec.name
+        log.warning("store %s: partitions %s hold batches of source %s past the last one checkpoint %s planned "
+                    "(%d): it lost batches the store has; rebuilding from a fresh checkpoint", name, ahead, source,
+                    checkpoint, planned, extra={"store": name, "batch": planned})  # fmt: skip
+        return "rebuild"
     # A copy ``rebuilding`` at the checkpoint waits for the next batch Spark runs: one planned and not
     # committed runs again at the start, but with none, a query started again runs no batch until new
     # input comes, so the copy could wait for good on an idle source; the store is rebuilt again then.
-    pending = (last_planned(checkpoint) or -1) > committed
+    pending = planned > committed
     behind = partitions_without_a_current_copy(positions, source, committed, rebuilding_current=pending)
     if behind:
         log.warning(

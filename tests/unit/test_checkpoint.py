@@ -102,6 +102,26 @@ def test_a_start_rebuilds_again_a_store_whose_only_current_copy_waits_for_the_wa
     assert plan_start(delivery, cp) == "resume"
 
 
+def test_a_store_ahead_of_its_checkpoint_is_rebuilt_not_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's checkpoint files are not fsynced: after a machine crash its last offsets and commits may be
+    gone while the partitions (synced) hold those batches. Resumed, Spark plans those batch ids again with
+    other records and the copies skip them as replays: lost. A copy past the last planned batch of the
+    checkpoint's source means exactly that: rebuild."""
+    from topologies import sink
+
+    cp = make(tmp_path, offsets=[0, 1, 2], commits=[0, 1])
+    copies = {"a": {0: _pos("query-1", 2), 1: _pos("query-1", 4)}, "b": {0: _pos("query-1", 2), 1: _pos("old", 9)}}
+    monkeypatch.setattr(sink, "_copies_positions", lambda *_, **__: copies)
+    delivery = type("Delivery", (), {"spec": type("Spec", (), {"name": "s"})()})()
+    assert plan_start(delivery, cp) == "rebuild"  # partition 1 is at batch 4; the checkpoint planned up to 2
+    copies["a"][1] = _pos(
+        "query-1", 2
+    )  # batch 2 planned, not committed: a copy may have it; another source's 9 is no matter
+    assert plan_start(delivery, cp) == "resume"
+
+
 def _offsets(cp: str, batch_id: int, watermark: object) -> None:
     entry = json.dumps({"batchWatermarkMs": watermark, "batchTimestampMs": 1, "conf": {}})
     (Path(cp) / "offsets" / str(batch_id)).write_text(f'v1\n{entry}\n{{"logOffset":{batch_id}}}')
