@@ -182,23 +182,47 @@ class BatchDelivery:
         asks whether another feed holds the store now, and ``NotConnected`` says so if it does; it names the
         batch's ``source``, whose batch 0 alone may then reset the store's partitions (a displaced feed's
         late one may not: ``Registry.reset_refused``)."""
-        reg = registry(self.namespace)
+        ask = functools.partial(self._ask_registry, get=get, patient=feeding)
         if feeding:
             owners = sorted(self.owners or ())
             # The source only when there is one: a registry of the riqr before takes four arguments.
             args = (self.spec.name, self.feeder.id, self.lineage, owners) + ((source,) if source else ())
-            epoch, taken = get(reg.feed_epoch.remote(*args), "registry epoch", timeout=_CALL_TIMEOUT)
+            epoch, taken = ask(lambda reg: reg.feed_epoch.remote(*args), "registry epoch")
             if taken is not None:
                 raise NotConnected(f"{taken}; this topology stops feeding it", store=self.spec.name)
         else:
-            epoch = get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT)
+            epoch = ask(lambda reg: reg.epoch.remote(), "registry epoch")
         view = self._view
         if fresh or view is None or view.epoch != epoch:
-            view = get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT)
+            view = ask(lambda reg: reg.view.remote(), "registry view")
             cached = self._view
             if cached is None or view.epoch >= cached.epoch:
                 self._view = view
         return view
+
+    def _ask_registry(
+        self, call: Callable[[Any], Any], what: str, *, get: Callable[..., Any] | None = None, patient: bool = True
+    ) -> Any:
+        """The registry's answer to ``call(registry)``. ``patient`` (a batch's calls): a registry that is
+        restarting or does not answer in time (Ray restarts it, on another node if its own is gone) is asked
+        again, with a growing pause, for up to the delivery timeout: before, a batch that met a registry
+        restart failed its query, and the topology with it (a black-box run). A registry that is gone
+        (``riqr down``) is ``NotConnected`` at once."""
+        deadline = Deadline.after(self.delivery_timeout)
+        pause, said, get = 0.1, False, get or raycalls.get
+        while True:
+            try:
+                return get(call(registry(self.namespace)), what, timeout=_CALL_TIMEOUT)
+            except (OwnerUnavailable, DeadlineExceeded) as err:
+                if not patient or deadline.remaining() <= pause:
+                    raise
+                if not said:
+                    name = self.spec.name
+                    log.warning("store %s: the registry did not answer (%s); asking again for up to %.0fs", name,
+                                err.message, deadline.remaining(), extra={"store": name})  # fmt: skip
+                    said = True
+                self._pause(pause, f"{what} of store {self.spec.name}")
+                pause = min(pause * 2, 2.0)
 
     def declared(self, view: ClusterView) -> None:
         """Remember the store as ``view`` has it when this delivery's topology declares it (the view
@@ -360,10 +384,9 @@ class BatchDelivery:
         the batch before this one after the batch is acknowledged (a write-path review). One epoch call a
         batch; a copy listed by now gets the batch like any other (it buffers it while catching up, or
         skips it if its copy had it already)."""
-        reg = registry(self.namespace)
-        if raycalls.get(reg.epoch.remote(), "registry epoch", timeout=_CALL_TIMEOUT) == view.epoch:
+        if self._ask_registry(lambda reg: reg.epoch.remote(), "registry epoch") == view.epoch:
             return []
-        now = self.table(raycalls.get(reg.view.remote(), "registry view", timeout=_CALL_TIMEOUT))
+        now = self.table(self._ask_registry(lambda reg: reg.view.remote(), "registry view"))
         if now is None:
             return []
         before = slices_for_owners(ownership, split)

@@ -737,6 +737,51 @@ def test_a_batch_is_not_delivered_once_another_feed_holds_the_store(monkeypatch:
         sink.unserved(delivery)  # the idle topology's look ends it too
 
 
+def test_a_batch_waits_for_a_restarting_registry_rather_than_fail_its_topology(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A black-box run SIGKILLed the registry (Ray restarts it) while orders landed: the next batch's
+    ``feed_epoch`` met "the actor is restarting", the batch failed, and the topology with it. A batch's
+    registry calls are asked again for up to the delivery timeout; a look's are not; a registry that is
+    gone is not waited for."""
+    from runtime.errors import NotConnected, OwnerUnavailable
+    from runtime.ownership import ClusterView
+    from topologies import delivery as delivery_module
+    from topologies.delivery import BatchDelivery
+
+    class Registry:
+        def __init__(self) -> None:
+            self.feed_epoch = _Answer(lambda *a: (3, None))
+            self.epoch = _Answer(lambda: 3)
+            self.view = _Answer(lambda: ClusterView(3, {"s": string_table(("a", ()), ("a", ()))}))
+
+    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    monkeypatch.setattr(delivery, "_pause", lambda *_: None)
+    failures = [2]
+
+    def restarting(ref: Any, *_: Any, **__: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise OwnerUnavailable("registry epoch: the actor is restarting or unreachable")
+        return ref
+
+    assert delivery.current_view(feeding=True, get=restarting, source="q").epoch == 3 and failures == [0]
+    failures[0] = 1
+    with pytest.raises(OwnerUnavailable):  # a look at the copies is not a batch: it says so, and looks again later
+        delivery.current_view(get=restarting)
+    delivery.delivery_timeout = 0.0
+    failures[0] = 1
+    with pytest.raises(OwnerUnavailable):  # past the delivery timeout the batch fails, as before
+        delivery.current_view(feeding=True, get=restarting, source="q")
+
+    def gone(_ns: str) -> Any:
+        raise NotConnected("no riqr runtime in Ray namespace 'ns'")
+
+    monkeypatch.setattr(delivery_module, "registry", gone)
+    delivery.delivery_timeout = 60.0
+    with pytest.raises(NotConnected):
+        delivery.current_view(feeding=True, get=restarting, source="q")
+
+
 def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """A move's new actor (or a copy ``riqr standbys`` adds) admitted while batch N is delivered with a view
     from before: neither round reaches it, and having copied a peer from before N with nothing buffered,
