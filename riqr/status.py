@@ -108,8 +108,17 @@ def _ingest(ingest: Mapping[str, Any] | None, now: float) -> str:
     if isinstance(ingest.get("late_rows"), int) and ingest["late_rows"] > 0:
         text += f", {ingest['late_rows']} late rows dropped"
     if ingest.get("error"):
-        text += f": {ingest['error']}"
+        text += f": {_first_line(str(ingest['error']))}"
     return text
+
+
+def _first_line(error: str, limit: int = 200) -> str:
+    """An error as one line of the table: a query's failure carries Spark's whole traceback (``--json`` and
+    ``GET /stores`` keep it), which made a two-store table some 25 lines long."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    more = len(lines) > 1 or len(first) > limit
+    return (first[:limit] + " ... (riqr status --json has it all)") if more else first
 
 
 def _dead_letters(ingest: Mapping[str, Any] | None) -> str:

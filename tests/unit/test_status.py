@@ -111,6 +111,14 @@ def test_a_failed_ingest_shows_its_error() -> None:
     catalog[0]["ingest"] = {"state": "failed", "batch_id": 8, "error": "OwnerUnavailable: gone"}
     row = store_rows(catalog, _instances(), now=NOW)[1]
     assert row[6] == "failed, batch 8: OwnerUnavailable: gone"
+    # A query's failure carries Spark's whole traceback: one line of it in the table, the rest in --json.
+    trace = 'StreamingQueryException: [STREAM_FAILED] query failed\n  File "x.py", line 1\n    raise\nError: boom'
+    catalog[0]["ingest"] = {"state": "failed", "batch_id": 8, "error": trace}
+    row = store_rows(catalog, _instances(), now=NOW)[1]
+    assert (
+        row[6]
+        == "failed, batch 8: StreamingQueryException: [STREAM_FAILED] query failed ... (riqr status --json has it all)"
+    )
 
 
 def test_the_rendered_tables_hold_every_store_and_endpoint() -> None:
