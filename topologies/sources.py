@@ -147,6 +147,10 @@ def landing_lines(reader: Any, directory: Path) -> Any:
     return reader.text(str(directory)).withColumnRenamed("value", LINE_COLUMN)
 
 
+# Spark's maxFileAge for the landing directories: ten years (see ``_read``).
+LANDING_MAX_FILE_AGE = "3650d"
+
+
 def _reader(spark: Any, streaming: bool) -> Any:
     return spark.readStream if streaming else spark.read
 
@@ -162,6 +166,12 @@ def _read(spark: Any, home: Path, topic: str, source: SourceConfig, *, streaming
         # it (docs/design.md, "The rebuild path"): batch 0 of a fresh checkpoint resets every partition and
         # must carry the whole state, which a cap (this was 1000 files) cut short on a topic of more files,
         # leaving counts lower and keys missing until the next batches came.
+        if streaming:
+            # Spark's file source skips, after its first batch, a file whose time is more than maxFileAge (7
+            # days by default) before the newest file's: a landing file copied with its time kept (cp -p,
+            # rsync -a, tar) was never read, with no dead letter and no count. The price of a long age: the
+            # source remembers every file it read that long (about a hundred bytes each, in the driver).
+            reader = reader.option("maxFileAge", LANDING_MAX_FILE_AGE)
         return check_landing_records(landing_lines(reader, directory))
     if source.kind == "kafka":
         from topologies.kafka_source import KafkaDataSource

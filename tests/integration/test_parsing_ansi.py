@@ -308,3 +308,34 @@ def test_a_dead_letter_query_stopped_past_its_grace_ends_the_cancelled_batch_qui
     jvm_lines = [line for line in jvm_err.read_text().splitlines() if JVM_PROBE not in line]
     assert [line for line in (out + err).splitlines() + jvm_lines if noise.search(line)] == []
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_landing_file_older_than_a_week_before_the_newest_is_read(spark: Any, tmp_path: Path) -> None:
+    """Spark's file source skipped, after its first batch, a file whose time is over 7 days before the
+    newest one's (its maxFileAge): a landing file copied with its time kept was never read, silently."""
+    import os
+    import time
+
+    from topologies.sources import read_topic
+
+    home = tmp_path
+    write_records(home, "aged", [Record("fresh", "1")])
+    query = (
+        read_topic(spark, home, "aged")
+        .writeStream.format("memory")
+        .queryName("aged_landing")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        copied = write_records(home, "aged", [Record("copied", "2")])
+        assert copied is not None
+        month_ago = time.time() - 30 * 86_400
+        os.utime(copied, (month_ago, month_ago))  # as cp -p of last month's file would leave it
+        write_records(home, "aged", [Record("later", "3")])
+        query.processAllAvailable()
+        keys = sorted(r["key"] for r in spark.sql("select key from aged_landing").collect())
+        assert keys == ["copied", "fresh", "later"]
+    finally:
+        query.stop()
