@@ -250,8 +250,13 @@ def _rebalance(args: argparse.Namespace) -> int:
             _say(f"riqr: the old copies {', '.join(kept)} are not deleted yet (riqr status, the registry's log); "
                  "stopping their node now leaves their data on its disk")  # fmt: skip
             return 2
-        _say(f"drained: no query actor{' of those stores' if stores else ''} runs on "
-             f"{', '.join(n[:12] for n in drain)}, and the old copies are deleted: it can be stopped")  # fmt: skip
+        nodes = ", ".join(n[:12] for n in drain)
+        if stores:  # other stores' actors may still be there: not a node to stop yet
+            _say(f"drained: no query actor of those stores runs on {nodes}, and their old copies are deleted; "
+                 "other stores' actors may still run there (riqr drain without --store moves them all before a "
+                 "stop)")  # fmt: skip
+        else:
+            _say(f"drained: no query actor runs on {nodes}, and the old copies are deleted: it can be stopped")
     if done:
         _say(f"moved {len(done)} query actor(s) in {sum(d.seconds for d in done):.1f}s")
     return 0
@@ -297,9 +302,10 @@ def _cmd_standbys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _copying_options(parser: argparse.ArgumentParser, unit: str) -> None:
-    """The options of the commands that copy query actors' partitions (a ``unit`` is a move or a copy)."""
-    parser.add_argument("--dry-run", action="store_true", help=f"print the {unit}s planned, make none")
+def _copying_options(parser: argparse.ArgumentParser, unit: str, units: str) -> None:
+    """The options of the commands that copy query actors' partitions (a ``unit`` is a move or a copy;
+    ``units``, its plural)."""
+    parser.add_argument("--dry-run", action="store_true", help=f"print the {units} planned, make none")
     parser.add_argument(
         "--timeout",
         type=_positive_seconds,
@@ -353,7 +359,11 @@ def _node_id(name: str) -> str:
     if len(found) == 1:
         return found.pop()
     known = ", ".join(f"{n['NodeID'][:12]} ({n.get('NodeManagerAddress')})" for n in alive)
-    which = "names more than one live node" if found else "is no live node's id, id prefix or address"
+    which = (
+        "names more than one live node"
+        if found
+        else ("is no live node's id, id prefix (6 characters at least) or address")
+    )
     raise BadRequest(f"{name!r} {which} (live nodes: {known})")
 
 
@@ -505,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the seed-000 food-orders example on a local Ray and Spark")
-    demo.add_argument("--port", type=int, default=DEFAULT_PORT)
+    demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"REST port (default {DEFAULT_PORT})")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to")
     demo.add_argument(
         "--home",
@@ -514,7 +524,10 @@ def build_parser() -> argparse.ArgumentParser:
         "default demo/ under $RIQR_HOME or ~/.riqr, apart from a deployment's",
     )
     demo.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
-    demo.add_argument("--ready-timeout", type=float, default=180.0)
+    demo.add_argument(
+        "--ready-timeout", type=float, default=180.0,
+        help="seconds to wait for the seed records to reach the stores before giving up (default 180)",
+    )  # fmt: skip
     demo.add_argument(
         "--dashboard", action="store_true", help="start Ray's dashboard too (slower start; the demo needs none)"
     )
@@ -613,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "drain":
             moving.add_argument("nodes", nargs="+", metavar="NODE", help="a node id, a prefix of it, or its address")
         moving.add_argument("--store", action="append", default=[], help="only this store (repeatable)")
-        _copying_options(moving, "move")
+        _copying_options(moving, "move", "moves")
         moving.set_defaults(func=_cmd_rebalance)
 
     what = "give each partition of a store N standby copies on other nodes, while queries and batches go on"
@@ -627,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     standbys.add_argument("store")
     standbys.add_argument("count", metavar="N", type=_standby_count, help="standby copies each partition should have")
-    _copying_options(standbys, "copy")
+    _copying_options(standbys, "copy", "copies")
     standbys.set_defaults(func=_cmd_standbys)
 
     run = sub.add_parser(
@@ -646,8 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     produce = sub.add_parser("produce", help="append key--value lines from stdin to a topic's landing dir")
     produce.add_argument("topic")
-    produce.add_argument("--home", default=None)
-    produce.add_argument("--key-separator", default="--")
+    produce.add_argument("--home", default=None, help="the topology's home (default $RIQR_HOME, else ~/.riqr)")
+    produce.add_argument("--key-separator", default="--", help="what splits each line into key and value (default --)")
     produce.add_argument("--no-escapes", action="store_true", help="do not treat a literal \\n as a record break")
     produce.set_defaults(func=_cmd_produce)
     return parser

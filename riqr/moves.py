@@ -155,7 +155,7 @@ def plan_removals(namespace: str, store: str, wanted: int) -> list[Removal]:
                          "copies are on query actors that also answer for partitions (the store's own actors, "
                          "whose partitions are fixed when they start, or copies a failover or a registry "
                          "restart made answer), and only whole actors that answer for none can go; nothing "
-                         f"was removed (`riqr status {store}` shows the copies)")  # fmt: skip
+                         f"was removed (`riqr status` shows each store's copies per actor)")  # fmt: skip
     owners = table.all_owners()
     return [Removal(store, u, view.actors[u].node_id if u in view.actors else "", tuple(owners[u])) for u in removed]
 
