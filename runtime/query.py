@@ -73,10 +73,19 @@ _OPEN_RETRIES = (0.1, 0.3, 1.0)
 _OWNER_WAIT = 5.0
 
 
-def _damaged(err: Exception) -> bool:
-    """Whether an engine's error at open says its files are damaged (not busy, missing or refused for
-    another reason: those are raised, as they are no reason to put the data aside)."""
-    return isinstance(err, EngineCorrupt) or str(err).startswith("Corruption:")  # RocksDB's status
+def _damaged(err: Exception, path: Path) -> bool:
+    """Whether an engine's error at open says its files at ``path`` are damaged (not busy, missing or
+    refused for another reason: those are raised, as they are no reason to put the data aside).
+
+    RocksDB says ``Corruption:`` for a file it read and found bad, and ``IO error: No such file or
+    directory`` for one its own files name (``CURRENT`` names a MANIFEST, a MANIFEST an SST) that is not
+    there: damage too, where the directory and its ``CURRENT`` are (a black-box run removed a MANIFEST, and
+    the actor failed its constructor over and over, taking its other partitions down with it)."""
+    text = str(err)
+    if isinstance(err, EngineCorrupt) or text.startswith("Corruption:"):  # RocksDB's status
+        return True
+    named = text.startswith("IO error: No such file or directory") and str(path) in text
+    return named and any(f.is_file() for f in (path / "CURRENT", path / "rocksdb" / "CURRENT"))
 
 
 def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock | None) -> PartitionEngine:
@@ -104,7 +113,7 @@ def _open_partition(spec: StoreSpec, p: int, path: Path | None, owner: OwnerLock
             _mark_if_set_aside(path, engine)
         return engine
     assert path is not None and error is not None
-    if not _damaged(error) or owner is None or not owner.wait_held(_OWNER_WAIT):
+    if not _damaged(error, path) or owner is None or not owner.wait_held(_OWNER_WAIT):
         # Not damage; or another process may still have the partition open: leave it as it is.
         raise error
     aside = path.with_name(f"{path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:6]}")

@@ -303,6 +303,30 @@ def test_a_partition_whose_data_cannot_be_opened_is_set_aside_and_rebuilt_from_i
     assert not (tmp_path / "me").exists()  # the set-aside copy went with the actor's data
 
 
+def test_a_partition_whose_current_names_a_missing_manifest_is_set_aside_not_the_actor_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB says "IO error: No such file or directory" for a MANIFEST its CURRENT names and that is gone:
+    that was raised as no damage, the actor's constructor failed at every attempt, and its other partitions
+    went down with it (a black-box run). It is damage: set aside and rebuilt, as a corrupt file is."""
+    import runtime.query
+
+    monkeypatch.setattr(runtime.query, "_OPEN_RETRIES", (0.0,))
+    s = _serving_copy("rocksdb", tmp_path)
+    (tmp_path / "me" / "p0" / "rocksdb" / "CURRENT").write_text("MANIFEST-000999\n")
+    again = s.me = s.open_copy(tmp_path / "me", recovered=True)
+    position = again.positions()[0]
+    assert (
+        position["state"] == INCOMPLETE
+        and "is damaged" in position["reason"]
+        and "MANIFEST-000999" in position["reason"]
+    )
+    assert len(list((tmp_path / "me").glob("p0.unreadable-*"))) == 1
+    assert again.rebuild_unserved() == [0] and s.run() == "in-sync"
+    assert s.contents(again) == s.contents(s.peer_core)
+    again.close()
+
+
 def test_a_partition_that_fails_to_open_once_is_opened_again_not_set_aside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
