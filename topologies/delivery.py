@@ -617,7 +617,8 @@ class BatchDelivery:
         return int(table.num_rows)
 
     def begin(self, source: str) -> list[int]:
-        """A query starts from an empty checkpoint: owners' never-loaded partitions serve (empty) from now."""
+        """A query starts from an empty checkpoint: owners' never-loaded partitions serve (empty) from now;
+        returns them, each once whatever its copies (a partition and its standby both begin)."""
         self._source = source
         view = self.current_view(fresh=True)
         ownership = self.table(view)
@@ -625,7 +626,7 @@ class BatchDelivery:
             return []
         refs = [self.handle(uuid).begin.remote(source) for uuid in ownership.all_owners()]
         began = raycalls.get(refs, f"starting store {self.spec.name}", timeout=_CALL_TIMEOUT)
-        return sorted(p for partitions in began for p in partitions)
+        return sorted({p for partitions in began for p in partitions})
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         # Counted while it runs: a stop of the topology lets the batch end rather than cancel it

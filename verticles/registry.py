@@ -1009,6 +1009,8 @@ class Registry:
             ]
         for (report, displace, take_over), table in zip(claims, tables):
             replacing, contents = self.feeds.replacing(report, now), self.feeds.contents(report.store)
+            held = self.feeds.holder(report.store)
+            again = held is not None and held.live and held.feeder == report.feeder  # its own feed, claimed again
             why = self.feeds.claim(report, now, table.lineage(), displace, take_over)
             assert why is None, why  # checked above, in this one call
             if replacing is not None:
@@ -1017,7 +1019,7 @@ class Registry:
                 log.warning("store %s: taken over on purpose by %s from checkpoint %s: its first batch replaces "
                             "what %s fed the store", report.store, report.feeder, report.checkpoint, old,
                             extra={"store": report.store})  # fmt: skip
-            else:
+            elif not again:
                 log.info("store %s: fed by %s (%s)", report.store, report.feeder, report.checkpoint,
                          extra={"store": report.store})  # fmt: skip
         self._save_feeds(now=True)

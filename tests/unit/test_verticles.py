@@ -1031,6 +1031,20 @@ def test_a_displaced_feeds_late_batch_0_resets_no_partition(tmp_path: Path) -> N
     assert registry.reset_refused("s", "source-1") is None
 
 
+def test_a_feed_claimed_again_by_its_own_run_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """``materialize_all`` claims every store, then each ``materialize`` claims its own again: the
+    registry's log said "fed by" twice per store."""
+    import logging
+
+    registry = Registry("ns", FakeEnv(), new_uuid=uuids())
+    registry.create_store(kv_spec("s", partitions=2, actors=1))
+    report = FeedReport("s", "host:1:aa", "running", query="riqr-ns-s", checkpoint="/a/s")
+    with caplog.at_level(logging.INFO, logger="verticles.registry"):
+        assert registry.claim_feeds([(report, None, False)]) == [None]
+        assert registry.claim_feed(report) is None
+    assert caplog.text.count("store s: fed by host:1:aa") == 1
+
+
 def test_a_topologys_claims_of_its_stores_are_granted_all_or_none() -> None:
     """``claim_feeds``: refused on one store, a topology takes none of the others' feeds, so none of their
     records names a run that never fed them; every refused store says why, and with the take-over asked
