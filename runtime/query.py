@@ -286,9 +286,7 @@ class QueryCore:
     ) -> list[ApplyResult]:
         started = time.perf_counter()
         if batch_id == 0 and self._reset_check is not None:
-            resets = [
-                p for p in slices if (state := self.partitions.get(p)) is not None and state.resets_for(source, 0)
-            ]
+            resets = any((state := self.partitions.get(p)) is not None and state.resets_for(source, 0) for p in slices)
             why = self._reset_check(source) if resets else None
             if why is not None:
                 raise NotConnected(f"{why}; batch 0 of source {source} resets no partition here",

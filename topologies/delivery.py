@@ -201,14 +201,20 @@ class BatchDelivery:
         return view
 
     def _ask_registry(
-        self, call: Callable[[Any], Any], what: str, *, get: Callable[..., Any] | None = None, patient: bool = True
+        self,
+        call: Callable[[Any], Any],
+        what: str,
+        *,
+        get: Callable[..., Any] | None = None,
+        patient: bool = True,
+        deadline: Deadline | None = None,
     ) -> Any:
         """The registry's answer to ``call(registry)``. ``patient`` (a batch's calls): a registry that is
         restarting or does not answer in time (Ray restarts it, on another node if its own is gone) is asked
         again, with a growing pause, for up to the delivery timeout: before, a batch that met a registry
         restart failed its query, and the topology with it (a black-box run). A registry that is gone
-        (``riqr down``) is ``NotConnected`` at once."""
-        deadline = Deadline.after(self.delivery_timeout)
+        (``riqr down``) is ``NotConnected`` at once. ``deadline``: the batch's, when the caller has it."""
+        deadline = deadline or Deadline.after(self.delivery_timeout)
         pause, said, get = 0.1, False, get or raycalls.get
         while True:
             try:
@@ -384,9 +390,9 @@ class BatchDelivery:
         the batch before this one after the batch is acknowledged (a write-path review). One epoch call a
         batch; a copy listed by now gets the batch like any other (it buffers it while catching up, or
         skips it if its copy had it already)."""
-        if self._ask_registry(lambda reg: reg.epoch.remote(), "registry epoch") == view.epoch:
+        if self._ask_registry(lambda reg: reg.epoch.remote(), "registry epoch", deadline=deadline) == view.epoch:
             return []
-        now = self.table(self._ask_registry(lambda reg: reg.view.remote(), "registry view"))
+        now = self.table(self._ask_registry(lambda reg: reg.view.remote(), "registry view", deadline=deadline))
         if now is None:
             return []
         before = slices_for_owners(ownership, split)

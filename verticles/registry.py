@@ -995,10 +995,10 @@ class Registry:
         (as ``claim_feed``'s answer; None for the claims that alone would be granted). A topology refused
         on one of its stores then holds none of the others either: a claim it let go again would leave
         the store's feed record naming a run that never fed it."""
-        now = self._clock()
+        now, view = self._clock(), self.state.view()
         tables = []
         for report, _, _ in claims:
-            table = self.state.view().table(report.store)
+            table = view.table(report.store)
             if table is None:
                 raise StoreNotFound(f"store {report.store!r} is not known", store=report.store)
             tables.append(table)
