@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ACK_LOG_LENGTH, FEED_STALE_AFTER
+from runtime.durable import fsync_directory
 
 __all__ = [
     "RUNNING",
@@ -487,7 +488,7 @@ class FeedBook:
 
 def save_book(book: FeedBook, path: Path) -> None:
     """Write ``book`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed), so a
-    registry killed at any instant leaves the old file or the new one."""
+    registry killed at any instant (or a machine losing power) leaves the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     with open(tmp, "w", encoding="utf-8") as out:
@@ -495,6 +496,7 @@ def save_book(book: FeedBook, path: Path) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
+    fsync_directory(path.parent)
     book.dirty = False
 
 

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.durable import fsync_directory, make_directories
 from runtime.errors import BadRequest
 
 __all__ = [
@@ -130,12 +131,14 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
     """Append ``records`` to ``topic`` as one new file, atomically. Returns the file, or None if empty.
 
     On any failure (a record that cannot be encoded, a full disk, Ctrl-C) the hidden temporary file is
-    removed and nothing appears in the topic.
+    removed and nothing appears in the topic. On return the file is durable: its bytes, its name in the
+    topic's directory and any directory made for it are synced, so a power loss after ``riqr produce``
+    said "wrote" does not take the records back.
     """
     if not records:
         return None
     directory = topic_dir(home, topic)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_directories(directory)
     clock = time.time_ns()
     now = clock // 1_000_000
     name = f"{now:015d}-{uuid.uuid4().hex[:12]}.json"
@@ -148,6 +151,7 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, final)
+        fsync_directory(directory)
     finally:
         # After a successful rename there is nothing left to remove; after a failure, the partial file.
         tmp.unlink(missing_ok=True)

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.durable import fsync_directory, write_atomically
 from runtime.engines import NONE, PartitionEngine, Position
-from runtime.engines.base import fsync_directory, write_atomically
 
 __all__ = [
     "PartitionState",

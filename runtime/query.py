@@ -22,8 +22,8 @@ from typing import Any
 from runtime.batchrows import BatchRows, EncodedSlice, Slice, internal_keys, packed_values, rows_from_arrow
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
+from runtime.durable import fsync_directory
 from runtime.engines import NONE, EngineCorrupt, PartitionEngine, Position, open_engine
-from runtime.engines.base import fsync_directory
 from runtime.engines.keycodec import KeyCodec
 from runtime.errors import CopyMoved, NotConnected, PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
 from runtime.merge import merge_sorted

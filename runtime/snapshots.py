@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from runtime.durable import fsync_directory
 from runtime.engines import Position
-from runtime.engines.base import fsync_directory
 from runtime.errors import RiqrError
 
 __all__ = [

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from runtime.engines.base import write_atomically
+from runtime.durable import fsync_directory, write_atomically
 from runtime.errors import SchemaError
 
 __all__ = [
@@ -94,6 +94,7 @@ def supersede(checkpoint: str) -> Path:
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     target = path.with_name(f"{path.name}.superseded-{stamp}")
     os.replace(path, target)
+    fsync_directory(path.parent)  # a crash must not bring the superseded checkpoint back into use
     return target
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from runtime.durable import fsync_directory, make_directories
 from topologies.checkpoint import query_id
 from topologies.inflight import IN_FLIGHT
 
@@ -97,6 +98,7 @@ def _write_batch(directory: Path, name: str, lines: Iterator[str]) -> None:
             os.fsync(out.fileno())
         if written:
             os.replace(tmp, directory / name)
+            fsync_directory(directory)  # the letters are on disk before the batch is done
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -129,7 +131,7 @@ def write_dead_letters(
         if query.name == name:
             return query
     directory = dead_letter_dir(home, topic)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_directories(directory)
     letters = bad.select(
         F.to_json(
             F.struct(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.engines.base import write_atomically
+from runtime.durable import write_atomically
 from topologies.checkpoint import local_path
 
 __all__ = ["LATE_ROWS_FILE", "LateCount", "watch"]

@@ -13,13 +13,13 @@ silently misread the bytes.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.config import ENGINES
+from runtime.durable import fsync_directory, write_atomically
 from runtime.errors import RiqrError
 from runtime.keys import KeySchema
 from runtime.scan import Scan, TimeWalk
@@ -35,6 +35,7 @@ __all__ = [
     "MANIFEST",
     "prepare_directory",
     "new_directory",
+    "fsync_directory",
     "write_atomically",
 ]
 
@@ -147,26 +148,6 @@ class PartitionEngine(Protocol):
     def destroy(self) -> None:
         """Close and delete the engine's directory."""
         ...
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old file or the new one, never a torn one."""
-    tmp = path.with_name("." + path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
-
-
-def fsync_directory(path: Path) -> None:
-    """Make a rename or a new file in ``path`` durable (POSIX needs the directory itself synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _manifest(kind: str, schema: KeySchema) -> dict[str, Any]:
