@@ -180,6 +180,10 @@ class Feeder:
         self._clock = clock
         self._name = name
         self._feeds: dict[str, _Feed] = {}
+        # Last words (``stopped``, ``failed``) the registry has not taken yet: each rides every beat until it
+        # is taken, or the store is fed from here again. A failed query's report lost to a registry that was
+        # restarting would otherwise leave its feed to turn ``stale``, which says less than ``failed``.
+        self._last_words: dict[str, FeedReport] = {}
         # Per store, the report fields every report of it carries once told (``dead_letters``, ``late_rows``):
         # totals kept by the topology, so a report made anew (a claim, a state change) never drops them.
         self._carried: dict[str, dict[str, Any]] = {}
@@ -192,6 +196,7 @@ class Feeder:
         # thread (or at once, under the lock), which must not wait on anything, so the heartbeat's thread
         # reads them (``_take_answers``), woken at once.
         self._answers: deque[tuple[dict[str, int], Any]] = deque()
+        self._words_taken: deque[dict[str, FeedReport]] = deque()  # the same for last words sent at once
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._nudge = threading.Event()  # beat now: a report sent without waiting was not taken
@@ -219,11 +224,12 @@ class Feeder:
                 return  # another topology feeds it: this one says no more about it (its next batch fails)
             if report.live:
                 self._feeds[store] = replace(feed, report=report)
+                self._last_words.pop(store, None)
             else:
                 self._feeds.pop(store, None)
+                self._last_words[store] = report
             self._send_now([report])
-        if report.live:
-            self._ensure_beating()
+        self._ensure_beating()
 
     def attach(self, store: str, query: QueryLike | None) -> None:
         """The streaming query feeding ``store``: the heartbeat reports the feed ended when it has (None:
@@ -284,11 +290,24 @@ class Feeder:
                 return
             store = report.store
             self._superseded.pop(store, None)
+            self._last_words.pop(store, None)
             self._claims[store] = self._claims.get(store, 0) + 1
             feed = self._feeds.get(store)
             if feed is None:
                 self._feeds[store] = _Feed(replace(report, **self._carried.get(store, {})))
         self._ensure_beating()
+
+    def _taken(self, sent: Mapping[str, FeedReport]) -> None:
+        """Under the lock: the registry took these last words; each is forgotten, unless a newer one replaced
+        it since."""
+        for store, report in sent.items():
+            if self._last_words.get(store) is report:
+                del self._last_words[store]
+
+    def _forget_taken_words(self) -> None:
+        """Under the lock: last words the registry took, as Ray's callbacks queued them."""
+        while self._words_taken:
+            self._taken(self._words_taken.popleft())
 
     def _take_answers(self) -> None:
         while self._answers:
@@ -339,22 +358,27 @@ class Feeder:
         with self._lock:
             if self.closed:
                 return
+            self._forget_taken_words()
             reports = []
             for store, feed in list(self._feeds.items()):
                 if store in unknown:
                     continue
                 if store in ended and feeds.get(store) == feed:
                     state, error = ended[store]
-                    reports.append(replace(feed.report, state=state, error=error, at=self._clock()))
+                    self._last_words[store] = replace(feed.report, state=state, error=error, at=self._clock())
                     del self._feeds[store]
                     log.info("store %s: its query ended (%s)", store, error or state, extra={"store": store})
                 else:
                     reports.append(feed.report)
+            last_words = dict(self._last_words)
+            reports.extend(last_words.values())
             pending = self._submit(reports) if reports else None
             claims = dict(self._claims)
         if pending is not None:
             ok, answer = self._wait(pending, self.interval if timeout is None else timeout)
             if ok:
+                with self._lock:
+                    self._taken(last_words)
                 self._answered(claims, answer)
 
     def finish(
@@ -373,7 +397,8 @@ class Feeder:
         with self._lock:
             if self.closed:
                 return
-            now, reports = self._clock(), []
+            self._forget_taken_words()
+            now, reports = self._clock(), [r for s, r in self._last_words.items() if s not in self._feeds]
             for feed in self._feeds.values():
                 if failed_query is None:
                     state, why = STOPPED, None
@@ -383,6 +408,7 @@ class Feeder:
                     state, why = FAILED, _clip(f"stopped because query {failed_query} of its topology failed: {error}")
                 reports.append(replace(feed.report, state=state, error=why, at=now))
             self._feeds.clear()
+            self._last_words.clear()
             self.closed = True
         self._stop.set()
         self._nudge.set()
@@ -428,8 +454,11 @@ class Feeder:
         if pending is None:
             return  # no registry to send to: the next beat looks it up again
         claims = dict(self._claims)  # under the lock, as callers hold it
+        last_words = {r.store: r for r in reports if self._last_words.get(r.store) is r}
 
         def answered(answer: Any) -> None:
+            if last_words:
+                self._words_taken.append(last_words)
             if isinstance(answer, dict) and answer:
                 self._answers.append((claims, answer))
                 self._nudge.set()

@@ -138,6 +138,66 @@ def test_a_query_that_ends_is_reported_once_then_never_again() -> None:
     assert len(link.sent) == sends  # nothing live: nothing to say
 
 
+def test_an_ended_querys_report_rides_every_beat_until_the_registry_takes_it() -> None:
+    """A query that fails while the registry restarts: its ``failed`` report is not taken, and dropping
+    it (as the feeder did) left the registry to call the feed ``stale`` after silence, not ``failed``."""
+    link = FakeLink()
+    feeder = _feeder(link)
+    query = FakeQuery("riqr-ns-s")
+    feeder.update("s", state="running", query=query.name)
+    feeder.update("t", state="running")
+    feeder.attach("s", query)
+    query.active, query.error = False, RuntimeError("StreamingQueryException: boom")
+    link.lost = 1  # sent, then the call fails: the registry restarting
+    feeder.beat()
+    assert link.last()["s"].state == "failed" and feeder.live_stores() == ["t"]
+    link.down = True  # and then not there at all for a beat
+    feeder.beat()
+    link.down = False
+    feeder.beat()
+    assert link.last()["s"].state == "failed" and "boom" in (link.last()["s"].error or "")
+    feeder.beat()
+    assert set(link.last()) == {"t"}  # taken: said no more
+
+
+def test_a_failed_batchs_report_lost_on_its_way_is_sent_again_by_the_next_beat() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running", batch_id=4)
+    feeder.update("t", state="running")
+    link.dead = True  # the report sent at once fails when its answer comes
+    feeder.update("s", state="failed", batch_id=5, error="OwnerUnavailable: gone")
+    feeder.beat()
+    assert link.last()["s"].state == "failed" and link.last()["s"].batch_id == 5
+    feeder.beat()
+    assert set(link.last()) == {"t"}
+    link.down = True  # lost before it was sent: the same
+    feeder.update("t", state="stopped")
+    link.down = False
+    feeder.beat()
+    assert link.last()["t"].state == "stopped"
+    sends = len(link.sent)
+    feeder.beat()
+    assert len(link.sent) == sends, "taken once, and nothing is live: nothing more to say"
+
+
+def test_a_claim_or_a_new_run_replaces_last_words_not_yet_taken() -> None:
+    link = FakeLink()
+    feeder = _feeder(link)
+    feeder.update("s", state="running", batch_id=1)
+    link.down = True
+    feeder.update("s", state="failed", error="boom")
+    link.down = False
+    feeder.claimed(FeedReport("s", feeder.id, "running", query="riqr-ns-s"))  # the topology starts it again
+    feeder.beat()
+    assert [r.state for r in link.sent[-1]] == ["running"]
+    link.down = True
+    feeder.update("s", state="stopped")
+    link.down = False
+    feeder.finish()  # the process ends: the untaken last word is its last word
+    assert [r.state for r in link.sent[-1]] == ["stopped"]
+
+
 def test_a_query_that_cannot_be_asked_is_left_out_of_the_beat() -> None:
     link = FakeLink()
     feeder = _feeder(link)
