@@ -6,7 +6,9 @@ Reads never touch disk. With a directory, durability follows Spark's changelog c
   (and fsyncs it, by default), and only then changes memory. A record is ``u32 length, u32 CRC32, msgpack
   [source, batch_id, {key: value or None}]``. A crash while appending leaves a torn or corrupt tail record;
   opening drops it (and truncates it away), so the partition reopens at the previous position with the
-  previous rows: the "old or new, never a mix" guarantee.
+  previous rows: the "old or new, never a mix" guarantee. A bad record with records after it is no
+  crash's doing: the partition is damaged (``EngineCorrupt``), set aside and rebuilt, never truncated back
+  past batches it acknowledged.
 * after ``snapshot_records`` records, or once the changelog holds ``max(snapshot_rows, count() // 2)``
   rows, the whole partition is written to ``snapshot-<gen+1>.bin`` (temporary file, fsync, rename, directory
   fsync), a fresh ``changelog-<gen+1>.log`` starts and generation ``gen``'s files are deleted. Tying the row
@@ -57,6 +59,20 @@ _RECORD = struct.Struct(">II")
 _SNAPSHOT_MAGIC = b"RIQRSNP1"
 _CRC = struct.Struct(">I")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _torn(data: bytes, at: int) -> bool:
+    """Whether the bytes of a changelog from ``at`` (where the first bad record starts) are a torn last
+    append, not damage. Each apply appends one record and syncs it before the next, so a crash leaves at
+    most one record unfinished: its header cut short, the record reaching past the end of the file or
+    ending exactly there with a bad checksum (a torn sector), or zeros (a file extended and never
+    written, after a power loss). A complete record with a bad checksum and more bytes after it is not a
+    crash's doing."""
+    tail = data[at:]
+    if len(tail) < _RECORD.size or not tail.strip(b"\0"):
+        return True
+    length: int = _RECORD.unpack_from(tail)[0]
+    return _RECORD.size + length >= len(tail)
 
 
 def _unpack(payload: bytes | memoryview) -> Any:
@@ -331,9 +347,13 @@ class MemoryEngine:
         while at + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, at)
             payload = data[at + _RECORD.size : at + _RECORD.size + length]
-            if len(payload) != length or zlib.crc32(payload) != crc:
-                break
-            source, batch_id, final = _unpack(payload)
+            if length == 0 or len(payload) != length or zlib.crc32(payload) != crc:
+                break  # a torn tail, or damage: told apart below
+            try:
+                source, batch_id, final = _unpack(payload)
+            except Exception as err:  # noqa: BLE001 - its CRC holds: written so, not torn
+                what = f"changelog {changelog}: the record at byte {at} is not one"
+                raise EngineCorrupt(what, path=str(changelog)) from err
             for key, value in final.items():
                 if value is None:
                     rows.pop(key, None)
@@ -344,7 +364,15 @@ class MemoryEngine:
             self._log_rows += len(final)
             at += _RECORD.size + length
         if at != len(data):
-            # A torn or corrupt tail is the crash-mid-apply case: that apply never happened.
+            if not _torn(data, at):
+                # Acknowledged batches follow the bad record: truncating would drop them and serve the
+                # partition as if it had never had them. Damage: set aside and rebuilt (runtime.query).
+                raise EngineCorrupt(
+                    f"changelog {changelog}: the record at byte {at} is damaged and {len(data) - at} bytes of "
+                    "records follow it",
+                    path=str(changelog),
+                )
+            # A torn tail is the crash-mid-apply case: that apply never happened.
             log.warning("memory engine %s: dropping %d bytes of incomplete changelog", changelog, len(data) - at)
             os.truncate(changelog, at)
         self._log_size = at

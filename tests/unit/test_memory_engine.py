@@ -127,3 +127,53 @@ def test_a_failed_roll_leaves_no_snapshot_that_a_restart_would_take_over_later_b
     reopened = MemoryEngine(LONG_KEY, path)  # the actor restarts
     assert reopened.position() == Position("q", 4)
     assert [k for k, _ in reopened.scan(Scan())] == [0, 1, 2, 3, 4]
+
+
+def _records(changelog: Path) -> list[int]:
+    """Where each record of a changelog starts."""
+    data, at, starts = changelog.read_bytes(), 0, []
+    while at < len(data):
+        starts.append(at)
+        at += 8 + int.from_bytes(data[at : at + 4], "big")
+    return starts
+
+
+def test_a_damaged_record_with_records_after_it_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    """A changelog whose bad record was followed by good ones was truncated like a torn tail: the
+    partition reopened batches behind, with no word of it, and served as if it had never acknowledged
+    them. Each apply syncs its one record before the next, so only the last can be torn."""
+    from runtime.engines import EngineCorrupt
+
+    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
+    for batch_id in range(3):
+        engine.apply(Position("q", batch_id), [(batch_id, b"v")])
+    engine.close()
+    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    good = changelog.read_bytes()
+    second = _records(changelog)[1]
+    damaged = bytearray(good)
+    damaged[second + 9] ^= 0xFF  # a byte of the second record's payload
+    changelog.write_bytes(bytes(damaged))
+    with pytest.raises(EngineCorrupt, match="damaged"):
+        MemoryEngine(LONG_KEY, tmp_path / "p")
+    assert changelog.read_bytes() == bytes(damaged), "nothing truncated: the data is left for inspection"
+
+
+@pytest.mark.parametrize("tail", ["zeros", "past-the-end", "cut-header"])
+def test_what_a_crash_leaves_after_the_last_record_is_dropped(tmp_path: Path, tail: str) -> None:
+    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
+    for batch_id in range(2):
+        engine.apply(Position("q", batch_id), [(batch_id, b"v")])
+    engine.close()
+    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    good = changelog.read_bytes()
+    garbage = {
+        "zeros": b"\0" * 64,  # a file extended and never written (power loss)
+        "past-the-end": (1000).to_bytes(4, "big") + b"\1\2\3\4" + b"x" * 20,  # a record cut short
+        "cut-header": b"\0\0\0",
+    }[tail]
+    changelog.write_bytes(good + garbage)
+    reopened = MemoryEngine(LONG_KEY, tmp_path / "p")
+    assert reopened.position() == Position("q", 1) and list(reopened.scan(Scan())) == [(0, b"v"), (1, b"v")]
+    assert changelog.read_bytes() == good
+    reopened.close()
