@@ -100,6 +100,10 @@ def translate(exc: BaseException, what: str, *, actor: str | None = None) -> Riq
     if isinstance(exc, ActorUnavailableError):
         return OwnerUnavailable(f"{what}: the actor is restarting or unreachable", retry_after=1, **details)
     if isinstance(exc, RayActorError):
+        raised = _constructor_raised(exc)
+        if raised is not None:  # the cause is in the worker's log; said here too, or the caller sees only this
+            died = f"{what}: the actor died: its constructor raised {raised}"
+            return OwnerUnavailable(died, retry_after=5, **details)
         return OwnerUnavailable(f"{what}: the actor died", retry_after=5, **details)
     if isinstance(exc, ActorUnschedulableError):
         # A query actor pinned to a node that died: the registry re-creates it elsewhere within seconds.
@@ -107,6 +111,18 @@ def translate(exc: BaseException, what: str, *, actor: str | None = None) -> Riq
     if isinstance(exc, GetTimeoutError):
         return DeadlineExceeded(f"{what} did not answer in time", **details)
     raise exc
+
+
+def _constructor_raised(exc: BaseException, limit: int = 300) -> str | None:
+    """For an actor that died because its constructor raised, the exception's last line (``OSError: ...``:
+    Ray's text is the whole remote traceback); None for any other death."""
+    if not getattr(exc, "actor_init_failed", False):
+        return None
+    lines = [line.strip() for line in str(getattr(exc, "error_msg", "") or "").splitlines() if line.strip()]
+    if not lines:
+        return None
+    last = lines[-1]
+    return last if len(last) <= limit else last[:limit] + "..."
 
 
 async def call(

@@ -41,6 +41,22 @@ def test_restarting_dead_and_late_actors() -> None:
     assert isinstance(orphan, OwnerUnavailable) and orphan.details["retry_after"] == 1
 
 
+def test_an_actor_whose_constructor_raised_says_what_it_raised() -> None:
+    """The registry's "could not create query actor X again" said only "the actor died": the cause was in
+    the new actor's worker log, on whichever node it ran (an operations run)."""
+    traceback = (
+        'ray::QueryActor.__init__() (pid=4242, ip=10.0.0.2)\n  File "runtime/query.py", line 90, in __init__\n'
+        "    raise OSError(28, 'No space left on device')\nOSError: [Errno 28] No space left on device\n"
+    )
+    cause = RayTaskError("QueryActor.__init__", traceback, OSError(28, "No space left on device"))
+    err = raycalls.translate(ActorDiedError(cause), "re-creating query actor a1", actor="a1")
+    assert isinstance(err, OwnerUnavailable)
+    assert err.message.endswith("the actor died: its constructor raised OSError: [Errno 28] No space left on device")
+    long = RayTaskError("QueryActor.__init__", "ValueError: " + "x" * 1000, ValueError("x"))
+    assert len(raycalls.translate(ActorDiedError(long), "re-creating").message) < 400
+    assert raycalls.translate(ActorDiedError(), "get").message == "get: the actor died"  # any other death
+
+
 def test_errors_that_are_not_rays_are_not_swallowed() -> None:
     with pytest.raises(ZeroDivisionError):
         raycalls.translate(ZeroDivisionError(), "get")
