@@ -43,24 +43,44 @@ def lag(position: Mapping[str, Any], ingest: Mapping[str, Any] | None) -> int | 
     return max(0, int(ingest["batch_id"]) - int(position["batch_id"]))
 
 
-def replicas_per_node(instances: Iterable[Mapping[str, Any]], store: str) -> dict[str, tuple[int, int]]:
-    """Node -> (active partitions, standby partitions) of ``store`` held there."""
-    out: dict[str, tuple[int, int]] = {}
+def _silent(instance: Mapping[str, Any]) -> set[int]:
+    """The partitions of ``instance`` whose actor did not answer (``unavailable``: dead, on a lost node, or
+    too slow), from the positions ``/metadata`` gives with it."""
+    return {
+        p["partition"]
+        for p in instance.get("positions") or ()
+        if isinstance(p.get("partition"), int) and p.get("state") in ("unavailable", "unknown")
+    }
+
+
+def replicas_per_node(instances: Iterable[Mapping[str, Any]], store: str) -> dict[str, tuple[int, int, int]]:
+    """Node -> (active partitions, standby partitions, copies whose actor did not answer) of ``store``
+    held there. A copy that did not answer is counted in neither role: after a failover the registry lists
+    a dead actor's copies as standbys until they are replaced, and counting them so read as a store with
+    every standby in place."""
+    out: dict[str, tuple[int, int, int]] = {}
     for instance in instances:
         if store not in instance.get("state-store-names", ()):
             continue
-        active, standby = out.get(instance["node"], (0, 0))
+        silent = _silent(instance)
+        active, standby, down = out.get(instance["node"], (0, 0, 0))
+        roles = [instance.get("partitions", ()), instance.get("standby-partitions", ())]
         out[instance["node"]] = (
-            active + len(instance.get("partitions", ())),
-            standby + len(instance.get("standby-partitions", ())),
+            active + sum(p not in silent for p in roles[0]),
+            standby + sum(p not in silent for p in roles[1]),
+            down + sum(p in silent for role in roles for p in role),
         )
     return dict(sorted(out.items()))
 
 
 def _replicas(instances: Iterable[Mapping[str, Any]], store: str) -> str:
     parts = []
-    for node, (active, standby) in replicas_per_node(instances, store).items():
-        parts.append(f"{_short(node)}: {active} active" + (f", {standby} standby" if standby else ""))
+    for node, (active, standby, down) in replicas_per_node(instances, store).items():
+        parts.append(
+            f"{_short(node)}: {active} active"
+            + (f", {standby} standby" if standby else "")
+            + (f", {down} not answering" if down else "")
+        )
     return "\n".join(parts) or "-"
 
 

@@ -48,9 +48,23 @@ def test_lag_counts_batches_behind_the_last_delivered_and_needs_both_ends() -> N
 
 
 def test_replicas_are_counted_per_node() -> None:
-    assert replicas_per_node(_instances(), "order-count") == {NODE_A: (2, 2), NODE_B: (2, 2)}
-    assert replicas_per_node(_instances(), "clicks") == {NODE_B: (1, 0)}
+    assert replicas_per_node(_instances(), "order-count") == {NODE_A: (2, 2, 0), NODE_B: (2, 2, 0)}
+    assert replicas_per_node(_instances(), "clicks") == {NODE_B: (1, 0, 0)}
     assert replicas_per_node(_instances(), "other") == {}
+
+
+def test_copies_whose_actor_does_not_answer_are_counted_apart_not_as_standbys() -> None:
+    """After a failover the registry lists a dead actor's copies as standbys until they are replaced: the
+    column read "2 active, 2 standby" for a node whose actor was gone (an operations run)."""
+    instances = _instances()
+    dead = {"partition": -1, "state": "unavailable", "reason": "the actor died"}
+    instances[0] = {**instances[0], "partitions": [], "standby-partitions": [0, 1, 2, 3],
+                    "positions": [{**dead, "partition": p, "role": "standby"} for p in range(4)]}  # fmt: skip
+    instances[1] = {**instances[1], "partitions": [0, 1, 2, 3], "standby-partitions": [],
+                    "positions": [{"partition": p, "state": "serving"} for p in range(4)]}  # fmt: skip
+    assert replicas_per_node(instances, "order-count") == {NODE_A: (0, 0, 4), NODE_B: (4, 0, 0)}
+    row = {r[0]: r for r in store_rows(_catalog(), instances, now=NOW)}["order-count"]
+    assert row[3] == "aaaaaaaaaaaa: 0 active, 4 not answering\nbbbbbbbbbbbb: 4 active"
 
 
 def test_a_row_per_store_says_what_serves_how_far_behind_and_how_ingest_goes() -> None:
