@@ -209,6 +209,10 @@ class FeedBook:
         self.stale_after = stale_after
         self._feeds: dict[str, _Feed] = {}
         self._acks: dict[str, AckLog] = {}
+        # store -> the source (Spark's query id) its feed named in its last batch check: only that source's
+        # batch 0 may reset the store's partitions (``Registry.reset_refused``). Saved, so a registry that
+        # restarts still refuses a displaced topology's late batch 0.
+        self._sources: dict[str, str] = {}
         self.dirty = False  # changed since the last save
 
     def __contains__(self, store: object) -> bool:
@@ -414,15 +418,29 @@ class FeedBook:
     def forget(self, store: str) -> bool:
         """Drop a store's record (the store was dropped); whether there was one."""
         self._acks.pop(store, None)
-        if self._feeds.pop(store, None) is None:
+        had_source = self._sources.pop(store, None) is not None  # declared again, it starts from any source
+        if self._feeds.pop(store, None) is None and not had_source:
             return False
         self.dirty = True
         return True
 
     def keep_only(self, stores: Collection[str]) -> None:
         """Drop the records of stores not in ``stores`` (after a rebuild: stores that are gone)."""
-        for store in [s for s in self._feeds if s not in stores]:
+        for store in [s for s in {*self._feeds, *self._sources} if s not in stores]:
             self.forget(store)
+
+    def feeding_source(self, store: str) -> str | None:
+        """The source ``store``'s feed named in its last batch check, if any did."""
+        return self._sources.get(store)
+
+    def name_source(self, store: str, source: str) -> bool:
+        """``store`` is fed from ``source`` now; whether that changed it (then worth saving at once: a
+        topology starts, or rebuilds, once)."""
+        if self._sources.get(store) == source:
+            return False
+        self._sources[store] = source
+        self.dirty = True
+        return True
 
     def verdict(self, store: str, now: float) -> tuple[str, str | None] | None:
         """``(state, reason)`` of ``store``'s feed at ``now``, or None if nothing ever fed it."""
@@ -466,7 +484,7 @@ class FeedBook:
             feeds[store] = {"report": feed.report.to_json(), "heard_at": feed.heard_at, "contents": feed.contents}
             if feed.taken is not None:
                 feeds[store]["taken"] = feed.taken
-        return {"format": _FORMAT, "feeds": feeds}
+        return {"format": _FORMAT, "feeds": feeds, "sources": dict(self._sources)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], now: float, stale_after: float = FEED_STALE_AFTER) -> FeedBook:
@@ -483,6 +501,8 @@ class FeedBook:
             delivered = report.batch_id is not None and report.state != FAILED
             contents = feed.get("contents", report.checkpoint if delivered else None)
             book._feeds[store] = _Feed(report, now, contents, feed.get("taken"))
+        # Missing from records saved before sources were: no source named, so any batch 0 resets (as before).
+        book._sources = {str(k): str(v) for k, v in (data.get("sources") or {}).items()}
         return book
 
 

@@ -164,8 +164,6 @@ class Registry:
         first_epoch = int(clock() * 1000)
         self.state = RegistryState(epoch=first_epoch)
         self._epochs_below = 0  # the bound on epochs handed out that the saved members carry (_save_members)
-        # store -> the source of its feed's last batch check (``feed_epoch``): only its batch 0 resets.
-        self._feeding: dict[str, str] = {}
         # Woken on every epoch bump; ``wait_epoch`` callers (facades) wait on it in their own threads.
         self._changed = threading.Condition()
         # (store, partition) -> the active a promotion replaced, given the partition back once it serves.
@@ -384,8 +382,8 @@ class Registry:
         if table is None or self.feeds.about_an_older_store(report, table.lineage()):
             return self.state.epoch, None
         why = self.feeds.unclaimed(report, self._clock())
-        if why is None and source is not None:
-            self._feeding[store] = source
+        if why is None and source is not None and self.feeds.name_source(store, source):
+            self._save_feeds()  # before any batch 0 of it reaches a query actor, which asks reset_refused
         return self.state.epoch, why
 
     def reset_refused(self, store: str, source: str) -> str | None:
@@ -393,8 +391,9 @@ class Registry:
         does), or None. The source is not the one the store's feed named in its last batch's check
         (``feed_epoch``): a late batch 0 of a topology another one displaced, which would replace what the
         new feed delivered and serve it (later batches of it are gaps, which never serve). None when no
-        check named a source (a sink of an earlier riqr, or a registry restarted since)."""
-        feeding = self._feeding.get(store)
+        check named a source (a sink of an earlier riqr). Kept in the ingest records, so a restarted
+        registry still refuses."""
+        feeding = self.feeds.feeding_source(store)
         if feeding is None or feeding == source:
             return None
         return f"store {store!r} is fed from source {feeding} now (another topology, or a rebuild, took it)"
@@ -494,7 +493,6 @@ class Registry:
         self._dropping.update(members)
         uuids = self.state.drop(name)
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
-        self._feeding.pop(name, None)  # a store declared again under the name starts from any source
         if self.feeds.forget(name):
             self._save_feeds()
         # The drop is made (saved, and out of the tables) whether or not destroying its actors works now.
