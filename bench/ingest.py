@@ -9,8 +9,10 @@ local Spark, with the food-orders topology's queries on landing files (``riqr pr
 1. **Throughput.** ``--records`` records with distinct keys land as files of 100,000; the customer
    topology's query (``latest_by_key``) reads them in one go. Timed from ``start()`` to
    ``processAllAvailable()`` returning, once with Spark's ``noop`` sink and once with ``materialize`` (a
-   store created beforehand, so actor start-up is not counted), alternately for ``--rounds`` rounds,
-   each run starting once the machine is quiet again (at least 85% idle, at most 15 s of waiting).
+   store created beforehand, so actor start-up is not counted), for ``--rounds`` rounds, which of the
+   two goes first alternating by round (``--order``), each run starting with the earlier runs' state
+   stores unloaded from the driver JVM and its heap collected (``--no-gc`` leaves them), once the machine
+   is quiet again (at least 85% idle, at most 15 s of waiting). Each run's driver GC time is printed.
    Printed: medians and the ratio riqr / noop (the sink's overhead is that ratio minus 1), and the
    sink's own stages after Spark's batch (split, registry view, standby and active rounds, report) as a
    fraction of noop's run: the part of the overhead that does not move with Spark's batch time, which
@@ -77,6 +79,21 @@ def run_noop(spark: Any, df: Any, checkpoint: str, trigger: str) -> float:
     took = time.monotonic() - started
     query.stop()
     return took
+
+
+def jvm_gc_seconds(spark: Any) -> float:
+    """The driver JVM's garbage collectors' total time so far (their MXBeans), in seconds."""
+    beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    return sum(beans.get(i).getCollectionTime() for i in range(beans.size())) / 1000
+
+
+def fresh_heap(spark: Any) -> None:
+    """Before a timed run: the state stores the earlier runs' queries left loaded in the driver JVM are
+    unloaded (Spark keeps a stopped query's providers, 1,000,000 keys each here, until its maintenance
+    task finds them unused), then a full collection, so that neither run pays for what the other left. In
+    production a store's query does not run after another query of a million keys in the same JVM."""
+    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    spark._jvm.java.lang.System.gc()
 
 
 DELIVERIES: list[Any] = []
@@ -198,21 +215,33 @@ def throughput(
         # landed in riqr's run when the store was created just before it.
         store = f"bulk-{r}"
         create_store(latest_by_key(read_topic(spark, home, "customer")), store, namespace, args.standbys)
-        waited = settle()
-        df = latest_by_key(read_topic(spark, home, "customer"))
-        times["noop"].append(run_noop(spark, df, str(work / f"cp-noop-{r}"), args.trigger))
-        say(f"round {r + 1}: noop {times['noop'][-1]:.2f}s (after {waited:.1f}s settling)")
-        waited = settle()
-        df = latest_by_key(read_topic(spark, home, "customer"))
-        times["riqr"].append(run_riqr(df, store, str(work / f"cp-riqr-{r}"), namespace, args.standbys, args.trigger))
-        # The sink's own stages (everything after Spark's batch and toArrow): the part of riqr's run that
-        # does not move with Spark's batch time, which varies by a second or more between runs here.
-        times["own"].append(sum(v for k, v in getattr(DELIVERIES[-1], "timings", {}).items() if k != "batch"))
-        say(
-            f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s (after {waited:.1f}s settling); "
-            f"sink stages: {timings_line(DELIVERIES[-1:])}; "
-            f"{apply_seconds(namespace, store)}"
-        )
+        # Which run goes first alternates by round (--order alternate): the second of two runs in one JVM
+        # and one machine is not the first's equal (the first's garbage, the page cache, JIT), and noop
+        # always first put all of that on riqr's side.
+        first = ("noop", "riqr") if args.order == "noop-first" or r % 2 == 0 else ("riqr", "noop")
+        for side in first:
+            if args.gc:
+                fresh_heap(spark)
+            waited = settle()
+            df = latest_by_key(read_topic(spark, home, "customer"))
+            gc_before = jvm_gc_seconds(spark)
+            if side == "noop":
+                times["noop"].append(run_noop(spark, df, str(work / f"cp-noop-{r}"), args.trigger))
+                gc = jvm_gc_seconds(spark) - gc_before
+                say(f"round {r + 1}: noop {times['noop'][-1]:.2f}s (after {waited:.1f}s settling; driver GC {gc:.2f}s)")
+                continue
+            times["riqr"].append(
+                run_riqr(df, store, str(work / f"cp-riqr-{r}"), namespace, args.standbys, args.trigger)
+            )
+            gc = jvm_gc_seconds(spark) - gc_before
+            # The sink's own stages (everything after Spark's batch and toArrow): the part of riqr's run
+            # that does not move with Spark's batch time, which varies by a second or more between runs.
+            times["own"].append(sum(v for k, v in getattr(DELIVERIES[-1], "timings", {}).items() if k != "batch"))
+            say(
+                f"round {r + 1}: riqr {times['riqr'][-1]:.2f}s (after {waited:.1f}s settling; driver GC {gc:.2f}s); "
+                f"sink stages: {timings_line(DELIVERIES[-1:])}; "
+                f"{apply_seconds(namespace, store)}"
+            )
         ray.get(registry.drop_store.remote(store))
     ratios = [r / n for r, n in zip(times["riqr"], times["noop"])]
     return {k: statistics.median(v) for k, v in times.items()}, ratios
@@ -438,6 +467,18 @@ def main() -> None:
     )
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--warmup", type=int, default=100_000, help="records of an uncounted first round")
+    parser.add_argument(
+        "--order",
+        choices=("alternate", "noop-first"),
+        default="alternate",
+        help="which run of a round goes first: alternating by round, or noop always (the bench before 2026-11-29)",
+    )
+    parser.add_argument(
+        "--no-gc",
+        dest="gc",
+        action="store_false",
+        help="leave earlier runs' state stores loaded and the driver's heap uncollected before each run",
+    )
     parser.add_argument("--skip", default="", help="comma-separated: throughput, freshness")
     parser.add_argument(
         "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting to compare (repeatable)"
