@@ -5,6 +5,9 @@ A topic is a directory ``<home>/data/<topic>/`` of JSON-lines files; each line i
 the way a Kafka partition's offsets do, so "latest value per key" is well defined within a file and
 across files: a file's ``seq`` numbers its records on from the nanosecond clock at its write (two files
 written in the same millisecond tied when ``seq`` started at 0 in each, and "latest" then kept either).
+That clock never goes back within a topic: each write starts past the last ``seq`` the topic handed out
+(kept in the hidden ``.riqr-clock`` beside its files, under a lock), so a wall clock stepped back (NTP,
+a VM resumed) cannot make a later write of a key lose to an earlier one.
 Files are written under a hidden name and renamed into place, so Spark's file source never sees half a
 file (it skips names starting with ``.`` or ``_``). A failed or interrupted write removes its hidden file;
 only a hard kill (SIGKILL, power loss) can leave one behind, and Spark never reads it.
@@ -24,12 +27,14 @@ with its raw text and a reason, to the topic's dead letters ``<home>/deadletter/
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +51,7 @@ __all__ = [
 ]
 
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+CLOCK_FILE = ".riqr-clock"  # hidden: Spark's file source skips names starting with "."
 
 
 @dataclass(frozen=True)
@@ -139,20 +145,54 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
         return None
     directory = topic_dir(home, topic)
     make_directories(directory)
-    clock = time.time_ns()
-    now = clock // 1_000_000
-    name = f"{now:015d}-{uuid.uuid4().hex[:12]}.json"
-    tmp = directory / f".{name}.tmp"
-    final = directory / name
-    try:
-        with open(tmp, "xb") as out:
-            for seq, record in enumerate(records, start=clock):
-                out.write(_encode(seq, record, now, seq - clock))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, final)
-        fsync_directory(directory)
-    finally:
-        # After a successful rename there is nothing left to remove; after a failure, the partial file.
-        tmp.unlink(missing_ok=True)
+    with _topic_clock(directory) as (last, advance):
+        clock = max(time.time_ns(), last + 1)  # past every seq the topic has, whatever the wall clock says
+        now = clock // 1_000_000
+        name = f"{now:015d}-{uuid.uuid4().hex[:12]}.json"
+        tmp = directory / f".{name}.tmp"
+        final = directory / name
+        try:
+            with open(tmp, "xb") as out:
+                for seq, record in enumerate(records, start=clock):
+                    out.write(_encode(seq, record, now, seq - clock))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, final)
+            fsync_directory(directory)
+        finally:
+            # After a successful rename there is nothing left to remove; after a failure, the partial file.
+            tmp.unlink(missing_ok=True)
+        advance(clock + len(records) - 1)
     return final
+
+
+@contextlib.contextmanager
+def _topic_clock(directory: Path) -> Iterator[tuple[int, Callable[[int], None]]]:
+    """Hold the topic's clock (one writer at a time, across processes: ``flock`` on ``CLOCK_FILE``) and
+    give the last ``seq`` it handed out, with the function that records a new one. The last ``seq`` comes
+    from ``CLOCK_FILE``, or, when that is empty or unreadable (a topic written before it existed, a write
+    a crash cut short), from the newest file's name (its millisecond; a file's records start there).
+
+    The file is written in place, never replaced: a replaced file would leave a writer waiting on the old
+    one's lock while another took the new one's. Not synced: after a power loss the files' names still
+    bound the clock."""
+    fd = os.open(directory / CLOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        last = int(text) if text.isdigit() else 0
+        last = max(last, _newest_file_clock(directory)) if last == 0 else last
+
+        def advance(seq: int) -> None:
+            data = str(seq).encode("ascii")
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+
+        yield last, advance
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _newest_file_clock(directory: Path) -> int:
+    newest = max((int(n[:15]) for n in os.listdir(directory) if n[:15].isdigit() and n.endswith(".json")), default=0)
+    return (newest + 1) * 1_000_000 - 1 if newest else 0

@@ -16,7 +16,7 @@ import topologies.checkpoint
 import topologies.deadletter
 from runtime.durable import make_directories, write_atomically
 from runtime.feeds import FeedBook, save_book
-from runtime.landing import Record, topic_dir, write_records
+from runtime.landing import CLOCK_FILE, Record, topic_dir, write_records
 
 
 @pytest.fixture
@@ -54,12 +54,12 @@ def test_a_landed_file_and_its_new_topic_directory_are_synced(tmp_path: Path, sy
     assert written is not None
     directory = topic_dir(tmp_path, "order")
     # The topic directory made for it (and its parent, if new), then the file's name in it.
-    assert synced[-1] == (directory, [written.name])
+    assert synced[-1] == (directory, sorted([CLOCK_FILE, written.name]))
     assert (directory.parent, [directory.name]) in synced
     synced.clear()
     second = write_records(tmp_path, "order", [Record("2", "b")])
     assert second is not None
-    assert synced == [(directory, sorted([written.name, second.name]))]
+    assert synced == [(directory, sorted([CLOCK_FILE, written.name, second.name]))]
 
 
 def test_dead_letters_are_synced_before_their_batch_is_done(tmp_path: Path, synced: list) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import BadRequest
-from runtime.landing import Record, parse_console_bytes, parse_console_lines, topic_dir, write_records
+from runtime.landing import CLOCK_FILE, Record, parse_console_bytes, parse_console_lines, topic_dir, write_records
 
 
 def test_seed_lines_parse_including_the_empty_key() -> None:
@@ -33,7 +33,8 @@ def test_a_line_without_separator_rejects_the_whole_input() -> None:
 def test_write_records_is_one_atomic_json_lines_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = write_records(tmp_path, "order", [Record("1", "a"), Record("", "b")])
     assert path is not None and path.parent == topic_dir(tmp_path, "order")
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+    names = [p.name for p in path.parent.iterdir() if p.name != CLOCK_FILE]
+    assert names == [path.name]  # no temporary file left behind
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["key"], r["value"]) for r in lines] == [("1", "a"), ("", "b")]
     assert lines[1]["seq"] == lines[0]["seq"] + 1 and lines[0]["ts"] == lines[1]["ts"]
@@ -88,7 +89,8 @@ def test_a_separator_error_in_bytes_still_names_its_line() -> None:
 
 
 def _files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+    """The topic's files, but for its hidden clock (``CLOCK_FILE``), which holds no records."""
+    return sorted(p.name for p in directory.iterdir() if p.name != CLOCK_FILE) if directory.exists() else []
 
 
 @pytest.mark.parametrize("failure", [OSError("disk full"), KeyboardInterrupt()])
@@ -107,3 +109,48 @@ def test_an_unencodable_record_is_a_bad_request_and_writes_nothing(tmp_path) -> 
     with pytest.raises(BadRequest, match="record 2"):
         write_records(tmp_path, "order", [Record("1", "a"), Record("2", lone_surrogate)])
     assert _files(topic_dir(tmp_path, "order")) == []
+
+
+def _seqs(path: Path) -> list[tuple[int, int]]:
+    return [(json.loads(line)["ts"], json.loads(line)["seq"]) for line in path.read_text().splitlines()]
+
+
+def test_a_clock_stepped_back_cannot_make_a_later_write_lose(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Latest per key is by (ts, seq), both from the wall clock: a clock stepped back (NTP, a VM resumed)
+    made the next write of a key order before the one it replaced, and the store kept the old value."""
+    now = [1_700_000_000_000_000_000]
+    monkeypatch.setattr("runtime.landing.time.time_ns", lambda: now[0])
+    first = write_records(tmp_path, "order", [Record("k", "old"), Record("j", "x")])
+    now[0] -= 5_000_000_000  # five seconds back
+    second = write_records(tmp_path, "order", [Record("k", "new")])
+    assert first is not None and second is not None
+    assert max(_seqs(first)) < min(_seqs(second))  # (ts, seq) of the later write is the larger
+    assert first.name[:15] <= second.name[:15]  # its file's time is not before the first's either
+    (tmp_path / "data" / "order" / ".riqr-clock").write_bytes(b"")  # lost (a crash while it was written)
+    third = write_records(tmp_path, "order", [Record("k", "newer")])
+    assert third is not None and max(_seqs(second)) < min(_seqs(third))  # bounded by the files' names
+    now[0] += 3_600_000_000_000  # the clock well ahead again: its own time, not the bound's
+    fourth = write_records(tmp_path, "order", [Record("k", "newest")])
+    assert fourth is not None and _seqs(fourth)[0] == (now[0] // 1_000_000, now[0])
+
+
+def test_writers_at_the_same_instant_take_turns_on_the_topics_clock(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    monkeypatch.setattr("runtime.landing.time.time_ns", lambda: 1_700_000_000_000_000_000)  # a clock that never moves
+    files: list[Path] = []
+
+    def write() -> None:
+        for _ in range(5):
+            written = write_records(tmp_path, "order", [Record(str(i), "v") for i in range(3)])
+            assert written is not None
+            files.append(written)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = [seq for f in files for _, seq in _seqs(f)]
+    assert len(seqs) == 60 and len(set(seqs)) == 60
+    assert [p.name for p in topic_dir(tmp_path, "order").iterdir() if p.name.startswith(".")] == [".riqr-clock"]
