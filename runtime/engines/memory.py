@@ -63,16 +63,22 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 def _torn(data: bytes, at: int) -> bool:
     """Whether the bytes of a changelog from ``at`` (where the first bad record starts) are a torn last
-    append, not damage. Each apply appends one record and syncs it before the next, so a crash leaves at
-    most one record unfinished: its header cut short, the record reaching past the end of the file or
-    ending exactly there with a bad checksum (a torn sector), or zeros (a file extended and never
-    written, after a power loss). A complete record with a bad checksum and more bytes after it is not a
-    crash's doing."""
-    tail = data[at:]
-    if len(tail) < _RECORD.size or not tail.strip(b"\0"):
-        return True
-    length: int = _RECORD.unpack_from(tail)[0]
-    return _RECORD.size + length >= len(tail)
+    append, not damage. Each apply appends one record and syncs it before the next, so a crash (of the
+    process, or a power loss during the sync) leaves at most the last record unfinished: cut short, with
+    a sector of it never written (zeros, or old bytes), or a file extended and never filled. Whatever is
+    left, no whole record follows it. A good record after the bad one is damage (the bad one's length,
+    checksum or payload changed after it was written): truncating there would drop acknowledged batches.
+
+    Every offset after ``at`` is tried as a record's start (only when opening a damaged changelog). The
+    bad record's own length is not trusted: damage to it can point anywhere, past the end included."""
+    view = memoryview(data)
+    end = len(data)
+    for start in range(at + 1, end - _RECORD.size + 1):
+        length, crc = _RECORD.unpack_from(data, start)
+        payload_at = start + _RECORD.size
+        if 0 < length <= end - payload_at and zlib.crc32(view[payload_at : payload_at + length]) == crc:
+            return False
+    return True
 
 
 def _unpack(payload: bytes | memoryview) -> Any:

@@ -177,3 +177,40 @@ def test_what_a_crash_leaves_after_the_last_record_is_dropped(tmp_path: Path, ta
     assert reopened.position() == Position("q", 1) and list(reopened.scan(Scan())) == [(0, b"v"), (1, b"v")]
     assert changelog.read_bytes() == good
     reopened.close()
+
+
+@pytest.mark.parametrize("where", ["length", "checksum"])
+def test_damage_to_a_middle_records_header_is_damage_too(tmp_path: Path, where: str) -> None:
+    """The bad record's own length was trusted: damage that made it reach past the end of the file read as
+    a torn tail, and the batches after it were truncated away (a review of the change)."""
+    from runtime.engines import EngineCorrupt
+
+    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
+    for batch_id in range(3):
+        engine.apply(Position("q", batch_id), [(batch_id, b"v")])
+    engine.close()
+    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    damaged = bytearray(changelog.read_bytes())
+    second = _records(changelog)[1]
+    damaged[second + (0 if where == "length" else 5)] ^= 0x80
+    changelog.write_bytes(bytes(damaged))
+    with pytest.raises(EngineCorrupt):
+        MemoryEngine(LONG_KEY, tmp_path / "p")
+    assert changelog.read_bytes() == bytes(damaged)
+
+
+def test_a_last_record_whose_header_never_reached_the_disk_is_torn(tmp_path: Path) -> None:
+    """A power loss during the last append's sync can leave its header's sector as zeros while a later
+    sector of its payload made it: still the last append, never acknowledged, dropped."""
+    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
+    for batch_id in range(3):
+        engine.apply(Position("q", batch_id), [(batch_id, b"v" * 50)])
+    engine.close()
+    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    data = bytearray(changelog.read_bytes())
+    last = _records(changelog)[2]
+    data[last : last + 8] = bytes(8)
+    changelog.write_bytes(bytes(data))
+    reopened = MemoryEngine(LONG_KEY, tmp_path / "p")
+    assert reopened.position() == Position("q", 1) and changelog.stat().st_size == last
+    reopened.close()
