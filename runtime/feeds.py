@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ACK_LOG_LENGTH, FEED_STALE_AFTER
-from runtime.durable import fsync_directory
+from runtime.durable import fsync_directory, make_directories
 
 __all__ = [
     "RUNNING",
@@ -239,6 +239,10 @@ class FeedBook:
             log.info("store %s: ignoring %s from %s, which no longer feeds it", report.store, report.state,
                      report.feeder, extra={"store": report.store})  # fmt: skip
             return False
+        if current is not None and _older_last_word(report, current.report):
+            log.info("store %s: ignoring a %s of %s made before its claim since", report.store, report.state,
+                     report.feeder, extra={"store": report.store})  # fmt: skip
+            return False
         if current is not None:
             late = current.report.late_rows if report.late_rows is None else report.late_rows
             # Dropped rows are this run's: a new run's first reports (none dropped yet) start them again.
@@ -392,7 +396,10 @@ class FeedBook:
             return why
         current = self._feeds.get(report.store)
         if current is not None and current.report.feeder == report.feeder and current.report.live:
-            self._feeds[report.store] = replace(current, heard_at=now)
+            # Its own live record: heard, and dated from the claim, so a last word it made before the claim
+            # and sent after it (held while the registry restarted) does not end the feed it just claimed.
+            at = max(filter(None, (current.report.at, report.at)), default=None)
+            self._feeds[report.store] = replace(current, report=replace(current.report, at=at), heard_at=now)
         else:
             self.report(report, now, owners)
         if replacing is not None:  # taken over on purpose: the store is this checkpoint's by the operator's word
@@ -506,10 +513,20 @@ class FeedBook:
         return book
 
 
+def _older_last_word(report: FeedReport, current: FeedReport) -> bool:
+    """Whether ``report`` is a last word (``stopped``, ``failed``) of the run that holds a live record made
+    after it: a feeder re-sends a last word until the registry takes it (``topologies.feeder``), and one
+    made before the run claimed the store again must not end the feed the claim started. Both times are
+    the same process's clock."""
+    if report.live or not current.live or report.feeder != current.feeder:
+        return False
+    return report.at is not None and current.at is not None and report.at < current.at
+
+
 def save_book(book: FeedBook, path: Path) -> None:
     """Write ``book`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed), so a
     registry killed at any instant (or a machine losing power) leaves the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     tmp = _temporary(path)
     with open(tmp, "w", encoding="utf-8") as out:
         json.dump(book.to_json(), out, sort_keys=True)

@@ -10,8 +10,11 @@ keeps the state of every store this process feeds and tells the registry.
 * **Every ``FEED_HEARTBEAT_INTERVAL`` seconds**, from a daemon thread: the whole state of every live feed,
   in one call, waiting for the answer (so calls never pile up behind a registry that is down). Before
   each beat the thread asks each feed's streaming query whether it still runs: one that ended is reported
-  ``stopped``, or ``failed`` with its exception, and not heard of again. A process killed with SIGKILL
-  simply stops beating, and the registry turns its feeds ``stale``.
+  ``stopped``, or ``failed`` with its exception, and after that only that last word rides the beats, until
+  the registry takes it (one lost to a registry restarting would otherwise leave the feed to turn
+  ``stale``); a last word made before the run claimed the store again is ignored by the registry
+  (``runtime.feeds``). A process killed with SIGKILL simply stops beating, and the registry turns its
+  feeds ``stale``.
 * **Last words** from the supervisor (``finish``): ``stopped`` on SIGTERM, ``failed`` naming the query
   that failed; sent and waited for before the process exits, after which the feeder says nothing more.
 
@@ -207,8 +210,9 @@ class Feeder:
 
     def update(self, store: str, **changes: Any) -> None:
         """Change ``store``'s feed (starting it if this process did not feed it yet) and tell the registry
-        now, without waiting. A ``stopped`` or ``failed`` state is the feed's last word: it is sent and
-        the feed is forgotten (no more heartbeats for it). After ``finish`` this does nothing."""
+        now, without waiting. A ``stopped`` or ``failed`` state is the feed's last word: it is sent, and
+        the feed is forgotten once the registry has taken it (until then each beat sends it again). After
+        ``finish`` this does nothing."""
         with self._lock:
             if self.closed:
                 return

@@ -47,6 +47,22 @@ def test_a_new_run_takes_over_and_the_old_runs_last_words_are_ignored() -> None:
     assert book.verdict("s", 1e6) == ("stopped", None)
 
 
+def test_a_last_word_made_before_the_runs_claim_since_does_not_end_the_feed() -> None:
+    """A run's query fails while the registry restarts, so its ``failed`` is held and re-sent with each
+    beat (``topologies.feeder``); the same process starts the query again and claims the store. The held
+    word, taken after the claim, recorded the just-claimed feed as failed (a review of the change)."""
+    book = FeedBook(stale_after=10)
+    book.report(FeedReport("s", "run-1", "running", query="q", at=100.0), now=100)
+    assert book.claim(FeedReport("s", "run-1", "running", query="q", at=120.0), now=120) is None
+    assert not book.report(FeedReport("s", "run-1", "failed", query="q", at=110.0, error="boom"), now=121)
+    holder = book.holder("s")
+    assert holder is not None and holder.live and holder.at == 120.0
+    # One made after the claim is its last word, as ever.
+    assert book.report(FeedReport("s", "run-1", "failed", query="q", at=130.0, error="again"), now=131)
+    holder = book.holder("s")
+    assert holder is not None and (holder.state, holder.error) == ("failed", "again")
+
+
 def test_a_late_row_total_is_kept_until_a_report_tells_another() -> None:
     book = FeedBook(stale_after=6.0)
     book.report(FeedReport("s", "run", "running", late_rows=5), now=0.0)
