@@ -45,11 +45,12 @@ def lag(position: Mapping[str, Any], ingest: Mapping[str, Any] | None) -> int | 
 
 def _silent(instance: Mapping[str, Any]) -> set[int]:
     """The partitions of ``instance`` whose actor did not answer (``unavailable``: dead, on a lost node, or
-    too slow), from the positions ``/metadata`` gives with it."""
+    too slow), from the positions ``/metadata`` gives with it. Not ``unknown``: the actor answered without
+    that partition (a copy being added to it), which is no silence."""
     return {
         p["partition"]
         for p in instance.get("positions") or ()
-        if isinstance(p.get("partition"), int) and p.get("state") in ("unavailable", "unknown")
+        if isinstance(p.get("partition"), int) and p.get("state") == "unavailable"
     }
 
 

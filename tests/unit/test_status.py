@@ -63,6 +63,10 @@ def test_copies_whose_actor_does_not_answer_are_counted_apart_not_as_standbys() 
     instances[1] = {**instances[1], "partitions": [0, 1, 2, 3], "standby-partitions": [],
                     "positions": [{"partition": p, "state": "serving"} for p in range(4)]}  # fmt: skip
     assert replicas_per_node(instances, "order-count") == {NODE_A: (0, 0, 4), NODE_B: (4, 0, 0)}
+    # An actor that answered without a partition (a copy being added to it) is no silence.
+    instances[1]["standby-partitions"], instances[1]["positions"][0] = [5], {"partition": 5, "state": "unknown"}
+    assert replicas_per_node(instances, "order-count")[NODE_B] == (4, 1, 0)
+    instances[1]["standby-partitions"] = []
     row = {r[0]: r for r in store_rows(_catalog(), instances, now=NOW)}["order-count"]
     assert row[3] == "aaaaaaaaaaaa: 0 active, 4 not answering\nbbbbbbbbbbbb: 4 active"
 
