@@ -158,7 +158,12 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, final)
-            fsync_directory(directory)
+            try:
+                fsync_directory(directory)
+            except OSError as err:  # the file is in the topic already: writing it again would double it
+                raise OSError(err.errno, f"wrote {final}, but could not sync its directory ({err.strerror}): "
+                              "its records are in the topic and may not survive a power loss; do not write "
+                              "them again") from err  # fmt: skip
         finally:
             # After a successful rename there is nothing left to remove; after a failure, the partial file.
             tmp.unlink(missing_ok=True)

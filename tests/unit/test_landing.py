@@ -154,3 +154,17 @@ def test_writers_at_the_same_instant_take_turns_on_the_topics_clock(tmp_path, mo
     seqs = [seq for f in files for _, seq in _seqs(f)]
     assert len(seqs) == 60 and len(set(seqs)) == 60
     assert [p.name for p in topic_dir(tmp_path, "order").iterdir() if p.name.startswith(".")] == [".riqr-clock"]
+
+
+def test_a_failed_directory_sync_says_the_records_are_written_already(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The file is in the topic once renamed: an error that read as "nothing written" would have the
+    caller write the records again, twice in the topic."""
+
+    def fail(_path: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("runtime.landing.fsync_directory", fail)
+    with pytest.raises(OSError, match="do not write them again") as raised:
+        write_records(tmp_path, "order", [Record("1", "a")])
+    assert raised.value.errno == 5
+    assert len(_files(topic_dir(tmp_path, "order"))) == 1
