@@ -233,6 +233,20 @@ class _Kafka:
             consumer.close()
 
 
+def _warn_of_lost_history(starts: dict[str, int]) -> None:
+    """A query starting from the earliest offsets (a new topology, or a rebuild from Kafka) of partitions
+    whose start Kafka has moved on (retention, deleted records) builds its state from what is left: a
+    count or a sum then covers only the records still there, and nothing else says so. Said once, in the
+    topology's log, naming each partition and how many records it no longer has."""
+    lost = {name: start for name, start in starts.items() if start > 0}
+    if lost:
+        log.warning(
+            "reading from the earliest offsets, but Kafka no longer has the first records of %s: state built "
+            "from here (a rebuild, a count, a sum) covers only the records still there",
+            ", ".join(f"{name} (offsets 0-{start - 1})" for name, start in sorted(lost.items())),
+        )
+
+
 class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         self.kafka = _Kafka(options)
@@ -240,6 +254,8 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def initialOffset(self) -> dict[str, int]:
         self._last = self.kafka.watermarks(low=self.kafka.starting == "earliest")
+        if self.kafka.starting == "earliest":
+            _warn_of_lost_history(self._last)
         return dict(self._last)
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:

@@ -62,3 +62,31 @@ def test_an_end_below_where_the_query_stands_is_data_loss_not_a_silent_skip(monk
     assert reader(gone, failOnDataLoss="false").latestOffset({"t/0": 100, "t/1": 40}) == gone
     # A new leader's end lagging for a moment: the next read has it right, nothing is said.
     assert reader(gone, {"t/0": 101, "t/1": 50}).latestOffset({"t/0": 100, "t/1": 40}) == {"t/0": 101, "t/1": 50}
+
+
+def test_a_start_from_the_earliest_offsets_that_kafka_has_moved_on_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebuild (or a new topology) from the earliest offsets of a topic whose first records retention
+    removed built counts of what was left, with no word of it anywhere."""
+    import logging
+
+    from topologies.kafka_source import KafkaStreamReader
+
+    made = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t"})
+    monkeypatch.setattr(made.kafka, "watermarks", lambda *, low: {"t/0": 0, "t/1": 1200} if low else {})
+    with caplog.at_level(logging.WARNING, logger="topologies.kafka_source"):
+        assert made.initialOffset() == {"t/0": 0, "t/1": 1200}
+    assert [r.getMessage() for r in caplog.records if "no longer has" in r.getMessage()] == [
+        "reading from the earliest offsets, but Kafka no longer has the first records of t/1 (offsets 0-1199): "
+        "state built from here (a rebuild, a count, a sum) covers only the records still there"
+    ]
+    caplog.clear()
+    whole = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t"})
+    monkeypatch.setattr(whole.kafka, "watermarks", lambda *, low: {"t/0": 0, "t/1": 0})
+    latest = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t", "startingOffsets": "latest"})
+    monkeypatch.setattr(latest.kafka, "watermarks", lambda *, low: {"t/0": 500})
+    with caplog.at_level(logging.WARNING, logger="topologies.kafka_source"):
+        whole.initialOffset()
+        latest.initialOffset()  # asked to skip what is there: nothing lost to say
+    assert not caplog.records
