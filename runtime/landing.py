@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import time
@@ -52,6 +53,9 @@ __all__ = [
 
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 CLOCK_FILE = ".riqr-clock"  # hidden: Spark's file source skips names starting with "."
+CLOCK_LEAD_WARNING_NS = 1_000_000_000  # a topic's clock this far ahead of the wall clock is said
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,12 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
     directory = topic_dir(home, topic)
     make_directories(directory)
     with _topic_clock(directory) as (last, advance):
-        clock = max(time.time_ns(), last + 1)  # past every seq the topic has, whatever the wall clock says
+        wall = time.time_ns()
+        clock = max(wall, last + 1)  # past every seq the topic has, whatever the wall clock says
+        if clock - wall > CLOCK_LEAD_WARNING_NS:
+            log.warning("topic %s: its clock is %.1f s ahead of this machine's (a clock stepped back, or a writer "
+                        "whose clock ran ahead): its records are stamped with the topic's time, not the wall "
+                        "clock's, until the wall clock passes it", topic, (clock - wall) / 1e9)  # fmt: skip
         now = clock // 1_000_000
         name = f"{now:015d}-{uuid.uuid4().hex[:12]}.json"
         tmp = directory / f".{name}.tmp"
