@@ -61,6 +61,9 @@ _CRC = struct.Struct(">I")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+_RECORD_START = 0x93  # every record's payload is the msgpack array [source, batch_id, rows]: fixarray of 3
+
+
 def _torn(data: bytes, at: int) -> bool:
     """Whether the bytes of a changelog from ``at`` (where the first bad record starts) are a torn last
     append, not damage. Each apply appends one record and syncs it before the next, so a crash (of the
@@ -69,16 +72,51 @@ def _torn(data: bytes, at: int) -> bool:
     left, no whole record follows it. A good record after the bad one is damage (the bad one's length,
     checksum or payload changed after it was written): truncating there would drop acknowledged batches.
 
-    Every offset after ``at`` is tried as a record's start (only when opening a damaged changelog). The
-    bad record's own length is not trusted: damage to it can point anywhere, past the end included."""
-    view = memoryview(data)
-    end = len(data)
-    for start in range(at + 1, end - _RECORD.size + 1):
-        length, crc = _RECORD.unpack_from(data, start)
-        payload_at = start + _RECORD.size
-        if 0 < length <= end - payload_at and zlib.crc32(view[payload_at : payload_at + length]) == crc:
+    The bad record's own fields are not trusted (damage can point its length anywhere). Records that
+    follow damage are whole records to the end of the file, but for a torn last one: so a start is only
+    taken seriously when its payload begins as a record's does and the chain of record headers from it,
+    each starting the same way, reaches the end of the file (or a torn last record), and only then is its
+    checksum and its shape checked. That keeps the search linear on a large torn record, whose bytes hold
+    many four-byte windows that read as a length (only opening a damaged changelog pays for it)."""
+    start = data.find(_RECORD_START, at + 1 + _RECORD.size)
+    while start != -1:
+        candidate = start - _RECORD.size
+        if _chains_to_the_end(data, candidate) and _whole_record(data, candidate):
             return False
-    return True
+        start = data.find(_RECORD_START, start + 1)
+    return True  # nothing whole follows it
+
+
+def _chains_to_the_end(data: bytes, start: int) -> bool:
+    """Whether record headers from ``start`` (read without checksums) step from one record start to the
+    next and end exactly at the end of the file, or at a last record that is cut short or zeros."""
+    end = len(data)
+    at = start
+    while True:
+        if at + _RECORD.size > end:
+            return at != start  # the end, or a header cut short: the torn last append
+        length = int.from_bytes(data[at : at + 4], "big")
+        payload = at + _RECORD.size
+        if length == 0:  # a header never written: the last append, if zeros to the end
+            return at != start and not data[at:].strip(b"\0")
+        if payload + length > end:  # the last record, cut short: it must start as a record does
+            return at != start and (payload == end or data[payload] == _RECORD_START)
+        if data[payload] != _RECORD_START:
+            return False
+        at = payload + length
+
+
+def _whole_record(data: bytes, start: int) -> bool:
+    """Whether a checksum-valid record of riqr's shape ``[source, batch_id, rows]`` starts at ``start``."""
+    length, crc = _RECORD.unpack_from(data, start)
+    payload = memoryview(data)[start + _RECORD.size : start + _RECORD.size + length]
+    if zlib.crc32(payload) != crc:
+        return False
+    try:
+        source, batch_id, rows = _unpack(payload)
+    except Exception:  # noqa: BLE001 - not a record, whatever its checksum says
+        return False
+    return isinstance(source, str) and isinstance(batch_id, int) and isinstance(rows, dict)
 
 
 def _unpack(payload: bytes | memoryview) -> Any:

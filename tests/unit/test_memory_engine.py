@@ -214,3 +214,23 @@ def test_a_last_record_whose_header_never_reached_the_disk_is_torn(tmp_path: Pat
     reopened = MemoryEngine(LONG_KEY, tmp_path / "p")
     assert reopened.position() == Position("q", 1) and changelog.stat().st_size == last
     reopened.close()
+
+
+def test_a_torn_last_record_whose_value_holds_a_record_shaped_run_of_bytes_is_torn(tmp_path: Path) -> None:
+    """A value holding bytes shaped like a record (length, checksum, payload) inside a torn last append
+    read as a whole record after the bad one: damage, and a rebuild of a partition a crash left intact."""
+    import zlib
+
+    from runtime.engines.memory import _RECORD
+
+    inner = b"\x93any value"
+    lookalike = _RECORD.pack(len(inner), zlib.crc32(inner)) + inner
+    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
+    engine.apply(Position("q", 0), [(1, b"v")])
+    engine.apply(Position("q", 1), [(2, lookalike + b"tail" * 10)])
+    engine.close()
+    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    changelog.write_bytes(changelog.read_bytes()[:-5])  # the last append cut short by a crash
+    reopened = MemoryEngine(LONG_KEY, tmp_path / "p")
+    assert reopened.position() == Position("q", 0)
+    reopened.close()
