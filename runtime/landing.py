@@ -167,6 +167,7 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, final)
+            advance(clock + len(records) - 1)  # in the topic now, whatever follows
             try:
                 fsync_directory(directory)
             except OSError as err:  # the file is in the topic already: writing it again would double it
@@ -176,26 +177,34 @@ def write_records(home: Path, topic: str, records: Sequence[Record]) -> Path | N
         finally:
             # After a successful rename there is nothing left to remove; after a failure, the partial file.
             tmp.unlink(missing_ok=True)
-        advance(clock + len(records) - 1)
     return final
 
 
 @contextlib.contextmanager
 def _topic_clock(directory: Path) -> Iterator[tuple[int, Callable[[int], None]]]:
     """Hold the topic's clock (one writer at a time, across processes: ``flock`` on ``CLOCK_FILE``) and
-    give the last ``seq`` it handed out, with the function that records a new one. The last ``seq`` comes
-    from ``CLOCK_FILE``, or, when that is empty or unreadable (a topic written before it existed, a write
-    a crash cut short), from the newest file's name (its millisecond; a file's records start there).
+    give the last ``seq`` it handed out, with the function that records a new one. The last ``seq`` is the
+    larger of ``CLOCK_FILE``'s and the newest file's name's (its millisecond: a file's records start
+    there), so a clock file a crash or a power loss set back (it is not synced), or a file an older riqr
+    wrote, still bounds it.
 
     The file is written in place, never replaced: a replaced file would leave a writer waiting on the old
-    one's lock while another took the new one's. Not synced: after a power loss the files' names still
-    bound the clock."""
-    fd = os.open(directory / CLOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    one's lock while another took the new one's. Where it cannot be locked (a network file system without
+    locks, a clock file another user owns) the write goes on, bounded by the files' names alone, with a
+    warning: concurrent writers there may then interleave their times."""
     try:
+        fd = os.open(directory / CLOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as err:
+        with contextlib.suppress(NameError, OSError):
+            os.close(fd)
+        log.warning("topic %s: cannot lock its clock (%s); writing without it, its times bounded by its files' "
+                    "names", directory.name, err)  # fmt: skip
+        yield _newest_file_clock(directory), lambda _seq: None
+        return
+    try:
         text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        last = int(text) if text.isdigit() else 0
-        last = max(last, _newest_file_clock(directory)) if last == 0 else last
+        last = max(int(text) if text.isdigit() else 0, _newest_file_clock(directory))
 
         def advance(seq: int) -> None:
             data = str(seq).encode("ascii")

@@ -171,3 +171,44 @@ def test_a_failed_directory_sync_says_the_records_are_written_already(tmp_path, 
         write_records(tmp_path, "order", [Record("1", "a")])
     assert raised.value.errno == 5
     assert len(_files(topic_dir(tmp_path, "order"))) == 1
+
+
+T0 = 1_700_000_000_000_000_000
+
+
+def test_the_topics_clock_is_bounded_by_its_files_after_a_failed_sync_or_a_power_loss(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A review of the change: the clock moved only after the directory sync, so a file renamed into place
+    whose sync failed was not bounded by it; and a clock file a power loss set back (it is not synced) was
+    trusted over the files' names."""
+    now = [T0]
+    monkeypatch.setattr("runtime.landing.time.time_ns", lambda: now[0])
+    write_records(tmp_path, "t", [Record("k", "a")])
+    stale = (topic_dir(tmp_path, "t") / CLOCK_FILE).read_bytes()
+    now[0] += 10_000_000_000
+
+    def fail(_path: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as m:
+        m.setattr("runtime.landing.fsync_directory", fail)
+        with pytest.raises(OSError):
+            write_records(tmp_path, "t", [Record("k", "b")])  # in the topic all the same
+    [second] = [p for p in topic_dir(tmp_path, "t").glob("*.json") if json.loads(p.read_text())["value"] == "b"]
+    now[0] -= 5_000_000_000  # stepped back
+    third = write_records(tmp_path, "t", [Record("k", "c")])
+    assert third is not None and min(_seqs(third)) > max(_seqs(second))
+    (topic_dir(tmp_path, "t") / CLOCK_FILE).write_bytes(stale)  # what a power loss may leave
+    fourth = write_records(tmp_path, "t", [Record("k", "d")])
+    assert fourth is not None and min(_seqs(fourth)) > max(_seqs(third))
+
+
+def test_a_file_system_without_locks_still_takes_records(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    def no_locks(_fd: int, _op: int) -> None:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr("runtime.landing.fcntl.flock", no_locks)
+    first = write_records(tmp_path, "t", [Record("k", "a")])
+    with caplog.at_level(logging.WARNING, logger="runtime.landing"):
+        second = write_records(tmp_path, "t", [Record("k", "b")])
+    assert first is not None and second is not None and min(_seqs(second)) > max(_seqs(first))
+    assert "cannot lock its clock" in caplog.text
