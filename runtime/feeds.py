@@ -200,6 +200,9 @@ class _Feed:
     # The checkpoint a take-over was granted to, until a batch is delivered: the store is its by the
     # operator's word, so it comes back without the flag as the checkpoint of the contents does.
     taken: str | None = None
+    # When the run holding the record last claimed the store (its own clock, ``FeedReport.at`` of the
+    # claim): a last word of that run made before it was re-sent late, and does not end the feed.
+    claimed_at: float | None = None
 
 
 class FeedBook:
@@ -239,7 +242,7 @@ class FeedBook:
             log.info("store %s: ignoring %s from %s, which no longer feeds it", report.store, report.state,
                      report.feeder, extra={"store": report.store})  # fmt: skip
             return False
-        if current is not None and _older_last_word(report, current.report):
+        if current is not None and _older_last_word(report, current):
             log.info("store %s: ignoring a %s of %s made before its claim since", report.store, report.state,
                      report.feeder, extra={"store": report.store})  # fmt: skip
             return False
@@ -260,7 +263,8 @@ class FeedBook:
         taken = None if current is None else current.taken
         if report.live and report.delivered is not None:
             contents, taken = report.delivered, None  # a delivered batch: the store is that checkpoint's alone
-        self._feeds[report.store] = _Feed(report, now, contents, taken)
+        claimed_at = current.claimed_at if current is not None and current.report.feeder == report.feeder else None
+        self._feeds[report.store] = _Feed(report, now, contents, taken, claimed_at)
         self.dirty = True
         if current is None or (contents, taken) != (current.contents, current.taken):  # whose it is: saved now
             return True
@@ -396,12 +400,12 @@ class FeedBook:
             return why
         current = self._feeds.get(report.store)
         if current is not None and current.report.feeder == report.feeder and current.report.live:
-            # Its own live record: heard, and dated from the claim, so a last word it made before the claim
-            # and sent after it (held while the registry restarted) does not end the feed it just claimed.
-            at = max(filter(None, (current.report.at, report.at)), default=None)
-            self._feeds[report.store] = replace(current, report=replace(current.report, at=at), heard_at=now)
+            self._feeds[report.store] = replace(current, heard_at=now)
         else:
             self.report(report, now, owners)
+        # A last word of this run made before the claim, and sent after it (held while the registry
+        # restarted), must not end the feed the claim started.
+        self._feeds[report.store] = replace(self._feeds[report.store], claimed_at=report.at)
         if replacing is not None:  # taken over on purpose: the store is this checkpoint's by the operator's word
             self._feeds[report.store] = replace(self._feeds[report.store], taken=report.checkpoint)
             self.dirty = True
@@ -513,14 +517,15 @@ class FeedBook:
         return book
 
 
-def _older_last_word(report: FeedReport, current: FeedReport) -> bool:
-    """Whether ``report`` is a last word (``stopped``, ``failed``) of the run that holds a live record made
-    after it: a feeder re-sends a last word until the registry takes it (``topologies.feeder``), and one
-    made before the run claimed the store again must not end the feed the claim started. Both times are
-    the same process's clock."""
-    if report.live or not current.live or report.feeder != current.feeder:
+def _older_last_word(report: FeedReport, current: _Feed) -> bool:
+    """Whether ``report`` is a last word (``stopped``, ``failed``) of the run that holds a live record, made
+    before that run last claimed the store: a feeder re-sends a last word until the registry takes it
+    (``topologies.feeder``), and one made before the claim must not end the feed the claim started. Both
+    times are that process's feeder clock; only the claim's time is compared, so a clock stepped back
+    after it loses no last word made later but before the claim's time."""
+    if report.live or not current.report.live or report.feeder != current.report.feeder:
         return False
-    return report.at is not None and current.at is not None and report.at < current.at
+    return report.at is not None and current.claimed_at is not None and report.at < current.claimed_at
 
 
 def save_book(book: FeedBook, path: Path) -> None:

@@ -206,6 +206,10 @@ class Feeder:
         self._thread: threading.Thread | None = None
         self.closed = False
 
+    def now(self) -> float:
+        """This feeder's clock: the time its reports carry (``FeedReport.at``), claims' included."""
+        return self._clock()
+
     # -- what the sink and the dead-letter writer say -------------------------------------------------
 
     def update(self, store: str, **changes: Any) -> None:

@@ -692,7 +692,7 @@ def _claim_report(namespace: str, feeder: Feeder, store: str, checkpoint: str, o
     ``plan`` is ``"fresh"`` when the checkpoint never planned a batch and is no rebuild's (read only)."""
     fresh = last_planned(checkpoint) is None and not rebuild_pending(checkpoint)
     return FeedReport(store, feeder.id, RUNNING, query=query_name(namespace, store), checkpoint=lineage_of(checkpoint),
-                      owners=tuple(sorted(owners)), plan="fresh" if fresh else None, at=time.time())  # fmt: skip
+                      owners=tuple(sorted(owners)), plan="fresh" if fresh else None, at=feeder.now())  # fmt: skip
 
 
 def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
