@@ -199,6 +199,12 @@ def run_topology(
             if isinstance(err, RiqrError):  # riqr's own words (not up in the namespace, an owner gone): no traceback
                 log.error("not started: %s", err.message, extra={"store": store})
                 return 1
+            if _analysis_error(err):  # Spark refused the topology's query as written: its words and where
+                log.error("not started: Spark refused the topology's query%s: %s", _topology_frame(err),
+                          error_cause(err))  # fmt: skip
+                if "PATH_NOT_FOUND" in str(err):
+                    log.error("a file source reads a directory that must exist first (mkdir -p it)")
+                return 1
             raise
         log.info("topology running: %s", ", ".join(q.name for q in queries), extra={"query": parser.prog})
         return supervise(queries)
@@ -284,9 +290,58 @@ def supervise(
     if failed is None:
         log.info("topology stopped")
         return 0
-    log.error("query %s stopped: %s", failed[0], error if error is not None else "it ended without an error",
-              extra={"query": failed[0]})  # fmt: skip
+    if error is None:
+        log.error("query %s stopped: it ended without an error", failed[0], extra={"query": failed[0]})
+        return 1
+    cause = error_cause(error)
+    log.error("query %s stopped: %s", failed[0], cause, extra={"query": failed[0]})
+    if cause != str(error):
+        log.info("query %s: the whole error: %s", failed[0], error, extra={"query": failed[0]})
     return 1
+
+
+def _analysis_error(err: BaseException) -> bool:
+    """Whether ``err`` is Spark's analysis of a query refusing it (a missing path, an unknown column, a
+    type mismatch): a fault of the topology as written, said in one line rather than a py4j traceback."""
+    return any(cls.__name__ == "AnalysisException" for cls in type(err).__mro__)
+
+
+def _topology_frame(err: BaseException) -> str:
+    """`` (at file:line)``, the innermost frame of the traceback outside riqr's and PySpark's code: the
+    topology's own line that built the refused query; empty when there is none."""
+    import traceback
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ours = tuple(str(root / package) + os.sep for package in ("runtime", "topologies", "riqr"))
+
+    def theirs(filename: str) -> bool:
+        return not filename.startswith(ours) and f"{os.sep}site-packages{os.sep}" not in filename
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if theirs(f.filename)]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def error_cause(error: BaseException) -> str:
+    """The line that says why a query failed. A ``foreachBatch`` function's error reaches the runner as
+    Spark's ``StreamingQueryException``, whose text opens "An exception was raised by the Python Proxy.
+    Return Message: Traceback ..." and buries the Python exception (``NumberFormatException:
+    [CAST_INVALID_INPUT] ...``) under the frames, followed by the query's plan: that exception's line
+    (with the DataFrame call site Spark adds under it) leads, the rest goes to the log at info."""
+    text = str(error)
+    marker = "Traceback (most recent call last):"
+    if marker in text:
+        lines = text.split(marker, 1)[1].splitlines()
+        start = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith(" ")), None)
+        if start is not None:
+            kept = []
+            for line in lines[start:]:
+                if not line.strip() or line.startswith("=== Streaming Query ==="):
+                    break
+                kept.append(line.strip())
+            return " ".join(kept)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _unregistered(queries: list[Any], stopped: dict[str, _Stopped]) -> tuple[str, BaseException] | None:

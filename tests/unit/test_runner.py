@@ -1111,3 +1111,56 @@ def test_a_checkpoints_lineage_is_one_for_a_path_and_its_file_uri(tmp_path: Path
     assert lineage_of(f"file://{real}") == lineage_of(f"file://localhost{real}") == one
     assert lineage_of(str(tmp_path / "link" / "checkpoints" / "s")) == one
     assert lineage_of("hdfs://nn:8020/riqr/s") == "hdfs://nn:8020/riqr/s"  # another URI as given
+
+
+def test_a_failed_querys_line_leads_with_the_python_exception_not_the_py4j_wrapper() -> None:
+    """A black-box run: a topology's failing cast logged 4.4 KB opening "An exception was raised by the
+    Python Proxy. Return Message: Traceback ...", with the cause buried in it."""
+    from topologies.runner import error_cause
+
+    text = (
+        "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+        '  File "/x/py4j/clientserver.py", line 644, in _call_proxy\n'
+        "    return_value = getattr(self.pool[obj_id], method)(*params)\n"
+        "pyspark.errors.exceptions.captured.NumberFormatException: [CAST_INVALID_INPUT] The value '12345678901' "
+        'of the type "STRING" cannot be cast to "INT" because it is malformed.\n'
+        "== DataFrame ==\n"
+        '"cast" was called from\n'
+        "/home/me/badcast.py:7\n"
+        "\n\n=== Streaming Query ===\nIdentifier: riqr-ns-bad [id = 1]\nLogical Plan:\n~WriteToMicroBatch ...\n"
+    )
+
+    class StreamingQueryException(Exception):
+        pass
+
+    assert error_cause(StreamingQueryException(text)) == (
+        "pyspark.errors.exceptions.captured.NumberFormatException: [CAST_INVALID_INPUT] The value '12345678901' "
+        'of the type "STRING" cannot be cast to "INT" because it is malformed. == DataFrame == "cast" was called '
+        "from /home/me/badcast.py:7"
+    )
+    assert (
+        error_cause(RuntimeError("the sink's owner is gone\nmore detail")) == "RuntimeError: the sink's owner is gone"
+    )
+    assert error_cause(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_query_spark_refuses_at_start_is_one_line_naming_the_topologys_own_line() -> None:
+    """A black-box run: the README's sensors topology started before its input directory existed printed a
+    37-line traceback through riqr's and py4j's frames."""
+    from topologies.runner import _analysis_error, _topology_frame, error_cause
+
+    class AnalysisException(Exception):  # PySpark's captured class, by name
+        pass
+
+    scope: dict[str, Any] = {"AnalysisException": AnalysisException}
+    message = "[PATH_NOT_FOUND] Path does not exist: /srv/readings. SQLSTATE: 42K03"
+    code = f"def start():\n    raise AnalysisException({message!r})\n"
+    exec(compile(code, "/home/me/sensors.py", "exec"), scope)  # noqa: S102 - a frame in the user's file
+    try:
+        scope["start"]()
+    except AnalysisException as err:
+        assert _analysis_error(err) and not _analysis_error(ValueError("x"))
+        assert _topology_frame(err) == " (at /home/me/sensors.py:2)"
+        assert error_cause(err) == (
+            "AnalysisException: [PATH_NOT_FOUND] Path does not exist: /srv/readings. SQLSTATE: 42K03"
+        )
