@@ -64,7 +64,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 def _connect_ray(address: str | None, namespace: str) -> None:
     from runtime.client import join_ray
 
-    join_ray(address, namespace)
+    join_ray(address, namespace, quiet=True)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:

@@ -483,12 +483,15 @@ def close_in_process_facades() -> None:
         facade.close()
 
 
-def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0) -> None:
+def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0, quiet: bool = False) -> None:
     """``ray.init`` into the running cluster at ``address`` (None: ``$RAY_ADDRESS``, else the cluster this
     machine last started). Its address is tried first with a plain TCP connection: where nothing listens,
     Ray itself retries for minutes and does not stop for SIGTERM meanwhile; ``ConnectionError`` at once
     instead, naming the address. The whole try (the name's lookup included, which the socket's timeout
-    does not bound) gets ``probe_timeout`` seconds."""
+    does not bound) gets ``probe_timeout`` seconds. ``quiet`` keeps Ray's info lines ("Connecting to
+    existing Ray cluster at ...") off stderr (the CLI's commands print their own), its warnings not."""
+    import logging
+
     import ray
 
     target = address or "auto"
@@ -511,7 +514,8 @@ def join_ray(address: str | None, namespace: str, *, probe_timeout: float = 5.0)
             raise outcome[0]
         answered = outcome[0]
     try:
-        ray.init(address=target, namespace=namespace, log_to_driver=False)
+        options: dict[str, Any] = {"logging_level": logging.WARNING} if quiet else {}
+        ray.init(address=target, namespace=namespace, log_to_driver=False, **options)
     except ConnectionError as err:
         if not answered:  # not probed (ray://, an address not read here): nothing says what answers there
             raise

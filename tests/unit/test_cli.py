@@ -414,3 +414,21 @@ def test_riqr_run_leaves_logging_to_the_topology_each_line_once(tmp_path, monkey
     assert cli.main(["run", "riqr_test_logging"]) == 0
     err = capsys.readouterr().err
     assert err.count("home here") == 1 and err.lstrip().startswith("{"), err  # once, as the JSON it asked for
+
+
+def test_the_clis_commands_join_ray_without_its_info_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A black-box run: every `riqr query` and `riqr status` printed Ray's "Connecting to existing Ray
+    cluster" info lines above its own output; Ray's warnings (a wrong token's) still show."""
+    import logging
+
+    import ray
+
+    import runtime.client
+    from riqr import cli
+
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(runtime.client, "_probe_bootstrap", lambda target, timeout: True)
+    monkeypatch.setattr(ray, "init", lambda **options: asked.append(options))
+    cli._connect_ray("10.0.0.1:6379", "riqr")
+    runtime.client.join_ray("10.0.0.1:6379", "riqr")  # a library caller's Ray logs as Ray sets them
+    assert asked[0]["logging_level"] == logging.WARNING and "logging_level" not in asked[1]
