@@ -79,6 +79,16 @@ def _feeder(link: FakeLink) -> Feeder:
     return Feeder(link, interval=60.0, clock=lambda: 42.0)  # the thread never beats by itself in these tests
 
 
+def _fed_s_and_t(link: FakeLink) -> tuple[Feeder, FakeQuery]:
+    """A feeder of two running stores: ``s`` with its query attached (returned), ``t`` without one."""
+    feeder = _feeder(link)
+    query = FakeQuery("riqr-ns-s")
+    feeder.update("s", state="running", query=query.name)
+    feeder.update("t", state="running")
+    feeder.attach("s", query)
+    return feeder, query
+
+
 def test_every_change_is_sent_at_once_and_every_beat_carries_the_whole_state() -> None:
     link = FakeLink()
     feeder = _feeder(link)
@@ -142,11 +152,7 @@ def test_an_ended_querys_report_rides_every_beat_until_the_registry_takes_it() -
     """A query that fails while the registry restarts: its ``failed`` report is not taken, and dropping
     it (as the feeder did) left the registry to call the feed ``stale`` after silence, not ``failed``."""
     link = FakeLink()
-    feeder = _feeder(link)
-    query = FakeQuery("riqr-ns-s")
-    feeder.update("s", state="running", query=query.name)
-    feeder.update("t", state="running")
-    feeder.attach("s", query)
+    feeder, query = _fed_s_and_t(link)
     query.active, query.error = False, RuntimeError("StreamingQueryException: boom")
     link.lost = 1  # sent, then the call fails: the registry restarting
     feeder.beat()
@@ -200,11 +206,7 @@ def test_a_claim_or_a_new_run_replaces_last_words_not_yet_taken() -> None:
 
 def test_a_query_that_cannot_be_asked_is_left_out_of_the_beat() -> None:
     link = FakeLink()
-    feeder = _feeder(link)
-    query = FakeQuery("riqr-ns-s")
-    feeder.update("s", state="running", query=query.name)
-    feeder.update("t", state="running")
-    feeder.attach("s", query)
+    feeder, query = _fed_s_and_t(link)
     query.broken = True
     feeder.beat()
     assert set(link.last()) == {"t"}  # s is not vouched for: the registry turns it stale if this lasts

@@ -129,6 +129,16 @@ def test_a_failed_roll_leaves_no_snapshot_that_a_restart_would_take_over_later_b
     assert [k for k, _ in reopened.scan(Scan())] == [0, 1, 2, 3, 4]
 
 
+def _written(tmp_path: Path, batches: int, value: bytes = b"v") -> Path:
+    """A closed partition of ``batches`` applies, one row each; its changelog."""
+    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
+    for batch_id in range(batches):
+        engine.apply(Position("q", batch_id), [(batch_id, value)])
+    engine.close()
+    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    return changelog
+
+
 def _records(changelog: Path) -> list[int]:
     """Where each record of a changelog starts."""
     data, at, starts = changelog.read_bytes(), 0, []
@@ -144,11 +154,7 @@ def test_a_damaged_record_with_records_after_it_is_damage_not_a_torn_tail(tmp_pa
     them. Each apply syncs its one record before the next, so only the last can be torn."""
     from runtime.engines import EngineCorrupt
 
-    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
-    for batch_id in range(3):
-        engine.apply(Position("q", batch_id), [(batch_id, b"v")])
-    engine.close()
-    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    changelog = _written(tmp_path, 3)
     good = changelog.read_bytes()
     second = _records(changelog)[1]
     damaged = bytearray(good)
@@ -161,11 +167,7 @@ def test_a_damaged_record_with_records_after_it_is_damage_not_a_torn_tail(tmp_pa
 
 @pytest.mark.parametrize("tail", ["zeros", "past-the-end", "cut-header"])
 def test_what_a_crash_leaves_after_the_last_record_is_dropped(tmp_path: Path, tail: str) -> None:
-    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
-    for batch_id in range(2):
-        engine.apply(Position("q", batch_id), [(batch_id, b"v")])
-    engine.close()
-    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    changelog = _written(tmp_path, 2)
     good = changelog.read_bytes()
     garbage = {
         "zeros": b"\0" * 64,  # a file extended and never written (power loss)
@@ -185,11 +187,7 @@ def test_damage_to_a_middle_records_header_is_damage_too(tmp_path: Path, where: 
     a torn tail, and the batches after it were truncated away (a review of the change)."""
     from runtime.engines import EngineCorrupt
 
-    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
-    for batch_id in range(3):
-        engine.apply(Position("q", batch_id), [(batch_id, b"v")])
-    engine.close()
-    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    changelog = _written(tmp_path, 3)
     damaged = bytearray(changelog.read_bytes())
     second = _records(changelog)[1]
     damaged[second + (0 if where == "length" else 5)] ^= 0x80
@@ -202,11 +200,7 @@ def test_damage_to_a_middle_records_header_is_damage_too(tmp_path: Path, where: 
 def test_a_last_record_whose_header_never_reached_the_disk_is_torn(tmp_path: Path) -> None:
     """A power loss during the last append's sync can leave its header's sector as zeros while a later
     sector of its payload made it: still the last append, never acknowledged, dropped."""
-    engine = MemoryEngine(LONG_KEY, tmp_path / "p", snapshot_records=100)
-    for batch_id in range(3):
-        engine.apply(Position("q", batch_id), [(batch_id, b"v" * 50)])
-    engine.close()
-    (changelog,) = (tmp_path / "p").glob("changelog-*.log")
+    changelog = _written(tmp_path, 3, b"v" * 50)
     data = bytearray(changelog.read_bytes())
     last = _records(changelog)[2]
     data[last : last + 8] = bytes(8)
