@@ -143,8 +143,11 @@ def _first_line(error: str, limit: int = 200) -> str:
 
 
 def _dead_letters(ingest: Mapping[str, Any] | None) -> str:
+    """Per topic, the records its dead-letter query set aside (``order: 0`` once it has run); ``-`` for a
+    store whose topology reports none (no dead-letter query: Spark's own readers, no sink yet), which
+    ``0`` made look like one that had found nothing bad."""
     letters = (ingest or {}).get("dead_letters") or {}
-    return ", ".join(f"{topic}: {n}" for topic, n in sorted(letters.items())) or "0"
+    return ", ".join(f"{topic}: {n}" for topic, n in sorted(letters.items())) or "-"
 
 
 def store_rows(

@@ -180,7 +180,7 @@ function describeIngest(ingest) {
 function describeDeadLetters(ingest) {
   const letters = (ingest && ingest.dead_letters) || {};
   const entries = Object.entries(letters);
-  if (!entries.length) return "0";
+  if (!entries.length) return "-";  // no dead-letter query reports for it (not "0": none found bad)
   return entries.map(([topic, n]) => topic + ": " + n).join(", ");
 }
 
