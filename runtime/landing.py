@@ -192,14 +192,8 @@ def _topic_clock(directory: Path) -> Iterator[tuple[int, Callable[[int], None]]]
     one's lock while another took the new one's. Where it cannot be locked (a network file system without
     locks, a clock file another user owns) the write goes on, bounded by the files' names alone, with a
     warning: concurrent writers there may then interleave their times."""
-    try:
-        fd = os.open(directory / CLOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as err:
-        with contextlib.suppress(NameError, OSError):
-            os.close(fd)
-        log.warning("topic %s: cannot lock its clock (%s); writing without it, its times bounded by its files' "
-                    "names", directory.name, err)  # fmt: skip
+    fd = _locked_clock(directory)
+    if fd is None:
         yield _newest_file_clock(directory), lambda _seq: None
         return
     try:
@@ -207,13 +201,34 @@ def _topic_clock(directory: Path) -> Iterator[tuple[int, Callable[[int], None]]]
         last = max(int(text) if text.isdigit() else 0, _newest_file_clock(directory))
 
         def advance(seq: int) -> None:
+            # After the file is in the topic: failing here must not fail the write (a caller told so would
+            # write the records again). The files' names bound the next write's clock anyway.
             data = str(seq).encode("ascii")
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            except OSError as err:
+                log.warning("topic %s: could not record its clock (%s); its files' names bound it", directory.name,
+                            err)  # fmt: skip
 
         yield last, advance
     finally:
         os.close(fd)  # and with it the lock
+
+
+def _locked_clock(directory: Path) -> int | None:
+    """The topic's clock file, open and locked; None (said) where it cannot be."""
+    fd = None
+    try:
+        fd = os.open(directory / CLOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+    except OSError as err:
+        if fd is not None:
+            os.close(fd)
+        log.warning("topic %s: cannot lock its clock (%s); writing without it, its times bounded by its files' "
+                    "names", directory.name, err)  # fmt: skip
+        return None
 
 
 def _newest_file_clock(directory: Path) -> int:

@@ -212,3 +212,20 @@ def test_a_file_system_without_locks_still_takes_records(tmp_path, monkeypatch, 
         second = write_records(tmp_path, "t", [Record("k", "b")])
     assert first is not None and second is not None and min(_seqs(second)) > max(_seqs(first))
     assert "cannot lock its clock" in caplog.text
+
+
+def test_a_clock_that_cannot_be_recorded_does_not_fail_a_written_file(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The clock is recorded after the file is in the topic: an error there (a full disk) reported as a
+    failed write would have the caller write the records again."""
+
+    def full(_fd: int, _data: bytes, _offset: int) -> int:
+        raise OSError(28, "No space left on device")
+
+    first = write_records(tmp_path, "t", [Record("k", "a")])
+    monkeypatch.setattr("runtime.landing.os.pwrite", full)
+    with caplog.at_level(logging.WARNING, logger="runtime.landing"):
+        second = write_records(tmp_path, "t", [Record("k", "b")])
+    assert first is not None and second is not None and "could not record its clock" in caplog.text
+    monkeypatch.undo()
+    third = write_records(tmp_path, "t", [Record("k", "c")])
+    assert third is not None and min(_seqs(third)) > max(_seqs(second)) > max(_seqs(first))
