@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ACK_LOG_LENGTH, FEED_STALE_AFTER
-from runtime.durable import fsync_directory, make_directories
+from runtime.durable import make_directories, write_atomically
 
 __all__ = [
     "RUNNING",
@@ -532,13 +531,8 @@ def save_book(book: FeedBook, path: Path) -> None:
     """Write ``book`` to ``path`` atomically (a temporary file beside it, fsynced, then renamed), so a
     registry killed at any instant (or a machine losing power) leaves the old file or the new one."""
     make_directories(path.parent)
-    tmp = _temporary(path)
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(book.to_json(), out, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
+    # Its temporary file is _temporary(path), the one delete_book removes when a kill left it.
+    write_atomically(path, json.dumps(book.to_json(), sort_keys=True).encode("utf-8"))
     book.dirty = False
 
 

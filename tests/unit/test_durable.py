@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import runtime.durable
-import runtime.feeds
 import runtime.landing
 import topologies.checkpoint
 import topologies.deadletter
@@ -29,7 +28,7 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, list[str]]]:
         calls.append((Path(path), sorted(p.name for p in Path(path).iterdir())))
         real(path)
 
-    for module in (runtime.durable, runtime.landing, runtime.feeds, topologies.checkpoint, topologies.deadletter):
+    for module in (runtime.durable, runtime.landing, topologies.checkpoint, topologies.deadletter):
         monkeypatch.setattr(module, "fsync_directory", record)
     return calls
 
