@@ -38,6 +38,7 @@ __all__ = [
     "INT",
     "TIMESTAMP",
     "TOP",
+    "InstantOutOfRange",
     "TooPrecise",
     "key_type_for_spark",
     "micros_to_datetime",
@@ -97,6 +98,11 @@ class TooPrecise(MalformedKey):
     bound would let in keys before it and a lookup find another key. Refused, never truncated."""
 
 
+class InstantOutOfRange(MalformedKey):
+    """A timestamp whose instant falls outside years 1 to 9999 in UTC (an offset can move a date written
+    inside them outside): Spark's timestamps cannot hold it, and no ``datetime`` can give it back."""
+
+
 def _too_precise(text: str, type_name: str) -> TooPrecise:
     return TooPrecise(
         f"timestamp {text!r} has digits past the microsecond; riqr's timestamps hold microseconds, as Spark's "
@@ -115,6 +121,13 @@ def _datetime_to_micros(value: _dt.datetime) -> int:
         value = value.replace(tzinfo=_dt.UTC)  # naive timestamps are UTC, as Spark's session time zone here
     delta = value - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+# The instants a key may name: years 1 to 9999 in UTC, Spark's TimestampType's range and the only ones a
+# ``datetime`` can give back. An offset can move a date written inside them outside ("9999-12-31T23:59:59-01:00"):
+# such a key is refused as malformed, never stored or looked up (its answer could not be written back).
+_MIN_MICROS = _datetime_to_micros(_dt.datetime.min.replace(tzinfo=_dt.UTC))
+_MAX_MICROS = _datetime_to_micros(_dt.datetime.max.replace(tzinfo=_dt.UTC))
 
 
 # An integer as text, in a URL or a query parameter: ASCII digits with an optional sign, as Java's
@@ -175,7 +188,17 @@ class KeyType:
                 key=text,
                 type=self.name,
             ) from None
-        return _datetime_to_micros(parsed)
+        return self._instant(parsed, text)
+
+    def _instant(self, value: _dt.datetime, shown: Any) -> int:
+        micros = _datetime_to_micros(value)
+        if not _MIN_MICROS <= micros <= _MAX_MICROS:
+            raise InstantOutOfRange(
+                f"timestamp {shown!r} is out of range: it falls outside years 1 to 9999 in UTC",
+                key=str(shown),
+                type=self.name,
+            )
+        return micros
 
     def coerce(self, value: Any) -> Any:
         """The internal value of a key given by a caller: text, or a Python value of the right type."""
@@ -186,7 +209,7 @@ class KeyType:
         if self.kind == "timestamp" and isinstance(value, _dt.datetime):
             if getattr(value, "nanosecond", 0):  # a pandas Timestamp: its nanoseconds are past a datetime's
                 raise _too_precise(str(value), self.name)
-            return _datetime_to_micros(value)
+            return self._instant(value, value.isoformat())
         raise MalformedKey(
             f"key {value!r} of type {type(value).__name__} does not fit a {self.name} key", type=self.name
         )

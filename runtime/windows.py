@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from runtime.catalog import StoreSpec
 from runtime.codec import decode_value
 from runtime.errors import InvalidParameter, KeyTooLong, MalformedKey, MalformedRange, RiqrError
-from runtime.keys import TIMESTAMP, TOP, TooPrecise, micros_to_datetime
+from runtime.keys import TIMESTAMP, TOP, InstantOutOfRange, TooPrecise, micros_to_datetime
 from runtime.scan import Bound, Scan, TimeFilter
 
 __all__ = ["Windowed", "present", "window_scan", "session_scan", "time_bound", "require_kind"]
@@ -67,7 +67,7 @@ def time_bound(value: Any, name: str) -> int | None:
         return None
     try:
         return int(TIMESTAMP.coerce(value))
-    except TooPrecise as err:
+    except (TooPrecise, InstantOutOfRange) as err:
         raise MalformedRange(f"{name}: {err.message}", parameter=name) from None
     except RiqrError:
         raise MalformedRange(

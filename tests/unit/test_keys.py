@@ -128,6 +128,20 @@ def test_timestamps_parse_iso_8601_into_epoch_micros_and_show_as_datetimes() -> 
         TIMESTAMP.coerce(5)
 
 
+def test_timestamps_outside_years_1_to_9999_in_utc_are_malformed_and_the_ends_are_kept() -> None:
+    """An offset moves a date written inside Python's years outside them: such a key could be looked up,
+    but not written back in an answer (``external`` raised OverflowError: a 500 for an absent key)."""
+    from runtime.keys import InstantOutOfRange
+
+    for text in ("9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00"):
+        with pytest.raises(InstantOutOfRange, match="outside years 1 to 9999"):
+            TIMESTAMP.parse(text)
+    with pytest.raises(InstantOutOfRange):
+        TIMESTAMP.coerce(dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(-dt.timedelta(hours=2))))
+    for text in ("9999-12-31T23:59:59.999999Z", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59+01:00"):
+        assert TIMESTAMP.external(TIMESTAMP.parse(text)) == dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 COMPOSITE = KeySchema("customer", "string", (("ts", "timestamp"),))
 
 

@@ -90,6 +90,12 @@ async def test_a_huge_limit_in_msgpack_is_a_400_not_a_500(client) -> None:  # ty
         ("/stores/longs/get/" + "9" * 1000, 400, "malformed-key"),
         ("/stores/longs/get/1_0", 400, "malformed-key"),
         ("/stores/longs/get/%200", 400, "malformed-key"),
+        # An offset that moves the instant past year 9999 or before year 1: an absent key's 404 wrote the
+        # key back as a datetime, which raised (a 500).
+        ("/stores/bookings/get/42/9999-12-31T23:59:59-01:00", 400, "malformed-key"),
+        ("/stores/bookings/get/42/0001-01-01T00:00:00%2B01:00", 400, "malformed-key"),
+        ("/stores/bookings/range?from=42/9999-12-31T23:59:59-01:00", 400, "malformed-range"),
+        ("/stores/clicks/windows?to=9999-12-31T23:59:59-01:00", 400, "malformed-range"),
     ],
 )
 async def test_hostile_requests_get_their_code(client, path: str, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
