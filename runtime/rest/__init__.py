@@ -21,7 +21,7 @@ from runtime.config import MAX_BODY_BYTES, MAX_HEADER_FIELD_BYTES, MAX_HEADERS, 
 from runtime.facade import Facade
 from runtime.rest import handlers as h
 from runtime.rest.openapi import SPEC, openapi_document
-from runtime.rest.pipeline import CATCH_ALL, CATCH_ALL_NAME, Pipeline
+from runtime.rest.pipeline import CATCH_ALL, CATCH_ALL_NAME, Pipeline, Router
 from runtime.rest.routes import PROBE_PATHS, PUBLIC_PATHS, ROUTES, Param, Route
 
 __all__ = ["build_app", "FACADE", "ROUTES", "Route", "Param", "PUBLIC_PATHS", "PARSER_LIMITS"]
@@ -43,6 +43,7 @@ def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Applicat
         client_max_size=MAX_BODY_BYTES,
         handler_args=PARSER_LIMITS,
     )
+    Router.adopt(app.router)
     app[FACADE] = facade
     app[h.AUTH] = auth
     app[SPEC] = openapi_document(ROUTES, auth_enabled=auth.enabled)

@@ -13,15 +13,18 @@ from urllib.parse import unquote_plus
 from aiohttp import web
 
 from runtime.config import MAX_BODY_BYTES, MAX_QUERY_PARAMS, MAX_URL_CHARS
-from runtime.errors import InvalidParameter, PayloadTooLarge, TooManyParameters, UriTooLong
+from runtime.errors import InvalidParameter, MalformedPath, PayloadTooLarge, TooManyParameters, UriTooLong
 
 __all__ = ["check_limits", "check_params"]
 
 
 def check_limits(request: web.BaseRequest) -> None:
     """Raise what is over a limit, each with its own status (414, 400, 413)."""
-    if len(request.raw_path) > MAX_URL_CHARS:
+    raw_path = request.raw_path
+    if len(raw_path) > MAX_URL_CHARS:
         raise UriTooLong(f"the URL is longer than {MAX_URL_CHARS} characters", limit=MAX_URL_CHARS)
+    if "#" in raw_path:  # a fragment is the client's, never sent: read as one, "get/a#b" looked up key "a"
+        raise MalformedPath("a '#' in the request's target: write a '#' of a key or bound as %23")
     raw_query = request.rel_url.raw_query_string
     # Empty pieces ("?a=1&&b=2", a trailing '&') are no parameters: counted only when the '&'s alone are over.
     if raw_query.count("&") >= MAX_QUERY_PARAMS and sum(1 for p in raw_query.split("&") if p) > MAX_QUERY_PARAMS:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import MatchInfoError, UrlMappingMatchInfo
 
 from runtime.auth import PUBLIC_PATHS, AuthConfig, Authenticator
 from runtime.metrics import Metrics
@@ -31,12 +32,37 @@ from runtime.rest.limits import check_limits, check_params
 from runtime.rest.probes import UNMATCHED, record_request
 from runtime.rest.render import BROKE_OFF, CLIENT_LEFT, COMMON_HEADERS, Handler, error_response
 
-__all__ = ["Pipeline", "unrouted", "CATCH_ALL", "CATCH_ALL_NAME"]
+__all__ = ["Pipeline", "Router", "unrouted", "CATCH_ALL", "CATCH_ALL_NAME"]
 
 # The pattern and name of the catch-all route, added last: it takes every path and method no other takes
 # (``[\s\S]``, not ``.``: a decoded path may hold a newline, and aiohttp's own 404 is text, unaudited).
 CATCH_ALL = "/{unrouted:[\\s\\S]*}"
 CATCH_ALL_NAME = "unrouted"
+
+
+class Router(web.UrlDispatcher):
+    """aiohttp's router, which also sends a request whose target is not a path (``OPTIONS *``, ``CONNECT
+    host:port``) to the catch-all route: no pattern starting with ``/`` matches it, and aiohttp answered it
+    itself, as text with its version in ``Server``, asking for no token and counted nowhere.
+
+    aiohttp deprecates giving an application a router of one's own, so ``adopt`` makes the application's
+    own router this class (it adds no state); it checks the one thing it relies on, so an aiohttp upgrade
+    that changes it fails at start rather than serving text again."""
+
+    __slots__ = ()
+
+    @classmethod
+    def adopt(cls, router: web.UrlDispatcher) -> None:
+        if type(router) is not web.UrlDispatcher:
+            raise TypeError(f"expected aiohttp's UrlDispatcher, got {type(router).__name__}")
+        router.__class__ = cls
+
+    async def resolve(self, request: web.Request) -> UrlMappingMatchInfo:
+        match = await super().resolve(request)
+        if isinstance(match, MatchInfoError) and not request.rel_url.path.startswith("/"):
+            route = next(iter(self[CATCH_ALL_NAME]))
+            return UrlMappingMatchInfo({"unrouted": request.rel_url.path}, route)
+        return match
 
 
 class Pipeline:
