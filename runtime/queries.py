@@ -192,8 +192,8 @@ class WindowQuery:
         return window_scan(
             spec,
             key=_maybe(spec, self.key),
-            key_from=_maybe_bound(spec, self.key_from),
-            key_to=_maybe_bound(spec, self.key_to),
+            key_from=_maybe_bound(spec, self.key_from, "keyFrom"),
+            key_to=_maybe_bound(spec, self.key_to, "keyTo"),
             time_from=self.time_from,
             time_to=self.time_to,
             reverse=bool(self.reverse),
@@ -223,8 +223,8 @@ class SessionQuery:
         return session_scan(
             spec,
             key=_maybe(spec, self.key),
-            key_from=_maybe_bound(spec, self.key_from),
-            key_to=_maybe_bound(spec, self.key_to),
+            key_from=_maybe_bound(spec, self.key_from, "keyFrom"),
+            key_to=_maybe_bound(spec, self.key_to, "keyTo"),
             earliest_end=self.earliest_end,
             latest_start=self.latest_start,
             reverse=bool(self.reverse),
@@ -235,14 +235,15 @@ def _maybe(spec: StoreSpec, key: Any) -> Any:
     return None if key is None else _user_key(spec, key)
 
 
-def _maybe_bound(spec: StoreSpec, key: Any) -> Any:
-    """A key range's bound (``keyFrom``, ``keyTo``): a malformed one is ``MalformedRange``, as for ``range``."""
+def _maybe_bound(spec: StoreSpec, key: Any, parameter: str) -> Any:
+    """A key range's bound (``parameter``: ``keyFrom``, ``keyTo``): a malformed one is ``MalformedRange``
+    naming it, as for ``range``."""
     try:
         return _maybe(spec, key)
     except KeyTooLong:
         raise
     except RiqrError as err:
-        raise MalformedRange(err.message, store=spec.name) from None
+        raise MalformedRange(err.message, parameter=parameter, store=spec.name) from None
 
 
 @dataclass(frozen=True)

@@ -75,21 +75,23 @@ def time_bound(value: Any, name: str) -> int | None:
         ) from None
 
 
-def _user_parts(spec: StoreSpec, key: Any, *, bound: bool = False) -> list[Any]:
+def _user_parts(spec: StoreSpec, key: Any, *, bound: str | None = None) -> list[Any]:
     """The user's key as typed components (without the window start): ``MalformedKey`` if it is not one,
-    ``MalformedRange`` if it is a ``bound`` of a key range (``keyFrom``, ``keyTo``), as for ``range``."""
+    ``MalformedRange`` if it is the ``bound`` (its parameter's name) of a key range (``keyFrom``, ``keyTo``),
+    as for ``range``. A bound of a key of several columns may give only the leading ones, as ``range``'s may."""
     parts = list(key) if isinstance(key, (tuple, list)) else [key]
     n = spec.user_key_columns
     try:
-        if len(parts) != n:
-            raise MalformedKey(f"the key of store {spec.name!r} has {n} column(s), got {len(parts)}")
+        if len(parts) > n or (len(parts) < n and bound is None) or not parts:
+            need = f"1 to {n}" if bound is not None and n > 1 else str(n)
+            raise MalformedKey(f"the key of store {spec.name!r} has {n} column(s): give {need}, got {len(parts)}")
         columns = spec.key.columns[:n]
         return [t.coerce(p) for p, (_, t) in zip(parts, columns)]
     except KeyTooLong:
         raise
     except RiqrError as err:
-        if bound:
-            raise MalformedRange(err.message, store=spec.name) from None
+        if bound is not None:
+            raise MalformedRange(err.message, parameter=bound, store=spec.name) from None
         raise
 
 
@@ -119,8 +121,8 @@ def window_scan(
         lo = tuple(user) + ((start_from,) if start_from is not None else ())
         hi = tuple(user) + ((start_to,) if start_to is not None else (TOP,))
         return Scan(Bound(lo), Bound(hi), reverse, times)
-    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound=True)))
-    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound=True)) + (TOP,))
+    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound="keyFrom")))
+    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound="keyTo")) + (TOP,))
     return Scan(lo_b, hi_b, reverse, times)
 
 
@@ -144,6 +146,6 @@ def session_scan(
         user = tuple(_user_parts(spec, key))
         hi = user + ((start_to,) if start_to is not None else (TOP,))
         return Scan(Bound(user), Bound(hi), reverse, times)
-    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound=True)))
-    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound=True)) + (TOP,))
+    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound="keyFrom")))
+    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound="keyTo")) + (TOP,))
     return Scan(lo_b, hi_b, reverse, times)

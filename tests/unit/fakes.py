@@ -208,16 +208,19 @@ def windowed_spec(name: str, kind: str = "window") -> StoreSpec:
 
 
 def load_windowed(bus: FakeBus, store: str, entries: list[tuple[str, Any, Any, Any]], batch_id: int = 0) -> None:
-    """Feed ``(user, start, end, value)`` windows (datetimes) to a windowed store, like the sink would."""
+    """Feed ``(user, start, end, value)`` windows (datetimes) to a windowed store, like the sink would;
+    ``user`` is a tuple for a store whose key has several user columns."""
     spec = bus.state.view().tables[store].spec
+    users = [e[0] if isinstance(e[0], tuple) else (e[0],) for e in entries]
+    columns = spec.key.columns[: spec.user_key_columns]
     arrow = pa.table(
         {
-            "user": [e[0] for e in entries],
+            **{name: [u[i] for u in users] for i, (name, _) in enumerate(columns)},
             "window_start": pa.array([e[1] for e in entries], pa.timestamp("us", tz="UTC")),
             "count": pa.array([e[3] for e in entries], pa.int64()),
             WINDOW_END_COLUMN: pa.array([e[2] for e in entries], pa.timestamp("us", tz="UTC")),
             PARTITION_COLUMN: pa.array(
-                [partition_of_bytes(e[0].encode(), spec.partitions) for e in entries], pa.int32()
+                [partition_of_bytes(spec.key.type.canonical_bytes(u[0]), spec.partitions) for u in users], pa.int32()
             ),
         }
     )

@@ -58,6 +58,15 @@ def bus() -> FakeBus:
             kind="window",
         )
     )
+    load_windowed(
+        b,
+        "shop-windows",
+        [
+            (("eu", 1), minute(0), minute(1), 3),
+            (("eu", 20), minute(0), minute(1), 4),
+            (("us", 1), minute(1), minute(2), 5),
+        ],
+    )
     return b
 
 
@@ -218,7 +227,7 @@ async def test_rest_window_and_session_paths(client) -> None:  # type: ignore[no
         # a key in the path is a key: malformed-key, as for get; a key range's bound is malformed-range
         ("/stores/shop-windows/windows/eu", "malformed-key"),  # one column of two
         ("/stores/shop-windows/windows/eu/x", "malformed-key"),  # the shop is no number
-        ("/stores/shop-windows/windows?keyFrom=eu", "malformed-range"),
+        ("/stores/shop-windows/windows?keyFrom=eu/1/2", "malformed-range"),  # three columns of two
         ("/stores/shop-windows/windows?keyTo=eu/x", "malformed-range"),
         ("/stores/shop-windows/windows?keyFrom=%FF", "malformed-range"),
     ],
@@ -227,3 +236,27 @@ async def test_rest_errors_say_what_was_wrong(client, path: str, code: str) -> N
     resp = await client.get(path)
     assert resp.status == 400
     assert (await resp.json())["error"]["code"] == code
+
+
+async def test_a_key_range_bound_may_give_the_leading_columns_only_as_ranges_do(client) -> None:  # type: ignore[no-untyped-def]
+    """``keyFrom=eu`` of a (region, shop) store was a 400, where ``range?from=eu`` of a composite key is the
+    first key of region eu, and ``to=eu`` the last (docs/api.md)."""
+
+    async def keys(query: str) -> list[list[object]]:
+        resp = await client.get(f"/stores/shop-windows/windows?{query}")
+        assert resp.status == 200, await resp.text()
+        return [e["key"] for e in (await resp.json())["result"]]
+
+    assert await keys("keyFrom=eu&keyTo=eu") == [["eu", 1], ["eu", 20]]
+    assert await keys("keyFrom=eu/2") == [["eu", 20], ["us", 1]]
+    assert await keys("keyTo=eu/1") == [["eu", 1]]
+    assert await keys("keyFrom=f") == [["us", 1]]
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [("keyFrom=eu/x", "keyFrom"), ("keyTo=eu/x", "keyTo"), ("keyTo=eu/1/2", "keyTo"), ("from=noon", "from")],
+)
+async def test_a_bad_bound_names_its_parameter(client, query: str, parameter: str) -> None:  # type: ignore[no-untyped-def]
+    error = (await (await client.get(f"/stores/shop-windows/windows?{query}")).json())["error"]
+    assert error["code"] == "malformed-range" and error["parameter"] == parameter, error
