@@ -116,7 +116,7 @@ class SpansSeen:
     def header(self) -> str:
         """Every partition read, as ``X-Riqr-Position`` lists them: a key lookup's form per partition, joined
         by ", " in partition order; empty when nothing was read (an empty range), or when the list would be
-        longer than ``MAX_POSITION_CHARS`` (about 50 partitions: proxies refuse headers of a few KiB)."""
+        longer than ``MAX_POSITION_CHARS`` (about 40 partitions: proxies refuse headers of a few KiB)."""
         text = ", ".join(position_header(p, self.spans[p]) for p in sorted(self.spans))
         return text if len(text) <= MAX_POSITION_CHARS else ""
 

@@ -170,6 +170,17 @@ def error_reply(
 _INTERNAL = "internal error; see the server log"
 
 
+def error_body(request: web.BaseRequest, exc: RiqrError) -> dict[str, Any]:
+    """``exc``'s JSON body. Every error of a store's route names the store, whichever layer raised it (a
+    key's parser, an owner's call), in an answer's body as in a stream's last line; not a 401 or 403 (said
+    alike for every store), nor a name that did not decode."""
+    body = exc.to_json()
+    store = request.match_info.get("store") if isinstance(request, web.Request) else None
+    if store is not None and exc.status not in (401, 403) and not isinstance(exc, MalformedPath):
+        body["error"].setdefault("store", store)
+    return body
+
+
 def error_response(request: web.BaseRequest, exc: Exception) -> web.Response:
     """The one place errors become HTTP responses (``runtime.rest.pipeline`` calls it): a riqr error with
     its own status, aiohttp's routing errors as JSON, anything else a logged 500. Re-raises an
@@ -177,13 +188,7 @@ def error_response(request: web.BaseRequest, exc: Exception) -> web.Response:
     if isinstance(exc, RiqrError):
         if exc.status >= 500:
             log.info("%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
-        body = exc.to_json()
-        # Every error of a store's route names the store, whichever layer raised it (a key's parser, an
-        # owner's call); not a 401 or 403 (said alike for every store), nor a name that did not decode.
-        store = request.match_info.get("store") if isinstance(request, web.Request) else None
-        if store is not None and exc.status not in (401, 403) and not isinstance(exc, MalformedPath):
-            body["error"].setdefault("store", store)
-        return error_reply(request, body, status=exc.status, headers=exc.headers())
+        return error_reply(request, error_body(request, exc), status=exc.status, headers=exc.headers())
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
             raise exc
@@ -301,7 +306,7 @@ async def stream_ndjson(
                 chunk = None if left == 0 else await anext(chunks, None)
         except RiqrError as err:
             broke_off(request, err.status)
-            await response.write(encode_json(err.to_json()) + b"\n")
+            await response.write(encode_json(error_body(request, err)) + b"\n")
         except ConnectionResetError:  # the client went away: nothing to tell it
             broke_off(request, CLIENT_LEFT)
             return response

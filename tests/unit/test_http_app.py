@@ -359,7 +359,9 @@ async def test_an_ndjson_stream_that_breaks_off_ends_in_an_error_line_counted_as
         owner.down_after = len(owner.calls) + 2
     resp = await client.get("/stores/big/all", headers={"Accept": "application/x-ndjson"})
     lines = (await resp.read()).splitlines()
-    assert resp.status == 200 and json.loads(lines[-1])["error"]["code"] == "owner-unavailable"
+    error = json.loads(lines[-1])["error"]
+    assert resp.status == 200 and error["code"] == "owner-unavailable"
+    assert error["store"] == "big"  # as the same error answered with its status says
     assert all("key" in json.loads(line) for line in lines[:-1])
     counted = await (await client.get("/metrics")).text()
     assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="503") == 1
