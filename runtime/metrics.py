@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -181,6 +181,10 @@ class Metrics:
             else:
                 family = Histogram(d.base, d.help, labels, registry=self.registry, buckets=d.buckets)
             self._families[d.name] = family
+        # The position of the "store" label among each metric's recorded labels, for ``retain_stores``.
+        self._store_label = {
+            d.name: _recorded_labels(d).index("store") for d in self.defs.values() if "store" in _recorded_labels(d)
+        }
         # (name, label values) -> prometheus_client child: its own ``labels()`` validates on every call.
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
 
@@ -231,6 +235,20 @@ class Metrics:
                 self.child(name, *labels).inc(amount)
             for (name, labels), values in observed.items():
                 _observe_all(self.child(name, *labels), values)
+
+    def retain_stores(self, stores: Collection[str]) -> None:
+        """Forget every series labelled with a store not among ``stores`` (one dropped since): ``/metrics``
+        shows a token allowed to read every store that exists no name of one it never could, and a
+        deployment that makes and drops stores does not grow its series for ever."""
+        self.fold()
+        with self._folding:
+            for name, labels in list(self._children):
+                index = self._store_label.get(name)
+                if index is not None and labels[index] not in stores:
+                    self._families[name].remove(*labels)
+                    del self._children[(name, labels)]
+        # A record of a dropped store made meanwhile is folded in later as a new series: forgotten at the
+        # next call (a request can still be on its way to a store being dropped).
 
     def samples(self) -> list[Sample]:
         """Every sample this process holds (what a query actor hands the HTTP verticles)."""

@@ -47,6 +47,7 @@ async def metrics(request: web.Request) -> web.Response:
     hidden = [s for s in snapshot.view.tables if not visible(auth, principal, s)]
     if hidden:
         raise Forbidden("/metrics shows every store: it needs a token allowed to read all of them")
+    facade.metrics.retain_stores(snapshot.view.tables)  # no series of a store dropped since
     body = exposition(facade.metrics, cluster_families(snapshot))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 

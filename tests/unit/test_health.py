@@ -181,6 +181,32 @@ async def test_probes_are_public_and_metrics_need_a_token_for_every_store(app_cl
     assert answer.status == 200 and answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
 
 
+async def test_metrics_forget_a_dropped_store_so_no_token_sees_its_name(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """The HTTP verticle's own series (coalesced lookups, scanned entries) kept a dropped store's label, shown
+    to a token allowed to read every store that exists: one that never could read the dropped one."""
+    bus = _bus()
+    bus.create_store(kv_spec("secret-store"))
+    bus.load("secret-store", {"k": "v"})
+    facade = Facade(bus, timeout=1.0)
+    facade.probe.max_age = 0.0
+    await facade.start()
+    try:
+        client = await aiohttp_client(build_app(facade, auth=AuthConfig(enabled=True, secret=SECRET)))
+        every = {"Authorization": "Bearer " + mint_token(SECRET)}
+        assert (await client.get("/stores/secret-store/get/k", headers=every)).status == 200
+        assert (await client.get("/stores/secret-store/all", headers=every)).status == 200
+        assert (await client.get("/stores/s/get/a", headers=every)).status == 200
+        assert 'store="secret-store"' in await (await client.get("/metrics", headers=every)).text()
+        bus.state.drop("secret-store")
+        only_s = {"Authorization": "Bearer " + mint_token(SECRET, stores=["s"])}
+        shown = await client.get("/metrics", headers=only_s)
+        text = await shown.text()
+        assert shown.status == 200 and "secret-store" not in text
+        assert 'riqr_coalesced_batch_size_count{store="s"} 1.0' in text  # the stores that exist keep theirs
+    finally:
+        await facade.stop()
+
+
 def test_the_openapi_document_describes_ready_and_metrics() -> None:
     doc = openapi_document(ROUTES)
     ready = doc["paths"]["/ready"]["get"]
