@@ -52,8 +52,17 @@ def build_app(facade: Facade, *, auth: AuthConfig | None = None) -> web.Applicat
     for route in sorted(ROUTES, key=lambda r: r.handler is not h.get_key):
         resource = app.router.add_resource(route.path)
         handler = pipeline.wrap(route.handler, resource.canonical, route.query_params)
-        resource.add_route("GET", handler)
+        resource.add_route("GET", handler, expect_handler=_no_expectations)
         if route.path in PROBE_PATHS:  # load balancers probe with HEAD too; aiohttp sends it no body
-            resource.add_route("HEAD", handler)
-    app.router.add_route("*", CATCH_ALL, pipeline.unrouted(), name=CATCH_ALL_NAME)
+            resource.add_route("HEAD", handler, expect_handler=_no_expectations)
+    app.router.add_route("*", CATCH_ALL, pipeline.unrouted(), name=CATCH_ALL_NAME, expect_handler=_no_expectations)
     return app
+
+
+async def _no_expectations(request: web.Request) -> None:
+    """An ``Expect`` header is left unanswered, and the request goes through the pipeline like any other.
+    aiohttp's own handler sent ``100 Continue`` before the token was checked (inviting a body no route
+    reads), and answered any other expectation with its text 417, outside riqr's errors and auth. A server
+    may answer with the final status without a 100 (RFC 9110, 10.1.1): the client's body, if it sends one,
+    is refused by the request limits or ignored."""
+    return None

@@ -149,3 +149,24 @@ async def test_a_raw_fragment_in_the_target_is_a_400_not_a_shorter_key(port: int
     assert "%23" in json.loads(body)["error"]["message"]
     status, _, body = await _exchange(port, REQUEST % (b"GET", b"/stores/strings/get/a%23b", b""))
     assert status == 404 and json.loads(body)["error"]["code"] == "key-not-found", body
+
+
+async def test_an_expect_header_goes_through_the_pipeline_like_any_request() -> None:
+    """aiohttp answered ``Expect: bogus`` with its own text 417 (its version in ``Server``, no token asked
+    for), and ``Expect: 100-continue`` with ``100 Continue`` before the token was looked at."""
+    runner, port, token = await _secured_port()
+    auth = b"Authorization: Bearer %s\r\n" % token.encode()
+    try:
+        for expect in (b"bogus", b"100-continue"):
+            headers = b"Expect: %s\r\nContent-Length: 5\r\n" % expect
+            status, got, body = await _exchange(port, REQUEST % (b"GET", b"/health", headers) + b"12345")
+            assert status == 200 and got["server"] == "riqr", body
+            assert not body.startswith(b"HTTP/1.1 100"), body
+            status, got, body = await _exchange(port, REQUEST % (b"GET", b"/stores/strings/get/a", headers) + b"12345")
+            assert status == 401 and got["server"] == "riqr" and b"100 Continue" not in body, body
+            status, got, body = await _exchange(
+                port, REQUEST % (b"GET", b"/stores/strings/get/a", headers + auth) + b"12345"
+            )
+            assert status == 200 and json.loads(body) == {"response": "x"}, body
+    finally:
+        await runner.cleanup()
