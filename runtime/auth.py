@@ -68,9 +68,14 @@ _MIN_SECRET_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 _FAMILIES = {
     "HS": ("HS256", "HS384", "HS512"),
     "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
-    "EC": ("ES256", "ES384", "ES512"),
+    # An EC key signs with the one algorithm of its curve (RFC 7518 3.4): a P-384 key cannot make an ES256
+    # token, so a deployment allowing only ES256 with it would accept none.
+    "EC P-256": ("ES256",),
+    "EC P-384": ("ES384",),
+    "EC P-521": ("ES512",),
 }
-_DEFAULT_ALGORITHM = {"HS": "HS256", "RSA": "RS256", "EC": "ES256"}
+_DEFAULT_ALGORITHM = {"HS": "HS256", "RSA": "RS256", "EC P-256": "ES256", "EC P-384": "ES384", "EC P-521": "ES512"}
+_EC_CURVES = {"secp256r1": "EC P-256", "secp384r1": "EC P-384", "secp521r1": "EC P-521"}
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,11 @@ def _key_family(public_key: str) -> str:
     if isinstance(key, rsa.RSAPublicKey):
         return "RSA"
     if isinstance(key, ec.EllipticCurvePublicKey):
-        return "EC"
+        family = _EC_CURVES.get(key.curve.name)
+        if family is None:
+            curves = "P-256 (ES256), P-384 (ES384) or P-521 (ES512)"
+            raise ValueError(f"unsupported EC curve {key.curve.name}: use {curves}")
+        return family
     raise ValueError(f"unsupported public key type {type(key).__name__}: use an RSA or EC key")
 
 
@@ -153,7 +162,8 @@ class AuthConfig:
             object.__setattr__(self, "algorithms", (_DEFAULT_ALGORITHM[family],))
         wrong = [a for a in self.algorithms if a not in _FAMILIES[family]]
         if wrong:
-            raise ValueError(f"algorithms {', '.join(wrong)} do not fit the configured key; use {_FAMILIES[family]}")
+            fits = ", ".join(_FAMILIES[family])
+            raise ValueError(f"algorithms {', '.join(wrong)} do not fit the configured key ({family}); use {fits}")
         if self.secret is not None:
             _check_secret(self.secret, self.algorithms)
 

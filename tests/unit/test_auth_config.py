@@ -17,8 +17,8 @@ from runtime.errors import Forbidden, Unauthorized
 SECRET = generate_secret()
 
 
-def _ec_pem() -> str:
-    key = ec.generate_private_key(ec.SECP256R1())
+def _ec_pem(curve: ec.EllipticCurve | None = None) -> str:
+    key = ec.generate_private_key(curve or ec.SECP256R1())
     pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return pem.decode("ascii")
 
@@ -124,6 +124,21 @@ def test_a_public_key_file_selects_its_algorithm(tmp_path: Path) -> None:
     (tmp_path / "key.pem").write_text(_ec_pem())
     config = AuthConfig.from_env({"RIQR_JWT_PUBLIC_KEY_FILE": str(tmp_path / "key.pem")})
     assert config.enabled and config.algorithms == ("ES256",)
+
+
+@pytest.mark.parametrize(
+    ("curve", "algorithm"), [(ec.SECP256R1(), "ES256"), (ec.SECP384R1(), "ES384"), (ec.SECP521R1(), "ES512")]
+)
+def test_an_ec_key_takes_the_one_algorithm_of_its_curve(curve: ec.EllipticCurve, algorithm: str) -> None:
+    """A P-384 key with ES256 (the default for any EC key before) started, and no token could ever pass:
+    ES256 tokens cannot be made with it, and ES384 ones were not allowed. Refused at startup instead."""
+    pem = _ec_pem(curve)
+    assert AuthConfig(enabled=True, public_key=pem).algorithms == (algorithm,)
+    for other in {"ES256", "ES384", "ES512"} - {algorithm}:
+        with pytest.raises(ValueError, match=f"do not fit the configured key .*use {algorithm}"):
+            AuthConfig(enabled=True, public_key=pem, algorithms=(other,))
+    with pytest.raises(ValueError, match="unsupported EC curve secp256k1"):
+        AuthConfig(enabled=True, public_key=_ec_pem(ec.SECP256K1()))
 
 
 @pytest.mark.parametrize(
