@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from runtime.auth import DEMO_TTL_SECONDS, AuthConfig, mint_token
 
-__all__ = ["operator_auth", "rest_auth", "token_for"]
+__all__ = ["operator_auth", "rest_auth", "token_for", "ray_auth_mode", "ray_auth_warning"]
 
 
 def operator_auth(environ: Mapping[str, str] | None = None) -> tuple[AuthConfig, str]:
@@ -58,4 +58,36 @@ def token_for(
         stores_claim=auth.stores_claim,
         roles_claim=auth.roles_claim,
         algorithm=auth.algorithms[0] if auth.algorithms else "HS256",
+    )
+
+
+def ray_auth_mode(timeout: float = 10.0) -> str | None:
+    """The joined Ray cluster's authentication mode as its nodes run it (``token`` or ``disabled``, what a
+    worker's ``get_authentication_mode`` says: the mode the node was started with, from ``RAY_AUTH_MODE`` or
+    a token file, not this process's), or None when it cannot be told within ``timeout`` seconds."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def mode() -> str:
+        from ray._private.authentication.authentication_utils import get_authentication_mode_name
+        from ray._raylet import get_authentication_mode  # type: ignore[attr-defined]
+
+        return str(get_authentication_mode_name(get_authentication_mode()))
+
+    try:
+        return str(ray.get(mode.remote(), timeout=timeout))
+    except Exception:  # noqa: BLE001 - a Ray without the call, or a busy cluster: nothing to say
+        return None
+
+
+def ray_auth_warning(mode: str | None) -> str | None:
+    """What ``riqr up`` says of a Ray cluster in ``mode`` (``ray_auth_mode``): a warning when it runs without
+    token auth, where whoever reaches its ports runs code in it (and so reads every store and the
+    deployment's REST secret); nothing otherwise, or when the mode could not be told."""
+    if mode is None or mode == "token":
+        return None
+    return (
+        f"riqr: warning: this Ray cluster runs without token authentication (its mode: {mode}): anyone who "
+        "reaches its ports can run code in it, read every store and mint REST tokens. Start its nodes with "
+        "RAY_AUTH_MODE=token (docs/security.md, 'Running Ray safely')"
     )

@@ -68,7 +68,7 @@ def _connect_ray(address: str | None, namespace: str) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from riqr.access import rest_auth, token_for
+    from riqr.access import ray_auth_mode, ray_auth_warning, rest_auth, token_for
     from riqr.progress import Steps
 
     with Steps("[riqr up]") as steps:
@@ -86,6 +86,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
         )
         with steps.step("starting the registry, facades and HTTP verticles"):
             deployment = deploy.up(config)
+    unsafe = ray_auth_warning(ray_auth_mode())
+    if unsafe is not None:
+        _say(unsafe)
     for ep in deployment.endpoints:
         print(f"node {ep.node_id[:12]}  REST API at {ep.url}  (web console: {ep.url}/)")
     kept = [ep for ep in deployment.endpoints if ep.kept]

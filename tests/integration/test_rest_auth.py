@@ -40,6 +40,13 @@ def riqr_up(ray_cluster: RayCluster) -> Iterator[tuple[str, list[str], str]]:
         token = lines[-1]
         assert len(urls) == 2 and token.count(".") == 2, done.stdout
         assert token not in done.stderr  # on stdout for the operator, never in the log stream
+        # Whether this cluster runs Ray's token auth depends on the machine (a token file under ~/.ray turns
+        # it on): riqr up warns exactly when it does not, as the cluster's own workers say.
+        from riqr.access import ray_auth_mode
+
+        mode = ray_auth_mode()
+        assert mode in ("token", "disabled")
+        assert ("without token authentication" in done.stderr) == (mode == "disabled"), done.stderr
         yield namespace, urls, token
     finally:
         deploy.down(namespace)

@@ -432,3 +432,13 @@ def test_the_clis_commands_join_ray_without_its_info_lines(monkeypatch: pytest.M
     cli._connect_ray("10.0.0.1:6379", "riqr")
     runtime.client.join_ray("10.0.0.1:6379", "riqr")  # a library caller's Ray logs as Ray sets them
     assert asked[0]["logging_level"] == logging.WARNING and "logging_level" not in asked[1]
+
+
+def test_riqr_up_warns_of_a_ray_cluster_without_token_auth_only() -> None:
+    from riqr.access import ray_auth_warning
+
+    said = ray_auth_warning("disabled")
+    assert said is not None and "without token authentication (its mode: disabled)" in said
+    assert "RAY_AUTH_MODE=token" in said and "Running Ray safely" in said
+    assert ray_auth_warning("token") is None
+    assert ray_auth_warning(None) is None  # could not be told: nothing said rather than a guess
