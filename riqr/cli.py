@@ -500,6 +500,22 @@ def _positive(text: str) -> int:
 
 _positive.__name__ = "positive integer"  # argparse's "invalid <name> value" message
 
+# The longest a minted token may live: a bearer token cannot be revoked (only every token at once, with the
+# deployment's key by riqr down and up, or an operator's key changed), so a ttl of centuries is a leak for ever.
+MAX_TOKEN_TTL_SECONDS = 366 * 24 * 3600
+
+
+def _ttl(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_TOKEN_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_TOKEN_TTL_SECONDS} seconds (366 days; a token cannot be revoked), got {value}"
+        )
+    return value
+
+
+_ttl.__name__ = "number of seconds"
+
 
 def _subject(text: str) -> str:
     if not text.strip() or not text.isprintable():
@@ -559,7 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--address", default=None, help=_ADDRESS_HELP)
     token.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     token.add_argument("--stores", default="*", help="comma-separated stores the token may read; default all")
-    token.add_argument("--ttl", type=_positive, default=None, help="seconds until it expires (default: 24 h)")
+    token.add_argument(
+        "--ttl", type=_ttl, default=None, help="seconds until it expires (default: 24 h; at most 366 days)"
+    )
     token.add_argument(
         "--subject",
         type=_subject,

@@ -311,6 +311,11 @@ def test_a_token_for_no_store_is_refused_rather_than_minted_for_every_store(monk
     with pytest.raises(SystemExit):
         cli.main(["token", "--ttl", "0"])
     assert "argument --ttl: must be at least 1, got 0" in capsys.readouterr().err  # not ttl_seconds
+    with pytest.raises(SystemExit):  # minted for about 3,000 years before: a token cannot be revoked
+        cli.main(["token", "--ttl", "99999999999"])
+    assert "argument --ttl: must be at most 31622400 seconds (366 days" in capsys.readouterr().err
+    assert cli.main(["token", "--ttl", "31622400"]) == 0
+    capsys.readouterr()
 
 
 def test_argument_errors_name_what_is_wanted_not_a_function(capsys) -> None:  # type: ignore[no-untyped-def]
