@@ -143,10 +143,41 @@ class ThreadCoalescer(Generic[T, R]):
                 self._busy = True
                 slot.batch = [slot]
         if slot.batch is None:
-            slot.done.wait()
+            try:
+                slot.done.wait()
+            except BaseException:  # Ctrl-C in the caller's thread: it leaves, and nobody waits for it
+                self._abandon(slot)
+                raise
         if slot.batch is not None:  # this thread sends: it found the owner idle, or was woken to
             self._run(slot.batch)
         return slot.outcome()
+
+    def _abandon(self, slot: _Slot[T, R]) -> None:
+        """``slot``'s caller was interrupted while it waited: take it out of the queue or, if it had been
+        woken to send the next batch, hand that batch (without its item) on to the next waiter. It stayed
+        queued before, was chosen to send, and everything queued for the owner waited for ever."""
+        with self._lock:
+            if any(queued is slot for queued in self._pending):
+                self._pending = [queued for queued in self._pending if queued is not slot]
+                return
+            batch, slot.batch = slot.batch, None
+            if batch is None:  # carried by a call in flight or done: its answer is dropped
+                return
+            self._pending[:0] = [queued for queued in batch if queued is not slot]
+            sender = self._next_sender()
+        if sender is not None:
+            sender.done.set()
+
+    def _next_sender(self) -> _Slot[T, R] | None:
+        """Under the lock, the call just over: the next batch's sender (its batch set), or None and the owner
+        idle."""
+        following = self._pending[: self._max_batch]
+        del self._pending[: self._max_batch]
+        if following:
+            following[0].batch = following
+            return following[0]
+        self._busy = False
+        return None
 
     def _run(self, batch: list[_Slot[T, R]]) -> None:
         self.calls += 1
@@ -163,16 +194,11 @@ class ThreadCoalescer(Generic[T, R]):
             for slot, result in zip(batch, results):
                 slot.result = result
         with self._lock:
-            following = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            if following:
-                following[0].batch = following
-            else:
-                self._busy = False
+            sender = self._next_sender()
         for slot in batch[1:]:  # batch[0] is this thread's own
             slot.done.set()
-        if following:
-            following[0].done.set()
+        if sender is not None:
+            sender.done.set()
 
 
 async def _cancel_others() -> None:

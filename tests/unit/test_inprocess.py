@@ -72,6 +72,74 @@ def test_a_failed_call_fails_exactly_its_items() -> None:
     assert batcher.submit(5) == 5  # the coalescer is not left busy
 
 
+class _Interrupted(threading.Event):
+    """A waiter's event whose ``wait`` raises KeyboardInterrupt (Ctrl-C in that thread): at once, or only
+    once woken (the thread was chosen to send the next batch)."""
+
+    def __init__(self, *, when_woken: bool) -> None:
+        super().__init__()
+        self.when_woken = when_woken
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.when_woken:
+            super().wait(timeout)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("when_woken", [False, True], ids=["while-queued", "once-chosen-to-send"])
+def test_a_waiter_interrupted_leaves_without_stalling_the_owner(monkeypatch, when_woken: bool) -> None:  # type: ignore[no-untyped-def]
+    """A Ctrl-C while queued left the slot in the queue; picked to send the next batch, it sent nothing, and
+    every lookup of that owner, then and later, waited for ever."""
+    from runtime.facade import inprocess
+
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def send(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        if len(batches) == 1:
+            release.wait(10)
+        return [i * 2 for i in items]
+
+    class Slot(inprocess._Slot):  # type: ignore[type-arg]  # noqa: SLF001
+        def __init__(self, item: int) -> None:
+            super().__init__(item)
+            if item == 2:
+                self.done = _Interrupted(when_woken=when_woken)
+
+    monkeypatch.setattr(inprocess, "_Slot", Slot)
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
+    results: dict[int, int] = {}
+    interrupted: list[int] = []
+
+    def lookup(i: int) -> None:
+        try:
+            results[i] = batcher.submit(i)
+        except KeyboardInterrupt:
+            interrupted.append(i)
+
+    first = threading.Thread(target=lookup, args=(1,))
+    first.start()
+    wait_for(lambda: batches, timeout=10, what="the first call in flight", interval=0.001)
+    queued = threading.Thread(target=lookup, args=(2,))
+    queued.start()
+    if not when_woken:
+        queued.join(10)
+        assert interrupted == [2] and not batcher._pending  # noqa: SLF001
+    else:
+        wait_for(lambda: len(batcher._pending) == 1, timeout=10, what="2 queued", interval=0.001)  # noqa: SLF001
+    behind = threading.Thread(target=lookup, args=(3,))
+    behind.start()
+    wait_for(lambda: any(s.item == 3 for s in batcher._pending), timeout=10, what="3 queued", interval=0.001)  # noqa: SLF001
+    release.set()
+    for t in (first, queued, behind):
+        t.join(10)
+        assert not t.is_alive()
+    assert interrupted == [2] and results == {1: 2, 3: 6}
+    assert batcher.submit(4) == 8 and not batcher._busy  # noqa: SLF001
+    assert [2 in batch for batch in batches] == [False] * len(batches)  # its item was never sent
+
+
 def test_many_threads_get_their_own_answers() -> None:
     batcher: ThreadCoalescer[int, int] = ThreadCoalescer(lambda items: [i + 1 for i in items], max_batch=3)
     results: dict[int, list[int]] = {}
