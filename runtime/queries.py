@@ -15,6 +15,7 @@ decodes it; the HTTP handler never needs to look the store up first.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -117,7 +118,14 @@ class ScanQuery(Protocol):
     @property
     def store(self) -> str: ...
 
+    @property
+    def reverse(self) -> bool | None: ...
+
     def bind(self, spec: StoreSpec) -> Scan: ...
+
+    def backwards(self) -> ScanQuery:
+        """The same query with ``reverse`` said: what one leaving it out asks beside a reverse scan's cursor."""
+        ...
 
     def bare(self) -> ScanQuery:
         """The same kind of query on the same store with none of its parameters: a cursor given alone. A
@@ -139,6 +147,9 @@ class RangeQuery:
 
     def bare(self) -> RangeQuery:
         return RangeQuery(self.store)
+
+    def backwards(self) -> RangeQuery:
+        return dataclasses.replace(self, reverse=True)
 
     def bind(self, spec: StoreSpec) -> Scan:
         key = spec.key
@@ -187,6 +198,9 @@ class WindowQuery:
     def bare(self) -> WindowQuery:
         return WindowQuery(self.store)
 
+    def backwards(self) -> WindowQuery:
+        return dataclasses.replace(self, reverse=True)
+
     def bind(self, spec: StoreSpec) -> Scan:
         require_kind(spec, "window")
         return window_scan(
@@ -217,6 +231,9 @@ class SessionQuery:
 
     def bare(self) -> SessionQuery:
         return SessionQuery(self.store)
+
+    def backwards(self) -> SessionQuery:
+        return dataclasses.replace(self, reverse=True)
 
     def bind(self, spec: StoreSpec) -> Scan:
         require_kind(spec, "session")

@@ -152,6 +152,10 @@ class Facade:
         if cursor is None:
             return table, scan, scan
         origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor)
+        if scan != origin and query.reverse is None and origin.reverse:
+            # The direction left unsaid is the cursor's own, with the other parameters repeated as without
+            # them (Python's ``page(limit, next, lo=..., hi=...)`` after a reverse first page was refused).
+            scan = query.backwards().bind(table.spec)
         if scan != origin and query != query.bare():
             raise MalformedCursor(
                 "the cursor continues another scan than this request asks for: send it alone, or with the "

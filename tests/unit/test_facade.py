@@ -351,6 +351,27 @@ async def test_a_reverse_cursor_goes_on_alone_or_with_reverse_and_never_with_rev
         await facade.page(RangeQuery("customers", reverse=False), PageRequest(2, first.next))
 
 
+async def test_a_reverse_cursor_goes_on_with_its_bounds_repeated_and_reverse_left_out(facade: Facade) -> None:
+    """``store.page(3, next, lo=..., hi=...)`` after a reverse first page: ``reverse`` left out (None) was
+    read as forward, another scan than the cursor's, and refused; docs/api.md says leave it out or repeat it."""
+    from runtime.errors import MalformedCursor
+
+    keys = sorted(CUSTOMERS)
+    lo, hi = keys[1], keys[-2]
+    inside = sorted(((k, v) for k, v in CUSTOMERS.items() if lo <= k <= hi), reverse=True)
+    first = await facade.page(RangeQuery("customers", lo=lo, hi=hi, reverse=True), PageRequest(2))
+    assert first.entries == inside[:2]
+    for same in (RangeQuery("customers", lo=lo, hi=hi), RangeQuery("customers", lo=lo, hi=hi, reverse=True)):
+        assert (await facade.page(same, PageRequest(2, first.next))).entries == inside[2:4]
+    for other in (RangeQuery("customers", lo=lo), RangeQuery("customers", lo=lo, hi=hi, reverse=False)):
+        with pytest.raises(MalformedCursor, match="continues another scan"):
+            await facade.page(other, PageRequest(2, first.next))
+    forward = await facade.page(RangeQuery("customers", lo=lo, hi=hi), PageRequest(2))  # and forward stays so
+    assert (await facade.page(RangeQuery("customers", lo=lo, hi=hi), PageRequest(2, forward.next))).entries == (
+        sorted(inside)[2:4]
+    )
+
+
 async def test_paging_while_the_store_changes_never_repeats_or_skips_a_stable_key(bus: FakeBus) -> None:
     bus.create_store(kv_spec("busy"))
     stable = {f"k{i:05d}": "v" for i in range(0, 2_000, 2)}

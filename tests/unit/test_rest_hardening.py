@@ -167,6 +167,14 @@ async def test_a_cursor_comes_alone_or_with_the_parameters_that_issued_it(client
         assert got.status == 400 and (await got.json())["error"]["code"] == "malformed-cursor", path
     alone = await client.get(f"/stores/strings/all?limit=1&cursor={backwards['next']}")  # alone: its own scan
     assert alone.status == 200 and (await alone.json())["result"][0]["key"] < backwards["result"][0]["key"]
+    # Its parameters repeated with the direction left out: the cursor's own direction, as when it comes alone.
+    for path in ("/stores/clicks/windows/alice?", "/stores/longs/range?from=-5&"):
+        first = await (await client.get(f"{path}reverse=true&limit=1")).json()
+        assert first["next"], path
+        got = await client.get(f"{path}limit=1&cursor={first['next']}")
+        assert got.status == 200, (path, await got.text())
+        again = await client.get(f"{path}reverse=true&limit=1&cursor={first['next']}")
+        assert (await got.json())["result"] == (await again.json())["result"], path
 
 
 @pytest.mark.parametrize(
