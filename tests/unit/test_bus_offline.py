@@ -1,14 +1,17 @@
 """The Ray bus in a process that is not connected to Ray (never was, or called ``ray.shutdown``): its calls
-say so, and never start or join a Ray cluster by themselves (Ray's automatic ``ray.init``)."""
+say so, and never start or join a Ray cluster by themselves (Ray's automatic ``ray.init``); and calls to
+actors that never answer give up at their deadline."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
 import ray
 
-from runtime.errors import NotConnected
+from runtime.errors import DeadlineExceeded, NotConnected
 from verticles.bus import RayBus, RayOwner
 
 
@@ -28,3 +31,46 @@ async def test_a_bus_without_ray_says_not_connected_and_starts_nothing(monkeypat
     with pytest.raises(NotConnected):
         await RayOwner("00000000-0000-4000-8000-000000000001", "riqr-offline", 1.0).positions()
     bus.suspect("00000000-0000-4000-8000-000000000001")  # fire and forget: quietly nothing
+
+
+class _Silent:
+    """An actor handle whose every method's call never answers (a registry busy with a long call)."""
+
+    def __getattr__(self, name: str) -> Any:
+        class Method:
+            @staticmethod
+            def remote(*_: Any) -> Any:
+                return asyncio.get_running_loop().create_future()  # awaited like an ObjectRef, never done
+
+            @staticmethod
+            def options(**_: Any) -> Any:
+                return Method
+
+        return Method
+
+
+async def test_registry_calls_give_up_at_their_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``raycalls.call`` asked again until the deadline but waited past it: a view refresh, and so the first
+    lookup of a store the caller's view lacked, waited as long as the registry took."""
+    bus = RayBus("riqr-silent", timeout=0.2)
+    monkeypatch.setattr(bus, "_registry_actor", lambda: _Silent())
+    started = time.monotonic()
+    async with asyncio.timeout(10):  # without the bound, the test's own end rather than a hang
+        with pytest.raises(DeadlineExceeded):
+            await bus.fetch_view()
+        with pytest.raises(DeadlineExceeded):
+            await bus.wait_epoch(0, 0.1)
+    assert time.monotonic() - started < 3
+
+
+async def test_the_clients_async_calls_give_up_at_its_timeout() -> None:
+    """``all_async`` and every other async scan of a client waited for ever on a facade verticle that did not
+    answer, where the blocking forms' ``ray.get`` stopped at ``connect(timeout=)``."""
+    from runtime.client import Client
+
+    client = Client(_Silent(), "riqr-silent", timeout=0.2)
+    started = time.monotonic()
+    async with asyncio.timeout(10):
+        with pytest.raises(DeadlineExceeded):
+            await client.call_async("entries", None)
+    assert time.monotonic() - started < 3
