@@ -288,6 +288,33 @@ def test_the_fast_path_never_serves_a_copy_older_than_what_was_served(
     assert blocking[active].calls == fast + 1
 
 
+def test_a_budget_shorter_than_the_fast_paths_wait_is_kept(
+    replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path waits up to a second for a slow owner whatever the caller's budget: ``connect(timeout=0.2)``
+    and an owner taking 0.9 s answered after 0.9 s. A budget under that wait goes through the loop's facade."""
+    import time
+
+    from runtime.errors import DeadlineExceeded
+
+    bus, facade, blocking = replicated
+    for _ in range(2):  # the second on the fast path
+        assert facade.get(KeyQuery("r", "k007"), 5.0) == "v7"
+    active, standby, _ = _copies(facade, "k007")
+
+    def slow(items: list[tuple[int, Any]], timeout: float) -> Any:
+        time.sleep(0.9)
+        return bus.owners[active].core.get_many(items)
+
+    monkeypatch.setattr(blocking[active], "get_many_blocking", slow)
+    for owner in (active, standby):  # the loop's facade finds both copies as slow
+        bus.owners[owner].stall = 0.9
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        facade.get(KeyQuery("r", "k007"), 0.2)
+    assert time.monotonic() - started < 0.6
+
+
 def test_no_time_left_is_a_deadline_exceeded(
     replicated: tuple[FakeBus, InProcessFacade, dict[str, BlockingFake]],
 ) -> None:
