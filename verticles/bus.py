@@ -183,6 +183,10 @@ class RayBus:
 
     async def fetch_view(self) -> ClusterView:
         answer: ClusterView = await self._registry_call("view")
+        # The handles of actors the view no longer has (moved, replaced, their store dropped): a client that
+        # lives for months through moves kept one for every actor it ever called.
+        for uuid in [u for u in self._owners if u not in answer.actors]:
+            del self._owners[uuid]
         return answer
 
     async def fetch_epoch(self) -> int:

@@ -99,6 +99,8 @@ class ViewCache:
             view = await self._bus.fetch_view()
             if view.epoch >= self._view.epoch:
                 self._view = view
+                for gone in [uuid for uuid in self._suspected if uuid not in view.actors]:
+                    del self._suspected[gone]  # an actor moved or dropped is not suspected again
                 for listener in self.listeners:
                     listener(view)
             return self._view

@@ -74,3 +74,38 @@ async def test_the_clients_async_calls_give_up_at_its_timeout() -> None:
         with pytest.raises(DeadlineExceeded):
             await client.call_async("entries", None)
     assert time.monotonic() - started < 3
+
+
+async def test_a_long_lived_bus_and_view_forget_actors_the_view_no_longer_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client living through moves and drops kept a handle, and a suspicion, for every actor it ever met."""
+    from runtime.facade.view import ViewCache
+    from tests.unit.fakes import FakeBus, kv_spec
+
+    fake = FakeBus()
+    fake.create_store(kv_spec("kept"))
+    fake.create_store(kv_spec("dropped"))
+    gone = sorted(fake.state.view().tables["dropped"].all_owners())
+    kept = sorted(fake.state.view().tables["kept"].all_owners())
+
+    class Registry:
+        class view:  # noqa: N801 - an actor method's name
+            @staticmethod
+            def remote() -> Any:
+                answered = asyncio.get_running_loop().create_future()
+                answered.set_result(fake.state.view())
+                return answered
+
+    bus = RayBus("riqr-forget")
+    monkeypatch.setattr(bus, "_registry_actor", lambda: Registry())
+    await bus.fetch_view()
+    for uuid in gone + kept:
+        bus.owner(uuid)
+    views = ViewCache(fake)
+    await views.refresh()
+    for uuid in gone + kept:
+        views.suspect(uuid)
+    fake.state.drop("dropped")
+    await bus.fetch_view()
+    await views.refresh()
+    assert sorted(bus._owners) == kept  # noqa: SLF001
+    assert sorted(views._suspected) == kept  # noqa: SLF001
