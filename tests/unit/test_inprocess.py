@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -30,7 +30,8 @@ def test_a_lone_lookup_leaves_at_once_in_its_own_thread() -> None:
     assert batcher.calls == 1 and threads == [threading.current_thread().name]
 
 
-def test_lookups_arriving_while_a_call_is_in_flight_leave_together_in_the_next() -> None:
+def _held_first_call() -> tuple[threading.Event, list[list[int]], Callable[[list[int]], list[int]]]:
+    """A ``send`` that doubles its items, records each batch, and holds the first call until released."""
     release = threading.Event()
     batches: list[list[int]] = []
 
@@ -39,6 +40,12 @@ def test_lookups_arriving_while_a_call_is_in_flight_leave_together_in_the_next()
         if len(batches) == 1:
             release.wait(10)
         return [i * 2 for i in items]
+
+    return release, batches, send
+
+
+def test_lookups_arriving_while_a_call_is_in_flight_leave_together_in_the_next() -> None:
+    release, batches, send = _held_first_call()
 
     batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
     results: dict[int, int] = {}
@@ -92,14 +99,7 @@ def test_a_waiter_interrupted_leaves_without_stalling_the_owner(monkeypatch, whe
     every lookup of that owner, then and later, waited for ever."""
     from runtime.facade import inprocess
 
-    release = threading.Event()
-    batches: list[list[int]] = []
-
-    def send(items: list[int]) -> list[int]:
-        batches.append(list(items))
-        if len(batches) == 1:
-            release.wait(10)
-        return [i * 2 for i in items]
+    release, batches, send = _held_first_call()
 
     class Slot(inprocess._Slot):  # type: ignore[type-arg]  # noqa: SLF001
         def __init__(self, item: int) -> None:
