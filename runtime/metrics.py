@@ -334,9 +334,11 @@ class Mirror:
         return {**self.constant_tags, **dict(labels)}
 
     def _delta(self, key: tuple[str, tuple[tuple[str, str], ...]], value: float) -> float:
-        delta = value - self._last.get(key, 0.0)
+        """What ``key`` gained since the last flush. A value below the last is a series begun again (a
+        store dropped and made anew under its name, ``Metrics.retain_stores``): all of it is new."""
+        last = self._last.get(key, 0.0)
         self._last[key] = value
-        return delta
+        return value if value < last else value - last
 
     def flush(self) -> None:
         """Send what changed since the last flush."""

@@ -185,8 +185,9 @@ class RayBus:
         answer: ClusterView = await self._registry_call("view")
         # The handles of actors the view no longer has (moved, replaced, their store dropped): a client that
         # lives for months through moves kept one for every actor it ever called.
-        for uuid in [u for u in self._owners if u not in answer.actors]:
-            del self._owners[uuid]
+        # ``set(dict)`` in one C call: caller threads add owners (the driver's fast path) while this runs.
+        for uuid in set(self._owners).difference(answer.actors):
+            self._owners.pop(uuid, None)
         return answer
 
     async def fetch_epoch(self) -> int:

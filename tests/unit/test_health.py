@@ -207,6 +207,28 @@ async def test_metrics_forget_a_dropped_store_so_no_token_sees_its_name(aiohttp_
         await facade.stop()
 
 
+async def test_metrics_keep_a_new_stores_series_when_the_probes_view_is_older(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """The probe's snapshot is cached for up to a second or two: a store made since, and already read
+    through this node, is in the facade's own view, and keeps its series."""
+    bus = _bus()
+    facade = Facade(bus, timeout=1.0)
+    facade.probe.max_age = 3600.0  # the first scrape's snapshot, from before the store existed, is kept
+    await facade.start()
+    try:
+        client = await aiohttp_client(build_app(facade, auth=AuthConfig(enabled=True, secret=SECRET)))
+        every = {"Authorization": "Bearer " + mint_token(SECRET)}
+        assert (await client.get("/metrics", headers=every)).status == 200
+        bus.create_store(kv_spec("fresh"))
+        bus.load("fresh", {"k": "v"})
+        assert (await client.get("/stores/fresh/get/k", headers=every)).status == 200
+        shown = await (await client.get("/metrics", headers=every)).text()
+        assert 'riqr_coalesced_batch_size_count{store="fresh"}' in shown
+        only_s = {"Authorization": "Bearer " + mint_token(SECRET, stores=["s"])}
+        assert (await client.get("/metrics", headers=only_s)).status == 403  # "fresh" exists: not for this token
+    finally:
+        await facade.stop()
+
+
 def test_the_openapi_document_describes_ready_and_metrics() -> None:
     doc = openapi_document(ROUTES)
     ready = doc["paths"]["/ready"]["get"]

@@ -250,6 +250,23 @@ def test_the_copy_into_ray_sends_counter_differences_and_histogram_states_once()
     assert state.count == 4 and dict(state.buckets)[0.25] == 3  # the whole state again, cumulative
 
 
+def test_a_store_made_again_after_its_series_were_forgotten_counts_in_ray_from_its_first_request() -> None:
+    """``retain_stores`` forgets a dropped store's series; made again under its name, its counter starts at
+    0 below the mirror's last value, and Ray's counter stayed frozen until it passed that value."""
+    from runtime.metrics import HTTP_METRICS
+
+    metrics = Metrics(HTTP_METRICS)
+    target = _Target()
+    mirror = Mirror(metrics, target)
+    metrics.inc("riqr_local_reads_total", "s", amount=100)
+    mirror.flush()
+    metrics.retain_stores(set())  # dropped
+    metrics.inc("riqr_local_reads_total", "s", amount=60)  # made again, read 60 times
+    target.calls.clear()
+    mirror.flush()
+    assert target.calls == [("inc", "riqr_local_reads", {"store": "s"}, 60.0, 1)]
+
+
 def test_query_actors_totals_never_go_back_when_an_actor_misses_a_look_or_restarts() -> None:
     """An actor slower than the probe's deadline dropped out of the sums, and one restarted counted from
     zero: the sum fell, and Prometheus' rate() read a reset, a spike of the whole total."""
