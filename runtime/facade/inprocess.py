@@ -134,7 +134,9 @@ class ThreadCoalescer(Generic[T, R]):
         self._busy = False
         self.calls = 0  # how many send() calls were made (tests read it)
 
-    def submit(self, item: T) -> R:
+    def submit(self, item: T, timeout: float | None = None) -> R:
+        """``item``'s result. ``timeout``: how long to wait queued behind the call in flight, after which
+        ``TimeoutError`` (the item is then not sent, or its answer not waited for)."""
         slot: _Slot[T, R] = _Slot(item)
         with self._lock:
             if self._busy:
@@ -144,29 +146,34 @@ class ThreadCoalescer(Generic[T, R]):
                 slot.batch = [slot]
         if slot.batch is None:
             try:
-                slot.done.wait()
+                woken = slot.done.wait(timeout)
             except BaseException:  # Ctrl-C in the caller's thread: it leaves, and nobody waits for it
                 self._abandon(slot)
                 raise
+            if not woken and self._abandon(slot) or not slot.done.is_set():
+                raise TimeoutError(f"no answer within {timeout:g}s of waiting for the call in flight")
         if slot.batch is not None:  # this thread sends: it found the owner idle, or was woken to
             self._run(slot.batch)
         return slot.outcome()
 
-    def _abandon(self, slot: _Slot[T, R]) -> None:
-        """``slot``'s caller was interrupted while it waited: take it out of the queue or, if it had been
-        woken to send the next batch, hand that batch (without its item) on to the next waiter. It stayed
-        queued before, was chosen to send, and everything queued for the owner waited for ever."""
+    def _abandon(self, slot: _Slot[T, R]) -> bool:
+        """``slot``'s caller leaves while it waits (interrupted, or out of time): take it out of the queue
+        or, if it had been woken to send the next batch, hand that batch (without its item) on to the next
+        waiter; True then. False if a call carries it (its answer may be in already). Before, an
+        interrupted waiter stayed queued, was chosen to send, and everything queued for the owner waited
+        for ever."""
         with self._lock:
             if any(queued is slot for queued in self._pending):
                 self._pending = [queued for queued in self._pending if queued is not slot]
-                return
+                return True
             batch, slot.batch = slot.batch, None
-            if batch is None:  # carried by a call in flight or done: its answer is dropped
-                return
+            if batch is None:
+                return False
             self._pending[:0] = [queued for queued in batch if queued is not slot]
             sender = self._next_sender()
         if sender is not None:
             sender.done.set()
+        return True
 
     def _next_sender(self) -> _Slot[T, R] | None:
         """Under the lock, the call just over: the next batch's sender (its batch set), or None and the owner
@@ -180,25 +187,27 @@ class ThreadCoalescer(Generic[T, R]):
         return None
 
     def _run(self, batch: list[_Slot[T, R]]) -> None:
-        self.calls += 1
-        if self._on_send is not None:
-            self._on_send(len(batch))
         try:
-            results = self._send([slot.item for slot in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"send returned {len(results)} results for {len(batch)} items")
-        except BaseException as exc:  # every waiter must hear about the failure
-            for slot in batch:
-                slot.error = exc
-        else:
-            for slot, result in zip(batch, results):
-                slot.result = result
-        with self._lock:
-            sender = self._next_sender()
-        for slot in batch[1:]:  # batch[0] is this thread's own
-            slot.done.set()
-        if sender is not None:
-            sender.done.set()
+            self.calls += 1
+            if self._on_send is not None:
+                self._on_send(len(batch))
+            try:
+                results = self._send([slot.item for slot in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"send returned {len(results)} results for {len(batch)} items")
+            except BaseException as exc:  # every waiter must hear about the failure
+                for slot in batch:
+                    slot.error = exc
+            else:
+                for slot, result in zip(batch, results):
+                    slot.result = result
+        finally:  # whatever happened in this thread (a Ctrl-C too), the waiters and the next batch go on
+            with self._lock:
+                sender = self._next_sender()
+            for slot in batch[1:]:  # batch[0] is this thread's own
+                slot.done.set()
+            if sender is not None:
+                sender.done.set()
 
 
 async def _cancel_others() -> None:
@@ -282,7 +291,7 @@ class InProcessFacade:
         self._blocking = blocking
         self._thread = LoopThread(name)
         self._started = False
-        self._batchers: dict[str, ThreadCoalescer[tuple[int, Any], Answer]] = {}
+        self._batchers: dict[str, ThreadCoalescer[tuple[int, Any, Deadline], Answer]] = {}
         self._batchers_lock = threading.Lock()
         self.core.views.listeners.append(self._forget_gone)
 
@@ -373,9 +382,7 @@ class InProcessFacade:
         deadline = Deadline.after(budget)
         if budget <= 0:
             raise deadline.exceeded(f"get on {query.store}")
-        # The fast path waits up to FAILOVER_AFTER for its call, and as long for the call in flight before it:
-        # a shorter budget goes to the loop's facade, which stops at it (0.2 s asked, 0.9 s taken before).
-        answer = self._fast_get(query) if budget > _FAST_PATH_WAIT else _SLOW
+        answer = self._fast_get(query, deadline)
         if answer is not _SLOW:
             return answer
         remaining = deadline.remaining()
@@ -386,7 +393,7 @@ class InProcessFacade:
         except concurrent.futures.TimeoutError:  # only if the loop thread itself is stuck
             raise DeadlineExceeded(f"get on {query.store} did not complete within {budget:g}s") from None
 
-    def _fast_get(self, query: KeyQuery) -> Any:
+    def _fast_get(self, query: KeyQuery, deadline: Deadline) -> Any:
         table = self.core.views.current.table(query.store)
         if table is None or not self._started:
             return _SLOW
@@ -397,7 +404,11 @@ class InProcessFacade:
         if not isinstance(route, Route) or self.core.router.silence.remembered(route.owner):
             return _SLOW  # a silent owner: the loop's facade asks its standby first, or answers 503 sooner
         try:
-            value, span = self._batcher(route.owner).submit((route.partition, key))
+            # Waits no longer than the caller may: queued behind the call in flight, and for its own call
+            # (``_blocking_per_item``: 0.2 s asked and an owner taking 0.9 s answered after 0.9 s before).
+            value, span = self._batcher(route.owner).submit((route.partition, key, deadline), deadline.remaining())
+        except TimeoutError:  # the caller's time ran out, not the owner's: nothing to say of it
+            return _SLOW
         except RiqrError as err:
             if isinstance(err, (DeadlineExceeded, OwnerUnavailable)):  # no answer: the loop's facade asks it last
                 self.core.router.silence.missed(route.owner)
@@ -410,7 +421,7 @@ class InProcessFacade:
             raise KeyNotFound(f"key {shown!r} is not in store {spec.name!r}", store=spec.name, key=shown)
         return decode_value(value)
 
-    def _batcher(self, uuid: str) -> ThreadCoalescer[tuple[int, Any], Answer]:
+    def _batcher(self, uuid: str) -> ThreadCoalescer[tuple[int, Any, Deadline], Answer]:
         batcher = self._batchers.get(uuid)
         if batcher is None:
             with self._batchers_lock:
@@ -466,20 +477,25 @@ class _Slow:
     """The fast path's "ask the loop's facade" (a lookup's value may be None, so not None)."""
 
 
-# The longest a lookup can wait on the fast path: the call in flight to its owner, then its own, each
-# bounded by FAILOVER_AFTER.
-_FAST_PATH_WAIT = 2 * FAILOVER_AFTER
-
-
 _SLOW: Any = _Slow()
 
 
-def _blocking_per_item(owner: BlockingOwner) -> Callable[[list[tuple[int, Any]]], Sequence[Answer]]:
-    """``get_many_blocking`` as the coalescer wants it: one ``(value, span of its partition)`` per item,
-    within ``FAILOVER_AFTER`` (the loop's facade takes over from a slower owner)."""
+def _blocking_per_item(owner: BlockingOwner) -> Callable[[list[tuple[int, Any, Deadline]]], Sequence[Answer]]:
+    """``get_many_blocking`` as the coalescer wants it: one ``(value, span of its partition)`` per
+    ``(partition, key, deadline)`` item, within ``FAILOVER_AFTER`` (the loop's facade takes over from a
+    slower owner) or the shortest time its callers have left, if shorter: then ``TimeoutError`` when the
+    owner did not answer in that time (the callers' time ran out; the owner is not said to be silent)."""
 
-    def send(items: list[tuple[int, Any]]) -> Sequence[Answer]:
-        values, spans = owner.get_many_blocking(items, FAILOVER_AFTER)
-        return [(value, spans[p]) for (p, _), value in zip(items, values)]
+    def send(items: list[tuple[int, Any, Deadline]]) -> Sequence[Answer]:
+        wait = min(FAILOVER_AFTER, *(deadline.remaining() for _, _, deadline in items))
+        if wait <= 0:
+            raise TimeoutError("no time left to ask the owner")
+        try:
+            values, spans = owner.get_many_blocking([(p, key) for p, key, _ in items], wait)
+        except DeadlineExceeded:
+            if wait < FAILOVER_AFTER:
+                raise TimeoutError(f"the owner did not answer within the {wait:.3g}s its callers had left") from None
+            raise
+        return [(value, spans[p]) for (p, _, _), value in zip(items, values)]
 
     return send
