@@ -74,7 +74,7 @@ class Client:
             try:
                 return raycalls.call_sync(partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE)
             except OwnerUnavailable as err:
-                if attempt == 2 or not self._facade_died(err) or not self._switch_facade():
+                if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0 or not self._switch_facade():
                     raise
         raise AssertionError("unreachable")
 
@@ -89,7 +89,9 @@ class Client:
             except OwnerUnavailable as err:
                 # Looking for another facade blocks (Ray's actor listing, a readiness call each): not on the
                 # caller's loop.
-                if attempt == 2 or not self._facade_died(err) or not await asyncio.to_thread(self._switch_facade):
+                if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0:
+                    raise
+                if not await asyncio.to_thread(self._switch_facade):
                     raise
         raise AssertionError("unreachable")
 
