@@ -171,14 +171,15 @@ class BatchDelivery:
         self,
         *,
         fresh: bool = False,
-        get: Callable[..., Any] = raycalls.get,
+        get: Callable[..., Any] | None = None,
         feeding: bool = False,
         source: str | None = None,
     ) -> ClusterView:
         """The registry's view (cached while its epoch holds). Called from the batch's thread and from the
         looks at the copies (``topologies.sink.unserved``): each caller gets the view it fetched, and the
         cache never goes back to an older epoch than it holds. ``get`` waits for the registry's answers
-        (``raycalls.get``'s arguments). ``feeding`` (a batch about to be delivered): the same call also
+        (``raycalls.get``'s arguments; that function itself by default, looked up at the call, so a test's
+        or a caller's replacement of it is seen). ``feeding`` (a batch about to be delivered): the same call also
         asks whether another feed holds the store now, and ``NotConnected`` says so if it does; it names the
         batch's ``source``, whose batch 0 alone may then reset the store's partitions (a displaced feed's
         late one may not: ``Registry.reset_refused``)."""
