@@ -449,25 +449,41 @@ class _Ahead(Generic[T]):
         self._core = core
         self._make = make
         self._items: AsyncIterator[T] | None = None
-        self._ahead: asyncio.Future[T | None] | None = None
+        self._ahead: asyncio.Task[T | None] | None = None  # the generator's next item, being made
+        self._asking: asyncio.Task[Any] | None = None  # the ``next`` call running, if any
 
     async def next(self) -> T | None:
         """The next item, or None after the last."""
-        if self._items is None:
-            self._items = self._make(await self._core())
-        pending, self._ahead = self._ahead, None
-        item = await (pending if pending is not None else anext(self._items, None))
-        if item is not None:
-            self._ahead = asyncio.ensure_future(anext(self._items, None))
-        return item
+        self._asking = asyncio.current_task()
+        try:
+            if self._items is None:
+                self._items = self._make(await self._core())
+            if self._ahead is None:
+                self._ahead = asyncio.ensure_future(anext(self._items, None))
+            # Kept in ``_ahead`` while awaited: cancelled with this call (a Ctrl-C, a caller's timeout), it is
+            # still there for ``close`` to wait out.
+            item = await self._ahead
+            self._ahead = None
+            if item is not None:
+                self._ahead = asyncio.ensure_future(anext(self._items, None))
+            return item
+        finally:
+            self._asking = None
 
     async def close(self) -> None:
-        """Stop the item being made ahead, if any, and end the generator (its ``finally`` runs)."""
-        if self._ahead is not None:
-            self._ahead.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._ahead
-            self._ahead = None
+        """Stop the item being made ahead and a ``next`` still running, if any, and end the generator (its
+        ``finally`` runs). The caller's interrupt cancels its ``next`` on the loop only by and by: ``aclose``
+        while that still ran raised "aclose(): asynchronous generator is already running" (a RuntimeError in
+        place of the caller's KeyboardInterrupt or timeout), so both are waited out first."""
+        running = [t for t in (self._asking, self._ahead) if t is not None and t is not asyncio.current_task()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+            for task in running:  # retrieved: an error of theirs is the caller's no more
+                if not task.cancelled():
+                    task.exception()
+        self._ahead = self._asking = None
         aclose = getattr(self._items, "aclose", None)
         if aclose is not None:
             await aclose()
