@@ -181,6 +181,8 @@ class Metrics:
             else:
                 family = Histogram(d.base, d.help, labels, registry=self.registry, buckets=d.buckets)
             self._families[d.name] = family
+        # The series ``retain_stores`` removed, until a ``Mirror`` takes them (``take_forgotten``).
+        self._forgotten: list[tuple[str, tuple[str, ...]]] = []
         # The position of the "store" label among each metric's recorded labels, for ``retain_stores``.
         self._store_label = {
             d.name: _recorded_labels(d).index("store") for d in self.defs.values() if "store" in _recorded_labels(d)
@@ -247,8 +249,15 @@ class Metrics:
                 if index is not None and labels[index] not in stores:
                     self._families[name].remove(*labels)
                     del self._children[(name, labels)]
+                    self._forgotten.append((name, labels))
         # A record of a dropped store made meanwhile is folded in later as a new series: forgotten at the
         # next call (a request can still be on its way to a store being dropped).
+
+    def take_forgotten(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The series ``retain_stores`` removed since the last call, as ``(name, label values)``."""
+        with self._folding:
+            taken, self._forgotten = self._forgotten, []
+        return taken
 
     def samples(self) -> list[Sample]:
         """Every sample this process holds (what a query actor hands the HTTP verticles)."""
@@ -342,6 +351,11 @@ class Mirror:
 
     def flush(self) -> None:
         """Send what changed since the last flush."""
+        for name, values in self.metrics.take_forgotten():  # begun again from 0 if they come back
+            forgotten = self.metrics.defs[name]
+            labels = tuple(sorted(zip(_recorded_labels(forgotten), values)))
+            self._last.pop((forgotten.name, labels), None)
+            self._last.pop((forgotten.name + "_count", labels), None)
         by_base = {d.base: d for d in self.metrics.defs.values()}
         for family in self.metrics.registry.collect():
             d = by_base.get(family.name)

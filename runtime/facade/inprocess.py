@@ -92,7 +92,7 @@ class LockedMarks(Marks):
 
 
 class _Slot(Generic[T, R]):
-    __slots__ = ("item", "done", "result", "error", "batch")
+    __slots__ = ("item", "done", "result", "error", "batch", "left")
 
     def __init__(self, item: T) -> None:
         self.item = item
@@ -100,6 +100,7 @@ class _Slot(Generic[T, R]):
         self.result: R | None = None
         self.error: BaseException | None = None
         self.batch: list[_Slot[T, R]] | None = None  # set when this slot's thread is to send a batch
+        self.left = False  # its caller stopped waiting (out of time, interrupted): never chosen to send
 
     def outcome(self) -> R:
         if self.error is not None:
@@ -163,13 +164,16 @@ class ThreadCoalescer(Generic[T, R]):
         interrupted waiter stayed queued, was chosen to send, and everything queued for the owner waited
         for ever."""
         with self._lock:
+            slot.left = True
             if any(queued is slot for queued in self._pending):
                 self._pending = [queued for queued in self._pending if queued is not slot]
                 return True
             batch, slot.batch = slot.batch, None
             if batch is None:
                 return False
-            self._pending[:0] = [queued for queued in batch if queued is not slot]
+            # Back to the head of the queue, without those whose callers left meanwhile (one of them chosen
+            # to send would never send: the owner's queue stalled for good).
+            self._pending[:0] = [queued for queued in batch if not queued.left]
             sender = self._next_sender()
         if sender is not None:
             sender.done.set()
@@ -236,7 +240,12 @@ class LoopThread:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # Closed here, in its own thread, once stopped: left to the garbage collector, a stopped loop's
+            # close could meet its self-pipe already finalized ("Invalid file descriptor: -1", unraisable).
+            self.loop.close()
 
     def _running(self, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
         """``coro``, unless the loop was stopped (``close``): it would never run it, and a caller awaiting
@@ -440,6 +449,11 @@ class InProcessFacade:
 _CLOSE_WAIT = 5.0
 
 
+# How many times ``_Ahead.close`` cancels what still runs (a generator that swallows a cancellation and
+# yields makes its ``next`` start another prefetch).
+_CLOSE_ROUNDS = 8
+
+
 class _Ahead(Generic[T]):
     """An async generator of the loop's facade, read one item ahead: ``next`` answers the item asked for
     before (or asks now, the first time) and asks for the following one before returning, so the loop makes
@@ -475,14 +489,18 @@ class _Ahead(Generic[T]):
         ``finally`` runs). The caller's interrupt cancels its ``next`` on the loop only by and by: ``aclose``
         while that still ran raised "aclose(): asynchronous generator is already running" (a RuntimeError in
         place of the caller's KeyboardInterrupt or timeout), so both are waited out first."""
-        running = [t for t in (self._asking, self._ahead) if t is not None and t is not asyncio.current_task()]
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(running)
-            for task in running:  # retrieved: an error of theirs is the caller's no more
+        for _ in range(_CLOSE_ROUNDS):  # again while a cancelled ``next`` went on to start another prefetch
+            tasks = [t for t in (self._asking, self._ahead) if t is not None and t is not asyncio.current_task()]
+            running = [t for t in tasks if not t.done()]
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+            for task in tasks:  # retrieved: an error of theirs (a prefetch that failed) is nobody's now
                 if not task.cancelled():
                     task.exception()
+            if not running:
+                break
         self._ahead = self._asking = None
         aclose = getattr(self._items, "aclose", None)
         if aclose is not None:
@@ -499,11 +517,13 @@ _SLOW: Any = _Slow()
 def _blocking_per_item(owner: BlockingOwner) -> Callable[[list[tuple[int, Any, Deadline]]], Sequence[Answer]]:
     """``get_many_blocking`` as the coalescer wants it: one ``(value, span of its partition)`` per
     ``(partition, key, deadline)`` item, within ``FAILOVER_AFTER`` (the loop's facade takes over from a
-    slower owner) or the shortest time its callers have left, if shorter: then ``TimeoutError`` when the
-    owner did not answer in that time (the callers' time ran out; the owner is not said to be silent)."""
+    slower owner) or the time the sending caller has left, if shorter: then ``TimeoutError`` when the owner
+    did not answer in that time (the caller's time ran out; the owner is not said to be silent)."""
 
     def send(items: list[tuple[int, Any, Deadline]]) -> Sequence[Answer]:
-        wait = min(FAILOVER_AFTER, *(deadline.remaining() for _, _, deadline in items))
+        # The sender's own time (its item is the batch's first): the others stop waiting at theirs, and one of
+        # them nearly out of time does not cut the call short for the rest.
+        wait = min(FAILOVER_AFTER, items[0][2].remaining())
         if wait <= 0:
             raise TimeoutError("no time left to ask the owner")
         try:

@@ -154,6 +154,53 @@ def test_a_waiter_out_of_time_leaves_the_queue_and_its_item_is_not_sent() -> Non
     assert batcher.submit(3, timeout=5) == 6 and batches == [[1], [3]]
 
 
+def test_two_waiters_of_one_batch_leaving_do_not_leave_the_owner_busy_for_good(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The call in flight chose [1, 2] as the next batch, and both callers' time ran out before 1 (its
+    sender) was woken: 2 left first (carried by the batch, not queued), then 1 put the batch back with 2 in
+    it, 2 was chosen to send, never sent, and every later lookup of the owner waited out its whole time."""
+    import time
+
+    from runtime.facade import inprocess
+
+    class SlowWake(threading.Event):
+        def set(self) -> None:  # the sending thread descheduled between choosing 1 and waking it
+            time.sleep(0.3)
+            super().set()
+
+    class Slot(inprocess._Slot):  # type: ignore[type-arg]  # noqa: SLF001
+        __slots__ = ()
+
+        def __init__(self, item: int) -> None:
+            super().__init__(item)
+            if item == 1:
+                self.done = SlowWake()
+
+    monkeypatch.setattr(inprocess, "_Slot", Slot)
+    release, batches, send = _held_first_call()
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
+    outcomes: dict[int, object] = {}
+
+    def call(i: int, timeout: float | None) -> None:
+        try:
+            outcomes[i] = batcher.submit(i, timeout)
+        except TimeoutError as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=call, args=(0, None))]
+    threads[0].start()
+    wait_for(lambda: batches, timeout=10, what="the first call in flight", interval=0.001)
+    for i, timeout in ((1, 0.25), (2, 0.2)):
+        threads.append(threading.Thread(target=call, args=(i, timeout)))
+        threads[-1].start()
+    wait_for(lambda: len(batcher._pending) == 2, timeout=10, what="1 and 2 queued", interval=0.001)  # noqa: SLF001
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert outcomes[0] == 0 and isinstance(outcomes[1], TimeoutError) and isinstance(outcomes[2], TimeoutError)
+    assert not batcher._busy and not batcher._pending  # noqa: SLF001
+    assert batcher.submit(3, timeout=1.0) == 6
+
+
 def test_many_threads_get_their_own_answers() -> None:
     batcher: ThreadCoalescer[int, int] = ThreadCoalescer(lambda items: [i + 1 for i in items], max_batch=3)
     results: dict[int, list[int]] = {}

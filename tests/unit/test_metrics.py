@@ -265,6 +265,17 @@ def test_a_store_made_again_after_its_series_were_forgotten_counts_in_ray_from_i
     target.calls.clear()
     mirror.flush()
     assert target.calls == [("inc", "riqr_local_reads", {"store": "s"}, 60.0, 1)]
+    metrics.retain_stores(set())  # dropped again, made again, and read past its old count before a flush
+    metrics.inc("riqr_local_reads_total", "s", amount=150)
+    target.calls.clear()
+    mirror.flush()
+    assert target.calls == [("inc", "riqr_local_reads", {"store": "s"}, 150.0, 1)]
+    for i in range(50):  # nor does the mirror remember every dropped store's series
+        metrics.inc("riqr_local_reads_total", f"gone-{i}")
+        mirror.flush()
+        metrics.retain_stores({"s"})
+    mirror.flush()
+    assert len(mirror._last) <= 2  # noqa: SLF001
 
 
 def test_query_actors_totals_never_go_back_when_an_actor_misses_a_look_or_restarts() -> None:
