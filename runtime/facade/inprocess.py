@@ -154,7 +154,12 @@ class ThreadCoalescer(Generic[T, R]):
             if not woken and self._abandon(slot) or not slot.done.is_set():
                 raise TimeoutError(f"no answer within {timeout:g}s of waiting for the call in flight")
         if slot.batch is not None:  # this thread sends: it found the owner idle, or was woken to
-            self._run(slot.batch)
+            try:
+                self._run(slot.batch)
+            except BaseException:
+                if slot.batch is not None:  # interrupted before its call began: the batch goes on without it
+                    self._abandon(slot)
+                raise
         return slot.outcome()
 
     def _abandon(self, slot: _Slot[T, R]) -> bool:
@@ -195,18 +200,22 @@ class ThreadCoalescer(Generic[T, R]):
             self.calls += 1
             if self._on_send is not None:
                 self._on_send(len(batch))
-            try:
-                results = self._send([slot.item for slot in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"send returned {len(results)} results for {len(batch)} items")
-            except BaseException as exc:  # every waiter must hear about the failure
-                for slot in batch:
-                    slot.error = exc
-            else:
-                for slot, result in zip(batch, results):
-                    slot.result = result
+            results = self._send([slot.item for slot in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"send returned {len(results)} results for {len(batch)} items")
+        except BaseException as exc:  # every waiter must hear about the failure
+            for slot in batch:
+                slot.error = exc
+            if not isinstance(exc, Exception):  # the sending thread's own Ctrl-C: not the others' to raise
+                interrupted = TimeoutError("the thread sending this lookup's call was interrupted; ask again")
+                for slot in batch[1:]:
+                    slot.error = interrupted
+        else:
+            for slot, result in zip(batch, results):
+                slot.result = result
         finally:  # whatever happened in this thread (a Ctrl-C too), the waiters and the next batch go on
             with self._lock:
+                batch[0].batch = None  # handed on (``submit`` hands on a batch whose call never began)
                 sender = self._next_sender()
             for slot in batch[1:]:  # batch[0] is this thread's own
                 slot.done.set()

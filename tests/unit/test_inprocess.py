@@ -201,6 +201,58 @@ def test_two_waiters_of_one_batch_leaving_do_not_leave_the_owner_busy_for_good(m
     assert batcher.submit(3, timeout=1.0) == 6
 
 
+@pytest.mark.parametrize("where", ["before-its-call", "in-its-call"])
+def test_a_sender_interrupted_hands_its_batch_on_and_raises_its_ctrl_c_alone(monkeypatch, where: str) -> None:  # type: ignore[no-untyped-def]
+    """The thread woken to send [2, 3] gets Ctrl-C: before its call began, the batch was never sent nor
+    handed on (3 waited for ever); in its call, 3's caller got the KeyboardInterrupt of 2's thread."""
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def send(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        if len(batches) == 1:
+            release.wait(10)
+        if where == "in-its-call" and items[0] == 2:
+            raise KeyboardInterrupt
+        return [i * 2 for i in items]
+
+    batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
+    if where == "before-its-call":
+        real_run = ThreadCoalescer._run
+
+        def run(self: ThreadCoalescer[int, int], batch: list[Any]) -> None:
+            if batch[0].item == 2:
+                raise KeyboardInterrupt  # between its wake-up and its call
+            real_run(self, batch)
+
+        monkeypatch.setattr(ThreadCoalescer, "_run", run)
+    outcomes: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        try:
+            outcomes[i] = batcher.submit(i, 10)
+        except BaseException as err:  # noqa: BLE001 - what each caller gets is the point
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=call, args=(1,))]
+    threads[0].start()
+    wait_for(lambda: batches, timeout=10, what="the first call in flight", interval=0.001)
+    for i in (2, 3):
+        threads.append(threading.Thread(target=call, args=(i,)))
+        threads[-1].start()
+        wait_for(lambda: len(batcher._pending) == i - 1, timeout=10, what=f"{i} queued", interval=0.001)  # noqa: SLF001, B023
+    release.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert outcomes[1] == 2 and isinstance(outcomes[2], KeyboardInterrupt)
+    if where == "before-its-call":
+        assert outcomes[3] == 6 and batches[-1] == [3]  # sent on by 3 itself
+    else:
+        assert isinstance(outcomes[3], TimeoutError)  # asks again (the fast path: through the loop's facade)
+    assert not batcher._busy and batcher.submit(4, 1) == 8  # noqa: SLF001
+
+
 def test_many_threads_get_their_own_answers() -> None:
     batcher: ThreadCoalescer[int, int] = ThreadCoalescer(lambda items: [i + 1 for i in items], max_batch=3)
     results: dict[int, list[int]] = {}
