@@ -205,16 +205,13 @@ def test_two_waiters_of_one_batch_leaving_do_not_leave_the_owner_busy_for_good(m
 def test_a_sender_interrupted_hands_its_batch_on_and_raises_its_ctrl_c_alone(monkeypatch, where: str) -> None:  # type: ignore[no-untyped-def]
     """The thread woken to send [2, 3] gets Ctrl-C: before its call began, the batch was never sent nor
     handed on (3 waited for ever); in its call, 3's caller got the KeyboardInterrupt of 2's thread."""
-    release = threading.Event()
-    batches: list[list[int]] = []
+    release, batches, held = _held_first_call()
 
     def send(items: list[int]) -> list[int]:
-        batches.append(list(items))
-        if len(batches) == 1:
-            release.wait(10)
         if where == "in-its-call" and items[0] == 2:
+            batches.append(list(items))
             raise KeyboardInterrupt
-        return [i * 2 for i in items]
+        return held(items)
 
     batcher: ThreadCoalescer[int, int] = ThreadCoalescer(send)
     if where == "before-its-call":
