@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
-from runtime.deadline import Deadline, within
+from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable, StoreNotFound
 from runtime.queries import KeyQuery, Lookup, Page, PageRequest, RangeQuery, ScanQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
@@ -82,10 +82,10 @@ class Client:
         deadline = Deadline.after(self.timeout)
         for attempt in (1, 2):
             try:
-                # ``within``: ``raycalls.call`` asks a restarting actor again until the deadline but does not stop
-                # waiting at it; the blocking form's ``ray.get`` is bounded by it, and so is this one now.
-                answer = raycalls.call(partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE)
-                return await within(deadline, answer, method)
+                # Bounded by the deadline, as the blocking form's ``ray.get`` is.
+                return await raycalls.call_within(
+                    partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE
+                )
             except OwnerUnavailable as err:
                 # Looking for another facade blocks (Ray's actor listing, a readiness call each): not on the
                 # caller's loop.

@@ -29,10 +29,20 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from runtime.deadline import Deadline
+from runtime.deadline import Deadline, within
 from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, RiqrError
 
-__all__ = ["translate", "call", "call_sync", "get", "wait_looking", "is_restarting", "is_dead", "no_auto_connect"]
+__all__ = [
+    "translate",
+    "call",
+    "call_within",
+    "call_sync",
+    "get",
+    "wait_looking",
+    "is_restarting",
+    "is_dead",
+    "no_auto_connect",
+]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +160,16 @@ async def call(
                 raise translate(exc, what, actor=actor) from None
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, _MAX_BACKOFF)
+
+
+async def call_within(
+    submit: Callable[[], Awaitable[T]], what: str, *, deadline: Deadline, actor: str | None = None
+) -> T:
+    """``call``, and no waiting past ``deadline`` either (``DeadlineExceeded``): ``call`` asks a restarting
+    actor again until the deadline but awaits each answer for as long as it takes. Off the hot path (the
+    registry's calls, a client's calls to its facade verticle), where a timer per call costs nothing that
+    matters; a query actor's calls are bounded by the request around them."""
+    return await within(deadline, call(submit, what, deadline=deadline, actor=actor), what)
 
 
 def get(ref: Any, what: str, *, timeout: float | None = None, actor: str | None = None) -> Any:

@@ -16,7 +16,7 @@ import ray
 
 from runtime import raycalls
 from runtime.config import DEFAULT_REQUEST_TIMEOUT, PROBE_GROUP, REGISTRY_NAME, SUSPECT_CHECK_GAP
-from runtime.deadline import Deadline, within
+from runtime.deadline import Deadline
 from runtime.errors import NotConnected, OwnerUnavailable
 from runtime.monotonic import Spans
 from runtime.ownership import ClusterView
@@ -170,13 +170,10 @@ class RayBus:
 
     async def _registry_call(self, method: str) -> Any:
         remote = getattr(self._registry_actor(), method).remote
-        deadline = Deadline.after(self.timeout)
         try:
-            # ``within``: ``raycalls.call`` asks again until the deadline but does not stop waiting at it, and a
-            # registry busy with one long call (it answers one at a time) held a view refresh, and every lookup
-            # of a store not yet in the caller's view, for as long.
-            what = f"registry {method}"
-            return await within(deadline, raycalls.call(remote, what, deadline=deadline), what)
+            # Bounded: a registry busy with one long call (it answers one at a time) held a view refresh, and
+            # every lookup of a store not yet in the caller's view, for as long.
+            return await raycalls.call_within(remote, f"registry {method}", deadline=Deadline.after(self.timeout))
         except OwnerUnavailable:
             self._registry = None  # look it up again: `riqr up` may have created it anew (a long-lived client)
             raise
@@ -203,8 +200,9 @@ class RayBus:
         method = self._registry_actor().wait_epoch.options(concurrency_group="watch")
         deadline = Deadline.after(timeout + self.timeout)
         try:
-            waited = raycalls.call(lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline)
-            return await within(deadline, waited, "registry wait_epoch")
+            return await raycalls.call_within(
+                lambda: method.remote(known, timeout), "registry wait_epoch", deadline=deadline
+            )
         except OwnerUnavailable:
             self._registry = None
             raise
