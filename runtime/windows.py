@@ -95,6 +95,14 @@ def _user_parts(spec: StoreSpec, key: Any, *, bound: str | None = None) -> list[
         raise
 
 
+def _key_range(spec: StoreSpec, key_from: Any, key_to: Any) -> tuple[Bound | None, Bound | None]:
+    """The bounds of a key range (``keyFrom``, ``keyTo``; either may be None), the upper one padded with
+    ``TOP`` so that it takes in every window or session of its last key."""
+    lo = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound="keyFrom")))
+    hi = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound="keyTo")) + (TOP,))
+    return lo, hi
+
+
 def _one_or_range(spec: StoreSpec, key: Any, key_from: Any, key_to: Any) -> None:
     """A key, or a key range, not both: a range given beside a key was ignored (REST refuses ``keyFrom``
     on the one-key route; the Python API now does the same)."""
@@ -121,9 +129,7 @@ def window_scan(
         lo = tuple(user) + ((start_from,) if start_from is not None else ())
         hi = tuple(user) + ((start_to,) if start_to is not None else (TOP,))
         return Scan(Bound(lo), Bound(hi), reverse, times)
-    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound="keyFrom")))
-    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound="keyTo")) + (TOP,))
-    return Scan(lo_b, hi_b, reverse, times)
+    return Scan(*_key_range(spec, key_from, key_to), reverse, times)
 
 
 def session_scan(
@@ -146,6 +152,4 @@ def session_scan(
         user = tuple(_user_parts(spec, key))
         hi = user + ((start_to,) if start_to is not None else (TOP,))
         return Scan(Bound(user), Bound(hi), reverse, times)
-    lo_b = None if key_from is None else Bound(tuple(_user_parts(spec, key_from, bound="keyFrom")))
-    hi_b = None if key_to is None else Bound(tuple(_user_parts(spec, key_to, bound="keyTo")) + (TOP,))
-    return Scan(lo_b, hi_b, reverse, times)
+    return Scan(*_key_range(spec, key_from, key_to), reverse, times)
