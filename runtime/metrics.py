@@ -181,8 +181,9 @@ class Metrics:
             else:
                 family = Histogram(d.base, d.help, labels, registry=self.registry, buckets=d.buckets)
             self._families[d.name] = family
-        # The series ``retain_stores`` removed, until a ``Mirror`` takes them (``take_forgotten``).
-        self._forgotten: list[tuple[str, tuple[str, ...]]] = []
+        # The series ``retain_stores`` removed, until a ``Mirror`` takes them (``take_forgotten``); None while
+        # no mirror copies this process's metrics, so that nothing is kept for nobody.
+        self._forgotten: list[tuple[str, tuple[str, ...]]] | None = None
         # The position of the "store" label among each metric's recorded labels, for ``retain_stores``.
         self._store_label = {
             d.name: _recorded_labels(d).index("store") for d in self.defs.values() if "store" in _recorded_labels(d)
@@ -249,14 +250,16 @@ class Metrics:
                 if index is not None and labels[index] not in stores:
                     self._families[name].remove(*labels)
                     del self._children[(name, labels)]
-                    self._forgotten.append((name, labels))
+                    if self._forgotten is not None:
+                        self._forgotten.append((name, labels))
         # A record of a dropped store made meanwhile is folded in later as a new series: forgotten at the
         # next call (a request can still be on its way to a store being dropped).
 
     def take_forgotten(self) -> list[tuple[str, tuple[str, ...]]]:
-        """The series ``retain_stores`` removed since the last call, as ``(name, label values)``."""
+        """The series ``retain_stores`` removed since the last call, as ``(name, label values)``; from the
+        first call on, a mirror takes them, so they are kept until the next."""
         with self._folding:
-            taken, self._forgotten = self._forgotten, []
+            taken, self._forgotten = self._forgotten or [], []
         return taken
 
     def samples(self) -> list[Sample]:
