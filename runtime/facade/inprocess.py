@@ -539,7 +539,7 @@ def _blocking_per_item(owner: BlockingOwner) -> Callable[[list[tuple[int, Any, D
             values, spans = owner.get_many_blocking([(p, key) for p, key, _ in items], wait)
         except DeadlineExceeded:
             if wait < FAILOVER_AFTER:
-                raise TimeoutError(f"the owner did not answer within the {wait:.3g}s its callers had left") from None
+                raise TimeoutError(f"the owner did not answer within the {wait:.3g}s its caller had left") from None
             raise
         return [(value, spans[p]) for (p, _, _), value in zip(items, values)]
 
