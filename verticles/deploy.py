@@ -166,8 +166,23 @@ class RayEnv:
         return ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
 
     async def _ask_registry(self, method: str, *args: Any) -> Any:
+        """The registry's answer to ``method``, asked again while it restarts and waited for no longer than
+        ``_CALL_TIMEOUT`` in all (``DeadlineExceeded``): a registry busy with one long call must not hold a
+        verticle's start or stop for as long as that call takes."""
         remote = getattr(self._registry(), method).remote
-        return await raycalls.call(lambda: remote(*args), f"registry {method}", deadline=Deadline.after(_CALL_TIMEOUT))
+        deadline = Deadline.after(_CALL_TIMEOUT)
+        return await raycalls.call_within(lambda: remote(*args), f"registry {method}", deadline=deadline)
+
+    async def _tell_registry(self, method: str, *args: Any) -> None:
+        """``_ask_registry`` for a verticle that is stopping: a registry gone (``riqr down``) or not answering
+        in time is logged, and the stop goes on. What it was told catches up by itself: the sink drops a read
+        replica it cannot deliver to, and a node's next HTTP verticle registers its endpoint again."""
+        try:
+            await self._ask_registry(method, *args)
+        except ValueError:  # the registry is gone already (riqr down)
+            pass
+        except DeadlineExceeded as err:
+            log.warning("the registry did not answer %s in time (%s); stopping without it", method, err)
 
     def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
         try:
@@ -184,15 +199,13 @@ class RayEnv:
         await self._ask_registry("register_endpoint", endpoint.node_id, endpoint.host, endpoint.port)
 
     async def unregister_endpoint(self, node_id: str) -> None:
-        with contextlib.suppress(ValueError):  # the registry is gone already (riqr down)
-            await self._ask_registry("unregister_endpoint", node_id)
+        await self._tell_registry("unregister_endpoint", node_id)
 
     async def add_reader(self, reader: ReaderCopy) -> int:
         return int(await self._ask_registry("add_reader", reader))
 
     async def drop_reader(self, uuid: str, reason: str) -> None:
-        with contextlib.suppress(ValueError):  # the registry is gone already (riqr down)
-            await self._ask_registry("drop_reader", uuid, reason)
+        await self._tell_registry("drop_reader", uuid, reason)
 
     # -- PeerLink ---------------------------------------------------------------------------------------
 

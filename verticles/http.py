@@ -92,6 +92,7 @@ class HttpVerticle:
         env.export_metrics(self.core.metrics)  # what /metrics shows of this process, into Ray's metrics too
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
+        self._registered = False  # the registry lists this verticle's endpoint
         self._restart_attempts = restart_attempts
         self._restart_backoff = restart_backoff
         self.restarting: asyncio.Task[None] | None = None
@@ -194,7 +195,12 @@ class HttpVerticle:
             self._runner = runner
             addresses = runner.addresses
             self.bound_port = int(addresses[0][1]) if addresses else self.port
+        if not self._registered:
+            # Apart from the listening: a start whose registration failed (the registry restarting, or busy
+            # past the call's deadline) is tried again (``_restart``, or the caller), and registers then.
+            assert self.bound_port is not None
             await self._env.register_endpoint(Endpoint(self.node_id, self.advertise_host, self.bound_port))
+            self._registered = True
             log.info("riqr REST API on http://%s:%s (auth %s)", self.advertise_host, self.bound_port,
                      "on" if self.auth.enabled else "off")  # fmt: skip
             if not self.auth.enabled and self.host not in ("127.0.0.1", "::1", "localhost"):
@@ -242,3 +248,4 @@ class HttpVerticle:
             self._runner = None
         await self._unpublish("its HTTP verticle stopped")
         await self._env.unregister_endpoint(self.node_id)
+        self._registered = False

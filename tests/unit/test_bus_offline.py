@@ -109,3 +109,43 @@ async def test_a_long_lived_bus_and_view_forget_actors_the_view_no_longer_has(mo
     await views.refresh()
     assert sorted(bus._owners) == kept  # noqa: SLF001
     assert sorted(views._suspected) == kept  # noqa: SLF001
+
+
+async def test_a_verticles_registry_calls_give_up_at_their_deadline(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An HTTP verticle's calls to the registry (its endpoint and read replicas, at start and at stop) waited
+    for as long as a busy registry took. They stop at the deadline: a start fails (and is tried again), a
+    stop goes on without the registry, saying so."""
+    from verticles import deploy
+
+    env = deploy.RayEnv("riqr-silent")
+    monkeypatch.setattr(deploy, "_CALL_TIMEOUT", 0.2)
+    monkeypatch.setattr(env, "_registry", lambda: _Silent())
+    started = time.monotonic()
+    async with asyncio.timeout(10):
+        with pytest.raises(DeadlineExceeded):
+            await env.endpoint_of("node-1")
+        with pytest.raises(DeadlineExceeded):
+            await env.add_reader(object())  # type: ignore[arg-type]
+        with caplog.at_level("WARNING", logger="verticles.deploy"):
+            await env.drop_reader("00000000-0000-4000-8000-000000000001", "its HTTP verticle stopped")
+            await env.unregister_endpoint("node-1")
+    assert time.monotonic() - started < 4
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "the registry did not answer drop_reader in time",
+        "the registry did not answer unregister_endpoint in time",
+    ]
+
+
+async def test_a_stopping_verticle_finds_the_registry_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``riqr down`` kills the registry first: a verticle stopping after it goes on quietly."""
+    from verticles import deploy
+
+    def gone() -> Any:
+        raise ValueError("Failed to look up actor with name 'riqr-registry'")
+
+    env = deploy.RayEnv("riqr-silent")
+    monkeypatch.setattr(env, "_registry", gone)
+    await env.drop_reader("00000000-0000-4000-8000-000000000001", "its HTTP verticle stopped")
+    await env.unregister_endpoint("node-1")

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from runtime.catalog import StoreSpec
-from runtime.errors import PartitionUnavailable, StoreConflict, StoreInUse, StoreNotFound, Unavailable
+from runtime.errors import DeadlineExceeded, PartitionUnavailable, StoreConflict, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import FeedReport
 from runtime.membership import UndecodableRecord
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
@@ -1261,6 +1261,30 @@ async def test_the_http_verticle_serves_registers_and_unregisters() -> None:
     assert await _get(port, "/stores/s/get/k") == (200, {"response": "v"})
     await verticle.stop()
     assert "node-a" not in env.endpoints and await verticle.where() is None
+
+
+async def test_a_start_whose_registration_failed_registers_when_tried_again() -> None:
+    """The endpoint's registration failed (the registry busy past the call's deadline) after the verticle
+    was listening: the start tried again (``_restart`` does, up to 30 times) found it listening and said it
+    had started, with no endpoint in the registry for ever (joining nodes and ``riqr status`` never saw it)."""
+
+    class BusyOnce(FakeEnv):
+        async def register_endpoint(self, endpoint: Endpoint) -> None:
+            if not self.endpoints.pop("busy", None):
+                self.endpoints["busy"] = endpoint
+                raise DeadlineExceeded("registry register_endpoint took longer than 30 s")
+            await super().register_endpoint(endpoint)
+
+    env = BusyOnce()
+    verticle = HttpVerticle(_bus(), env, "127.0.0.1", 0)
+    with pytest.raises(DeadlineExceeded):
+        await verticle.start()
+    assert "node-a" not in env.endpoints
+    where = await verticle.start()
+    assert env.endpoints["node-a"] == Endpoint("node-a", "127.0.0.1", int(where["port"]))  # type: ignore[call-overload]
+    assert await verticle.start() == where and list(env.endpoints) == ["node-a"]  # registered once
+    await verticle.stop()
+    assert not env.endpoints
 
 
 async def test_a_restarted_http_verticle_serves_again_on_the_port_its_node_had() -> None:
