@@ -559,12 +559,26 @@ def create_stores(namespace: str, specs: Sequence[StoreSpec]) -> ClusterView:
     return view
 
 
-def _check_arguments(trigger: str, delivery_timeout: float) -> None:
-    """ValueError for a trigger or delivery timeout ``materialize`` cannot run with, before the store is
-    created: Spark itself would refuse a bad interval only when the query starts, after the store's actors."""
+_OUTPUT_MODES = ("append", "update", "complete")
+
+
+def _check_arguments(trigger: str, delivery_timeout: float, kind: str = "kv", output_mode: str | None = None) -> None:
+    """ValueError for a trigger, delivery timeout or output mode ``materialize`` cannot run with, before the
+    store is created: Spark itself would refuse a bad interval or mode only when the query starts, after the
+    store's actors. A session store takes append mode only: Spark refuses update mode for sessions, and in
+    complete mode a session that grew into another is written again under its new start while the row
+    under its old start is never written again, so the store would keep both (two sessions overlapping,
+    their counts summed by any reader)."""
     check_interval(trigger)
     if not delivery_timeout > 0:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
+    if output_mode is not None and output_mode not in _OUTPUT_MODES:
+        raise ValueError(f"output_mode must be one of {', '.join(_OUTPUT_MODES)}, got {output_mode!r}")
+    if kind == "session" and output_mode not in (None, "append"):
+        raise ValueError(
+            f"a session store takes append mode only, got output_mode={output_mode!r}: in {output_mode} mode "
+            "a session that merges with another leaves its old row behind in the store"
+        )
 
 
 # The stores this process was told it takes over (said once each, not at every claim of a rebuild in place).
@@ -702,8 +716,9 @@ def materialize_all(df_and_options: Sequence[tuple[Any, Mapping[str, Any]]]) -> 
     by_namespace: dict[str, list[StoreSpec]] = {}
     for df, options in df_and_options:
         _check_arguments(
-            options.get("trigger", DEFAULT_TRIGGER), options.get("delivery_timeout", DEFAULT_DELIVERY_TIMEOUT)
-        )
+            options.get("trigger", DEFAULT_TRIGGER), options.get("delivery_timeout", DEFAULT_DELIVERY_TIMEOUT),
+            options.get("kind", "kv"), options.get("output_mode"),
+        )  # fmt: skip
         spec = _declare(
             df, options["store"], options["key"], options.get("value"), options.get("kind", "kv"),
             options.get("window_column"), options.get("partitions", DEFAULT_PARTITIONS),
@@ -782,9 +797,10 @@ def materialize(
     ``kind="window"`` takes the output of a ``window(...)`` aggregation and ``kind="session"`` of a
     ``session_window(...)`` one: the window struct (``window_column``, by default ``window`` or
     ``session_window``) becomes the key's last column, ``window_start``, and the window end is kept with
-    the value. The output mode defaults to ``update``, except for sessions, where Spark allows only
-    ``append`` (a session's range changes as it grows, and update mode has no way to retract the old
-    one): sessions reach the store once, final, when the watermark passes their end.
+    the value. The output mode defaults to ``update``, except for sessions, which take ``append`` only (a
+    session's range changes as it grows, and neither update mode, which Spark refuses for sessions, nor
+    complete mode retracts the old one): sessions reach the store once, final, when the watermark passes
+    their end.
 
     An owner that does not acknowledge a batch within ``delivery_timeout`` seconds (retried meanwhile)
     fails the query. A ``trigger`` Spark would not take (``topologies.options.check_interval``) or a
@@ -810,7 +826,7 @@ def materialize(
     internal): the query actors the first start declared the store with (``BatchDelivery.declared``); the
     store is then not created, and ``StoreUnregistered`` if it is gone or another one has its name.
     """
-    _check_arguments(trigger, delivery_timeout)
+    _check_arguments(trigger, delivery_timeout, kind, output_mode)
     again = functools.partial(
         materialize, df, store=store, key=key, value=value, checkpoint=checkpoint, kind=kind,
         window_column=window_column, namespace=namespace, partitions=partitions, actors=actors, standbys=standbys,

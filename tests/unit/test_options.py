@@ -74,6 +74,11 @@ class _Untouchable:
         ({"delivery_timeout": 0}, "delivery_timeout must be a positive number of seconds, got 0"),
         ({"delivery_timeout": -5.0}, "delivery_timeout must be a positive number of seconds"),
         ({"delivery_timeout": float("nan")}, "delivery_timeout must be a positive number of seconds"),
+        ({"output_mode": "upsert"}, "output_mode must be one of append, update, complete, got 'upsert'"),
+        # Complete mode writes a merged session under its new start and never the old row again: the store
+        # kept both, overlapping, their counts summed (a review's fake batches showed it).
+        ({"kind": "session", "output_mode": "complete"}, "a session store takes append mode only"),
+        ({"kind": "session", "output_mode": "update"}, "a session store takes append mode only"),
     ],
 )
 def test_materialize_refuses_bad_arguments_before_it_creates_anything(
