@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
 from runtime.deadline import Deadline
-from runtime.errors import NotConnected, OwnerUnavailable, StoreNotFound
+from runtime.errors import InvalidParameter, NotConnected, OwnerUnavailable, StoreNotFound
 from runtime.queries import KeyQuery, Lookup, Page, PageRequest, RangeQuery, ScanQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
@@ -222,7 +222,8 @@ class Store:
     def windows(self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False) -> list[Windowed]:
         """Windows of ``key`` whose start lies in [``time_from``, ``time_to``] (datetimes or ISO-8601; None
         for open), in time order or reversed (Kafka's ``fetch``/``backwardFetch``)."""
-        return self._client.call("entries", WindowQuery(self.name, key, None, None, time_from, time_to, reverse))
+        query = WindowQuery(self.name, _one_key(self.name, key, "windows"), None, None, time_from, time_to, reverse)
+        return self._client.call("entries", query)
 
     def windows_range(
         self,
@@ -326,7 +327,8 @@ class Store:
 
     def sessions(self, key: Any, *, reverse: bool = False) -> list[Windowed]:
         """Every session of ``key`` (``reverse``: newest first, Kafka's ``backwardFetch``)."""
-        return self._client.call("entries", SessionQuery(self.name, key, reverse=reverse))
+        query = SessionQuery(self.name, _one_key(self.name, key, "sessions"), reverse=reverse)
+        return self._client.call("entries", query)
 
     def sessions_range(self, key_from: Any = None, key_to: Any = None, *, reverse: bool = False) -> list[Windowed]:
         """Every session of the keys in [``key_from``, ``key_to``] (``reverse``: keys descending)."""
@@ -336,6 +338,7 @@ class Store:
     def find_sessions(self, key: Any, earliest_end: Any, latest_start: Any, *, reverse: bool = False) -> list[Windowed]:
         """Sessions of ``key`` ending at or after ``earliest_end`` and starting at or before ``latest_start``
         (``reverse``: Kafka's ``backwardFindSessions``)."""
+        key = _one_key(self.name, key, "find_sessions")
         query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start, reverse=reverse)
         return self._client.call("entries", query)
 
@@ -388,7 +391,7 @@ class Store:
     async def windows_async(
         self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False
     ) -> list[Windowed]:
-        query = WindowQuery(self.name, key, None, None, time_from, time_to, reverse)
+        query = WindowQuery(self.name, _one_key(self.name, key, "windows"), None, None, time_from, time_to, reverse)
         return await self._client.call_async("entries", query)
 
     async def windows_range_async(
@@ -404,7 +407,8 @@ class Store:
         return await self._client.call_async("entries", query)
 
     async def sessions_async(self, key: Any, *, reverse: bool = False) -> list[Windowed]:
-        return await self._client.call_async("entries", SessionQuery(self.name, key, reverse=reverse))
+        query = SessionQuery(self.name, _one_key(self.name, key, "sessions"), reverse=reverse)
+        return await self._client.call_async("entries", query)
 
     async def sessions_range_async(
         self, key_from: Any = None, key_to: Any = None, *, reverse: bool = False
@@ -415,6 +419,7 @@ class Store:
     async def find_sessions_async(
         self, key: Any, earliest_end: Any, latest_start: Any, *, reverse: bool = False
     ) -> list[Windowed]:
+        key = _one_key(self.name, key, "find_sessions")
         query = SessionQuery(self.name, key, earliest_end=earliest_end, latest_start=latest_start, reverse=reverse)
         return await self._client.call_async("entries", query)
 
@@ -447,6 +452,17 @@ def in_process_facade(namespace: str) -> InProcessFacade:
 
 # The ``actor`` riqr's Ray-error translation names for a call to the facade verticle itself.
 _FACADE = "riqr-facade"
+
+
+def _one_key(store: str, key: Any, method: str) -> Any:
+    """``key`` for a query of one key's windows or sessions: None read as no key and answered every key's
+    (Kafka's ``fetch(null)`` is an error too); the ``_range`` forms read every key."""
+    if key is None:
+        raise InvalidParameter(
+            f"{method}() needs a key (None given); {method.removeprefix('find_')}_range() reads every key's",
+            store=store,
+        )
+    return key
 
 
 def _facade_names(namespace: str) -> list[str]:

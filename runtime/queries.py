@@ -168,7 +168,7 @@ class RangeQuery:
                     f"{key.type_label} keys",
                     store=spec.name,
                 )
-            return prefix_scan(self.prefix, reverse=bool(self.reverse), composite=key.composite)
+            return prefix_scan(self.prefix, reverse=_direction(self.reverse, spec), composite=key.composite)
         bounds = []
         for parameter, bound, upper in (("from", self.lo, False), ("to", self.hi, True)):
             try:
@@ -177,7 +177,7 @@ class RangeQuery:
                 raise
             except RiqrError as err:  # named as the window and session bounds are
                 raise MalformedRange(err.message, store=spec.name, parameter=parameter) from None
-        return Scan.closed(bounds[0], bounds[1], reverse=bool(self.reverse))
+        return Scan.closed(bounds[0], bounds[1], reverse=_direction(self.reverse, spec))
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ class WindowQuery:
             key_to=_maybe_bound(spec, self.key_to, "keyTo"),
             time_from=self.time_from,
             time_to=self.time_to,
-            reverse=bool(self.reverse),
+            reverse=_direction(self.reverse, spec),
         )
 
 
@@ -244,8 +244,16 @@ class SessionQuery:
             key_to=_maybe_bound(spec, self.key_to, "keyTo"),
             earliest_end=self.earliest_end,
             latest_start=self.latest_start,
-            reverse=bool(self.reverse),
+            reverse=_direction(self.reverse, spec),
         )
+
+
+def _direction(reverse: Any, spec: StoreSpec) -> bool:
+    """A scan's direction: ``reverse`` True, or False or None (not given) for forwards. Anything else from
+    Python code is refused: ``bool()`` read ``reverse="false"`` as backwards."""
+    if reverse is None or isinstance(reverse, bool):
+        return bool(reverse)
+    raise InvalidParameter(f"reverse must be True or False, got {reverse!r}", store=spec.name)
 
 
 def _maybe(spec: StoreSpec, key: Any) -> Any:

@@ -72,3 +72,48 @@ def test_page_limits_are_checked(limit: object) -> None:
     with pytest.raises(InvalidParameter):
         check_limit(limit)  # type: ignore[arg-type]
     assert check_limit(10_000) == 10_000
+
+
+@pytest.mark.parametrize("reverse", ["false", "true", 0, 1, "no"])
+def test_a_direction_from_python_code_is_true_or_false(reverse: object) -> None:
+    """``bool()`` read ``reverse="false"`` as backwards: any direction but True, False or None (not given) is
+    refused, for every scan kind."""
+    from runtime.queries import SessionQuery, WindowQuery
+
+    queries = [
+        (RangeQuery("s", reverse=reverse), kv_spec("s")),  # type: ignore[arg-type]
+        (RangeQuery("s", prefix="a", reverse=reverse), kv_spec("s")),  # type: ignore[arg-type]
+        (WindowQuery("w", "k", reverse=reverse), windowed_spec("w", "window")),  # type: ignore[arg-type]
+        (SessionQuery("x", "k", reverse=reverse), windowed_spec("x", "session")),  # type: ignore[arg-type]
+    ]
+    for query, spec in queries:
+        with pytest.raises(InvalidParameter, match="reverse must be True or False"):
+            query.bind(spec)
+    assert RangeQuery("s", reverse=None).bind(kv_spec("s")) == RangeQuery("s", reverse=False).bind(kv_spec("s"))
+    assert RangeQuery("s", reverse=True).bind(kv_spec("s")).reverse
+
+
+def test_one_keys_windows_and_sessions_need_that_key() -> None:
+    """``store.windows(None)`` answered every key's windows; the ``_range`` forms are for that."""
+    import asyncio
+
+    from runtime.client import Store
+
+    class NoCalls:
+        def call(self, *_: object) -> object:
+            raise AssertionError("called the facade")
+
+        call_async = call
+
+    store = Store(NoCalls(), "w")  # type: ignore[arg-type]
+    calls = [
+        ("windows", lambda: store.windows(None)),
+        ("sessions", lambda: store.sessions(None)),
+        ("find_sessions", lambda: store.find_sessions(None, None, None)),
+        ("windows", lambda: asyncio.run(store.windows_async(None))),
+        ("sessions", lambda: asyncio.run(store.sessions_async(None))),
+        ("find_sessions", lambda: asyncio.run(store.find_sessions_async(None, None, None))),
+    ]
+    for method, call in calls:
+        with pytest.raises(InvalidParameter, match=rf"^{method}\(\) needs a key \(None given\); \w+_range\(\) reads"):
+            call()
