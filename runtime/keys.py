@@ -177,8 +177,8 @@ class KeyType:
             # The same for ISO-8601's basic offset, "+0100", after a time ("2026-01-31 0100", a date and
             # a basic time, is left as it is).
             text = text[:-5] + "+" + text[-4:]
-        fraction = _FRACTION.search(text)
-        if fraction is not None and fraction.group(1)[6:].strip("0"):
+        # Every fraction: the time's, and an offset's ("+01:00:00.1234567", which fromisoformat reads too).
+        if any(fraction.group(1)[6:].strip("0") for fraction in _FRACTION.finditer(text)):
             raise _too_precise(text, self.name)
         try:
             parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)

@@ -46,6 +46,10 @@ def test_a_plus_sign_read_as_a_space_is_named_in_the_error() -> None:
         "2026-01-01T00:00:00.1234567+01:00",
         "2026-01-01 00:00:00,0000001",
         "20260101T000000.0000009Z",
+        # An offset's own fraction, after a time with one: only the time's was checked, and the offset's
+        # seventh digit dropped.
+        "2026-01-01T12:00:00.5+01:00:00.1234567",
+        "2026-01-01T12:00:00+01:00:00.1234567",
     ],  # fmt: skip
 )
 def test_timestamps_past_the_microsecond_are_refused_not_truncated(text: str) -> None:
