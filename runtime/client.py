@@ -20,6 +20,7 @@ the caller's node (any node's if that one is missing), which scatter-gathers ove
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from runtime import raycalls
 from runtime.config import DEFAULT_NAMESPACE, DEFAULT_REQUEST_TIMEOUT, facade_name
 from runtime.deadline import Deadline
-from runtime.errors import InvalidParameter, NotConnected, OwnerUnavailable, StoreNotFound
+from runtime.errors import DeadlineExceeded, InvalidParameter, NotConnected, OwnerUnavailable, StoreNotFound
 from runtime.queries import KeyQuery, Lookup, Page, PageRequest, RangeQuery, ScanQuery, SessionQuery, WindowQuery
 from runtime.windows import Windowed
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from runtime.facade.inprocess import InProcessFacade
 
 __all__ = ["connect", "Client", "Store", "Page", "Lookup", "JoinRefused"]
+
+log = logging.getLogger(__name__)
 
 
 class Client:
@@ -68,35 +71,50 @@ class Client:
     def call(self, method: str, *args: Any) -> Any:
         """Call the facade verticle and wait, with Ray's failures as riqr's errors. A facade that died (its
         node gone) is replaced by another node's, once per call: scans and pages once failed for good with
-        the node the client was connected through, while key lookups went on."""
+        the node the client was connected through, while key lookups went on. A call the caller stops
+        waiting for (its timeout, Ctrl-C) is cancelled in the facade (``_cancel``)."""
         deadline = Deadline.after(self.timeout)
-        for attempt in (1, 2):
-            try:
-                return raycalls.call_sync(partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE)
-            except OwnerUnavailable as err:
-                if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0 or not self._switch_facade():
-                    raise
+        sent: list[Any] = []
+        try:
+            for attempt in (1, 2):
+                try:
+                    submit = partial(self._submit, method, args, sent)
+                    return raycalls.call_sync(submit, method, deadline=deadline, actor=_FACADE)
+                except OwnerUnavailable as err:
+                    if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0:
+                        raise
+                    if not self._switch_facade():
+                        raise
+        except (DeadlineExceeded, KeyboardInterrupt):
+            _cancel(sent)
+            raise
         raise AssertionError("unreachable")
 
     async def call_async(self, method: str, *args: Any) -> Any:
         deadline = Deadline.after(self.timeout)
-        for attempt in (1, 2):
-            try:
-                # Bounded by the deadline, as the blocking form's ``ray.get`` is.
-                return await raycalls.call_within(
-                    partial(self._submit, method, args), method, deadline=deadline, actor=_FACADE
-                )
-            except OwnerUnavailable as err:
-                # Looking for another facade blocks (Ray's actor listing, a readiness call each): not on the
-                # caller's loop.
-                if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0:
-                    raise
-                if not await asyncio.to_thread(self._switch_facade):
-                    raise
+        sent: list[Any] = []
+        try:
+            for attempt in (1, 2):
+                try:
+                    # Bounded by the deadline, as the blocking form's ``ray.get`` is.
+                    submit = partial(self._submit, method, args, sent)
+                    return await raycalls.call_within(submit, method, deadline=deadline, actor=_FACADE)
+                except OwnerUnavailable as err:
+                    # Looking for another facade blocks (Ray's actor listing, a readiness call each): not on
+                    # the caller's loop.
+                    if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0:
+                        raise
+                    if not await asyncio.to_thread(self._switch_facade):
+                        raise
+        except (DeadlineExceeded, asyncio.CancelledError, KeyboardInterrupt):
+            _cancel(sent)
+            raise
         raise AssertionError("unreachable")
 
-    def _submit(self, method: str, args: tuple[Any, ...]) -> Any:
-        return getattr(self.facade, method).remote(*args)
+    def _submit(self, method: str, args: tuple[Any, ...], sent: list[Any]) -> Any:
+        ref = getattr(self.facade, method).remote(*args)
+        sent.append(ref)
+        return ref
 
     @staticmethod
     def _facade_died(err: OwnerUnavailable) -> bool:
@@ -463,6 +481,22 @@ def _one_key(store: str, key: Any, method: str) -> Any:
             store=store,
         )
     return key
+
+
+def _cancel(sent: list[Any]) -> None:
+    """Stop the facade verticle's work on the last call of ``sent``, which its caller no longer waits for:
+    without it, a caller with a short timeout that asks again piles scans up in the facade, each running to
+    the facade's own deadline. The facade is an async actor, so Ray cancels the call's asyncio task (its
+    awaits of the owners end; the owners' reads are not stopped: ``recursive=False``, nothing of theirs
+    needs undoing). An answer already sent, or a facade gone, is nothing to cancel."""
+    if not sent:
+        return
+    import ray
+
+    try:
+        ray.cancel(sent[-1], recursive=False)
+    except Exception as err:  # noqa: BLE001 - best effort: the call ends at the facade's deadline anyway
+        log.debug("could not cancel a facade call: %s", err)
 
 
 def _facade_names(namespace: str) -> list[str]:

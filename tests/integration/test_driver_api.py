@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 import runtime
-from tests.integration.conftest import SEED_CUSTOMERS, SEED_ORDER_COUNTS, Runtime
+from tests.integration.conftest import SEED_CUSTOMERS, SEED_ORDER_COUNTS, RayCluster, Runtime
+from tests.integration.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -102,3 +103,51 @@ def test_failures_are_riqrs_errors_never_rays(client: runtime.Client) -> None:
     impatient = runtime.Client(client.facade, client.namespace, timeout=0.0)
     with pytest.raises(runtime.DeadlineExceeded):
         impatient.store("customer-v1-changelog").all()
+
+
+def test_a_call_the_client_gives_up_on_is_cancelled_in_its_facade(ray_cluster: RayCluster) -> None:
+    """What the client's cancel relies on, with a real Ray: a facade verticle is an async actor, and a call
+    the client stops waiting for (its timeout, sync or async, or the caller's own cancel) ends in the
+    facade rather than running on to the facade's deadline. The stand-in facade holds each call until
+    cancelled and counts the cancels."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Holding:
+        def __init__(self) -> None:
+            self.cancelled = 0
+
+        async def entries(self, query: object) -> list[object]:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+            return []
+
+        async def count(self) -> int:
+            return self.cancelled
+
+    facade = Holding.remote()  # type: ignore[attr-defined]
+    assert ray.get(facade.count.remote(), timeout=60) == 0  # started: a call cancelled while queued never runs
+    client = runtime.Client(facade, "riqr-cancel", timeout=0.3)
+
+    def cancels_reach(n: int) -> None:
+        wait_for(lambda: ray.get(facade.count.remote(), timeout=5) == n, timeout=30, what=f"{n} cancels")
+
+    with pytest.raises(runtime.DeadlineExceeded):
+        client.call("entries", None)
+    cancels_reach(1)
+    with pytest.raises(runtime.DeadlineExceeded):
+        asyncio.run(client.call_async("entries", None))
+    cancels_reach(2)
+
+    async def caller_gives_up() -> None:
+        patient = runtime.Client(facade, "riqr-cancel", timeout=30)
+        async with asyncio.timeout(0.3):
+            await patient.call_async("entries", None)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(caller_gives_up())
+    cancels_reach(3)
+    ray.kill(facade)

@@ -76,6 +76,26 @@ async def test_the_clients_async_calls_give_up_at_its_timeout() -> None:
     assert time.monotonic() - started < 3
 
 
+async def test_a_call_the_client_stops_waiting_for_is_cancelled_in_the_facade(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller with a short timeout that asks again piled scans up in the facade verticle, each running to
+    the facade's own deadline: the call given up on (the client's timeout, or the caller's own cancel) is
+    cancelled, and only it (its owners' reads are not: ``recursive=False``)."""
+    from runtime.client import Client
+
+    cancelled: list[tuple[Any, bool]] = []
+    monkeypatch.setattr(ray, "cancel", lambda ref, recursive=True: cancelled.append((ref, recursive)))
+    client = Client(_Silent(), "riqr-silent", timeout=0.2)
+    with pytest.raises(DeadlineExceeded):
+        await client.call_async("entries", None)
+    assert len(cancelled) == 1 and cancelled[0][1] is False
+    waiting = asyncio.ensure_future(Client(_Silent(), "riqr-silent", timeout=30).call_async("page", None))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(cancelled) == 2 and cancelled[1][0] is not cancelled[0][0]
+
+
 async def test_a_long_lived_bus_and_view_forget_actors_the_view_no_longer_has(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client living through moves and drops kept a handle, and a suspicion, for every actor it ever met."""
     from runtime.facade.view import ViewCache
