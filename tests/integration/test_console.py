@@ -211,6 +211,15 @@ def test_the_console_shows_stores_answers_queries_pages_and_locates_keys(secured
     asked = page.locator("#q-url").text_content() or ""
     assert "range?from=2&to=4&limit=2&reverse=true&cursor=" in asked, asked
 
+    # A session query's two times are findSessions' bounds, labelled as such (they read "time from/to",
+    # taken for a range of starts); a window query's bound the window's start.
+    page.select_option("#q-op", "sessions")
+    expect(page.locator("#q-tfrom-label")).to_have_text("ends at or after")
+    expect(page.locator("#q-tto-label")).to_have_text("starts at or before")
+    page.select_option("#q-op", "windows")
+    expect(page.locator("#q-tfrom-label")).to_have_text("starts from")
+    expect(page.locator("#q-tto-label")).to_have_text("starts until")
+
     # Where a key lives (present or not): its partition, actor and node.
     page.select_option("#q-store", "order-count")
     page.fill("#m-key", "1")

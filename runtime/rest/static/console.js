@@ -270,6 +270,11 @@ function showFields() {
   for (const label of document.querySelectorAll("#query label[data-for]")) {
     label.hidden = !label.getAttribute("data-for").split(" ").includes(op);
   }
+  // A window's two times bound its start; a session's are Kafka's findSessions bounds (earliestEnd,
+  // latestStart), not a range of starts.
+  const sessions = op === "sessions";
+  $("q-tfrom-label").textContent = sessions ? "ends at or after" : "starts from";
+  $("q-tto-label").textContent = sessions ? "starts at or before" : "starts until";
 }
 
 function queryUrl() {
