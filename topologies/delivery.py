@@ -662,8 +662,10 @@ class BatchDelivery:
         except Exception as err:
             # A batch a stop gave up on, or that ended while its query was being stopped: the feed's last
             # word (``stopped``) is said already, or the stop's caller says it.
+            # ``batch_id`` stays the newest batch delivered (the feed's own, as docs/operations.md says); the
+            # batch that failed is named in the error.
             if not self.retired and not isinstance(err, BatchGivenUp) and not IN_FLIGHT.given_up(self.query_name):
-                self.report(state="failed", batch_id=batch_id, error=f"{type(err).__name__}: {err}")
+                self.report(state="failed", error=f"batch {batch_id}: {type(err).__name__}: {err}")
             raise
         log.info(
             "store %s: batch %d delivered, %d rows in %.0f ms",

@@ -731,7 +731,10 @@ def test_a_batch_is_not_delivered_once_another_feed_holds_the_store(monkeypatch:
     feeder.taken["s"] = taken  # a report's answer said so
     with pytest.raises(NotConnected, match="this topology stops feeding it"):
         delivery._deliver_batch(object(), 7)
-    assert [u["state"] for u in feeder.updates] == ["failed"]
+    # The failed batch is named in the error; batch_id stays the newest one delivered (a black-box run saw
+    # ``batch_id: 4`` with every copy at batch 3, batch 4 having failed).
+    assert [(u["state"], "batch_id" in u) for u in feeder.updates] == [("failed", False)]
+    assert feeder.updates[0]["error"].startswith("batch 7: NotConnected: store 's' is fed by another topology")
     delivery.owners = frozenset({"a"})
     with pytest.raises(sink.StoreSuperseded, match="fed by another topology"):
         sink.unserved(delivery)  # the idle topology's look ends it too
