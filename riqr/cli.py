@@ -687,6 +687,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raised_in_py4j(err: BaseException) -> bool:
+    """Whether ``err`` came out of py4j, PySpark's link to its JVM: a connection refused there is Spark's
+    driver gone, which the CLI once reported as "cannot reach the Ray cluster"."""
+    import traceback
+
+    return any(f"{os.sep}py4j{os.sep}" in frame.filename for frame in traceback.extract_tb(err.__traceback__))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from runtime.raycalls import no_auto_connect
 
@@ -707,6 +715,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConnectionError as err:
         from runtime.client import JoinRefused
 
+        if _raised_in_py4j(err):  # Spark's JVM went away under `riqr run` (killed, out of memory), not Ray
+            _say(f"riqr: lost Spark's driver JVM (its py4j gateway: {err}); see the lines above for why it ended")
+            return 1
         _say(f"riqr: {'cannot join' if isinstance(err, JoinRefused) else 'cannot reach'} the Ray cluster: {err}")
         return 2
     except ValueError as err:  # a bad auth setting (RIQR_JWT_*); its message never quotes a secret

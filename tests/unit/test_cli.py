@@ -447,3 +447,32 @@ def test_riqr_up_warns_of_a_ray_cluster_without_token_auth_only() -> None:
     assert "RAY_AUTH_MODE=token" in said and "Running Ray safely" in said
     assert ray_auth_warning("token") is None
     assert ray_auth_warning(None) is None  # could not be told: nothing said rather than a guess
+
+
+def test_spark_s_jvm_gone_under_riqr_run_is_not_called_ray_unreachable(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A black-box run killed the Spark JVM of `riqr run`: py4j's refused connection ended the topology with
+    "riqr: cannot reach the Ray cluster: [Errno 111] Connection refused" while Ray was fine."""
+    import importlib
+    import sys as _sys
+
+    (tmp_path / "py4j").mkdir()
+    (tmp_path / "py4j" / "fake_gateway.py").write_text(
+        "def send():\n    raise ConnectionRefusedError(111, 'Connection refused')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "py4j"))
+    gateway = importlib.import_module("fake_gateway")
+    monkeypatch.setattr(cli, "_cmd_run", lambda args: gateway.send())
+    try:
+        assert cli.main(["run", "food_orders"]) == 1
+    finally:
+        _sys.modules.pop("fake_gateway", None)
+    err = capsys.readouterr().err
+    assert err.startswith("riqr: lost Spark's driver JVM (its py4j gateway: [Errno 111] Connection refused)"), err
+    assert "Ray cluster" not in err
+
+    def refused_elsewhere(args: object) -> int:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(cli, "_cmd_run", refused_elsewhere)
+    assert cli.main(["run", "food_orders"]) == 2
+    assert capsys.readouterr().err.startswith("riqr: cannot reach the Ray cluster")
