@@ -142,6 +142,9 @@ class PartitionState:
         self._buffered_rows = 0
         self._received: Position | None = None
         self.generation = 0
+        # Engines this partition has had replaced by a peer's copy (``Rebuilder._install``), counted before
+        # the old one closes: a read taken from it as it served sees the count move and is no answer.
+        self.swaps = 0
         position = engine.position()
         # The position an apply or reset in progress moves to, set before any of its rows can be seen and
         # cleared after the engine's position moved: a read that overlaps it can tell (``span``).
@@ -314,6 +317,11 @@ class PartitionState:
         if generation != self.generation or self.state != CATCHING_UP:
             return "aborted"
         position = self.engine.position()
+        if any(source == position.source for source, _, _ in self._buffer):
+            # The copy is of a source the sink has moved on to (it never goes back): batches of an earlier
+            # one buffered before it are superseded, not a gap (which would copy again until give-up).
+            while self._buffer and self._buffer[0][0] != position.source:
+                self._drop_first()
         while self._buffer and self._buffer[0][0] == position.source and self._buffer[0][1] <= position.batch_id:
             self._drop_first()  # already in the copy (or a replay)
         if self._buffer:
@@ -326,8 +334,11 @@ class PartitionState:
         received = self._received
         if received is not None and (received.source != position.source or received.batch_id > position.batch_id):
             return "gap"  # batches were received and dropped (the buffer overflowed): not all are here
-        self._end_catch_up()
+        # The marker first: a failure to clear it (an I/O error) leaves the catch-up as it is, for its
+        # thread to try again; ended first, the catch-up was stale to its own thread and the partition
+        # stayed catching up, buffering every batch, until its actor restarted.
         self._clear_marker()
+        self._end_catch_up()
         self.state, self.reason = SERVING, ""
         return "in-sync"
 

@@ -17,7 +17,7 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from runtime.batchrows import BatchRows, EncodedSlice, Slice, internal_keys, packed_values, rows_from_arrow
 from runtime.catalog import StoreSpec
@@ -149,6 +149,15 @@ def _mark_if_set_aside(path: Path, engine: PartitionEngine) -> None:
     aside = sorted(path.parent.glob(f"{path.name}{UNREADABLE}*"))
     if aside:
         write_marker(path, f"its data is damaged; it was set aside as {aside[-1].name}")
+
+
+class _Read(NamedTuple):
+    """A read as it starts (``QueryCore._start_read``): the engine of each partition it reads, the position
+    each had, and how many times each had had its engine replaced (``PartitionState.swaps``)."""
+
+    engines: dict[int, PartitionEngine]
+    positions: dict[int, Position]
+    swaps: dict[int, int]
 
 
 class QueryCore:
@@ -442,64 +451,98 @@ class QueryCore:
         If any partition asked about cannot answer, the whole call raises ``PartitionUnavailable`` naming
         those partitions (``partitions``), so the caller can ask again for the keys of the others.
         """
-        states, before = self._start_read({p for p, _ in items}, name_all=True)
-        asked = before.keys()
+        read = self._start_read({p for p, _ in items}, name_all=True)
         try:
-            values = [states[p].engine.get(key) for p, key in items]
+            values = [read.engines[p].get(key) for p, key in items]
         except Exception as err:
-            self._raise_if_destroyed(err, asked)
+            self._raise_if_gone(err, read)
             raise
-        return values, self._spans(before)
+        return values, self._spans(read)
 
     def get_one(self, partition: int, key: Any) -> tuple[bytes | None, Span]:
-        """``get_many`` of one key: its packed value (None when absent) and the span its read reflects."""
-        states, before = self._start_read((partition,))
-        state = states[partition]
+        """``get_many`` of one key: its packed value (None when absent) and the span its read reflects.
+        ``_start_read`` and ``_spans`` for one partition, inline (the read replica's hot path); anything
+        out of the ordinary goes through them."""
+        state = self.partitions.get(partition)
+        if state is None:
+            raise self._unavailable(partition)
+        swaps, engine = state.swaps, state.engine  # in ``_start_read``'s order: the position, then the check
+        before = engine.position()
+        if not state.serving:
+            raise self._unavailable(partition)
         try:
-            value = state.engine.get(key)
+            value = engine.get(key)
         except Exception as err:
-            self._raise_if_destroyed(err, [partition])
+            self._raise_if_gone(err, _Read({partition: engine}, {partition: before}, {partition: swaps}))
             raise
-        return value, self._spans(before)[partition]
+        span = state.span(before)
+        if span is None or state.swaps != swaps or self._destroyed or self.partitions.get(partition) is not state:
+            return value, self._spans(_Read({partition: engine}, {partition: before}, {partition: swaps}))[partition]
+        return value, span
 
-    def _start_read(
-        self, partitions: Iterable[int], *, name_all: bool = False
-    ) -> tuple[dict[int, PartitionState], dict[int, Position]]:
-        """The states of ``partitions`` and their positions as a read starts (``before`` of ``_spans``),
-        or ``PartitionUnavailable`` for the first that cannot serve (``name_all``: naming every one of
-        them in ``partitions``).
+    def _start_read(self, partitions: Iterable[int], *, name_all: bool = False) -> _Read:
+        """The engines of ``partitions`` and their positions as a read starts (what ``_spans`` checks), or
+        ``PartitionUnavailable`` for the first that cannot serve (``name_all``: naming every one of them in
+        ``partitions``).
 
         The position is taken before the state is checked, never after: a new source's batch 0 that
         landed between a check and the position (a reset that leaves the partition ``rebuilding``, at
         batch 0 of the new source) would otherwise give a span that looks whole, for a read of a state
         that is not. Taken first, a reset after it shows as a change of source in ``span``, and one before
-        it as a partition not serving."""
+        it as a partition not serving. Reads take no lock: the read goes to the engines taken here, and
+        ``_spans`` refuses it if a catch-up swapped one for a peer's copy meanwhile."""
         asked = dict.fromkeys(partitions)  # in the order given (a scan's runs merge in it)
         states = {p: state for p in asked if (state := self.partitions.get(p)) is not None}
-        before = {p: state.engine.position() for p, state in states.items()}
+        swaps = {p: state.swaps for p, state in states.items()}  # first: an install counts before it closes
+        engines = {p: state.engine for p, state in states.items()}
+        before = {p: engine.position() for p, engine in engines.items()}
         broken = sorted(p for p in asked if p not in states or not states[p].serving)
         if broken:
             first = self._unavailable(broken[0])
             if name_all:
                 raise type(first)(first.message, **{**first.details, "partitions": broken})
             raise first
-        return states, before
+        return _Read(engines, before, swaps)
 
-    def _raise_if_destroyed(self, err: Exception, partitions: Iterable[int]) -> None:
-        """A read that raised ``err``: unavailable (a 503 while the store is being dropped) if ``destroy``
-        deleted the engines meanwhile; else the caller raises ``err`` as it is."""
-        if self._destroyed and not isinstance(err, PartitionUnavailable):
-            raise self._unavailable(min(partitions, default=0)) from err
+    def _swapped(self, read: _Read) -> list[int]:
+        """The partitions of ``read`` whose engine a catch-up began to replace with a peer's copy since the
+        read started (closing it: a closed memory engine answers nothing, a closed RocksDB one ends its
+        scans early, and neither says so). Counted, not compared: the old engine is closed before the new
+        one is in place, and a read can fall between the two."""
+        partitions = self.partitions
+        return [p for p, n in read.swaps.items() if (s := partitions.get(p)) is None or s.swaps != n]
 
-    def _spans(self, before: Mapping[int, Position]) -> Spans:
-        """The spans of reads that started at ``before``; a partition whose source changed during the
-        read (a reset overlapped it) makes the call fail as unavailable, since its rows may be neither
-        state."""
+    def _raise_if_gone(self, err: Exception, read: _Read) -> None:
+        """A read that raised ``err``: unavailable (a 503) if ``destroy`` deleted the engines meanwhile, or a
+        catch-up replaced one; else the caller raises ``err`` as it is."""
+        if isinstance(err, PartitionUnavailable):
+            return
+        if self._destroyed:
+            raise self._unavailable(min(read.engines, default=0)) from err
+        swapped = self._swapped(read)
+        if swapped:
+            raise self._replaced(swapped) from err
+
+    def _replaced(self, partitions: list[int]) -> PartitionUnavailable:
+        return PartitionUnavailable(
+            f"partitions {partitions} of store {self.spec.name} took a peer's copy during the read; ask again",
+            store=self.spec.name,
+            partitions=partitions,
+            retry_after=1,
+        )
+
+    def _spans(self, read: _Read) -> Spans:
+        """The spans of ``read``; a partition whose source changed during the read (a reset overlapped it),
+        or whose engine a catch-up replaced, makes the call fail as unavailable, since its rows may be
+        neither state (or none: the engine it read was closed under it)."""
         if self._destroyed:  # the engines were deleted during the read: what it saw is no answer
-            raise self._unavailable(min(before, default=0))
+            raise self._unavailable(min(read.engines, default=0))
+        swapped = self._swapped(read)
+        if swapped:
+            raise self._replaced(swapped)
         spans: Spans = {}
         moved = []
-        for p, position in before.items():
+        for p, position in read.positions.items():
             state = self.partitions.get(p)
             if state is None:
                 raise self._unavailable(p)
@@ -525,24 +568,23 @@ class QueryCore:
 
         The partition engines are read lazily, so a page costs its own size, not the store's.
         """
-        states, before = self._start_read(partitions)
+        read = self._start_read(partitions)
         if scan.is_empty():
-            return [], self._spans(before)
-        guard = (
-            self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
-        )
+            return [], self._spans(read)
+        engines = read.engines.values()
+        guard = self._writing if any(not e.concurrent_scans for e in engines) else contextlib.nullcontext()
         try:
             walk = None
             if scan.times is not None:  # each owner filters its windows, seeking past long runs it refuses
                 walk = TimeWalk(scan.times, self.spec.user_key_columns, scan.reverse, _window_end)
             with guard:
-                runs = [s.engine.scan(scan, walk) for s in states.values()]
+                runs = [e.scan(scan, walk) for e in engines]
                 merged: Iterator[tuple[Any, bytes]] = merge_sorted(runs, reverse=scan.reverse)
                 entries = list(merged if limit is None else itertools.islice(merged, limit))
         except Exception as err:
-            self._raise_if_destroyed(err, states)
+            self._raise_if_gone(err, read)
             raise
-        return entries, self._spans(before)
+        return entries, self._spans(read)
 
     def scan_packed(
         self, partitions: Sequence[int], scan: Scan, limit: int | None, max_bytes: int, fmt: str
@@ -557,18 +599,17 @@ class QueryCore:
         """
         if self.spec.windowed:
             raise ValueError("packed pages are for key-value stores; window and session stores page as tuples")
-        states, before = self._start_read(partitions)
-        if scan.is_empty() or not states:
-            return encode_page(self.spec.key, self._codec, [], [], fmt, False), self._spans(before)
-        guard = (
-            self._writing if any(not s.engine.concurrent_scans for s in states.values()) else contextlib.nullcontext()
-        )
-        share = max(1, max_bytes // len(states))
+        read = self._start_read(partitions)
+        if scan.is_empty() or not read.engines:
+            return encode_page(self.spec.key, self._codec, [], [], fmt, False), self._spans(read)
+        engines = read.engines.values()
+        guard = self._writing if any(not e.concurrent_scans for e in engines) else contextlib.nullcontext()
+        share = max(1, max_bytes // len(engines))
         try:
             with guard:
-                reads = [s.engine.read_encoded(scan, limit, share) for s in states.values()]
+                reads = [e.read_encoded(scan, limit, share) for e in engines]
         except Exception as err:
-            self._raise_if_destroyed(err, states)
+            self._raise_if_gone(err, read)
             raise
         runs = [Run(keys, (values,), more) for keys, values, more in reads]
         bounded = [r.keys[-1] for r in runs if r.more and r.keys]
@@ -580,17 +621,17 @@ class QueryCore:
         if limit is not None and len(merged) > limit:
             merged, more = split_run(merged, limit)[0], True
         page = encode_page(self.spec.key, self._codec, merged.keys, merged.columns[0], fmt, more)
-        return page, self._spans(before)
+        return page, self._spans(read)
 
     def count(self, partitions: Sequence[int]) -> tuple[int, Spans]:
         """How many keys ``partitions`` hold, and the span of each."""
-        states, before = self._start_read(partitions)
+        read = self._start_read(partitions)
         try:
-            total = sum(s.engine.count() for s in states.values())
+            total = sum(e.count() for e in read.engines.values())
         except Exception as err:
-            self._raise_if_destroyed(err, states)
+            self._raise_if_gone(err, read)
             raise
-        return total, self._spans(before)
+        return total, self._spans(read)
 
     def positions(self) -> dict[int, dict[str, Any]]:
         """What each partition reflects: its source, last batch id applied, and state."""

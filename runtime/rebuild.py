@@ -13,7 +13,8 @@ and the store has standbys, or when a restarted actor finds a partition it canno
    behind the first batch buffered, or the buffer overflowed), a fresh snapshot is taken and step 2
    repeats; the buffer is kept. Once every batch received is applied the partition is in sync and serves.
 
-If no peer can give a snapshot for ``give_up_after`` seconds the partition goes back to ``incomplete``
+If no catch-up succeeds within ``give_up_after`` seconds of its start (no peer gives a snapshot, or each
+snapshot misses batches that came since) the partition goes back to ``incomplete``
 (the topology-restart rebuild path remains); a new source's batch 0 ends a catch-up at once, since it
 rebuilds the partition by itself. Nothing here imports Ray: peers are reached through ``PeerSource``.
 """
@@ -99,7 +100,7 @@ class Rebuilder:
 
     def run(self, state: PartitionState, generation: int) -> str:
         """Catch ``state`` up; returns ``"in-sync"``, ``"aborted"`` (a new source took over, or another
-        catch-up started) or ``"gave-up"`` (no peer could give a snapshot in time)."""
+        catch-up started) or ``"gave-up"`` (no copy taken from a peer caught up in time)."""
         fields = {"store": self.spec.name, "partition": state.partition}
         deadline = self._clock() + self.settings.give_up_after
         backoff = self.settings.first_backoff
@@ -116,12 +117,14 @@ class Rebuilder:
                 log.log(logging.WARNING if foreseen else logging.ERROR, "partition %d: copy from a peer failed: %s",
                         state.partition, why, extra=fields, exc_info=not foreseen)  # fmt: skip
                 outcome = "retry"
+            if outcome in _TRIED_AGAIN:
+                why, outcome = _TRIED_AGAIN[outcome], "retry"
             if outcome != "retry":
                 log.info("partition %d: catch-up %s", state.partition, outcome, extra=fields)
                 return outcome
             if self._clock() + backoff > deadline:
                 reason = (
-                    f"it lost its state and no peer could give a copy ({why}); it is rebuilt when a batch "
+                    f"it lost its state and could not take a peer's copy ({why}); it is rebuilt when a batch "
                     "arrives, or from the topology's input"
                 )
                 with self.lock:
@@ -133,9 +136,9 @@ class Rebuilder:
     def _attempt(self, state: PartitionState, generation: int) -> str:
         if state.generation != generation:
             return "aborted"
-        found = self._open(state.partition)
-        if found is None:
-            return "retry"
+        found = self._open(state)
+        if isinstance(found, str):
+            return found
         peer, offer = found
         incoming = self._incoming_dir(state.partition)
         try:
@@ -160,20 +163,36 @@ class Rebuilder:
             with self.lock:  # one batch per hold: the sink's apply never waits behind the whole buffer
                 step = state.catch_up_step(generation)
             if step == "gap":
-                return "retry"
+                return "gap"
             if step != "applied":
                 return step
 
-    def _open(self, partition: int) -> tuple[SnapshotPeer, SnapshotOffer] | None:
+    def _open(self, state: PartitionState) -> tuple[SnapshotPeer, SnapshotOffer] | str:
+        """A peer's snapshot of the partition, from the first holder that gives one no older than the copy
+        itself: a copy ahead of a peer (a standby is fed before its active) that took the peer's older
+        snapshot went back in time, serving a batch it had acknowledged as applied no longer. Else why
+        not: ``"no-peer"``, or ``"behind"`` (peers gave snapshots, all older: the sink reaches them next)."""
+        partition = state.partition
+        own = state.engine.position()
+        outcome = "no-peer"
         for uuid in self.peers.holders(partition):
             if uuid == self.me:
                 continue
             try:  # a holder Ray no longer names is skipped like one that gives no snapshot
                 peer = self.peers.peer(uuid)
-                return peer, peer.open_snapshot(partition)
+                offer = peer.open_snapshot(partition)
             except RiqrError as err:
                 log.info("partition %d: peer %s gives no snapshot: %s", partition, uuid, err.message)
-        return None
+                continue
+            if offer.position.source == own.source and offer.position.batch_id < own.batch_id:
+                log.info("partition %d: peer %s is at batch %d, behind this copy's %d; not taken", partition, uuid,
+                         offer.position.batch_id, own.batch_id)  # fmt: skip
+                with contextlib.suppress(RiqrError):
+                    peer.close_snapshot(offer.token)
+                outcome = "behind"
+                continue
+            return peer, offer
+        return outcome
 
     def _incoming_dir(self, partition: int) -> Path:
         name = f".p{partition}.incoming-{uuidlib.uuid4().hex[:8]}"
@@ -191,6 +210,7 @@ class Rebuilder:
         with self.lock:
             if state.generation != generation:
                 return False
+            state.swaps += 1  # before the old engine closes: reads begun on it are no answer (QueryCore._spans)
             if target is None:
                 engine = _copy_into_memory(self.spec, kind, incoming)
             else:
@@ -198,9 +218,20 @@ class Rebuilder:
                 try:
                     install_directory(incoming, target)
                 finally:  # whatever is in place now (the copy, or the old directory) is what the partition has
+                    missing = not target.exists()  # neither (the old one could not be put back): an empty one,
                     engine = state.engine = open_engine(self.spec.engine, self.spec.key, target)
+                    if missing:  # marked, or a restart would take it for a partition never loaded
+                        write_atomically(target / MARKER, b"a peer's copy could not be installed in its place")
             state.install(engine, generation)
             return True
+
+
+# Why an attempt of a catch-up is tried again, as its give-up says it (``Rebuilder.run``).
+_TRIED_AGAIN = {
+    "no-peer": "no other copy is serving",
+    "behind": "every peer's copy is behind this one",
+    "gap": "each copy it took missed batches received since (they came faster than a copy)",
+}
 
 
 def _kind_of(directory: Path) -> str:

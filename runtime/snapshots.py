@@ -50,7 +50,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20  # per Ray call: large enough to amortise the call, small enough to bound memory
-EXPORT_TTL = 600.0  # seconds an export may stay open: a receiver that died does not pin files for ever
+EXPORT_TTL = 600.0  # seconds an export may stay unread: a receiver that died does not pin files for ever
 
 
 class SnapshotCorrupt(RiqrError):
@@ -159,12 +159,22 @@ def download(
 
 def install_directory(incoming: Path, target: Path) -> None:
     """Put the complete directory ``incoming`` in ``target``'s place: the old one is renamed aside, the new
-    one renamed in, the parent synced, then the old one deleted."""
+    one renamed in, the parent synced, then the old one deleted. If the new one cannot be renamed in (a
+    full disk), the old one is put back: with its ``INCOMPLETE`` marker, or the partition, opened again,
+    would be an empty directory that says nothing of what it lacks (and ``remove_leftovers`` deletes what
+    was set aside at the next start)."""
     parent = target.parent
     old = parent / f".{target.name}.old-{uuidlib.uuid4().hex[:8]}"
-    if target.exists():
+    set_aside = target.exists()
+    if set_aside:
         os.rename(target, old)
-    os.rename(incoming, target)
+    try:
+        os.rename(incoming, target)
+    except BaseException:
+        if set_aside:
+            os.rename(old, target)
+            fsync_directory(parent)
+        raise
     fsync_directory(parent)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -177,7 +187,9 @@ def remove_leftovers(parent: Path, name: str) -> None:
 
 
 class SnapshotExports:
-    """The peer's side: exported copies by token, in ``root``, deleted when closed or expired."""
+    """The peer's side: exported copies by token, in ``root``, deleted when closed, or once unread for
+    ``ttl`` seconds (each read renews it: a copy that takes longer than ``ttl`` in all, as many partitions
+    copying from one peer after a node loss may, still completes)."""
 
     def __init__(self, root: Path, *, clock: Callable[[], float] = time.monotonic, ttl: float = EXPORT_TTL) -> None:
         self.root = root
@@ -200,6 +212,8 @@ class SnapshotExports:
     def path(self, token: str, relative: str) -> Path:
         with self._lock:
             found = self._open.get(token)
+            if found is not None:
+                self._open[token] = (found[0], self._clock())  # read now: unread from here on
         if found is None:
             raise SnapshotCorrupt(f"no open snapshot export {token!r} (closed or expired)", token=token)
         return _inside(found[0], relative)
@@ -218,7 +232,7 @@ class SnapshotExports:
     def expire(self) -> None:
         now = self._clock()
         with self._lock:
-            stale = [t for t, (_, opened) in self._open.items() if now - opened > self._ttl]
+            stale = [t for t, (_, last_read) in self._open.items() if now - last_read > self._ttl]
         for token in stale:
             log.warning("snapshot export %s expired unclosed; deleting it", token)
             self.close(token)

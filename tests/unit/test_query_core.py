@@ -65,13 +65,14 @@ def test_a_read_overlapping_an_apply_spans_both_batches_and_one_overlapping_a_re
     core = QueryCore(kv_spec(), [0])
     core.apply("q", 0, {0: pa.table({"key": ["a"], "value": ["A"]})})
     state = core.partitions[0]
-    before = state.position()
+    read = core._start_read((0,))
+    before = read.positions[0]
     state.moving_to = Position("q", 1)  # batch 1 is being applied: its rows may already show
     assert state.span(before) == ("q", 0, 1)
     state.moving_to = Position("r", 0)  # a new source's batch 0 is resetting the partition
     assert state.span(before) is None
     with pytest.raises(PartitionUnavailable, match="changed source"):
-        core._spans({0: before})
+        core._spans(read)
     with pytest.raises(PartitionUnavailable, match="changed source"):
         core.get_one(0, "a")
     state.moving_to = None

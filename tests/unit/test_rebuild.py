@@ -173,7 +173,7 @@ def test_without_a_serving_peer_it_gives_up_as_incomplete_and_the_next_batch_tri
     s.me.apply("q", 57, batch(57))
     assert s.run() == "gave-up" and s.peer.opens >= 2  # retried with backoff until give_up_after
     state = s.me.positions()[0]
-    assert state["state"] == INCOMPLETE and "no peer could give a copy" in state["reason"]
+    assert state["state"] == INCOMPLETE and "could not take a peer's copy (no other copy is serving)" in state["reason"]
     with pytest.raises(PartitionUnavailable):
         s.me.get_many([(0, "last")])
     assert s.me.apply("q", 58, batch(58))[0].state == CATCHING_UP and len(s.jobs) == 1
@@ -452,3 +452,151 @@ def test_a_copy_held_for_its_watermark_is_no_peer_to_copy_and_is_not_copied_over
     other = s.open_copy(tmp_path / "other")  # a third copy with nothing, seeing a gap
     assert other.apply("q2", 1, batch(1), Hold(500))[0].state == CATCHING_UP
     assert s.run() == "gave-up" and s.peer.opens >= 1  # the held peer gave no snapshot of its partial state
+
+
+def test_a_read_begun_while_serving_is_no_answer_once_a_catch_up_replaces_its_engine(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads take no lock. A read begun while the copy served, then overlapped by a catch-up's install
+    (a move's ``catch_up`` of a serving copy), read the engine the install closed: a memory engine answered
+    None for a key that exists, a RocksDB scan ended early, each with a span that looked whole (a
+    review's scripts showed both). Such a read is now unavailable (a 503, or failover), whether it ends
+    between the old engine's close and the new one's opening or after."""
+    import runtime.rebuild as rebuild
+
+    s = Setup(kind, tmp_path)
+    s.peer_core.apply("q", 57, batch(57))
+    s.me.apply("q", 57, batch(57))
+    assert s.run() == "in-sync"
+    s.both(58)
+    assert s.me.get_one(0, "last") == (b"\xa258", ("q", 58, 58))
+
+    begun = [s.me._start_read((0,)) for _ in range(2)]  # each read's start while the copy serves
+
+    def finish(read: Any) -> object:
+        """The rest of a scan as ``QueryCore.scan`` does it, on the engine the read started with."""
+        try:
+            entries = list(read.engines[0].scan(Scan()))  # closed: [] (memory), or it raises (rocksdb)
+        except Exception as err:
+            s.me._raise_if_gone(err, read)
+            raise
+        return entries, s.me._spans(read)
+
+    windows: list[bool] = []
+    real_install = rebuild.install_directory
+
+    def read_in_the_window(incoming: Path, target: Path) -> None:
+        with pytest.raises(PartitionUnavailable, match="took a peer's copy during the read"):
+            finish(begun[0])  # the old engine closed, the new one not in place yet
+        windows.append(True)
+        real_install(incoming, target)
+
+    monkeypatch.setattr(rebuild, "install_directory", read_in_the_window)
+    assert s.me.catch_up([0]) == [0]
+    assert s.run() == "in-sync" and windows == [True]
+    with pytest.raises(PartitionUnavailable, match="took a peer's copy during the read") as after:
+        finish(begun[1])  # one that ends after the new engine is in place
+    assert after.value.details["partitions"] == [0]
+    assert s.me.get_one(0, "last") == (b"\xa258", ("q", 58, 58))  # reads begun since answer as before
+
+
+@pytest.mark.parametrize("put_back", [True, False])
+def test_a_copy_that_cannot_be_renamed_in_leaves_the_partition_incomplete_on_disk(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, put_back: bool
+) -> None:
+    """The install set the old directory (and its INCOMPLETE marker) aside, then could not rename the copy
+    in (a full disk): an empty engine was opened in its place, with no marker, so a crash before the retry
+    reopened it as never loaded, and a fresh checkpoint's ``begin`` made it serve empty (a review's script).
+    The old directory is put back; if even that fails, the new empty one carries a marker."""
+    import errno
+    import os
+
+    import runtime.snapshots as snapshots
+
+    s = Setup(kind, tmp_path)
+    s.peer_core.apply("q", 57, batch(57))
+    s.me.apply("q", 57, batch(57))  # a gap: catching up, marked incomplete on disk
+    real_rename = os.rename
+
+    def full_disk(src: Any, dst: Any) -> None:
+        if ".incoming-" in str(src) or (not put_back and ".old-" in str(src)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(snapshots.os, "rename", full_disk)
+    state = s.me.partitions[0]
+    rebuilder = s.me._rebuilder
+    assert rebuilder is not None
+    with pytest.raises(OSError, match="No space left"):
+        rebuilder._attempt(state, state.generation)  # one attempt, then the process dies
+    monkeypatch.setattr(snapshots.os, "rename", real_rename)
+    assert (tmp_path / "me" / "p0" / MARKER).exists()
+    s.me.close()
+    again = s.open_copy(tmp_path / "me", recovered=True)
+    assert again.positions()[0]["state"] == INCOMPLETE
+    assert again.begin("r") == []  # a fresh checkpoint does not make it serve empty
+    with pytest.raises(PartitionIncomplete):
+        again.get_one(0, "last")
+
+
+def test_a_marker_that_cannot_be_cleared_once_is_cleared_at_the_next_try(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catch-up ended before the marker was removed: one I/O error there made it stale to its own
+    thread, and the partition stayed catching up, buffering every batch, until its actor restarted."""
+    import os
+
+    import runtime.partition as partition
+
+    s = Setup(kind, tmp_path)
+    s.peer_core.apply("q", 57, batch(57))
+    s.me.apply("q", 57, batch(57))
+    real_unlink, failures = os.unlink, [1]
+
+    def flaky(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).endswith(f"p0/{MARKER}") and failures:  # the partition's own, not an rmtree's
+            failures.pop()
+            raise OSError(5, "Input/output error")
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(partition.os, "unlink", flaky)
+    assert s.run() == "in-sync" and not failures
+    assert not (tmp_path / "me" / "p0" / MARKER).exists()
+    s.both(58)
+    assert s.me.positions()[0]["state"] == SERVING and s.me.get_one(0, "last") == (b"\xa258", ("q", 58, 58))
+
+
+def test_a_buffered_batch_of_the_source_the_sink_left_does_not_stall_the_catch_up(kind: str, tmp_path: Path) -> None:
+    """The copy buffered q/57 (its gap); the topology was rebuilt on source r, whose batch 0 reached the
+    peer first: the copy installed the peer's r/0 and received r/0 itself, yet q/57 at the head of its
+    buffer read as a gap, and it copied again until it gave up (31 copies in 30 s in a review's script)."""
+    s = Setup(kind, tmp_path)
+    s.me.apply("q", 57, batch(57))
+    s.peer_core.apply("r", 0, batch(0, "-r"))
+    s.sleeps.append(lambda: s.me.apply("r", 0, batch(0, "-r")))  # after the first copy: r/0 buffered too
+    assert s.run() == "in-sync"
+    assert s.peer.opens <= 2
+    assert s.me.get_one(0, "last") == (b"\xa30-r", ("r", 0, 0))
+
+
+def test_a_copy_ahead_of_its_peer_does_not_take_the_peers_older_copy(kind: str, tmp_path: Path) -> None:
+    """A standby is fed before its active: a catch-up of the standby (a move's) took the active's copy at
+    batch 58 while it held 59, and served 58 again (and lacked 59, acknowledged applied). It waits for a
+    peer at its own batch or later; given up, it says why."""
+    s = Setup(kind, tmp_path)
+    for n in (57, 58):
+        s.peer_core.apply("q", n, batch(n))
+        s.me.apply("q", n, batch(n))
+        if n == 57:
+            assert s.run() == "in-sync"
+    s.me.apply("q", 59, batch(59))  # the standby first; its active is still at 58
+    assert s.me.catch_up([0]) == [0]
+    s.sleeps.append(lambda: s.peer_core.apply("q", 59, batch(59)))  # the sink reaches the active
+    assert s.run() == "in-sync"
+    assert s.me.get_one(0, "last") == (b"\xa259", ("q", 59, 59))
+    s.me.apply("q", 60, batch(60))
+    assert s.me.positions()[0]["state"] == SERVING
+
+    assert s.me.catch_up([0]) == [0]  # the peer never catches up this time: given up, saying why
+    assert s.run() == "gave-up"
+    assert "every peer's copy is behind this one" in s.me.positions()[0]["reason"]

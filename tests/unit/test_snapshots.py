@@ -118,3 +118,22 @@ def test_exports_expire_when_their_receiver_never_closes_them(tmp_path: Path) ->
     assert not dest.exists()
     with pytest.raises(SnapshotCorrupt):
         exports.read(token, "x", 0, 1)
+
+
+def test_an_export_being_read_does_not_expire_however_long_the_copy_takes(tmp_path: Path) -> None:
+    """The time ran from the export's opening: a copy slower than the TTL in all (many partitions copying
+    from one peer after a node loss) found its export deleted mid-way, at another receiver's open, and never
+    completed. It runs from the last read now."""
+    now = [0.0]
+    exports = SnapshotExports(tmp_path / "exports", clock=lambda: now[0], ttl=10)
+    token, dest = exports.new_directory()
+    dest.mkdir()
+    (dest / "x").write_bytes(b"abcdef")
+    for offset in range(6):  # a read every 8 s: 48 s in all, past the TTL of 10
+        now[0] += 8
+        exports.new_directory()  # another receiver's open sweeps the expired ones
+        assert exports.read(token, "x", offset, 1) == b"abcdef"[offset : offset + 1]
+    now[0] += 11
+    exports.new_directory()
+    with pytest.raises(SnapshotCorrupt, match="closed or expired"):
+        exports.read(token, "x", 0, 1)
