@@ -337,7 +337,15 @@ class Verified:
 
 
 def _verify(config: AuthConfig, token: str) -> Verified:
-    options: dict[str, Any] = {"require": ["exp"], "verify_aud": config.audience is not None}
+    # The times are checked here, after their types: pyjwt reads "exp": true as 1 and called the token
+    # expired, where it is not a NumericDate at all (invalid).
+    options: dict[str, Any] = {
+        "require": ["exp"],
+        "verify_aud": config.audience is not None,
+        "verify_exp": False,
+        "verify_nbf": False,
+        "verify_iat": False,
+    }
     try:
         claims = jwt.decode(
             token,
@@ -348,10 +356,6 @@ def _verify(config: AuthConfig, token: str) -> Verified:
             leeway=config.leeway_seconds,
             options=options,  # type: ignore[arg-type]
         )
-    except jwt.ExpiredSignatureError:
-        raise Unauthorized("token expired") from None
-    except jwt.ImmatureSignatureError:
-        raise Unauthorized("token not yet valid") from None
     except (jwt.PyJWTError, ValueError, TypeError) as exc:
         # `from None`: pyjwt's message may quote parts of the token; it must not reach a traceback.
         log.info("rejected a bearer token: %s", type(exc).__name__)
@@ -360,7 +364,9 @@ def _verify(config: AuthConfig, token: str) -> Verified:
     # time written as text would pass its checks and not ours.
     for claim in ("exp", "nbf", "iat"):
         value = claims.get(claim)
-        if claim in claims and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if claim in claims and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ):
             log.info("rejected a bearer token: its %s is not a number", claim)
             raise Unauthorized("invalid token")
     subject = claims.get("sub")
@@ -372,7 +378,13 @@ def _verify(config: AuthConfig, token: str) -> Verified:
     # Numbers, checked above (exp is required); nbf and iat must not be in the future.
     starts = [float(claims[c]) for c in ("nbf", "iat") if isinstance(claims.get(c), (int, float))]
     leeway = config.leeway_seconds
-    return Verified(principal, max(starts, default=float("-inf")) - leeway, float(claims["exp"]) + leeway)
+    verified = Verified(principal, max(starts, default=float("-inf")) - leeway, float(claims["exp"]) + leeway)
+    now = time.time()  # pyjwt's rule, with its leeway: valid while exp + leeway is ahead, nbf and iat not
+    if now >= verified.valid_until:
+        raise Unauthorized("token expired")
+    if now < verified.valid_from:
+        raise Unauthorized("token not yet valid")
+    return verified
 
 
 class TokenCache:

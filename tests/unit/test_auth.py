@@ -133,6 +133,23 @@ async def test_an_expired_token_is_401_token_expired(client: Any) -> None:
 async def test_a_token_not_yet_valid_is_401(client: Any) -> None:
     token = _hs256(iss="https://issuer.example", nbf=int(time.time()) + 3600)
     await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "token not yet valid")
+    token = _hs256(iss="https://issuer.example", iat=int(time.time()) + 3600)  # issued in the future
+    await _refused(await client.get("/stores/orders/get/1", headers=_bearer(token)), 401, "token not yet valid")
+
+
+def test_the_leeway_stretches_both_ends_of_a_tokens_window() -> None:
+    """The times are checked by riqr (pyjwt's checks are off, its rule kept): within the leeway of its
+    expiry or of its start a token still verifies, past it not."""
+    from runtime.auth import AuthConfig, authenticate
+
+    config = AuthConfig(enabled=True, secret=SECRET, leeway_seconds=30)
+    now = int(time.time())
+    assert authenticate(config, f"Bearer {_hs256(exp=now - 10)}").subject == "alice"
+    assert authenticate(config, f"Bearer {_hs256(nbf=now + 10)}").subject == "alice"
+    with pytest.raises(Unauthorized, match="token expired"):
+        authenticate(config, f"Bearer {_hs256(exp=now - 60)}")
+    with pytest.raises(Unauthorized, match="token not yet valid"):
+        authenticate(config, f"Bearer {_hs256(nbf=now + 60)}")
 
 
 @pytest.mark.parametrize(
@@ -147,6 +164,10 @@ async def test_a_token_not_yet_valid_is_401(client: Any) -> None:
         {"exp": str(int(time.time()) + 3600)},  # pyjwt reads a NumericDate written as text with int()
         {"iat": str(int(time.time()))},
         {"nbf": "0"},
+        {"exp": True},  # read by pyjwt as 1, and the token called expired: not a NumericDate at all
+        {"iat": True},
+        {"exp": float("nan")},  # JSON's NaN, which Python's json reads: never expired by a comparison
+        {"exp": float("inf")},
     ],
     ids=[
         "wrong-audience",
@@ -158,6 +179,10 @@ async def test_a_token_not_yet_valid_is_401(client: Any) -> None:
         "expiry-as-text",
         "issued-at-as-text",
         "not-before-as-text",
+        "expiry-true",
+        "issued-at-true",
+        "expiry-nan",
+        "expiry-infinite",
     ],  # fmt: skip
 )
 async def test_tokens_failing_a_claim_check_are_401_invalid_token(client: Any, overrides: dict[str, Any]) -> None:
