@@ -476,10 +476,8 @@ def _one_key(store: str, key: Any, method: str) -> Any:
     """``key`` for a query of one key's windows or sessions: None read as no key and answered every key's
     (Kafka's ``fetch(null)`` is an error too); the ``_range`` forms read every key."""
     if key is None:
-        raise InvalidParameter(
-            f"{method}() needs a key (None given); {method.removeprefix('find_')}_range() reads every key's",
-            store=store,
-        )
+        every = {"find_sessions": "iterate_sessions(earliest_end=, latest_start=)"}.get(method, f"{method}_range()")
+        raise InvalidParameter(f"{method}() needs a key (None given); {every} reads every key's", store=store)
     return key
 
 

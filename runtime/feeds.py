@@ -507,7 +507,7 @@ class FeedBook:
         for store, feed in data.get("feeds", {}).items():
             report = FeedReport.from_json(store, feed["report"])
             # Saved before contents were: the record's own checkpoint, if it had delivered a batch (a failed
-            # record's batch is the one that failed).
+            # record saved then named the batch that failed; one saved since keeps the last delivered).
             delivered = report.batch_id is not None and report.state != FAILED
             contents = feed.get("contents", report.checkpoint if delivered else None)
             book._feeds[store] = _Feed(report, now, contents, feed.get("taken"))

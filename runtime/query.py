@@ -25,7 +25,14 @@ from runtime.codec import decode_value
 from runtime.durable import fsync_directory
 from runtime.engines import NONE, EngineCorrupt, PartitionEngine, Position, open_engine
 from runtime.engines.keycodec import KeyCodec
-from runtime.errors import CopyMoved, NotConnected, PartitionCatchingUp, PartitionIncomplete, PartitionUnavailable
+from runtime.errors import (
+    CopyBehind,
+    CopyMoved,
+    NotConnected,
+    PartitionCatchingUp,
+    PartitionIncomplete,
+    PartitionUnavailable,
+)
 from runtime.merge import merge_sorted
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Span, Spans
@@ -407,8 +414,10 @@ class QueryCore:
         """Sealed for good: a move put another actor in this one's place (it is destroyed next)."""
         return self._sealed_until == float("inf")
 
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
+    def open_snapshot(self, partition: int, at_least: Position | None = None) -> SnapshotOffer:
         """Export a consistent copy of a serving partition for a peer to copy (``runtime.snapshots``).
+        ``CopyBehind``, before anything is exported, if this copy is older than ``at_least`` of the same
+        source (the asker's own position: an older copy would take it back in time).
 
         The engine's capture runs under the write lock (brief: a RocksDB checkpoint, or copying a memory
         partition's key and value references); writing it out and checksumming it do not.
@@ -416,6 +425,15 @@ class QueryCore:
         with self._writing:  # with destroy's check: never an export directory made where the data was deleted
             if self._destroyed:
                 raise self._unavailable(partition)
+            if at_least is not None:
+                here = self._partition(partition).engine.position()
+                if here.source == at_least.source and here.batch_id < at_least.batch_id:
+                    raise CopyBehind(
+                        f"partition {partition} of store {self.spec.name} is at batch {here.batch_id} here, behind "
+                        f"the asker's {at_least.batch_id}",
+                        store=self.spec.name,
+                        partition=partition,
+                    )
             exports = self._exports
             if exports is None:
                 root = Path(tempfile.mkdtemp()) / "exports" if self.directory is None else self.directory / ".exports"

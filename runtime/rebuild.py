@@ -36,7 +36,7 @@ from typing import Protocol
 from runtime.catalog import StoreSpec
 from runtime.engines import PartitionEngine, open_engine
 from runtime.engines.base import MANIFEST, write_atomically
-from runtime.errors import RiqrError
+from runtime.errors import CopyBehind, RiqrError
 from runtime.partition import MARKER, PartitionState
 from runtime.scan import Scan
 from runtime.snapshots import (
@@ -137,6 +137,12 @@ class Rebuilder:
         if state.generation != generation:
             return "aborted"
         found = self._open(state)
+        if found == "behind":
+            # Every peer that answered is behind this copy, whose own engine holds every batch up to its
+            # position (batches apply in order): the batches buffered since may continue from there.
+            # Else it waits for a peer that reaches its batch (the sink feeds standbys first).
+            step = self._apply_buffer(state, generation)
+            return "behind" if step == "gap" else step
         if isinstance(found, str):
             return found
         peer, offer = found
@@ -159,19 +165,22 @@ class Rebuilder:
         log.info("partition %d: installed a peer's copy at batch %d (%d bytes); applying the batches since",
                  state.partition, offer.position.batch_id, offer.size,
                  extra={"store": self.spec.name, "partition": state.partition})  # fmt: skip
+        return self._apply_buffer(state, generation)
+
+    def _apply_buffer(self, state: PartitionState, generation: int) -> str:
+        """Apply the buffered batches to the partition's engine: ``"in-sync"``, ``"gap"`` or ``"aborted"``."""
         while True:
             with self.lock:  # one batch per hold: the sink's apply never waits behind the whole buffer
                 step = state.catch_up_step(generation)
-            if step == "gap":
-                return "gap"
             if step != "applied":
                 return step
 
     def _open(self, state: PartitionState) -> tuple[SnapshotPeer, SnapshotOffer] | str:
         """A peer's snapshot of the partition, from the first holder that gives one no older than the copy
         itself: a copy ahead of a peer (a standby is fed before its active) that took the peer's older
-        snapshot went back in time, serving a batch it had acknowledged as applied no longer. Else why
-        not: ``"no-peer"``, or ``"behind"`` (peers gave snapshots, all older: the sink reaches them next)."""
+        snapshot went back in time, serving a batch it had acknowledged as applied no longer (the peer
+        refuses, given the copy's position, before it exports anything). Else why not: ``"no-peer"``, or
+        ``"behind"`` (peers serve, all older)."""
         partition = state.partition
         own = state.engine.position()
         outcome = "no-peer"
@@ -180,7 +189,11 @@ class Rebuilder:
                 continue
             try:  # a holder Ray no longer names is skipped like one that gives no snapshot
                 peer = self.peers.peer(uuid)
-                offer = peer.open_snapshot(partition)
+                offer = peer.open_snapshot(partition, own if own.batch_id >= 0 else None)
+            except CopyBehind as err:  # refused before anything was exported
+                log.info("partition %d: peer %s is behind: %s", partition, uuid, err.message)
+                outcome = "behind"
+                continue
             except RiqrError as err:
                 log.info("partition %d: peer %s gives no snapshot: %s", partition, uuid, err.message)
                 continue

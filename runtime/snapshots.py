@@ -85,9 +85,10 @@ class SnapshotOffer:
 class SnapshotPeer(Protocol):
     """The calls a receiver makes to the peer it copies from (blocking; the catch-up runs in a thread)."""
 
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
+    def open_snapshot(self, partition: int, at_least: Position | None = None) -> SnapshotOffer:
         """Export a consistent copy of ``partition``; ``PartitionUnavailable`` if the peer's copy is not
-        serving (it cannot give what it cannot prove complete)."""
+        serving (it cannot give what it cannot prove complete), ``CopyBehind`` if it is older than
+        ``at_least`` of the same source (the receiver's own position)."""
         ...
 
     def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:

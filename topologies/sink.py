@@ -572,11 +572,12 @@ def _check_arguments(trigger: str, delivery_timeout: float, kind: str = "kv", ou
     check_interval(trigger)
     if not delivery_timeout > 0:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
-    if output_mode is not None and output_mode not in _OUTPUT_MODES:
+    mode = None if output_mode is None else str(output_mode).lower()  # Spark reads it in any case
+    if mode is not None and mode not in _OUTPUT_MODES:
         raise ValueError(f"output_mode must be one of {', '.join(_OUTPUT_MODES)}, got {output_mode!r}")
-    if kind == "session" and output_mode not in (None, "append"):
+    if kind == "session" and mode not in (None, "append"):
         raise ValueError(
-            f"a session store takes append mode only, got output_mode={output_mode!r}: in {output_mode} mode "
+            f"a session store takes append mode only, got output_mode={output_mode!r}: in {mode} mode "
             "a session that merges with another leaves its old row behind in the store"
         )
 
@@ -880,7 +881,8 @@ def _start(
         if plan == "rebuild" and not delivery.rebuild_from_input:
             _say_no_rebuild(delivery)
             plan = "resume"
-        mode = output_mode or ("append" if kind == "session" else "update")
+        # Lower case as Spark reads it: "Append" once held no window for its watermark (compared as "append").
+        mode = output_mode.lower() if output_mode else ("append" if kind == "session" else "update")
         analyzed = _analyzed_plan(df)
         delivery.holds = mode == "append" and _holds_until_a_watermark(analyzed, default=kind in ("window", "session"))
         if plan == "rebuild":

@@ -40,7 +40,8 @@ from runtime.config import (
     riqr_data,
 )
 from runtime.deadline import Deadline
-from runtime.errors import CannotListen, DeadlineExceeded, DeploymentConflict, OwnerUnavailable
+from runtime.engines import Position
+from runtime.errors import CannotListen, DeadlineExceeded, DeploymentConflict, OwnerUnavailable, RiqrError
 from runtime.membership import UndecodableRecord
 from runtime.metrics import Metrics
 from runtime.orphans import ACTOR_NAME
@@ -174,15 +175,16 @@ class RayEnv:
         return await raycalls.call_within(lambda: remote(*args), f"registry {method}", deadline=deadline)
 
     async def _tell_registry(self, method: str, *args: Any) -> None:
-        """``_ask_registry`` for a verticle that is stopping: a registry gone (``riqr down``) or not answering
-        in time is logged, and the stop goes on. What it was told catches up by itself: the sink drops a read
-        replica it cannot deliver to, and a node's next HTTP verticle registers its endpoint again."""
+        """``_ask_registry`` for a verticle that is stopping: a registry gone (``riqr down``), dying during the
+        call or not answering in time is logged, and the stop goes on. What it was told catches up by
+        itself: the sink drops a read replica it cannot deliver to, and a node's next HTTP verticle
+        registers its endpoint again."""
         try:
             await self._ask_registry(method, *args)
         except ValueError:  # the registry is gone already (riqr down)
             pass
-        except DeadlineExceeded as err:
-            log.warning("the registry did not answer %s in time (%s); stopping without it", method, err)
+        except RiqrError as err:  # not in time, or it died during the call
+            log.warning("the registry did not answer %s (%s); stopping without it", method, err.message)
 
     def report_moved(self, uuid: str, node_id: str, node_ip: str) -> None:
         try:
@@ -530,9 +532,9 @@ class RaySnapshotPeer:
         except ValueError:
             raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid) from None
 
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
-        offer: SnapshotOffer = raycalls.get(self._handle.open_snapshot.remote(partition), "exporting a snapshot",
-                                            timeout=_EXPORT_TIMEOUT, actor=self.uuid)  # fmt: skip
+    def open_snapshot(self, partition: int, at_least: Position | None = None) -> SnapshotOffer:
+        ref: Any = self._handle.open_snapshot.remote(partition, at_least)
+        offer: SnapshotOffer = raycalls.get(ref, "exporting a snapshot", timeout=_EXPORT_TIMEOUT, actor=self.uuid)
         return offer
 
     def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 from runtime import logs
 from runtime.batchrows import Slice
 from runtime.catalog import StoreSpec
+from runtime.engines import Position
 from runtime.metrics import QUERY_METRICS, Metrics
 from runtime.monotonic import Spans
 from runtime.pages import PackedPage
@@ -234,9 +235,10 @@ class QueryVerticle:
     def positions(self) -> dict[int, dict[str, Any]]:
         return self.core.positions()
 
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
-        """Export a consistent copy of a serving partition for a peer rebuilding its own (``runtime.snapshots``)."""
-        return self.core.open_snapshot(partition)
+    def open_snapshot(self, partition: int, at_least: Position | None = None) -> SnapshotOffer:
+        """Export a consistent copy of a serving partition for a peer rebuilding its own (``runtime.snapshots``);
+        ``CopyBehind`` if it is older than the peer's own ``at_least``."""
+        return self.core.open_snapshot(partition, at_least)
 
     def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
         return self.core.read_snapshot(token, path, offset, length)

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from runtime.catalog import StoreSpec, ValueField
+from runtime.engines import Position
 from runtime.errors import OwnerUnavailable
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN, slices_for_owners, split_by_partition
 from runtime.keys import KeySchema
@@ -238,10 +239,10 @@ class Peer:
         self.during_copy: Callable[[], None] = lambda: None
         self._reads = 0
 
-    def open_snapshot(self, partition: int) -> SnapshotOffer:
+    def open_snapshot(self, partition: int, at_least: Position | None = None) -> SnapshotOffer:
         self.opens += 1
         self._reads = 0
-        return self.core.open_snapshot(partition)
+        return self.core.open_snapshot(partition, at_least)
 
     def read_snapshot(self, token: str, path: str, offset: int, length: int) -> bytes:
         self._reads += 1

@@ -79,6 +79,7 @@ class _Untouchable:
         # kept both, overlapping, their counts summed (a review's fake batches showed it).
         ({"kind": "session", "output_mode": "complete"}, "a session store takes append mode only"),
         ({"kind": "session", "output_mode": "update"}, "a session store takes append mode only"),
+        ({"kind": "session", "output_mode": "Complete"}, "a session store takes append mode only"),
     ],
 )
 def test_materialize_refuses_bad_arguments_before_it_creates_anything(

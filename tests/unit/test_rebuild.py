@@ -186,7 +186,7 @@ def test_a_catch_up_that_fails_with_any_error_is_retried_then_given_up_never_lef
     and left its partition catching-up for good, buffering batches nothing would apply."""
     s = Setup(kind, tmp_path)
 
-    def broken(partition: int) -> Any:
+    def broken(partition: int, at_least: Any = None) -> Any:
         s.peer.opens += 1
         raise RuntimeError("IO error: No space left on device")
 
@@ -581,8 +581,9 @@ def test_a_buffered_batch_of_the_source_the_sink_left_does_not_stall_the_catch_u
 
 def test_a_copy_ahead_of_its_peer_does_not_take_the_peers_older_copy(kind: str, tmp_path: Path) -> None:
     """A standby is fed before its active: a catch-up of the standby (a move's) took the active's copy at
-    batch 58 while it held 59, and served 58 again (and lacked 59, acknowledged applied). It waits for a
-    peer at its own batch or later; given up, it says why."""
+    batch 58 while it held 59, and served 58 again (and lacked 59, acknowledged applied). The peer now
+    refuses before it exports anything, and the copy, ahead of every peer, catches up in place from its
+    own engine; with a batch missing from its buffer too, it waits for a peer that has it."""
     s = Setup(kind, tmp_path)
     for n in (57, 58):
         s.peer_core.apply("q", n, batch(n))
@@ -590,13 +591,24 @@ def test_a_copy_ahead_of_its_peer_does_not_take_the_peers_older_copy(kind: str, 
         if n == 57:
             assert s.run() == "in-sync"
     s.me.apply("q", 59, batch(59))  # the standby first; its active is still at 58
+    opens = s.peer.opens
     assert s.me.catch_up([0]) == [0]
-    s.sleeps.append(lambda: s.peer_core.apply("q", 59, batch(59)))  # the sink reaches the active
-    assert s.run() == "in-sync"
+    assert s.run() == "in-sync" and s.peer.opens == opens + 1  # asked once, refused: nothing exported
     assert s.me.get_one(0, "last") == (b"\xa259", ("q", 59, 59))
-    s.me.apply("q", 60, batch(60))
+    s.peer_core.apply("q", 59, batch(59))
+    s.both(60)
     assert s.me.positions()[0]["state"] == SERVING
 
-    assert s.me.catch_up([0]) == [0]  # the peer never catches up this time: given up, saying why
-    assert s.run() == "gave-up"
-    assert "every peer's copy is behind this one" in s.me.positions()[0]["reason"]
+    # Ahead of the peer (61 against 60) and missing a batch (63 received, 62 not): it waits for a peer that
+    # has them, then takes that peer's copy.
+    s.me.apply("q", 61, batch(61))
+    s.me.apply("q", 63, batch(63))  # 62 never reached this copy: a gap, so it catches up
+    assert s.me.positions()[0]["state"] == CATCHING_UP
+
+    def the_sink_reaches_the_active() -> None:
+        for n in (61, 62, 63):
+            s.peer_core.apply("q", n, batch(n))
+
+    s.sleeps.append(the_sink_reaches_the_active)  # during the first backoff: the peer was behind until then
+    assert s.run() == "in-sync"
+    assert s.me.get_one(0, "k62")[0] is not None and s.me.get_one(0, "last") == (b"\xa263", ("q", 63, 63))
