@@ -257,7 +257,7 @@ class Facade:
 
     async def _positions(self, view: ClusterView, store: str | None = None) -> metadata.Positions:
         uuids = [u for u, info in view.actors.items() if store is None or info.store == store]
-        return await metadata.gather_positions(self._bus, uuids, self.timeout)
+        return await metadata.gather_positions(self._bus, uuids, min(self.timeout, metadata.POSITIONS_DEADLINE))
 
     async def catalog(self) -> list[dict[str, Any]]:
         """Every store: kind, schemas, layout, engine, ingest state, and each partition's copies: position,
@@ -296,5 +296,5 @@ class Facade:
         ingest = await self._ingest()
         owners = table.partitions[route.partition]
         copies = {route.owner, *route.standbys, *owners.standbys} | ({owners.active} if owners.active else set())
-        positions = await metadata.gather_positions(self._bus, copies, self.timeout)
+        positions = await metadata.gather_positions(self._bus, copies, min(self.timeout, metadata.POSITIONS_DEADLINE))
         return metadata.owner_of(self.views.current, table, route, positions, ingest)

@@ -21,12 +21,19 @@ __all__ = [
     "newest_batches",
     "Positions",
     "Ingest",
+    "POSITIONS_DEADLINE",
 ]
 
 # actor uuid -> partition -> {"source", "batch_id", "state"[, "reason"]}
 Positions = dict[str, dict[int, dict[str, Any]]]
 # store -> its entry in the registry's status["ingest"] (runtime.feeds.FeedBook.status)
 Ingest = dict[str, dict[str, Any]]
+
+# Seconds a copy has to say its positions for the catalog and the metadata answers (a small call that
+# takes no lock): past it the copy shows ``unavailable``. With the request's deadline (10 s), one frozen
+# actor held ``GET /stores``, ``/metadata``, `riqr status` and the console for 10 s each, just when an
+# operator looks (a black-box run). Longer than ``/ready``'s 1 s probe: these answers say more.
+POSITIONS_DEADLINE = 2.0
 
 
 def newest_batches(ingest: Ingest | None) -> dict[str, Newest | None]:

@@ -291,6 +291,29 @@ async def test_the_catalog_says_which_partitions_cannot_answer_and_why(facade: F
     assert states[0][0] == "unavailable" and states[2][0] == "unavailable"  # partition 0's owner holds 0 and 2
 
 
+async def test_a_frozen_copy_holds_the_catalog_and_metadata_for_seconds_not_the_whole_deadline(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One SIGSTOPped query actor held GET /stores and /metadata for the request's whole 10 s (a black-box
+    run): each copy has ``POSITIONS_DEADLINE`` to say its positions, then shows unavailable."""
+    import time
+
+    from runtime.facade import metadata
+
+    monkeypatch.setattr(metadata, "POSITIONS_DEADLINE", 0.2)
+    facade = Facade(bus, timeout=10.0)
+    await facade.catalog()  # the view loaded
+    table = facade.views.current.table("customers")
+    assert table is not None
+    bus.owners[table.partitions[0].active or ""].stall = 30.0  # frozen: never answers in time
+    started = time.monotonic()
+    states = {e["partition"]: e["state"] for e in (await facade.catalog())[0]["positions"]}
+    instances = await facade.metadata()
+    assert time.monotonic() - started < 2.0
+    assert states[0] == "unavailable" and "serving" in states.values()
+    assert any(p["state"] == "unavailable" for i in instances for p in i.get("positions", []))
+
+
 async def test_reverse_and_prefix(bus: FakeBus) -> None:
     bus.create_store(kv_spec("words"))
     bus.load("words", {w: w.upper() for w in ["apple", "apricot", "banana", "app", "b"]})
