@@ -127,10 +127,12 @@ class PartitionState:
         directory: Path | None,
         lost: bool = False,
         restarted: bool = False,
+        new_copy: bool = False,
         store: str = "",
     ) -> None:
         """``lost``: its actor restarted and kept nothing (no directory); ``restarted``: its actor restarted
-        (or was created again) and found none of the partition's files."""
+        (or was created again) and found none of the partition's files; ``new_copy``: it is a new copy (a
+        move's, or a standby added), which has nothing yet by design."""
         self.partition = partition
         self.store = store  # for log lines
         self.engine = engine
@@ -164,7 +166,10 @@ class PartitionState:
             # wiped. It may have held rows before, so it must not serve empty at a new source's start
             # (``begin``) while the source's batch 0 has yet to bring them back: incomplete, until that
             # batch or a peer's copy.
-            self._mark_incomplete(-1, "its actor restarted with nothing on disk (a new node, or its data was lost)")
+            if new_copy:  # nothing lost: said at info, not as a warning each new copy would raise
+                self._mark_incomplete(-1, "it is a new copy and has nothing yet: it copies from a peer", logging.INFO)
+            else:
+                self._mark_incomplete(-1, "its actor restarted with nothing on disk (a new node, or its data was lost)")
         elif position.batch_id < 0:
             # Nothing of its source applied yet. (A new source's reset, reopened before its batch 0 was
             # applied, lands here too: better a 503 for a moment than an empty store.)
@@ -393,10 +398,10 @@ class PartitionState:
             os.unlink(self._held)
             fsync_directory(self._held.parent)
 
-    def _mark_incomplete(self, batch_id: int, reason: str) -> None:
+    def _mark_incomplete(self, batch_id: int, reason: str, level: int = logging.WARNING) -> None:
         if self.state != INCOMPLETE:
             fields = {"store": self.store or None, "partition": self.partition, "batch": batch_id}
-            log.warning("partition %d is incomplete: %s", self.partition, reason, extra=fields)
+            log.log(level, "partition %d is incomplete: %s", self.partition, reason, extra=fields)
         self.state, self.reason = INCOMPLETE, reason
         self._write_marker(reason)
 

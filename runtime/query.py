@@ -173,7 +173,8 @@ class QueryCore:
     With a ``directory`` each partition lives in the store's engine under ``directory/p<n>`` and survives
     a restart of the actor: it reopens at its last position. Without one (unit tests), partitions are
     in memory only, and a restarted actor (``recovered``) has lost them: they answer 503, never as an
-    empty store.
+    empty store. ``new_copy``: a move's new actor or an added standby, whose empty partitions are by
+    design (said at info, not as a warning of lost data).
     """
 
     def __init__(
@@ -183,6 +184,7 @@ class QueryCore:
         *,
         directory: Path | None = None,
         recovered: bool = False,
+        new_copy: bool = False,
         metrics: Metrics | None = None,
         peers: PeerSource | None = None,
         me: str = "",
@@ -221,8 +223,9 @@ class QueryCore:
                 found = path is not None and path.is_dir() and any(path.iterdir())
                 engine = _open_partition(spec, p, path, self._owner)
                 lost = recovered and path is None
+                restarted = recovered and not found
                 self.partitions[p] = PartitionState(
-                    p, engine, directory=path, lost=lost, restarted=recovered and not found, store=spec.name
+                    p, engine, directory=path, lost=lost, restarted=restarted, new_copy=new_copy, store=spec.name
                 )
         except BaseException:
             for state in self.partitions.values():

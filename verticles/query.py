@@ -128,6 +128,7 @@ class QueryVerticle:
             partitions,
             directory=directory,
             recovered=recovered,
+            new_copy=self.joining,
             metrics=metrics,
             peers=peers,
             me=uuid,

@@ -612,3 +612,26 @@ def test_a_copy_ahead_of_its_peer_does_not_take_the_peers_older_copy(kind: str, 
     s.sleeps.append(the_sink_reaches_the_active)  # during the first backoff: the peer was behind until then
     assert s.run() == "in-sync"
     assert s.me.get_one(0, "k62")[0] is not None and s.me.get_one(0, "last") == (b"\xa263", ("q", 63, 63))
+
+
+def test_a_new_copy_with_nothing_yet_is_not_warned_about_as_lost_data(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every copy a move or `riqr standbys` made logged 'its actor restarted with nothing on disk (a new
+    node, or its data was lost)' as a warning (105 in a black-box run), which alerts on warnings took for
+    data loss. A new copy says what it is, at info; a restarted actor that finds nothing still warns."""
+    spec = kv_spec("s", partitions=2, actors=2, standbys=1)
+    with caplog.at_level("INFO", logger="runtime.partition"):
+        new = QueryCore(spec, [0], directory=tmp_path / "new", recovered=True, new_copy=True)
+        lost = QueryCore(spec, [0], directory=tmp_path / "lost", recovered=True)
+    assert new.positions()[0]["state"] == lost.positions()[0]["state"] == INCOMPLETE
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("INFO", "partition 0 is incomplete: it is a new copy and has nothing yet: it copies from a peer"),
+        (
+            "WARNING",
+            "partition 0 is incomplete: its actor restarted with nothing on disk (a new node, or its data was lost)",
+        ),
+    ]
+    new.close()
+    lost.close()
