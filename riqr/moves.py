@@ -167,7 +167,7 @@ def remove_standbys(namespace: str, store: str, wanted: int, *, say: Callable[[s
     ``wanted`` (nothing removed) or an actor is not deleted in time; a removal the registry refuses
     (``Conflict``: a failover made it answer for a partition meanwhile, say) stops there, the ones
     before it made."""
-    _settle(namespace, store)
+    _settle(namespace, store, say)
     planned = plan_removals(namespace, store, wanted)
     if not planned:
         return []
@@ -198,12 +198,14 @@ def _view_with(namespace: str, store: str) -> ClusterView:
     return view
 
 
-def _settle(namespace: str, store: str) -> None:
+def _settle(namespace: str, store: str, say: Callable[[str], None]) -> None:
     """Copies an earlier run added and could not keep (stopped after their admission) first: kept if they
-    caught up since, so they count as what they are (``Registry.settle_standbys``)."""
+    caught up since, so they count as what they are (``Registry.settle_standbys``), and said."""
     settled = raycalls.get(
         registry_of(namespace).settle_standbys.remote(store), "settling copies", timeout=_CALL_TIMEOUT
     )
+    for uuid in settled.get("kept", []):
+        say(f"kept standby copy {uuid} of store {store}, added by an earlier run that was stopped: it caught up")
     if settled["pending"]:
         raise MoveFailed(f"standby copies of store {store} added by an earlier run are still catching up "
                          f"({', '.join(settled['pending'])}): run it again once they serve")  # fmt: skip
@@ -241,7 +243,7 @@ def add_standbys(
     new copy is a new query actor that copies its partitions from live copies, catches up and stays
     (``move`` with ``Move.standby``), one after another. Stops at the first that fails (``MoveFailed``;
     the copies added before it stay)."""
-    _settle(namespace, store)
+    _settle(namespace, store, say)
     has, planned = plan_standby_copies(namespace, store, wanted)
     if not planned:
         say(f"nothing to add: every partition of store {store} has {copies(has)} or more")

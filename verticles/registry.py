@@ -718,8 +718,8 @@ class Registry:
         if late:
             return {"kept": False, "behind": late, "old": theirs, "new": mine}
         standbys = self._settle_copy(new)
-        log.info("query actor %s of %s keeps its standby copy of partitions %s; the store has %d standby copies "
-                 "of each partition", new, joined.store, sorted(held), standbys,
+        log.info("query actor %s of %s keeps its standby copy of partitions %s; the store's partitions have %d "
+                 "standby copies at the fewest", new, joined.store, sorted(held), standbys,
                  extra={"store": joined.store, "actor": new})  # fmt: skip
         return {"kept": True, "epoch": self.state.epoch, "standbys": standbys}
 
@@ -727,8 +727,9 @@ class Registry:
         """The standby copies of ``store`` being added whose driver stopped after their admission: each
         that holds what the actor it was copied from holds (``keep``'s check) is kept; the others are
         left to catch up (``{"pending"}``). ``riqr standbys`` calls this first. Returns
-        ``{"standbys", "pending"}``."""
-        pending = []
+        ``{"standbys", "pending", "kept"}``."""
+        pending: list[str] = []
+        kept_now: list[str] = []
         for new in [u for u, old in self._moving.items() if u in self._copying]:
             info = self.state.view().actors.get(new)
             if info is None or info.store != store:
@@ -737,13 +738,12 @@ class Registry:
                 kept = self.keep(self._moving[new], new)["kept"]
             except RiqrError:
                 kept = False
-            if not kept:
-                pending.append(new)
+            (kept_now if kept else pending).append(new)
         table = self.state.view().table(store)
         if table is None:
             raise StoreNotFound(f"store {store!r} is not known", store=store)
         standbys = (table.spec.standbys or 0) if pending else self._store_standbys(table)
-        return {"standbys": standbys, "pending": sorted(pending)}
+        return {"standbys": standbys, "pending": sorted(pending), "kept": sorted(kept_now)}
 
     def remove_standby(self, uuid: str, wanted: int) -> dict[str, Any]:
         """``riqr standbys`` with fewer copies: query actor ``uuid``, which answers for no partition, leaves

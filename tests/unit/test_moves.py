@@ -782,7 +782,7 @@ def test_copies_added_to_a_store_without_standbys_make_every_copy_catch_up_from_
     with pytest.raises(Conflict, match="being added"):
         registry.join(second, "node-a")
     # ... and the next `riqr standbys` settles it, caught up: kept, not destroyed.
-    assert registry.settle_standbys("s") == {"standbys": 1, "pending": []}
+    assert registry.settle_standbys("s") == {"standbys": 1, "pending": [], "kept": [copies[second]]}
     assert copies[second] in registry.view().actors and copies[second] not in env.destroyed
     table = registry.view().tables["s"]
     assert table.spec.standbys == table.fewest_standbys() == 1
