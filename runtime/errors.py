@@ -251,7 +251,8 @@ class PartitionCatchingUp(PartitionIncomplete):
 
 class CopyBehind(PartitionUnavailable):
     """Every copy of a partition that answered is older than what this facade already served from it
-    (``runtime.monotonic``); an older answer would make the store go back in time, so none is given."""
+    (``runtime.monotonic``); an older answer would make the store go back in time, so none is given. Also
+    a peer's refusal to export a copy older than the catching-up copy's own (``QueryCore.open_snapshot``)."""
 
     code = "copy-behind"
 

@@ -13,7 +13,8 @@ missed one. The states:
   restarts (an ``INCOMPLETE`` marker next to its data), until a new source's batch 0 rebuilds it;
 * ``lost``: its actor restarted and the state was not durable;
 * ``catching-up``: it lost its state and is being rebuilt from a live peer (``runtime.rebuild``): it
-  buffers the batches that arrive, installs the peer's copy at some position ``p``, applies the buffered
+  buffers the batches that arrive, installs the peer's copy at some position ``p`` (or, a copy that
+  served when the catch-up began and is ahead of every peer, keeps its own), applies the buffered
   batches after ``p`` in order, and serves only once it has applied every batch it received;
 * ``rebuilding``: a new source's batch 0 reset it, but that batch does not hold the whole state: an
   append-mode aggregation with a watermark (sessions, windows written in append mode) emits a row only
@@ -147,6 +148,12 @@ class PartitionState:
         # Engines this partition has had replaced by a peer's copy (``Rebuilder._install``), counted before
         # the old one closes: a read taken from it as it served sees the count move and is no answer.
         self.swaps = 0
+        # The catch-up in progress began on a serving copy, and no install has touched its engine since:
+        # that engine holds exactly the batches up to its position, so the batches buffered since may be
+        # applied to it in place when every peer is behind (``Rebuilder._attempt``). Not for a copy held
+        # for a watermark, incomplete (it missed batches, which a restart no longer remembers), or whose
+        # engine a failed install may have left closed.
+        self.whole_before_catch_up = False
         position = engine.position()
         # The position an apply or reset in progress moves to, set before any of its rows can be seen and
         # cleared after the engine's position moved: a read that overlaps it can tell (``span``).
@@ -291,6 +298,7 @@ class PartitionState:
         catch-up must present to install and to apply its buffer. The marker stays (or is written), so a
         crash before the catch-up ends reopens the partition as incomplete, not as serving an old state."""
         self._end_catch_up()
+        self.whole_before_catch_up = self.state == SERVING
         self._write_marker("it lost its state and is being rebuilt from a live peer")
         self.state, self.reason = CATCHING_UP, "it is being rebuilt from a live peer and has not caught up yet"
         return self.generation

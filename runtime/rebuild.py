@@ -5,9 +5,11 @@ and the store has standbys, or when a restarted actor finds a partition it canno
 
 1. The partition turns ``catching-up`` (``PartitionState.start_catch_up``) and buffers every batch that
    arrives from then on; the sink's ``apply`` returns at once, saying so.
-2. A peer holding a serving copy (active first, then standbys, from the registry's table) exports a
-   consistent snapshot at position ``p`` (``runtime.snapshots``); it is copied in chunks, checked, and
-   installed atomically in the partition's place, marked incomplete until step 3 ends.
+2. A peer holding a serving copy (active first, then standbys, from the registry's table) at the copy's
+   own batch or past it exports a consistent snapshot at position ``p`` (``runtime.snapshots``); it is
+   copied in chunks, checked, and installed atomically in the partition's place, marked incomplete until
+   step 3 ends. A copy that served when the catch-up began, ahead of every peer that answered, keeps its
+   own engine (``p`` is its own position) and goes on to step 3 in place.
 3. The buffered batches after ``p`` are applied in order, one per hold of the write lock (so the sink
    never waits behind more than one batch). If the buffer does not continue from ``p`` (the peer was
    behind the first batch buffered, or the buffer overflowed), a fresh snapshot is taken and step 2
@@ -137,10 +139,11 @@ class Rebuilder:
         if state.generation != generation:
             return "aborted"
         found = self._open(state)
-        if found == "behind":
-            # Every peer that answered is behind this copy, whose own engine holds every batch up to its
-            # position (batches apply in order): the batches buffered since may continue from there.
-            # Else it waits for a peer that reaches its batch (the sink feeds standbys first).
+        if found == "behind" and state.whole_before_catch_up:
+            # Every peer that answered is behind this copy, which served when the catch-up began and whose
+            # engine no install has touched since: it holds every batch up to its position (batches apply
+            # in order), and the batches buffered since may continue from there. Else it waits for a peer
+            # that reaches its batch (the sink feeds standbys first).
             step = self._apply_buffer(state, generation)
             return "behind" if step == "gap" else step
         if isinstance(found, str):
@@ -224,6 +227,7 @@ class Rebuilder:
             if state.generation != generation:
                 return False
             state.swaps += 1  # before the old engine closes: reads begun on it are no answer (QueryCore._spans)
+            state.whole_before_catch_up = False  # its engine is the peer's copy from here, or a failed one
             if target is None:
                 engine = _copy_into_memory(self.spec, kind, incoming)
             else:

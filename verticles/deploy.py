@@ -41,7 +41,14 @@ from runtime.config import (
 )
 from runtime.deadline import Deadline
 from runtime.engines import Position
-from runtime.errors import CannotListen, DeadlineExceeded, DeploymentConflict, OwnerUnavailable, RiqrError
+from runtime.errors import (
+    CannotListen,
+    DeadlineExceeded,
+    DeploymentConflict,
+    InternalError,
+    OwnerUnavailable,
+    RiqrError,
+)
 from runtime.membership import UndecodableRecord
 from runtime.metrics import Metrics
 from runtime.orphans import ACTOR_NAME
@@ -533,7 +540,19 @@ class RaySnapshotPeer:
             raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid) from None
 
     def open_snapshot(self, partition: int, at_least: Position | None = None) -> SnapshotOffer:
-        ref: Any = self._handle.open_snapshot.remote(partition, at_least)
+        """``at_least`` only when given, and asked again without it of a peer whose riqr predates it (a
+        restarted actor runs newer code than its peers during an upgrade): that peer exports whatever it
+        holds, and the receiver compares positions itself (``Rebuilder._open``)."""
+        args: tuple[Any, ...] = (partition,) if at_least is None else (partition, at_least)
+        try:
+            return self._export(args)
+        except InternalError as err:
+            if at_least is None or "TypeError" not in err.message:
+                raise
+            return self._export((partition,))
+
+    def _export(self, args: tuple[Any, ...]) -> SnapshotOffer:
+        ref: Any = self._handle.open_snapshot.remote(*args)
         offer: SnapshotOffer = raycalls.get(ref, "exporting a snapshot", timeout=_EXPORT_TIMEOUT, actor=self.uuid)
         return offer
 

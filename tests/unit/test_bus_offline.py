@@ -178,3 +178,34 @@ async def test_a_stopping_verticle_finds_the_registry_gone(monkeypatch: pytest.M
     monkeypatch.setattr(env, "_ask_registry", dies)
     await env.drop_reader("00000000-0000-4000-8000-000000000001", "its HTTP verticle stopped")
     await env.unregister_endpoint("node-1")
+
+
+def test_a_peer_of_the_riqr_before_at_least_is_asked_again_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """During an upgrade a restarted actor runs newer code than its peers: one whose ``open_snapshot`` takes
+    no ``at_least`` raised TypeError, and every catch-up from it failed. It is asked again without; a peer
+    is never sent ``at_least=None`` as an argument at all."""
+    from runtime import raycalls
+    from runtime.engines import Position
+    from runtime.errors import InternalError
+    from verticles import deploy
+
+    sent: list[tuple[Any, ...]] = []
+
+    class OldPeer:
+        class open_snapshot:  # noqa: N801 - a Ray method's shape
+            @staticmethod
+            def remote(*args: Any) -> tuple[Any, ...]:
+                sent.append(args)
+                return args
+
+    def get(ref: tuple[Any, ...], what: str, **_: Any) -> str:
+        if len(ref) > 1:  # the old signature: open_snapshot(self, partition)
+            raise InternalError(f"{what} failed inside the actor: TypeError")
+        return "offer"
+
+    monkeypatch.setattr(raycalls, "get", get)
+    peer = object.__new__(deploy.RaySnapshotPeer)
+    peer.uuid, peer._handle = "00000000-0000-4000-8000-000000000002", OldPeer()
+    assert peer.open_snapshot(3, Position("q", 7)) == "offer"
+    assert peer.open_snapshot(3) == "offer"
+    assert sent == [(3, Position("q", 7)), (3,), (3,)]

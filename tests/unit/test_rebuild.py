@@ -635,3 +635,73 @@ def test_a_new_copy_with_nothing_yet_is_not_warned_about_as_lost_data(
     ]
     new.close()
     lost.close()
+
+
+def test_only_a_copy_that_served_catches_up_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-place catch-up (every peer behind) trusts the copy's own engine: only one that served when the
+    catch-up began, untouched by an install since. A review of it found three that it trusted wrongly,
+    each ending ``in-sync`` and serving: a copy held for a watermark (it would serve before any batch with
+    one), an incomplete copy restarted (it forgot which batches it missed), and one whose reopen after an
+    install failed (it served from a closed engine: 500s, and every batch to it failing)."""
+    import runtime.rebuild as rebuild
+
+    def copy_of(directory: Path, peers: dict[str, Any], *, recovered: bool = False) -> tuple[QueryCore, list[Any]]:
+        jobs: list[Any] = []
+        core = QueryCore(
+            spec, [0], directory=directory, recovered=recovered, peers=Peers(peers), me="me", spawn=jobs.append,
+            rebuild=RebuildSettings(chunk=512, first_backoff=1, max_backoff=1, give_up_after=3),
+        )  # fmt: skip
+        rebuilder = core._rebuilder
+        assert rebuilder is not None
+        now = [0.0]
+        rebuilder._clock, rebuilder._sleep = (lambda: now[0]), (lambda seconds: now.__setitem__(0, now[0] + seconds))
+        return core, jobs
+
+    spec = dataclasses.replace(kv_spec("s", partitions=2, actors=2, standbys=1), engine="rocksdb")
+
+    # Held for a watermark after a new source's batch 0, with a serving peer of that source behind it.
+    peer = QueryCore(spec, [0], directory=tmp_path / "empty-peer")
+    assert peer.begin("s") == [0]  # serves (empty) at batch -1 of s
+    held, jobs = copy_of(tmp_path / "held", {"peer": Peer(peer)})
+    for n in range(3):
+        held.apply("old", n, batch(n))
+    held.apply("s", 0, batch(0, "-new"), hold=Hold(0))
+    assert held.positions()[0]["state"] == REBUILDING
+    assert held.catch_up([0]) == [0] and jobs.pop()() == "gave-up"
+    assert held.positions()[0]["state"] != SERVING
+
+    # Incomplete (it missed batch 11), restarted: the peer at 9 is behind it, yet it must not serve.
+    behind = QueryCore(spec, [0], directory=tmp_path / "behind")
+    for n in range(10):
+        behind.apply("q", n, batch(n))
+    gap, _ = copy_of(tmp_path / "gap", {"peer": Peer(behind)})
+    for n in range(11):
+        gap.apply("q", n, batch(n))
+    gap.catch_up_on_gap = False
+    gap.apply("q", 12, batch(12))
+    gap.close()
+    gap, jobs = copy_of(tmp_path / "gap", {"peer": Peer(behind)}, recovered=True)
+    assert gap.positions()[0]["state"] == INCOMPLETE
+    assert gap.rebuild_unserved() == [0] and jobs.pop()() == "gave-up"
+    assert gap.positions()[0]["state"] == INCOMPLETE
+
+    # An install whose reopen failed, then only a peer behind left: the closed engine is not trusted.
+    ahead = QueryCore(spec, [0], directory=tmp_path / "ahead")
+    for n in range(12):
+        ahead.apply("q", n, batch(n))
+    peers: dict[str, Any] = {"ahead": Peer(ahead), "behind": Peer(behind)}
+    me, jobs = copy_of(tmp_path / "me", peers)
+    for n in range(11):
+        me.apply("q", n, batch(n))
+    real_open, opens = rebuild.open_engine, [0]
+
+    def too_many_files(*args: Any, **kwargs: Any) -> Any:
+        opens[0] += 1
+        if opens[0] == 1:
+            peers.pop("ahead")  # and the peer ahead goes away
+            raise OSError(24, "Too many open files")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(rebuild, "open_engine", too_many_files)
+    assert me.catch_up([0]) == [0] and jobs.pop()() == "gave-up"
+    assert me.positions()[0]["state"] == INCOMPLETE
