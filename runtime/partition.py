@@ -372,6 +372,7 @@ class PartitionState:
 
     def _end_catch_up(self) -> None:
         self._buffer, self._buffered_rows, self._received = deque(), 0, None
+        self.whole_before_catch_up = False
         self.generation += 1
 
     # -- rebuilding from a new source's batch 0 until a batch with a watermark ----------------------------

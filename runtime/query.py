@@ -546,7 +546,7 @@ class QueryCore:
 
     def _replaced(self, partitions: list[int]) -> PartitionUnavailable:
         return PartitionUnavailable(
-            f"partitions {partitions} of store {self.spec.name} took a peer's copy during the read; ask again",
+            f"partitions {partitions} of store {self.spec.name} caught up from a peer during the read; ask again",
             store=self.spec.name,
             partitions=partitions,
             retry_after=1,

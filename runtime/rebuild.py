@@ -144,6 +144,12 @@ class Rebuilder:
             # engine no install has touched since: it holds every batch up to its position (batches apply
             # in order), and the batches buffered since may continue from there. Else it waits for a peer
             # that reaches its batch (the sink feeds standbys first).
+            with self.lock:
+                if state.generation != generation:
+                    return "aborted"
+                # Counted as a swap: a read begun while it served would otherwise see the buffered batches'
+                # rows appear under it unmarked (a memory engine writes key by key, its position last).
+                state.swaps += 1
             step = self._apply_buffer(state, generation)
             return "behind" if step == "gap" else step
         if isinstance(found, str):

@@ -486,7 +486,7 @@ def test_a_read_begun_while_serving_is_no_answer_once_a_catch_up_replaces_its_en
     real_install = rebuild.install_directory
 
     def read_in_the_window(incoming: Path, target: Path) -> None:
-        with pytest.raises(PartitionUnavailable, match="took a peer's copy during the read"):
+        with pytest.raises(PartitionUnavailable, match="caught up from a peer during the read"):
             finish(begun[0])  # the old engine closed, the new one not in place yet
         windows.append(True)
         real_install(incoming, target)
@@ -494,7 +494,7 @@ def test_a_read_begun_while_serving_is_no_answer_once_a_catch_up_replaces_its_en
     monkeypatch.setattr(rebuild, "install_directory", read_in_the_window)
     assert s.me.catch_up([0]) == [0]
     assert s.run() == "in-sync" and windows == [True]
-    with pytest.raises(PartitionUnavailable, match="took a peer's copy during the read") as after:
+    with pytest.raises(PartitionUnavailable, match="caught up from a peer during the read") as after:
         finish(begun[1])  # one that ends after the new engine is in place
     assert after.value.details["partitions"] == [0]
     assert s.me.get_one(0, "last") == (b"\xa258", ("q", 58, 58))  # reads begun since answer as before
@@ -592,11 +592,15 @@ def test_a_copy_ahead_of_its_peer_does_not_take_the_peers_older_copy(kind: str, 
             assert s.run() == "in-sync"
     s.me.apply("q", 59, batch(59))  # the standby first; its active is still at 58
     opens = s.peer.opens
+    begun = s.me._start_read((0,))  # a lock-free read begun while it served
     assert s.me.catch_up([0]) == [0]
+    s.me.apply("q", 60, batch(60))  # buffered, then applied in place to the engine that read sees
     assert s.run() == "in-sync" and s.peer.opens == opens + 1  # asked once, refused: nothing exported
-    assert s.me.get_one(0, "last") == (b"\xa259", ("q", 59, 59))
+    with pytest.raises(PartitionUnavailable, match="caught up from a peer during the read"):
+        s.me._spans(begun)  # its rows may be half of batch 60's: no answer, as for an install
     s.peer_core.apply("q", 59, batch(59))
-    s.both(60)
+    s.peer_core.apply("q", 60, batch(60))
+    assert s.me.get_one(0, "last") == (b"\xa260", ("q", 60, 60))
     assert s.me.positions()[0]["state"] == SERVING
 
     # Ahead of the peer (61 against 60) and missing a batch (63 received, 62 not): it waits for a peer that
