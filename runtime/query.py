@@ -430,7 +430,7 @@ class QueryCore:
                 raise self._unavailable(partition)
             if at_least is not None:
                 here = self._partition(partition).engine.position()
-                if here.source == at_least.source and here.batch_id < at_least.batch_id:
+                if here.behind(at_least):
                     raise CopyBehind(
                         f"partition {partition} of store {self.spec.name} is at batch {here.batch_id} here, behind "
                         f"the asker's {at_least.batch_id}",

@@ -206,7 +206,7 @@ class Rebuilder:
             except RiqrError as err:
                 log.info("partition %d: peer %s gives no snapshot: %s", partition, uuid, err.message)
                 continue
-            if offer.position.source == own.source and offer.position.batch_id < own.batch_id:
+            if offer.position.behind(own):
                 log.info("partition %d: peer %s is at batch %d, behind this copy's %d; not taken", partition, uuid,
                          offer.position.batch_id, own.batch_id)  # fmt: skip
                 with contextlib.suppress(RiqrError):

@@ -50,6 +50,11 @@ class Position:
     source: str | None
     batch_id: int
 
+    def behind(self, other: Position) -> bool:
+        """Whether this is an earlier batch of ``other``'s source (positions of two sources do not compare:
+        the sink's order of its sources is not kept anywhere a copy can read it)."""
+        return self.source == other.source and self.batch_id < other.batch_id
+
 
 NONE = Position(None, -1)
 
