@@ -562,13 +562,16 @@ def create_stores(namespace: str, specs: Sequence[StoreSpec]) -> ClusterView:
 _OUTPUT_MODES = ("append", "update", "complete")
 
 
-def _check_arguments(trigger: str, delivery_timeout: float, kind: str = "kv", output_mode: str | None = None) -> None:
-    """ValueError for a trigger, delivery timeout or output mode ``materialize`` cannot run with, before the
-    store is created: Spark itself would refuse a bad interval or mode only when the query starts, after the
-    store's actors. A session store takes append mode only: Spark refuses update mode for sessions, and in
-    complete mode a session that grew into another is written again under its new start while the row
-    under its old start is never written again, so the store would keep both (two sessions overlapping,
-    their counts summed by any reader)."""
+def _check_arguments(
+    trigger: str, delivery_timeout: float, kind: str = "kv", output_mode: str | None = None
+) -> str | None:
+    """ValueError for a trigger, delivery timeout or output mode ``materialize`` cannot run with, before the store
+    is created: Spark itself would refuse a bad interval or mode only when the query starts, after the
+    store's actors. Returns the output mode in lower case, as Spark reads it ("Append" was once compared
+    with "append" and held no window for its watermark). A session store takes append mode only: Spark
+    refuses update mode for sessions, and in complete mode a session that grew into another is written again
+    under its new start while the row under its old start is never written again, so the store would keep
+    both (two sessions overlapping, their counts summed by any reader)."""
     check_interval(trigger)
     if not delivery_timeout > 0:
         raise ValueError(f"delivery_timeout must be a positive number of seconds, got {delivery_timeout!r}")
@@ -580,6 +583,7 @@ def _check_arguments(trigger: str, delivery_timeout: float, kind: str = "kv", ou
             f"a session store takes append mode only, got output_mode={output_mode!r}: in {mode} mode "
             "a session that merges with another leaves its old row behind in the store"
         )
+    return mode
 
 
 # The stores this process was told it takes over (said once each, not at every claim of a rebuild in place).
@@ -827,7 +831,7 @@ def materialize(
     internal): the query actors the first start declared the store with (``BatchDelivery.declared``); the
     store is then not created, and ``StoreUnregistered`` if it is gone or another one has its name.
     """
-    _check_arguments(trigger, delivery_timeout, kind, output_mode)
+    output_mode = _check_arguments(trigger, delivery_timeout, kind, output_mode)
     again = functools.partial(
         materialize, df, store=store, key=key, value=value, checkpoint=checkpoint, kind=kind,
         window_column=window_column, namespace=namespace, partitions=partitions, actors=actors, standbys=standbys,
@@ -881,8 +885,7 @@ def _start(
         if plan == "rebuild" and not delivery.rebuild_from_input:
             _say_no_rebuild(delivery)
             plan = "resume"
-        # Lower case as Spark reads it: "Append" once held no window for its watermark (compared as "append").
-        mode = output_mode.lower() if output_mode else ("append" if kind == "session" else "update")
+        mode = output_mode or ("append" if kind == "session" else "update")  # lower case (``_check_arguments``)
         analyzed = _analyzed_plan(df)
         delivery.holds = mode == "append" and _holds_until_a_watermark(analyzed, default=kind in ("window", "session"))
         if plan == "rebuild":
