@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from runtime.catalog import StoreSpec
+from runtime.durable import make_directories
 from runtime.engines import PartitionEngine, open_engine
 from runtime.engines.base import MANIFEST, write_atomically
 from runtime.errors import CopyBehind, RiqrError
@@ -220,7 +221,7 @@ class Rebuilder:
         name = f".p{partition}.incoming-{uuidlib.uuid4().hex[:8]}"
         if self.directory is None:
             return Path(tempfile.mkdtemp(prefix="riqr-rebuild-")) / name
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directories(self.directory)
         return self.directory / name
 
     def _install(self, state: PartitionState, generation: int, incoming: Path) -> bool:

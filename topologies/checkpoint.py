@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from runtime.durable import fsync_directory, write_atomically
+from runtime.durable import fsync_directory, make_directories, write_atomically
 from runtime.errors import SchemaError
 
 __all__ = [
@@ -73,7 +73,7 @@ def mark_rebuild_pending(checkpoint: str) -> None:
     """Say, beside ``checkpoint``, that a rebuild is about to set it aside: until its first batch is
     delivered (``rebuild_delivered``), an empty checkpoint there is that rebuild's, not a new store's."""
     path = _pending_path(checkpoint)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     write_atomically(path, b"a rebuild set the checkpoint aside; its first batch is not delivered yet")
 
 

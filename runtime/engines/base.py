@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.config import ENGINES
-from runtime.durable import fsync_directory, write_atomically
+from runtime.durable import fsync_directory, make_directories, write_atomically
 from runtime.errors import RiqrError
 from runtime.keys import KeySchema
 from runtime.scan import Scan, TimeWalk
@@ -180,7 +180,7 @@ def prepare_directory(kind: str, schema: KeySchema, path: Path) -> bool:
         return True
     if path.exists() and any(path.iterdir()):
         raise EngineMismatch(f"{path} is not empty and has no {MANIFEST}: not an engine directory", path=str(path))
-    path.mkdir(parents=True, exist_ok=True)
+    make_directories(path)  # a new partition's directory must survive a power loss as its files do
     # The manifest comes first: files an engine writes later are only ever read after it was checked.
     write_atomically(manifest, json.dumps(wanted, sort_keys=True).encode())
     return False

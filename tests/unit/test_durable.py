@@ -14,7 +14,9 @@ import runtime.landing
 import topologies.checkpoint
 import topologies.deadletter
 from runtime.durable import make_directories, write_atomically
+from runtime.engines import open_engine
 from runtime.feeds import FeedBook, save_book
+from runtime.keys import KeySchema
 from runtime.landing import CLOCK_FILE, Record, topic_dir, write_records
 
 
@@ -80,3 +82,21 @@ def test_a_superseded_checkpoint_stays_superseded_after_a_crash(tmp_path: Path, 
     target = topologies.checkpoint.supersede(str(checkpoint))
     assert not checkpoint.exists() and target.is_dir()
     assert synced == [(tmp_path, [target.name])]
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_a_new_partitions_directory_is_synced_into_its_store_and_root(tmp_path: Path, synced: list, kind: str) -> None:
+    # A store's first copy on a node makes the store's directory and the partition's in it: a power loss
+    # after its first batch was acknowledged must not take either name, and the rows with them.
+    engine = open_engine(kind, KeySchema("key", "string"), tmp_path / "store" / "p0")
+    try:
+        assert (tmp_path, ["store"]) in synced
+        assert (tmp_path / "store", ["p0"]) in synced
+    finally:
+        engine.close()
+
+
+def test_a_rebuild_pending_marker_is_synced_with_its_new_directory(tmp_path: Path, synced: list) -> None:
+    topologies.checkpoint.mark_rebuild_pending(str(tmp_path / "checkpoints" / "order-count"))
+    assert (tmp_path, ["checkpoints"]) in synced
+    assert synced[-1] == (tmp_path / "checkpoints", ["order-count.rebuild-pending"])
