@@ -145,8 +145,7 @@ class PartitionState:
         self._buffered_rows = 0
         self._received: Position | None = None
         self.generation = 0
-        # Engines this partition has had replaced by a peer's copy (``Rebuilder._install``), counted before
-        # the old one closes: a read taken from it as it served sees the count move and is no answer.
+        # How often a catch-up changed this partition's engine under its reads (``swapping``).
         self.swaps = 0
         # The catch-up in progress began on a serving copy, and no install has touched its engine since:
         # that engine holds exactly the batches up to its position, so the batches buffered since may be
@@ -354,6 +353,13 @@ class PartitionState:
         self._end_catch_up()
         self.state, self.reason = SERVING, ""
         return "in-sync"
+
+    def swapping(self) -> None:
+        """Say, under the write lock and before anything changes, that a catch-up is about to replace the
+        engine (an install of a peer's copy closes it) or apply its buffer in place (a memory engine writes
+        key by key, its position last): a read taken as the partition served sees the count move and is no
+        answer (``QueryCore._spans``), where it would have read a closed engine or unmarked rows."""
+        self.swaps += 1
 
     def give_up(self, generation: int, reason: str) -> None:
         """End a catch-up that found no peer to copy from: back to ``incomplete`` (the next batch, or a

@@ -148,9 +148,7 @@ class Rebuilder:
             with self.lock:
                 if state.generation != generation:
                     return "aborted"
-                # Counted as a swap: a read begun while it served would otherwise see the buffered batches'
-                # rows appear under it unmarked (a memory engine writes key by key, its position last).
-                state.swaps += 1
+                state.swapping()
             step = self._apply_buffer(state, generation)
             return "behind" if step == "gap" else step
         if isinstance(found, str):
@@ -233,7 +231,7 @@ class Rebuilder:
         with self.lock:
             if state.generation != generation:
                 return False
-            state.swaps += 1  # before the old engine closes: reads begun on it are no answer (QueryCore._spans)
+            state.swapping()  # before the old engine closes
             state.whole_before_catch_up = False  # its engine is the peer's copy from here, or a failed one
             if target is None:
                 engine = _copy_into_memory(self.spec, kind, incoming)
