@@ -81,9 +81,7 @@ class Client:
                     submit = partial(self._submit, method, args, sent)
                     return raycalls.call_sync(submit, method, deadline=deadline, actor=_FACADE)
                 except OwnerUnavailable as err:
-                    if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0:
-                        raise
-                    if not self._switch_facade():
+                    if not self._may_switch(err, attempt, deadline) or not self._switch_facade():
                         raise
         except (DeadlineExceeded, KeyboardInterrupt):
             _cancel(sent)
@@ -102,9 +100,7 @@ class Client:
                 except OwnerUnavailable as err:
                     # Looking for another facade blocks (Ray's actor listing, a readiness call each): not on
                     # the caller's loop.
-                    if attempt == 2 or not self._facade_died(err) or deadline.remaining() <= 0:
-                        raise
-                    if not await asyncio.to_thread(self._switch_facade):
+                    if not self._may_switch(err, attempt, deadline) or not await asyncio.to_thread(self._switch_facade):
                         raise
         except (DeadlineExceeded, asyncio.CancelledError, KeyboardInterrupt):
             _cancel(sent)
@@ -117,9 +113,10 @@ class Client:
         return ref
 
     @staticmethod
-    def _facade_died(err: OwnerUnavailable) -> bool:
-        """Whether ``err`` is about the facade verticle itself (Ray said it died), not an answer it gave."""
-        return err.details.get("actor") == _FACADE
+    def _may_switch(err: OwnerUnavailable, attempt: int, deadline: Deadline) -> bool:
+        """Whether a call that failed with ``err`` may go to another facade: only the first attempt, only
+        when Ray said the facade verticle itself died (not an answer it gave), and only with time left."""
+        return attempt == 1 and err.details.get("actor") == _FACADE and deadline.remaining() > 0
 
     def _switch_facade(self) -> bool:
         """Take another live facade verticle of the namespace; False if there is none."""
