@@ -28,6 +28,9 @@ __all__ = [
     "RECLAIM_ENV",
     "RECREATE_ENV",
     "DEFAULT_RECREATE_AFTER",
+    "RESTART_SILENT_ENV",
+    "DEFAULT_RESTART_SILENT_AFTER",
+    "SILENCE_PING_EVERY",
     "seconds_setting",
     "riqr_data",
     "DEFAULT_REQUEST_TIMEOUT",
@@ -118,6 +121,14 @@ RECLAIM_ENV = "RIQR_RECLAIM_AFTER"
 # crashed by itself; this is for the ones it will not.
 RECREATE_ENV = "RIQR_RECREATE_AFTER"
 DEFAULT_RECREATE_AFTER = 2.0
+# How long a query actor Ray lists alive may leave the registry's ping unanswered (its process stopped or
+# hung) before the registry restarts it, in seconds or "off" (read where the registry starts;
+# ``runtime.liveness``). Under the sink's minute for a batch with room for the restart, so a frozen copy
+# costs the topology a wait, not its query; far above any pause of a process that still runs.
+RESTART_SILENT_ENV = "RIQR_RESTART_SILENT_AFTER"
+DEFAULT_RESTART_SILENT_AFTER = 20.0
+# How often the registry pings each live query actor (a quarter of the bound above, when that is shorter).
+SILENCE_PING_EVERY = 5.0
 # How long one request may take end to end before it is a 504.
 DEFAULT_REQUEST_TIMEOUT = 10.0
 # Entries per page a facade asks an owner for, and per page a client gets when it names no limit.

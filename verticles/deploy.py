@@ -340,6 +340,20 @@ class RayEnv:
             return set()
         return {p for p, pos in positions.items() if pos.get("state") == SERVING}
 
+    def send_ping(self, uuid: str) -> Any:
+        handle = ray.get_actor(uuid, namespace=self.namespace)
+        return handle.ping.options(concurrency_group=PROBE_GROUP).remote()
+
+    def pings_answered(self, pings: Sequence[Any]) -> list[bool]:
+        done, _ = ray.wait(list(pings), num_returns=len(pings), timeout=0, fetch_local=False)
+        finished = set(done)
+        return [ping in finished for ping in pings]
+
+    def restart_actor(self, uuid: str) -> None:
+        # Ray asks the worker to exit and, when it does not within its kill_worker_timeout_milliseconds (5 s
+        # by default; a stopped process cannot), its raylet SIGKILLs it; either way Ray restarts the actor.
+        ray.kill(ray.get_actor(uuid, namespace=self.namespace), no_restart=False)
+
     def watch_nodes(self) -> None:
         def watch() -> None:
             while True:
@@ -654,7 +668,7 @@ _CREATED_LOCK = threading.Lock()
 def _registry(namespace: str, placement: Mapping[str, Any] | None = None) -> tuple[Any, DeploymentSecrets | None]:
     """The registry's handle, not waited for, and its secrets when this process created it."""
     from runtime.auth import DeploymentSecrets
-    from verticles.registry import Registry, recreate_after
+    from verticles.registry import Registry, recreate_after, restart_silent_after
 
     try:
         handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)
@@ -667,7 +681,9 @@ def _registry(namespace: str, placement: Mapping[str, Any] | None = None) -> tup
         try:
             # Ray takes the name at once or refuses it (ActorAlreadyExistsError, a ValueError): of two
             # deployments racing, one creates the registry and the other finds it.
-            handle = registry.remote(*args, secrets=secrets, recreate_after=recreate_after())
+            handle = registry.remote(
+                *args, secrets=secrets, recreate_after=recreate_after(), restart_silent_after=restart_silent_after()
+            )
         except ValueError as taken:
             try:
                 handle = ray.get_actor(REGISTRY_NAME, namespace=namespace)

@@ -159,6 +159,19 @@ class ClusterOps(Protocol):
         answer promptly."""
         ...
 
+    def send_ping(self, uuid: str) -> Any:
+        """Start a ``ping`` of query actor ``uuid`` and return what ``pings_answered`` looks at; raises if
+        Ray has no such actor (``runtime.liveness``)."""
+        ...
+
+    def pings_answered(self, pings: Sequence[Any]) -> list[bool]:
+        """Which of ``pings`` are done (answered, or failed), without waiting."""
+        ...
+
+    def restart_actor(self, uuid: str) -> None:
+        """Kill query actor ``uuid``'s process and let Ray start it again (it reopens its partitions)."""
+        ...
+
     def query_actor_infos(self) -> list[dict[str, Any]]:
         """``info()`` of every live query actor of the namespace (a restarted registry rebuilds from them)."""
         ...

@@ -17,7 +17,9 @@ that died are re-created, same name, on live nodes, and rebuild their copies fro
 "Node loss"). A query actor gone for good on a live node (killed without a restart, or failed in its
 constructor: Ray brings neither back) is created again on its own node, where its data is, once it has
 been gone for ``RIQR_RECREATE_AFTER`` seconds, with a growing wait between failed attempts (docs/design.md,
-"An actor gone for good"). ``retire`` (``riqr down``) stops both. The same check promotes a standby
+"An actor gone for good"), and one Ray lists alive that has left the registry's ping unanswered for
+``RIQR_RESTART_SILENT_AFTER`` seconds (its process stopped or hung) is restarted (``runtime.liveness``).
+``retire`` (``riqr down``) stops all three. The same check promotes a standby
 wherever an active copy's actor is not alive (dead, restarting, being re-created), and gives the
 partition back to its first active once that copy serves again; a facade that finds an owner
 unreachable asks for the check at once (``suspect``). Facades learn of every change by waiting on
@@ -43,6 +45,7 @@ from runtime.auth import DeploymentSecrets
 from runtime.catalog import StoreSpec
 from runtime.config import (
     DEFAULT_RECREATE_AFTER,
+    DEFAULT_RESTART_SILENT_AFTER,
     EPOCH_WAIT_MAX,
     FEED_SAVE_INTERVAL,
     FEED_STALE_AFTER,
@@ -50,12 +53,15 @@ from runtime.config import (
     MOVE_SEAL_SECONDS,
     MOVE_START_SECONDS,
     RECREATE_ENV,
+    RESTART_SILENT_ENV,
     RESTARTED_MOVE_SECONDS,
+    SILENCE_PING_EVERY,
     SUSPECT_CHECK_GAP,
     seconds_setting,
 )
 from runtime.errors import Conflict, InvalidParameter, NotFound, RiqrError, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book, save_book
+from runtime.liveness import Pings
 from runtime.membership import UndecodableRecord, epochs_below, membership_record, merge_members
 from runtime.moves import behind, removable_standby
 from runtime.ownership import (
@@ -72,7 +78,7 @@ from runtime.ownership import (
 from runtime.registry import RegistryState
 from verticles.env import RegistryEnv, prune_empty_dirs
 
-__all__ = ["Registry", "recreate_after"]
+__all__ = ["Registry", "recreate_after", "restart_silent_after"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +113,12 @@ def recreate_after(environ: Mapping[str, str] = os.environ) -> float | None:
     """How long ``$RIQR_RECREATE_AFTER`` says a query actor must be gone for good before the registry
     creates it again, in seconds (None: ``off``, never)."""
     return seconds_setting(environ, RECREATE_ENV, DEFAULT_RECREATE_AFTER, meant_for_tests_under=1)
+
+
+def restart_silent_after(environ: Mapping[str, str] = os.environ) -> float | None:
+    """How long ``$RIQR_RESTART_SILENT_AFTER`` lets a query actor Ray lists alive leave the registry's ping
+    unanswered before the registry restarts it, in seconds (None: ``off``, never)."""
+    return seconds_setting(environ, RESTART_SILENT_ENV, DEFAULT_RESTART_SILENT_AFTER, meant_for_tests_under=5)
 
 
 @dataclass
@@ -147,6 +159,7 @@ class Registry:
         secrets: DeploymentSecrets | None = None,
         stale_after: float = FEED_STALE_AFTER,
         recreate_after: float | None = DEFAULT_RECREATE_AFTER,
+        restart_silent_after: float | None = DEFAULT_RESTART_SILENT_AFTER,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         logs.configure_from_env()
@@ -173,6 +186,12 @@ class Registry:
         self._recreate_after = recreate_after
         self._gone: dict[str, _Gone] = {}
         self._failures: dict[str, _Failures] = {}
+        # Query actors Ray lists alive that answer no ping (stopped, hung) are restarted after this long.
+        self._restart_silent_after = restart_silent_after
+        every = (
+            SILENCE_PING_EVERY if restart_silent_after is None else min(SILENCE_PING_EVERY, restart_silent_after / 4)
+        )
+        self._pings = Pings(env.send_ping, env.pings_answered, clock, every)
         # ``riqr down`` is under way: nothing is re-created or promoted any more.
         self._retired = False
         # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
@@ -1287,10 +1306,45 @@ class Registry:
             self.check_actors()
         except Exception:
             log.warning("checking the query actors failed", exc_info=True)
+        try:
+            self._restart_silent()
+        except Exception:
+            log.warning("pinging the query actors failed", exc_info=True)
         # Last: destroying the actors of a drop that was saved before a restart, or whose destroy failed,
         # may wait on actors that do not answer; re-creations and promotions come first.
         self._finish_drops()
         return moved
+
+    def _restart_silent(self) -> list[str]:
+        """Restart each query actor that Ray lists alive and that has left a ping unanswered for
+        ``restart_silent_after`` seconds (``runtime.liveness``); returns their uuids. One restarting or
+        being created is not silent: its pings start again once it runs."""
+        after = self._restart_silent_after
+        if after is None or self._retired:
+            return []
+        view = self.state.view()
+        silences = self._pings.silences(sorted(u for u in view.actors if u not in self._dropping))
+        over = sorted(u for u, seconds in silences.items() if seconds >= after)
+        if not over:
+            return []
+        down = self._env.unavailable_actors(over)
+        restarted: list[str] = []
+        for uuid in over:
+            self._pings.forget(uuid)
+            if uuid in down:
+                continue
+            info = view.actors[uuid]
+            log.warning("query actor %s of %s on node %s has answered no ping for %.0fs though Ray lists it alive "
+                        "(its process stopped or hung): restarting it; it reopens its partitions from disk", uuid,
+                        info.store, info.node_id, silences[uuid], extra={"actor": uuid})  # fmt: skip
+            try:
+                self._env.restart_actor(uuid)
+            except Exception:
+                log.warning("could not restart query actor %s; trying again after another %.0fs of silence", uuid,
+                            after, exc_info=True, extra={"store": info.store, "actor": uuid})  # fmt: skip
+                continue
+            restarted.append(uuid)
+        return restarted
 
     def _recreate_gone(self, alive: Sequence[str], lost: Sequence[str]) -> list[str]:
         """Create again, on its own node, each query actor of a live node that Ray holds no actor for and

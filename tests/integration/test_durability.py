@@ -8,6 +8,7 @@ SIGKILL) under load are in test_reclaim.py, which also checks that the sweeper s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -87,6 +88,34 @@ def test_owners_killed_for_good_under_load_are_created_again_where_their_data_is
         view = ray.get(topology.runtime.registry().view.remote())
         assert {u: view.actors[u].node_id for u in owners} == {u: nodes[u] for u in owners}
         assert {u: (home / "keepsake").read_text() for u, home in homes.items()} == {u: u for u in owners}
+
+
+def test_an_owner_whose_process_stops_is_restarted_and_the_topology_goes_on_under_load(
+    ray_cluster: RayCluster, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner's worker stopped (SIGSTOP: alive to Ray, answering nothing, as a hung process) while orders
+    land and counts are read: its standby answers, each batch waits on it, and the registry, finding its
+    pings unanswered, restarts it (``RIQR_RESTART_SILENT_AFTER``, 6 s here) before the batch's minute is
+    out. Before, nothing restarted it: the batch failed after a minute, and the topology with it. No
+    answer is wrong, nothing is lost, and every query still runs."""
+    monkeypatch.setenv("RIQR_RESTART_SILENT_AFTER", "6")  # read where `up` creates the registry
+    with seeded_food_orders(spark, "riqr-hung", tmp_path, keep_running=True) as topology:
+        url, ns = topology.runtime.url, topology.runtime.namespace
+        victim = http_get(f"{url}/metadata/stores/order-count")[2]["result"][0]["actor"]
+        stopped = worker_pid(ray.get_actor(victim, namespace=ns))
+        with orders_under_load(topology.home, url) as ledger:
+            wait_for(lambda: ledger.answers[200] > 20, what="answers before the stop")
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                wait_for(lambda: _serving_again(ns, victim, stopped), timeout=50, what=f"{victim} restarted")
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # killed by the restart, as it should be
+                    os.kill(stopped, signal.SIGCONT)
+            seen = ledger.answers[200]
+            wait_for(lambda: ledger.answers[200] > seen + 20, what="answers after the restart")
+        wait_for_every_order_counted(url, ledger)
+        assert ledger.wrong == []
+        assert all(q.isActive for q in topology.queries), [q.exception() for q in topology.queries]
 
 
 def test_a_store_whose_copies_were_lost_is_rebuilt_in_place_by_the_running_topology_under_load(

@@ -26,7 +26,7 @@ from runtime.scan import Scan
 from tests.unit.fakes import FakeBus, kv_spec
 from verticles.http import HttpVerticle
 from verticles.query import QueryVerticle
-from verticles.registry import INGEST_FILE, Registry, recreate_after
+from verticles.registry import INGEST_FILE, Registry, recreate_after, restart_silent_after
 
 
 class FakeEnv:
@@ -71,6 +71,10 @@ class FakeEnv:
         self.node_outcome: dict[str, tuple[bool, str] | None] = {}
         self.verticle_listings = 0
         self.asked_among: list[list[str]] = []  # the nodes whose REST APIs each start asked for settings
+        # Pings (runtime.liveness): the actors whose processes answer none, the pings sent, the restarts.
+        self.frozen: set[str] = set()
+        self.pinged: list[str] = []
+        self.restarts: list[str] = []
 
     def node_id(self) -> str:
         return "node-a"
@@ -152,6 +156,17 @@ class FakeEnv:
 
     def serving_partitions(self, uuid: str) -> set[int]:
         return set(self.serving.get(uuid, ()))
+
+    def send_ping(self, uuid: str) -> Any:
+        self.pinged.append(uuid)
+        return uuid
+
+    def pings_answered(self, pings: Sequence[Any]) -> list[bool]:
+        return [uuid not in self.frozen for uuid in pings]
+
+    def restart_actor(self, uuid: str) -> None:
+        self.restarts.append(uuid)
+        self.frozen.discard(uuid)  # a new process answers
 
     def query_actor_infos(self) -> list[dict[str, Any]]:
         return list(self.infos)
@@ -524,6 +539,75 @@ def test_an_actor_of_a_dead_node_is_re_created_once_by_the_node_check_not_twice(
 )
 def test_the_re_creation_delay_comes_from_the_environment(value: str | None, expected: float | None) -> None:
     assert recreate_after({} if value is None else {"RIQR_RECREATE_AFTER": value}) == expected
+
+
+def _silent_one(**registry_args: Any) -> tuple[FakeEnv, Clock, Registry, str]:
+    """A registry over two nodes with a store of two actors and a standby of each partition, checked once
+    (every actor pinged and answering); the actor on node-b."""
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock, **registry_args)
+    view = registry.create_store(kv_spec("s", partitions=4, actors=2, standbys=1))
+    registry.check_nodes()
+    return env, clock, registry, next(u for u, a in view.actors.items() if a.node_id == "node-b")
+
+
+def test_an_actor_ray_lists_alive_that_answers_no_ping_is_restarted_once_silent_long_enough(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stopped or hung process is alive to Ray, so nothing restarted it, and every batch of its store
+    waited on it until the topology failed (a black-box run's SIGSTOPped standby): the registry restarts it
+    once it has left a ping unanswered for ``RIQR_RESTART_SILENT_AFTER`` (20 s by default)."""
+    env, clock, registry, frozen = _silent_one()
+    assert set(env.pinged) == set(registry.view().actors)
+    env.frozen, since = {frozen}, clock.now  # the ping just sent is never answered
+    for _ in range(30):
+        clock.now += 1.0
+        registry.check_nodes()
+        assert env.restarts == [] or clock.now - since >= 20.0
+        if env.restarts:
+            break
+    assert env.restarts == [frozen] and clock.now - since == 20.0
+    assert f"query actor {frozen} of s on node node-b has answered no ping for 20s" in caplog.text
+    for _ in range(30):  # the new process answers: never restarted again
+        clock.now += 1.0
+        registry.check_nodes()
+    assert env.restarts == [frozen]
+    assert registry.view().table("s") is not None  # nothing else changed: Ray's restart does the rest
+
+
+def test_a_silent_actor_ray_lists_as_restarting_is_not_restarted_again() -> None:
+    env, clock, registry, frozen = _silent_one()
+    env.frozen = {frozen}
+    env.down = {frozen}  # restarting (a slow constructor): not silence, and its pings start afresh
+    for _ in range(60):
+        clock.now += 1.0
+        registry.check_nodes()
+    assert env.restarts == []
+    env.down = set()  # runs, and still answers nothing: restarted after its own 20 s of silence
+    for _ in range(30):
+        clock.now += 1.0
+        registry.check_nodes()
+    assert env.restarts == [frozen]
+
+
+@pytest.mark.parametrize("how", ["off", "retired"])
+def test_no_actor_is_pinged_or_restarted_when_the_setting_is_off_or_riqr_is_going_down(how: str) -> None:
+    env, clock, registry, frozen = _silent_one(restart_silent_after=None if how == "off" else 20.0)
+    if how == "retired":
+        registry.retire()
+    env.frozen, env.pinged = {frozen}, []
+    for _ in range(60):
+        clock.now += 1.0
+        registry.check_nodes()
+    assert env.restarts == [] and env.pinged == []
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 20.0), ("", 20.0), ("off", None), ("8", 8.0), ("2", 2.0), ("soon", 20.0), ("-1", 20.0)],
+)
+def test_the_silence_before_a_restart_comes_from_the_environment(value: str | None, expected: float | None) -> None:
+    assert restart_silent_after({} if value is None else {"RIQR_RESTART_SILENT_AFTER": value}) == expected
 
 
 def test_a_down_active_is_replaced_by_its_standby_and_gets_its_partitions_back_once_it_serves() -> None:
