@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -16,6 +17,7 @@ __all__ = [
     "PARTITION_COLUMN",
     "WINDOW_END_COLUMN",
     "drop_unrepresentable_times",
+    "drop_unrepresentable_value_times",
     "drop_null_keys",
     "time_columns",
     "split_by_partition",
@@ -65,6 +67,103 @@ def drop_unrepresentable_times(table: pa.Table, columns: Sequence[str], store: s
     log.warning("store %s: dropped %d rows whose timestamp key or window lies outside years 1 to 9999", store,
                 dropped, extra={"store": store})  # fmt: skip
     return table.filter(pc.invert(outside))
+
+
+# A date's days since 1970-01-01 that answers can hold (Python's ``date``): 0001-01-01 to 9999-12-31.
+MIN_DAYS = -719_162
+MAX_DAYS = 2_932_896
+
+
+def drop_unrepresentable_value_times(table: pa.Table, columns: Sequence[str], store: str = "") -> tuple[pa.Table, int]:
+    """``table`` without the rows whose value ``columns`` hold a timestamp or a date outside years 1 to
+    9999, at any depth (inside a struct, an array or a map), and how many those were, with a warning
+    naming ``store`` and the columns.
+
+    Spark holds such an instant as a plain number (``timestamp_seconds`` of milliseconds lands in year
+    55000), and a value is turned into Python objects in the query actor's apply, where it raised
+    ``OverflowError``: the batch failed, the query with it, and the same batch again at every replay, so
+    the store was never fed again. Dropped and counted (``riqr_rows_dropped_total``, ``time-out-of-range``)
+    as a key out of range is. Columns with no timestamp or date in their type cost nothing; those with
+    one, a min/max of their instants."""
+    rows = np.zeros(table.num_rows, dtype=bool)
+    bad: list[str] = []
+    for name in columns:
+        if name not in table.column_names or not _has_time(table.schema.field(name).type):
+            continue
+        for chunk_start, chunk in _chunks(table.column(name)):
+            out = _rows_out_of_range(chunk)
+            if out is not None and out.any():
+                rows[chunk_start : chunk_start + len(chunk)] |= out
+                if name not in bad:
+                    bad.append(name)
+    if not bad:
+        return table, 0
+    dropped = int(rows.sum())
+    log.warning("store %s: dropped %d rows whose value holds a time outside years 1 to 9999 (in %s)", store,
+                dropped, ", ".join(bad), extra={"store": store})  # fmt: skip
+    return table.filter(pa.array(~rows)), dropped
+
+
+def _chunks(column: pa.ChunkedArray) -> list[tuple[int, pa.Array]]:
+    out, at = [], 0
+    for chunk in column.chunks:
+        out.append((at, chunk))
+        at += len(chunk)
+    return out
+
+
+def _has_time(kind: pa.DataType) -> bool:
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_has_time(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _has_time(kind.key_type) or _has_time(kind.item_type)
+    if any(is_kind(kind) for is_kind in _LISTS):
+        return _has_time(kind.value_type)
+    return False
+
+
+_LISTS = (pa.types.is_map, pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+
+
+def _rows_out_of_range(array: pa.Array) -> np.ndarray | None:
+    """Which of ``array``'s entries hold an instant outside years 1 to 9999 (None: none can)."""
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        if kind.unit == "ns":  # 64 bits of nanoseconds reach years 1677 to 2262 only
+            return np.zeros(len(array), dtype=bool)
+        scale = {"s": 1_000_000, "ms": 1_000, "us": 1}[kind.unit]
+        numbers, low, high = array.cast(pa.int64()), -(-MIN_MICROS // scale), MAX_MICROS // scale
+    elif pa.types.is_date32(kind):
+        numbers, low, high = array.cast(pa.int32()), MIN_DAYS, MAX_DAYS
+    elif pa.types.is_date64(kind):
+        numbers, low, high = array.cast(pa.int64()), MIN_DAYS * 86_400_000, MAX_DAYS * 86_400_000 + 86_399_999
+    elif pa.types.is_struct(kind):
+        found = None
+        for i in range(kind.num_fields):
+            child = _rows_out_of_range(pc.struct_field(array, [i]))
+            if child is not None:
+                found = child if found is None else found | child
+        return found
+    elif any(is_kind(kind) for is_kind in _LISTS):
+        if pa.types.is_map(kind):  # as a list of key-item structs: the struct case looks at both
+            array = array.cast(pa.list_(pa.struct([kind.key_field, kind.item_field])))
+        child = _rows_out_of_range(pc.list_flatten(array))
+        if child is None:
+            return None
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        found = np.zeros(len(array), dtype=bool)
+        found[parents[child]] = True
+        return found
+    else:
+        return None
+    bounds = pc.min_max(numbers)
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if lo is None or (lo >= low and hi <= high):
+        return np.zeros(len(array), dtype=bool)
+    out = pc.fill_null(pc.or_(pc.less(numbers, low), pc.greater(numbers, high)), False)
+    return np.asarray(out.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def drop_null_keys(table: pa.Table, columns: Sequence[str], store: str = "") -> tuple[pa.Table, int]:

@@ -55,6 +55,7 @@ from runtime.errors import CopyMoved, DeadlineExceeded, NotConnected, OwnerUnava
 from runtime.ingest import (
     drop_null_keys,
     drop_unrepresentable_times,
+    drop_unrepresentable_value_times,
     slices_for_owners,
     split_by_partition,
     time_columns,
@@ -130,6 +131,7 @@ class BatchDelivery:
         self.spec = spec
         self._times = time_columns(spec)  # the timestamp columns a batch's rows are checked on (the sink)
         self._keys = [name for name, _ in spec.key.columns]
+        self._values = [f.name for f in spec.value_fields]  # checked for times too, at any depth (the sink)
         self.namespace = namespace
         self.checkpoint = checkpoint
         self.delivery_timeout = delivery_timeout
@@ -569,6 +571,9 @@ class BatchDelivery:
             table = drop_unrepresentable_times(table, self._times, self.spec.name)
             if table.num_rows < whole:
                 dropped["time-out-of-range"] = whole - table.num_rows
+        table, in_values = drop_unrepresentable_value_times(table, self._values, self.spec.name)
+        if in_values:
+            dropped["time-out-of-range"] = dropped.get("time-out-of-range", 0) + in_values
         if dropped:  # this run's totals, carried by the feed's reports (the batch's below among them)
             self.feeder.dropped_rows(self.spec.name, dropped)
         split = split_by_partition(table, self.spec.partitions, self.spec.name)

@@ -128,3 +128,74 @@ def test_rows_whose_key_is_not_whole_are_dropped_and_counted() -> None:
     )
     kept, dropped = drop_null_keys(table, ["site", "sensor"], "s")
     assert dropped == 3 and kept.column("site").to_pylist() == ["a"]  # a null in any key column, or its partition
+
+
+BIG = 253_402_300_800_000_000  # 10000-01-01T00:00:00Z in microseconds: Spark holds it, Python cannot
+TS = pa.timestamp("us", tz="UTC")
+
+
+def test_rows_whose_value_holds_a_time_outside_years_1_to_9999_are_dropped_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A value's timestamp or date out of range, at any depth, failed the query actor's apply (an
+    ``OverflowError`` turning it into Python), and the same batch at every replay (an ingest review): such
+    rows are dropped and counted as a key out of range is; the rest convert."""
+    import logging
+
+    from runtime.ingest import drop_unrepresentable_value_times
+
+    table = pa.table({
+        "key": ["ok", "when", "day", "struct", "list", "map", "nested", "nulls"],
+        "when": pa.array([0, BIG, 0, 0, 0, 0, 0, None], TS),
+        "day": pa.array([0, 0, 2_932_897, 0, 0, 0, 0, None], pa.date32()),
+        "s": pa.array([{"t": 0}, {"t": 0}, {"t": 0}, {"t": BIG}, None, {"t": 0}, {"t": 0}, {"t": None}],
+                      pa.struct([("t", TS)])),
+        "l": pa.array([[0], [], [0], [0], [0, BIG], [], [], None], pa.list_(TS)),
+        "m": pa.array([[("k", 0)], [], [], [], [], [("k", BIG)], [], None], pa.map_(pa.string(), TS)),
+        "n": pa.array([[], [], [], [], [], [], [{"t": [0, BIG]}], None], pa.list_(pa.struct([("t", pa.list_(TS))]))),
+        "count": [1, 2, 3, 4, 5, 6, 7, 8],
+    })  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        kept, dropped = drop_unrepresentable_value_times(table, ["when", "day", "s", "l", "m", "n", "count"], "st")
+    assert kept.column("key").to_pylist() == ["ok", "nulls"] and dropped == 6
+    assert "store st: dropped 6 rows whose value holds a time outside years 1 to 9999 (in when, day, s, l, m, n)" in (
+        caplog.text
+    )
+    kept.to_pylist()  # what the actor's apply does with them: no OverflowError
+    usual = table.slice(0, 1)
+    assert drop_unrepresentable_value_times(usual, ["when", "day", "s", "l", "m", "n"]) == (usual, 0)
+    plain = pa.table({"key": ["a"], "count": [1]})
+    assert drop_unrepresentable_value_times(plain, ["count"]) == (plain, 0)  # no time in its type: no look
+
+
+def test_value_times_are_checked_across_chunks_slices_and_every_unit() -> None:
+    from runtime.ingest import MIN_MICROS, drop_unrepresentable_value_times
+
+    chunked = pa.Table.from_batches([
+        pa.record_batch({"key": ["a", "b"], "when": pa.array([0, BIG], TS)}),
+        pa.record_batch({"key": ["c", "d"], "when": pa.array([BIG, 0], TS)}),
+    ])  # fmt: skip
+    assert drop_unrepresentable_value_times(chunked, ["when"])[0].column("key").to_pylist() == ["a", "d"]
+    sliced = pa.array([[BIG], [0], [0, BIG], [0]], pa.list_(TS)).slice(1)
+    table = pa.table({"key": ["x", "y", "z"], "l": sliced})
+    assert drop_unrepresentable_value_times(table, ["l"])[0].column("key").to_pylist() == ["x", "z"]
+    seconds = MIN_MICROS // 1_000_000
+    units = pa.table({
+        "key": ["first", "before", "last", "after-ms", "date64"],
+        "s": pa.array([seconds, seconds - 1, BIG // 1_000_000 - 1, 0, 0], pa.timestamp("s")),
+        "ms": pa.array([0, 0, 0, BIG // 1_000, 0], pa.timestamp("ms")),
+        "ns": pa.array([0, 0, 0, 0, 2**62], pa.timestamp("ns")),  # nanoseconds cannot leave the range
+        "d64": pa.array([0, 0, 0, 0, 2_932_897 * 86_400_000], pa.date64()),
+    })  # fmt: skip
+    kept, dropped = drop_unrepresentable_value_times(units, ["s", "ms", "ns", "d64"])
+    assert kept.column("key").to_pylist() == ["first", "last"] and dropped == 3
+
+
+def test_the_sink_checks_the_value_columns_of_every_batch_it_delivers() -> None:
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.keys import KeySchema
+    from topologies.delivery import BatchDelivery
+
+    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("seen", "timestamp"), ValueField("n", "long")))
+    delivery = BatchDelivery(spec, "ns", "unused", feeder=object())  # type: ignore[arg-type]
+    assert delivery._values == ["seen", "n"]
