@@ -109,8 +109,10 @@ def check_landing_records(lines: Any) -> tuple[Any, Any]:
     without ``value`` (a misspelled field, a writer's bug) then deleted its key, and one without ``key`` was
     dropped without a trace. Both fields must be present (null is a value: a null value deletes the key, a
     null key is dropped, as in Kafka Streams); a line that is no JSON object of the record's types, or
-    lacks ``ts`` or ``seq``, or whose ``ts`` no timestamp can hold, is a dead letter too. Blank lines are
-    nothing, as for Spark's JSON source."""
+    lacks ``ts`` or ``seq``, or whose ``ts`` no timestamp can hold, is a dead letter too, and so is a line
+    that is not UTF-8 (Spark's text source keeps its bytes, and its JSON parser read each bad byte as
+    U+FFFD, so two keys that differ in one became one key without a trace; its letter's record is the line
+    with each bad byte so replaced). Blank lines are nothing, as for Spark's JSON source."""
     from pyspark.sql import functions as F
 
     from topologies.deadletter import split_valid
@@ -131,14 +133,16 @@ def check_landing_records(lines: Any) -> tuple[Any, Any]:
     one = F.when(suspect, F.coalesce(F.json_array_length(F.concat(F.lit("["), line, F.lit("]"))) == 1, F.lit(False)))
     malformed = corrupt.isNotNull() | fields.isNull() | ~F.coalesce(one, F.lit(True))
     both = F.array_contains(fields, "key") & F.array_contains(fields, "value")
-    valid = ~malformed & both & ts.isNotNull() & seq.isNotNull() & ts.between(MIN_TS, MAX_TS)
+    utf8 = F.is_valid_utf8(line)
+    valid = utf8 & ~malformed & both & ts.isNotNull() & seq.isNotNull() & ts.between(MIN_TS, MAX_TS)
     reason = (
-        F.when(malformed, F.lit("malformed line: not a JSON record of key, value, ts, seq"))
+        F.when(~utf8, F.lit("line is not UTF-8"))
+        .when(malformed, F.lit("malformed line: not a JSON record of key, value, ts, seq"))
         .when(~both, F.lit("missing key or value (write null to delete a key; a null key is dropped)"))
         .when(ts.isNull() | seq.isNull(), F.lit("missing ts or seq"))
         .otherwise(F.lit("ts out of range"))
     )
-    good, bad = split_valid(rows, valid, reason, record=line)
+    good, bad = split_valid(rows, valid, reason, record=F.make_valid_utf8(line))
     return good.select("key", "value", "ts", "seq"), bad
 
 

@@ -58,6 +58,13 @@ DELETE = {"key": "7", "value": None, "ts": 1, "seq": 3}  # a delete as written: 
 
 def test_malformed_landing_lines_are_split_off_with_a_reason(spark: Any, tmp_path: Path) -> None:
     _landing_lines(tmp_path, "order", [*HOSTILE_LINES, json.dumps(DELETE), json.dumps(BRACES) + "  "])
+    # Latin-1 bytes, not UTF-8: Spark's JSON parser read each as U+FFFD, so "café" and "cafè" became one
+    # key, silently (an ingest review). Dead letters, with the line as it reads with the bytes replaced.
+    latin1 = [
+        b'{"key": "caf\xe9", "value": "x", "ts": 1, "seq": 5}',
+        b'{"key": "caf\xe8", "value": "y", "ts": 1, "seq": 6}',
+    ]
+    (topic_dir(tmp_path, "order") / "latin1.json").write_bytes(b"\n".join(latin1) + b"\n")
     good = read_topic_batch(spark, tmp_path, "order")
     assert good.columns == ["key", "value", "ts", "seq"]
     usable = [GOOD_LINE, BRACES, DELETE]
@@ -75,6 +82,7 @@ def test_malformed_landing_lines_are_split_off_with_a_reason(spark: Any, tmp_pat
         HOSTILE_LINES[8]: missing,
         HOSTILE_LINES[10]: "malformed line: not a JSON record of key, value, ts, seq",
         HOSTILE_LINES[11]: "malformed line: not a JSON record of key, value, ts, seq",
+        **{line.decode("utf-8", errors="replace"): "line is not UTF-8" for line in latin1},
     }
 
 
