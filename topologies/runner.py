@@ -273,7 +273,9 @@ def supervise(
             if failed is None:
                 stop.wait(poll)
         error = None if failed is None else failed[1]
-        why = f"{type(error).__name__}: {error}" if error is not None else "it ended without an error"
+        # The cause, as the log line below gives it: Spark's wrapper of a foreachBatch error (py4j's
+        # "Return Message: Traceback ...") left only frames within the feeds' 500 characters.
+        why = error_cause(error) if error is not None else "it ended without an error"
         feeder.finish_all(None if failed is None else failed[0], why)
         # Each query stopped between two of its batches, all within one grace period
         # (``topologies.inflight``): a batch in progress ends rather than being cancelled.

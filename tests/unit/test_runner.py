@@ -1147,6 +1147,35 @@ def test_a_failed_querys_line_leads_with_the_python_exception_not_the_py4j_wrapp
     assert error_cause(RuntimeError("")) == "RuntimeError"
 
 
+def test_the_stores_last_words_give_a_failed_querys_cause_not_sparks_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every store of a topology whose query failed reports the failure (``GET /stores``, ``riqr status``),
+    clipped to 500 characters: it was the whole StreamingQueryException, so what showed was Spark's ids
+    and py4j's frames, and the cause was cut off (an ingest review). It is the log line's cause now."""
+    from topologies import feeder
+    from topologies.runner import error_cause
+
+    class StreamingQueryException(Exception):
+        pass
+
+    wrapped = StreamingQueryException(
+        "[STREAM_FAILED] Query [id = 3f1c, runId = 8e7d] terminated with exception: An exception was raised by "
+        "the Python Proxy. Return Message: Traceback (most recent call last):\n"
+        '  File "/x/py4j/clientserver.py", line 644, in _call_proxy\n'
+        "    return_value = getattr(self.pool[obj_id], method)(*params)\n"
+        "pyspark.errors.exceptions.captured.NumberFormatException: [CAST_INVALID_INPUT] The value 'x' cannot be "
+        "cast\n"
+    )
+    failing = FakeQuery("riqr-ns-a", fails_after=1)
+    failing.exception = lambda: wrapped  # type: ignore[method-assign]
+    words: list[tuple[str | None, str | None]] = []
+    monkeypatch.setattr(feeder, "finish_all", lambda query=None, error=None, timeout=0.0: words.append((query, error)))
+    assert supervise([failing, FakeQuery("riqr-ns-b")], poll=0.001) == 1
+    assert words == [("riqr-ns-a", error_cause(wrapped))]
+    assert words[0][1] is not None and words[0][1].startswith(
+        "pyspark.errors.exceptions.captured.NumberFormatException"
+    )
+
+
 def test_a_query_spark_refuses_at_start_is_one_line_naming_the_topologys_own_line() -> None:
     """A black-box run: the README's sensors topology started before its input directory existed printed a
     37-line traceback through riqr's and py4j's frames."""
