@@ -539,8 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--home",
         default=None,
-        help="landing dirs, checkpoints and (unless $RIQR_DATA is set) the stores' state, all reset at start; "
-        "default demo/ under $RIQR_HOME or ~/.riqr, apart from a deployment's",
+        help="the demo's landing dirs, dead letters and checkpoints (reset at start) and, unless $RIQR_DATA is "
+        "set, its stores' state (deleted at a clean stop); default demo/ under $RIQR_HOME or ~/.riqr, apart "
+        "from a deployment's",
     )
     demo.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     demo.add_argument(
@@ -559,7 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="deploy the verticles on every node of a running Ray cluster, now and as they join")
     up.add_argument("--address", default=None, help=_ADDRESS_HELP)
     up.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
-    up.add_argument("--port", type=int, default=DEFAULT_PORT, help="REST port on every node (0: any free port)")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"REST port on every node (default {DEFAULT_PORT}; 0: any free port)",
+    )
     up.add_argument(
         "--host", default="127.0.0.1", help="address the REST API binds to (default loopback; 0.0.0.0: every one)"
     )

@@ -139,9 +139,11 @@ class _Kafka:
         or warn that the read goes on (``going_on``)."""
         if self.fail_on_data_loss:
             raise RuntimeError(
-                f"{what}: {verdict}. Start the topology on fresh checkpoints (its stores' and their dead-letter "
-                "queries', all under <home>/checkpoints/<namespace>) to rebuild its stores from what the topic "
-                "holds, or go on past the loss (failOnDataLoss=false: a riqr topology's --skip-lost-offsets)"
+                f"{what}: {verdict}. Rebuild its stores from what the topic holds: delete the stores' checkpoints "
+                "(<home>/checkpoints/<namespace>/<store>; keep _deadletter/ there, or every dead letter is written "
+                "again) and start the topology with --take-over (take_over=True for materialize), which a store "
+                "that holds the old checkpoint's batches needs; or go on past the loss (failOnDataLoss=false: a "
+                "riqr topology's --skip-lost-offsets)"
             )
         log.warning("%s: %s (failOnDataLoss=false)", what, going_on)
 

@@ -128,7 +128,9 @@ def run_topology(
     )
     from runtime import logs
 
-    parser.add_argument("--log-level", default=None, help="debug, info, warning, error; default $RIQR_LOG_LEVEL, info")
+    parser.add_argument(
+        "--log-level", default=None, help="debug, info, warning, error, critical; default $RIQR_LOG_LEVEL, info"
+    )
     parser.add_argument(
         "--log-format",
         default=None,
