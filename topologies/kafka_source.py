@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "key string, value string, ts bigint, seq bigint, topic string, partition int, offset bigint, problem string"
 _TIMEOUT = 30.0
 _POLL = 0.2
+_METADATA_READS, _METADATA_RETRY = 10, 1.0  # reads of a topic's metadata that says an error, seconds between
 _END_READS, _END_RETRY = 3, 1.0  # reads of a partition's end below the query's position, seconds between
 
 
@@ -122,7 +123,7 @@ class _Kafka:
             from confluent_kafka import TopicPartition
 
             out: dict[str, int] = {}
-            metadata = consumer.list_topics(timeout=_TIMEOUT)
+            metadata = self._metadata(consumer)
             for topic in self.topics:
                 meta = metadata.topics.get(topic)
                 if meta is None or meta.error is not None:
@@ -133,6 +134,33 @@ class _Kafka:
             return out
         finally:
             consumer.close()
+
+    def _metadata(self, consumer: Any) -> Any:
+        """The cluster's metadata, read again while a subscribed topic's says an error other than "no such
+        topic" (a leader election: ``LEADER_NOT_AVAILABLE``): such a topic is there, and read as absent it
+        was missing from the query's start offsets, so it was read from offset 0 (the whole backlog at
+        ``latest``, data loss at ``earliest`` once retention had moved on). A ``RuntimeError`` naming it
+        after ``_METADATA_READS`` reads."""
+        from confluent_kafka import KafkaError
+
+        absent = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+        for attempt in range(_METADATA_READS):
+            if attempt:
+                time.sleep(_METADATA_RETRY)
+            metadata = consumer.list_topics(timeout=_TIMEOUT)
+            troubled = {
+                topic: meta.error
+                for topic in self.topics
+                if (meta := metadata.topics.get(topic)) is not None
+                and meta.error is not None
+                and meta.error.code() not in absent
+            }
+            if not troubled:
+                return metadata
+        raise RuntimeError(
+            f"Kafka's metadata of {', '.join(f'topic {t} says {e}' for t, e in sorted(troubled.items()))} after "
+            f"{_METADATA_READS} reads {_METADATA_RETRY:g}s apart: its partitions' offsets cannot be read now"
+        )
 
     def data_loss(self, what: str, verdict: str, going_on: str) -> None:
         """Records of a topic are gone (``what``, ``verdict``): raise (``failOnDataLoss``, the default),

@@ -90,3 +90,51 @@ def test_a_start_from_the_earliest_offsets_that_kafka_has_moved_on_says_so(
         whole.initialOffset()
         latest.initialOffset()  # asked to skip what is there: nothing lost to say
     assert not caplog.records
+
+
+class _Meta:
+    def __init__(self, error: object = None, partitions: tuple[int, ...] = (0,)) -> None:
+        self.error, self.partitions = error, {p: None for p in partitions}
+
+
+class _Consumer:
+    """What ``watermarks`` asks of a consumer: each metadata read in turn, then offsets (low 5, high 9)."""
+
+    def __init__(self, reads: list[dict[str, _Meta]]) -> None:
+        self.reads = reads
+        self.listed = 0
+
+    def list_topics(self, timeout: float) -> object:
+        topics = self.reads[min(self.listed, len(self.reads) - 1)]
+        self.listed += 1
+        return type("Metadata", (), {"topics": topics})()
+
+    def get_watermark_offsets(self, part: object, timeout: float) -> tuple[int, int]:
+        return 5, 9
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_topic_whose_metadata_says_a_passing_error_is_read_again_not_taken_for_absent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leader election made a topic's metadata say LEADER_NOT_AVAILABLE, and the topic was skipped as
+    not created: missing from the query's start offsets, it was read from offset 0 (an ingest review)."""
+    from confluent_kafka import KafkaError
+
+    from topologies import kafka_source
+    from topologies.kafka_source import KafkaStreamReader
+
+    monkeypatch.setattr(kafka_source, "_METADATA_RETRY", 0.0)
+    electing = _Meta(KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
+    absent = _Meta(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), partitions=())
+    reader = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t,u", "startingOffsets": "latest"})
+    consumer = _Consumer([{"t": electing, "u": absent}, {"t": _Meta(), "u": absent}])
+    monkeypatch.setattr(reader.kafka, "consumer", lambda: consumer)
+    assert reader.initialOffset() == {"t/0": 9}  # read again; "u" is not created yet: nothing of it
+    assert consumer.listed == 2
+    stuck = _Consumer([{"t": electing}])
+    monkeypatch.setattr(reader.kafka, "consumer", lambda: stuck)
+    with pytest.raises(RuntimeError, match="topic t says .*LEADER_NOT_AVAILABLE.* after 10 reads"):
+        reader.initialOffset()
