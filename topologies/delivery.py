@@ -27,8 +27,8 @@ to every owner over Ray, until every owner has acknowledged it.
   the windows and sessions the partition had.
 * Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
   with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
-  from the view, in the registry, before any active copy gets the batch; if the registry cannot be told,
-  the batch fails. So a listed replica is never behind an active copy, and ingest never waits for one.
+  from the view, in the registry, before any active copy gets the batch; the registry is asked again while
+  it restarts, and if it cannot be told within the batch's minute, the batch fails. So a listed replica is never behind an active copy, and ingest never waits for one.
 * The registry hears how ingest goes, through this process's ``Feeder`` (``topologies.feeder``, which
   also beats for the store while its query runs): the batch applied and when, partitions that are not
   complete, or why it failed. ``GET /stores`` shows it.
@@ -67,6 +67,7 @@ from topologies.feeder import Feeder, feeder_for
 from topologies.inflight import IN_FLIGHT, BatchGivenUp
 
 __all__ = ["BatchDelivery", "registry", "lineage_of", "DEFAULT_DELIVERY_TIMEOUT"]
+
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,11 @@ def registry(namespace: str) -> Any:
             f"no riqr runtime in Ray namespace {namespace!r}; start it with `riqr up --namespace {namespace}`",
             namespace=namespace,
         ) from None
+
+
+def _drop_reader(reg: Any, *, uuid: str, reason: str) -> Any:
+    """The registry's call that drops read replica ``uuid`` (``BatchDelivery._settle_readers``)."""
+    return reg.drop_reader.remote(uuid, reason)
 
 
 class BatchDelivery:
@@ -443,8 +449,8 @@ class BatchDelivery:
             reason = f"it did not acknowledge batch {batch_id} ({failure.message})"
             log.warning("store %s: dropping read replica %s: %s", self.spec.name, uuid, reason,
                         extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
-            reg = registry(self.namespace)
-            raycalls.get(reg.drop_reader.remote(uuid, reason), "dropping a read replica", timeout=_CALL_TIMEOUT)
+            # Asked as the batch's other registry calls are: a registry restarting meanwhile is asked again.
+            self._ask_registry(functools.partial(_drop_reader, uuid=uuid, reason=reason), "dropping a read replica")
 
     def _lap(self, stage: str, since: float) -> float:
         now = time.perf_counter()

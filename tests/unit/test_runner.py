@@ -785,6 +785,39 @@ def test_a_batch_waits_for_a_restarting_registry_rather_than_fail_its_topology(m
         delivery.current_view(feeding=True, get=restarting, source="q")
 
 
+def test_a_read_replica_that_missed_a_batch_is_dropped_even_while_the_registry_restarts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dropping a read replica that did not acknowledge a batch was one call: a registry restarting at that
+    moment failed the batch and the topology (an ingest review), where every other registry call of a batch
+    is asked again."""
+    from runtime.errors import OwnerUnavailable
+    from topologies import delivery as delivery_module
+    from topologies.delivery import BatchDelivery
+
+    dropped: list[tuple[str, str]] = []
+    failures = [1]
+
+    class Registry:
+        def __init__(self) -> None:
+            self.drop_reader = _Answer(lambda uuid, reason: dropped.append((uuid, reason)) or 5)
+
+    def get(ref: Any, *_: Any, **__: Any) -> Any:
+        if isinstance(ref, RuntimeError):
+            raise OwnerUnavailable(str(ref))  # the replica's own call: it did not acknowledge
+        if failures[0]:
+            failures[0] -= 1
+            raise OwnerUnavailable("registry drop_reader: the actor is restarting")
+        return ref
+
+    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
+    monkeypatch.setattr(delivery_module.raycalls, "get", get)
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    monkeypatch.setattr(delivery, "_pause", lambda seconds, what: None)
+    delivery._settle_readers({"r1": RuntimeError("no answer")}, 7)  # type: ignore[dict-item]
+    assert failures == [0] and {uuid for uuid, _ in dropped} == {"r1"}  # asked again after the restart
+
+
 def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """A move's new actor (or a copy ``riqr standbys`` adds) admitted while batch N is delivered with a view
     from before: neither round reaches it, and having copied a peer from before N with nothing buffered,
