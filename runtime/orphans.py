@@ -43,6 +43,7 @@ from pathlib import Path
 
 from runtime.catalog import is_store_name
 from runtime.config import RECLAIM_ENV, seconds_setting
+from runtime.durable import make_directories
 from runtime.metrics import Metrics
 
 __all__ = [
@@ -146,7 +147,9 @@ def _open_lock_file(directory: Path) -> int:
     attempts = 3
     for attempt in range(1, attempts + 1):
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            # Each directory made is synced into its parent: the store's and the actor's are new on a
+            # node's first copy, and a power loss that took either name took every partition in it.
+            make_directories(directory)
             return os.open(directory / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:
             # The last actor of the store on this node pruned a parent it found empty between our mkdir of

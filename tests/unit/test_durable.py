@@ -84,6 +84,26 @@ def test_a_superseded_checkpoint_stays_superseded_after_a_crash(tmp_path: Path, 
     assert synced == [(tmp_path, [target.name])]
 
 
+def test_a_new_copys_store_and_actor_directories_are_synced_before_its_partitions(
+    tmp_path: Path, synced: list
+) -> None:
+    """The owner lock is taken first, and made the store's and the actor's directories with a plain mkdir:
+    the partitions' syncs did not reach them (a diff review)."""
+    from runtime.catalog import StoreSpec, ValueField
+    from runtime.query import QueryCore
+
+    spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("value", "string"),), partitions=2)
+    root = tmp_path / "ns"
+    core = QueryCore(spec, [0, 1], directory=root / "s" / "uuid-1")
+    try:
+        names = {(path, tuple(entries)) for path, entries in synced}
+        assert (tmp_path, ("ns",)) in names
+        assert (root, ("s",)) in names
+        assert (root / "s", ("uuid-1",)) in names
+    finally:
+        core.close()
+
+
 @pytest.mark.parametrize("kind", ["memory", "rocksdb"])
 def test_a_new_partitions_directory_is_synced_into_its_store_and_root(tmp_path: Path, synced: list, kind: str) -> None:
     # A store's first copy on a node makes the store's directory and the partition's in it: a power loss
