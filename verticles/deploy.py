@@ -90,6 +90,8 @@ _START_SECONDS_EACH = 2.0
 # How long the registry waits for a query actor that is back to say what it serves (it blocks the
 # registry meanwhile, so short; a copy that does not answer in time is asked again at the next check).
 _PROBE_TIMEOUT = 0.5
+# How long the registry keeps a query actor's handle for its pings before it looks it up again.
+_PING_HANDLE_SECONDS = 60.0
 # Threads of the registry's "watch" group: facades waiting for the next epoch (``Registry.wait_epoch``).
 _EPOCH_WATCHERS = 64
 # Threads of a query actor: reads go on while one thread applies a batch (docs/benchmarks.md).
@@ -142,6 +144,14 @@ class RayEnv:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
+        # The registry's pings' handles: uuid -> (handle, when looked up) (``send_ping``).
+        self._ping_handles: dict[str, tuple[Any, float]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"namespace": self.namespace}  # handles stay in the process that looked them up
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["namespace"])  # type: ignore[misc]
 
     # -- NodeFacts --------------------------------------------------------------------------------------
 
@@ -341,8 +351,14 @@ class RayEnv:
         return {p for p, pos in positions.items() if pos.get("state") == SERVING}
 
     def send_ping(self, uuid: str) -> Any:
-        handle = ray.get_actor(uuid, namespace=self.namespace)
-        return handle.ping.options(concurrency_group=PROBE_GROUP).remote()
+        # A GCS lookup per ping was one a second per five actors on the registry's one thread: handles are
+        # kept for a minute (an actor re-created on another node has a new one; until it is looked up
+        # again, its pings fail at once, as answered, and the node's loss is the registry's other check's).
+        now = time.monotonic()
+        cached = self._ping_handles.get(uuid)
+        if cached is None or now - cached[1] > _PING_HANDLE_SECONDS:
+            cached = self._ping_handles[uuid] = (ray.get_actor(uuid, namespace=self.namespace), now)
+        return cached[0].ping.options(concurrency_group=PROBE_GROUP).remote()
 
     def pings_answered(self, pings: Sequence[Any]) -> list[bool]:
         done, _ = ray.wait(list(pings), num_returns=len(pings), timeout=0, fetch_local=False)
@@ -350,6 +366,7 @@ class RayEnv:
         return [ping in finished for ping in pings]
 
     def restart_actor(self, uuid: str) -> None:
+        self._ping_handles.pop(uuid, None)
         # Ray asks the worker to exit and, when it does not within its kill_worker_timeout_milliseconds (5 s
         # by default; a stopped process cannot), its raylet SIGKILLs it; either way Ray restarts the actor.
         ray.kill(ray.get_actor(uuid, namespace=self.namespace), no_restart=False)

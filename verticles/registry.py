@@ -191,7 +191,12 @@ class Registry:
         every = (
             SILENCE_PING_EVERY if restart_silent_after is None else min(SILENCE_PING_EVERY, restart_silent_after / 4)
         )
-        self._pings = Pings(env.send_ping, env.pings_answered, clock, every)
+        # Silence is a duration: the monotonic clock, unless a test gives its own (a wall clock stepped back
+        # by NTP would have hidden a silence for as long).
+        self._pings = Pings(env.send_ping, env.pings_answered, time.monotonic if clock is time.time else clock, every)
+        # The query actors the last check found not alive (``check_actors``): their silence counts again
+        # from a ping sent once they run, never across a restart.
+        self._down_seen: set[str] = set()
         # ``riqr down`` is under way: nothing is re-created or promoted any more.
         self._retired = False
         # How ingest of each store goes, as its feeders last reported (not part of the routing view: it
@@ -1111,6 +1116,7 @@ class Registry:
         if not view.actors or self._retired:
             return {}
         down = self._env.unavailable_actors(sorted(view.actors))
+        self._down_seen = down
         if len(down) == len(view.actors):  # Ray could not say, or nothing is up: moving helps nobody
             return {}
         changed: dict[str, list[int]] = {}
@@ -1323,7 +1329,10 @@ class Registry:
         if after is None or self._retired:
             return []
         view = self.state.view()
-        silences = self._pings.silences(sorted(u for u in view.actors if u not in self._dropping))
+        # One the last check found restarting or being created is not pinged (a ping would wait for its
+        # constructor) and its pings are forgotten (``silences`` drops what it is not asked about).
+        skipped = self._dropping | self._down_seen
+        silences = self._pings.silences(sorted(u for u in view.actors if u not in skipped))
         over = sorted(u for u, seconds in silences.items() if seconds >= after)
         if not over:
             return []

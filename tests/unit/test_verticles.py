@@ -590,6 +590,27 @@ def test_a_silent_actor_ray_lists_as_restarting_is_not_restarted_again() -> None
     assert env.restarts == [frozen]
 
 
+def test_an_actor_whose_slow_restart_ends_is_not_taken_for_silent_by_a_ping_sent_while_it_restarted() -> None:
+    """A ping sent while its constructor ran (over 20 s) is answered a moment after Ray lists it alive: a
+    check in that moment restarted a healthy, fresh process (a diff review). Silence counts only from a
+    ping sent at a check that found it alive."""
+    env, clock, registry, victim = _silent_one()
+    env.frozen, env.down = {victim}, {victim}  # crashed; Ray restarts it, slowly
+    pinged = env.pinged.count(victim)
+    for _ in range(40):
+        clock.now += 1.0
+        registry.check_nodes()
+    assert env.pinged.count(victim) == pinged  # none queued behind its constructor
+    env.down = set()  # alive to Ray now, its queued ping's answer not yet in
+    clock.now += 1.0
+    registry.check_nodes()
+    env.frozen = set()
+    for _ in range(30):
+        clock.now += 1.0
+        registry.check_nodes()
+    assert env.restarts == []
+
+
 @pytest.mark.parametrize("how", ["off", "retired"])
 def test_no_actor_is_pinged_or_restarted_when_the_setting_is_off_or_riqr_is_going_down(how: str) -> None:
     env, clock, registry, frozen = _silent_one(restart_silent_after=None if how == "off" else 20.0)
