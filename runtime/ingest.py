@@ -124,6 +124,7 @@ def _has_time(kind: pa.DataType) -> bool:
     return False
 
 
+_UTC = {"UTC", "ETC/UTC", "Z", "+00:00", "GMT", "ETC/GMT"}
 _LISTS = (pa.types.is_map, pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 
 
@@ -135,6 +136,11 @@ def _rows_out_of_range(array: pa.Array) -> np.ndarray | None:
             return np.zeros(len(array), dtype=bool)
         scale = {"s": 1_000_000, "ms": 1_000, "us": 1}[kind.unit]
         numbers, low, high = array.cast(pa.int64()), -(-MIN_MICROS // scale), MAX_MICROS // scale
+        if kind.tz is not None and kind.tz.upper() not in _UTC:
+            # Turned into Python in its zone (Spark's session zone), an instant within a day of either
+            # bound can leave the range there: a day's margin (a review found Asia/Tokyo's overflow).
+            day = 86_400_000_000 // scale
+            low, high = low + day, high - day
     elif pa.types.is_date32(kind):
         numbers, low, high = array.cast(pa.int32()), MIN_DAYS, MAX_DAYS
     elif pa.types.is_date64(kind):
@@ -152,7 +158,10 @@ def _rows_out_of_range(array: pa.Array) -> np.ndarray | None:
         child = _rows_out_of_range(pc.list_flatten(array))
         if child is None:
             return None
-        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        # Each flattened entry's row. Not ``list_parent_indices``: it counts a null list's values, which
+        # ``list_flatten`` skips (a null over a non-empty range misaligned the two).
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        parents = np.repeat(np.arange(len(array)), lengths)
         found = np.zeros(len(array), dtype=bool)
         found[parents[child]] = True
         return found

@@ -199,3 +199,28 @@ def test_the_sink_checks_the_value_columns_of_every_batch_it_delivers() -> None:
     spec = StoreSpec("s", KeySchema("key", "string"), (ValueField("seen", "timestamp"), ValueField("n", "long")))
     delivery = BatchDelivery(spec, "ns", "unused", feeder=object())  # type: ignore[arg-type]
     assert delivery._values == ["seen", "n"]
+
+
+def test_value_times_near_the_bounds_in_another_zone_and_null_lists_over_values_are_handled() -> None:
+    """Two cases a diff review found: a timestamp in a zone other than UTC within a day of year 10000 passed
+    the check and overflowed where Python turned it into its zone; a null list entry whose offsets span
+    values misaligned the flattened entries with their rows (an IndexError, the batch failed)."""
+    from runtime.ingest import MAX_MICROS, drop_unrepresentable_value_times
+
+    hour = 3_600_000_000
+    tokyo = pa.table({
+        "key": ["near", "far"],
+        "t": pa.array([MAX_MICROS - hour, 0], pa.timestamp("us", tz="Asia/Tokyo")),
+    })  # fmt: skip
+    kept, dropped = drop_unrepresentable_value_times(tokyo, ["t"])
+    assert kept.column("key").to_pylist() == ["far"] and dropped == 1
+    kept.to_pylist()
+    utc = pa.table({"key": ["near"], "t": pa.array([MAX_MICROS - hour], TS)})
+    assert drop_unrepresentable_value_times(utc, ["t"])[1] == 0  # in UTC it is a valid instant: kept
+    values = pa.array([0, 0, BIG, BIG, 0, 0], TS)
+    lists = pa.ListArray.from_arrays(pa.array([0, 2, 4, 6], pa.int32()), values, mask=pa.array([False, True, False]))
+    table = pa.table({"key": ["a", "null-over-values", "c"], "l": lists})
+    kept, dropped = drop_unrepresentable_value_times(table, ["l"])
+    assert kept.column("key").to_pylist() == ["a", "null-over-values", "c"] and dropped == 0
+    fixed = pa.FixedSizeListArray.from_arrays(values, 2, mask=pa.array([False, True, False]))
+    assert drop_unrepresentable_value_times(pa.table({"key": ["a", "b", "c"], "l": fixed}), ["l"])[1] == 0
