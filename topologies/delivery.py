@@ -28,7 +28,8 @@ to every owner over Ray, until every owner has acknowledged it.
 * Read replicas (``runtime.readreplica``: copies of the whole store inside HTTP verticles) get the batch
   with the standbys. One that does not acknowledge it within ``READ_REPLICA_APPLY_TIMEOUT`` is dropped
   from the view, in the registry, before any active copy gets the batch; the registry is asked again while
-  it restarts, and if it cannot be told within the batch's minute, the batch fails. So a listed replica is never behind an active copy, and ingest never waits for one.
+  it restarts, and if it cannot be told within the batch's minute, the batch fails. So a listed replica is
+  never behind an active copy, and ingest never waits for one.
 * The registry hears how ingest goes, through this process's ``Feeder`` (``topologies.feeder``, which
   also beats for the store while its query runs): the batch applied and when, partitions that are not
   complete, or why it failed. ``GET /stores`` shows it.
@@ -377,7 +378,7 @@ class BatchDelivery:
                     self._apply_to(source, batch_id, pending, deadline, fallback=split if encoded else None, hold=hold)
                 )
             if sent:
-                self._settle_readers(sent, batch_id)
+                self._settle_readers(sent, batch_id, deadline)
             if pending or sent:
                 clock = self._lap(role, clock)
         results.extend(self._to_copies_admitted_meanwhile(view, ownership, source, batch_id, split, deadline, hold))
@@ -431,7 +432,7 @@ class BatchDelivery:
                 sent[reader.uuid] = err
         return sent
 
-    def _settle_readers(self, sent: dict[str, Any], batch_id: int) -> None:
+    def _settle_readers(self, sent: dict[str, Any], batch_id: int, batch_deadline: Deadline | None = None) -> None:
         """Wait for the read replicas' acknowledgements, up to ``READ_REPLICA_APPLY_TIMEOUT`` in all, and
         drop from the view every one that did not give it (their results are not the store's copies: the
         sink's verdicts on partitions count only actives and standbys)."""
@@ -450,7 +451,8 @@ class BatchDelivery:
             log.warning("store %s: dropping read replica %s: %s", self.spec.name, uuid, reason,
                         extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
             # Asked as the batch's other registry calls are: a registry restarting meanwhile is asked again.
-            self._ask_registry(functools.partial(_drop_reader, uuid=uuid, reason=reason), "dropping a read replica")
+            drop = functools.partial(_drop_reader, uuid=uuid, reason=reason)
+            self._ask_registry(drop, "dropping a read replica", deadline=batch_deadline)
 
     def _lap(self, stage: str, since: float) -> float:
         now = time.perf_counter()

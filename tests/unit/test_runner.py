@@ -791,6 +791,7 @@ def test_a_read_replica_that_missed_a_batch_is_dropped_even_while_the_registry_r
     """Dropping a read replica that did not acknowledge a batch was one call: a registry restarting at that
     moment failed the batch and the topology (an ingest review), where every other registry call of a batch
     is asked again."""
+    from runtime.deadline import Deadline
     from runtime.errors import OwnerUnavailable
     from topologies import delivery as delivery_module
     from topologies.delivery import BatchDelivery
@@ -814,8 +815,11 @@ def test_a_read_replica_that_missed_a_batch_is_dropped_even_while_the_registry_r
     monkeypatch.setattr(delivery_module.raycalls, "get", get)
     delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
     monkeypatch.setattr(delivery, "_pause", lambda seconds, what: None)
-    delivery._settle_readers({"r1": RuntimeError("no answer")}, 7)  # type: ignore[dict-item]
+    delivery._settle_readers({"r1": RuntimeError("no answer")}, 7, Deadline.after(60))  # type: ignore[dict-item]
     assert failures == [0] and {uuid for uuid, _ in dropped} == {"r1"}  # asked again after the restart
+    failures[0] = 1
+    with pytest.raises(OwnerUnavailable):  # within the batch's own deadline, not a minute of its own
+        delivery._settle_readers({"r1": RuntimeError("no answer")}, 7, Deadline.after(0))  # type: ignore[dict-item]
 
 
 def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch: pytest.MonkeyPatch) -> None:
