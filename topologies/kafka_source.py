@@ -116,14 +116,16 @@ class _Kafka:
             }
         )
 
-    def watermarks(self, *, low: bool) -> dict[str, int]:
-        """``{"topic/partition": offset}`` of the start (``low``) or the end of every partition."""
+    def watermarks(self, *, low: bool, strict: bool = False) -> dict[str, int]:
+        """``{"topic/partition": offset}`` of the start (``low``) or the end of every partition. ``strict``
+        (where a query starts, and a batch read): metadata that says an error is read again, then raised
+        (``_metadata``); otherwise a topic it leaves out keeps the offsets known (``later_offsets``)."""
         consumer = self.consumer()
         try:
             from confluent_kafka import TopicPartition
 
             out: dict[str, int] = {}
-            metadata = self._metadata(consumer)
+            metadata = self._metadata(consumer) if strict else consumer.list_topics(timeout=_TIMEOUT)
             for topic in self.topics:
                 meta = metadata.topics.get(topic)
                 if meta is None or meta.error is not None:
@@ -136,10 +138,11 @@ class _Kafka:
             consumer.close()
 
     def _metadata(self, consumer: Any) -> Any:
-        """The cluster's metadata, read again while a subscribed topic's says an error other than "no such
-        topic" (a leader election: ``LEADER_NOT_AVAILABLE``): such a topic is there, and read as absent it
-        was missing from the query's start offsets, so it was read from offset 0 (the whole backlog at
-        ``latest``, data loss at ``earliest`` once retention had moved on). A ``RuntimeError`` naming it
+        """The cluster's metadata, read again while a subscribed topic's, or one of its partitions', says an
+        error other than "no such topic" (a topic being made, a leader election: ``LEADER_NOT_AVAILABLE``):
+        such a topic is there, and read as absent it was missing from the query's start offsets, so it was
+        read from offset 0 (the whole backlog at ``latest``, data loss at ``earliest`` once retention had
+        moved on); a leaderless partition's offsets wait out ``_TIMEOUT``. A ``RuntimeError`` naming them
         after ``_METADATA_READS`` reads."""
         from confluent_kafka import KafkaError
 
@@ -148,17 +151,22 @@ class _Kafka:
             if attempt:
                 time.sleep(_METADATA_RETRY)
             metadata = consumer.list_topics(timeout=_TIMEOUT)
-            troubled = {
-                topic: meta.error
-                for topic in self.topics
-                if (meta := metadata.topics.get(topic)) is not None
-                and meta.error is not None
-                and meta.error.code() not in absent
-            }
+            troubled: dict[str, Any] = {}
+            for topic in self.topics:
+                meta = metadata.topics.get(topic)
+                if meta is None:
+                    continue
+                if meta.error is not None:
+                    if meta.error.code() not in absent:
+                        troubled[f"topic {topic}"] = meta.error
+                    continue
+                for p, part in sorted(meta.partitions.items()):
+                    if getattr(part, "error", None) is not None:
+                        troubled[f"topic {topic} partition {p}"] = part.error
             if not troubled:
                 return metadata
         raise RuntimeError(
-            f"Kafka's metadata of {', '.join(f'topic {t} says {e}' for t, e in sorted(troubled.items()))} after "
+            f"Kafka's metadata of {', '.join(f'{what} says {e}' for what, e in sorted(troubled.items()))} after "
             f"{_METADATA_READS} reads {_METADATA_RETRY:g}s apart: its partitions' offsets cannot be read now"
         )
 
@@ -283,7 +291,7 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self._last: dict[str, int] = {}  # the last offsets this reader gave Spark
 
     def initialOffset(self) -> dict[str, int]:
-        self._last = self.kafka.watermarks(low=self.kafka.starting == "earliest")
+        self._last = self.kafka.watermarks(low=self.kafka.starting == "earliest", strict=True)
         if self.kafka.starting == "earliest":
             _warn_of_lost_history(self._last)
         return dict(self._last)
@@ -335,7 +343,9 @@ class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]
         self.kafka = _Kafka(options)
 
     def partitions(self) -> list[TopicRange]:
-        return self.kafka.ranges(self.kafka.watermarks(low=True), self.kafka.watermarks(low=False))
+        return self.kafka.ranges(
+            self.kafka.watermarks(low=True, strict=True), self.kafka.watermarks(low=False, strict=True)
+        )
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, TopicRange)

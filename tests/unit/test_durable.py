@@ -84,9 +84,7 @@ def test_a_superseded_checkpoint_stays_superseded_after_a_crash(tmp_path: Path, 
     assert synced == [(tmp_path, [target.name])]
 
 
-def test_a_new_copys_store_and_actor_directories_are_synced_before_its_partitions(
-    tmp_path: Path, synced: list
-) -> None:
+def test_a_new_copys_store_and_actor_directories_are_synced_before_its_partitions(tmp_path: Path, synced: list) -> None:
     """The owner lock is taken first, and made the store's and the actor's directories with a plain mkdir:
     the partitions' syncs did not reach them (a diff review)."""
     from runtime.catalog import StoreSpec, ValueField

@@ -47,7 +47,7 @@ def test_an_end_below_where_the_query_stands_is_data_loss_not_a_silent_skip(monk
     def reader(*ends: dict[str, int], **options: str) -> KafkaStreamReader:
         made = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t", **options})
 
-        def watermarks(*, low: bool) -> dict[str, int]:
+        def watermarks(*, low: bool, strict: bool = False) -> dict[str, int]:
             reads.append(1)
             return ends[min(len(reads), len(ends)) - 1]
 
@@ -74,7 +74,7 @@ def test_a_start_from_the_earliest_offsets_that_kafka_has_moved_on_says_so(
     from topologies.kafka_source import KafkaStreamReader
 
     made = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t"})
-    monkeypatch.setattr(made.kafka, "watermarks", lambda *, low: {"t/0": 0, "t/1": 1200} if low else {})
+    monkeypatch.setattr(made.kafka, "watermarks", lambda *, low, strict=False: {"t/0": 0, "t/1": 1200} if low else {})
     with caplog.at_level(logging.WARNING, logger="topologies.kafka_source"):
         assert made.initialOffset() == {"t/0": 0, "t/1": 1200}
     assert [r.getMessage() for r in caplog.records if "no longer has" in r.getMessage()] == [
@@ -83,18 +83,23 @@ def test_a_start_from_the_earliest_offsets_that_kafka_has_moved_on_says_so(
     ]
     caplog.clear()
     whole = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t"})
-    monkeypatch.setattr(whole.kafka, "watermarks", lambda *, low: {"t/0": 0, "t/1": 0})
+    monkeypatch.setattr(whole.kafka, "watermarks", lambda *, low, strict=False: {"t/0": 0, "t/1": 0})
     latest = KafkaStreamReader({"kafka.bootstrap.servers": "b:9092", "subscribe": "t", "startingOffsets": "latest"})
-    monkeypatch.setattr(latest.kafka, "watermarks", lambda *, low: {"t/0": 500})
+    monkeypatch.setattr(latest.kafka, "watermarks", lambda *, low, strict=False: {"t/0": 500})
     with caplog.at_level(logging.WARNING, logger="topologies.kafka_source"):
         whole.initialOffset()
         latest.initialOffset()  # asked to skip what is there: nothing lost to say
     assert not caplog.records
 
 
+class _Part:
+    def __init__(self, error: object = None) -> None:
+        self.error = error
+
+
 class _Meta:
-    def __init__(self, error: object = None, partitions: tuple[int, ...] = (0,)) -> None:
-        self.error, self.partitions = error, {p: None for p in partitions}
+    def __init__(self, error: object = None, partitions: tuple[int, ...] = (0,), part_error: object = None) -> None:
+        self.error, self.partitions = error, {p: _Part(part_error) for p in partitions}
 
 
 class _Consumer:
@@ -138,3 +143,12 @@ def test_a_topic_whose_metadata_says_a_passing_error_is_read_again_not_taken_for
     monkeypatch.setattr(reader.kafka, "consumer", lambda: stuck)
     with pytest.raises(RuntimeError, match="topic t says .*LEADER_NOT_AVAILABLE.* after 10 reads"):
         reader.initialOffset()
+    # An election on an existing topic is said per partition: read again too, where its offsets waited 30 s.
+    leaderless = _Meta(partitions=(0, 1), part_error=KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
+    consumer = _Consumer([{"t": leaderless}, {"t": _Meta(partitions=(0, 1))}])
+    monkeypatch.setattr(reader.kafka, "consumer", lambda: consumer)
+    assert reader.initialOffset() == {"t/0": 9, "t/1": 9} and consumer.listed == 2
+    # A running query's end offsets are read once: a topic left out keeps the offsets known (later_offsets).
+    running = _Consumer([{"t": electing}])
+    monkeypatch.setattr(reader.kafka, "consumer", lambda: running)
+    assert reader.kafka.watermarks(low=False) == {} and running.listed == 1
