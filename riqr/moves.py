@@ -20,7 +20,7 @@ import ray
 
 from runtime import raycalls
 from runtime.config import DEFAULT_MOVE_TIMEOUT, REGISTRY_NAME
-from runtime.errors import DeadlineExceeded, OwnerUnavailable, RiqrError, Unavailable
+from runtime.errors import DeadlineExceeded, InternalError, OwnerUnavailable, RiqrError, Unavailable
 from runtime.moves import Move, behind, plan_moves, plan_standby_removals, plan_standbys
 from runtime.ownership import ClusterView, OwnershipTable
 
@@ -411,7 +411,7 @@ def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float
             progress = _progress(old_pos, new_pos)
             again = _stuck(late, new_pos, still, now)
             if again:
-                ask(new, "catch_up", again)
+                _catch_up(ask, new, again, m.uuid)
                 for p in again:
                     still.pop(p, None)
             failing = ""
@@ -424,6 +424,19 @@ def _until_switched(namespace: str, reg: Any, m: Move, new: str, deadline: float
             say(f"  {progress}{failing}")
             said = now
         time.sleep(_LOOK_EVERY)
+
+
+def _catch_up(ask: Callable[..., Any], new: str, partitions: list[int], source: str) -> None:
+    """Ask the new copy to copy ``partitions`` again, from ``source`` (the copy it replaces) first: it holds
+    what the new copy must reach, where the active, asked first otherwise, may be a batch behind it (a
+    standby is fed first), and a copy that took the active's again at every ask never caught up (a
+    black-box run's drain spun until its timeout). An actor of a riqr before ``prefer`` is asked without."""
+    try:
+        ask(new, "catch_up", partitions, source)
+    except InternalError as err:
+        if "TypeError" not in err.message:
+            raise
+        ask(new, "catch_up", partitions)
 
 
 def _switched_already(reg: Any, m: Move, new: str) -> int | None:

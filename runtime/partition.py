@@ -153,6 +153,9 @@ class PartitionState:
         # for a watermark, incomplete (it missed batches, which a restart no longer remembers), or whose
         # engine a failed install may have left closed.
         self.whole_before_catch_up = False
+        # The holder the catch-up in progress asks first (a move's new copy copies from the copy it
+        # replaces: ``QueryCore.catch_up``); None: the registry's order.
+        self.prefer_peer: str | None = None
         position = engine.position()
         # The position an apply or reset in progress moves to, set before any of its rows can be seen and
         # cleared after the engine's position moved: a read that overlaps it can tell (``span``).
@@ -379,6 +382,7 @@ class PartitionState:
     def _end_catch_up(self) -> None:
         self._buffer, self._buffered_rows, self._received = deque(), 0, None
         self.whole_before_catch_up = False
+        self.prefer_peer = None
         self.generation += 1
 
     # -- rebuilding from a new source's batch 0 until a batch with a watermark ----------------------------

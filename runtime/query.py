@@ -358,11 +358,15 @@ class QueryCore:
 
     # -- rebuilding from a peer (runtime.rebuild) -------------------------------------------------------
 
-    def _start_catch_up(self, state: PartitionState, batch: tuple[str, int, Rows] | None) -> ApplyResult:
+    def _start_catch_up(
+        self, state: PartitionState, batch: tuple[str, int, Rows] | None, prefer: str | None = None
+    ) -> ApplyResult:
         """Under the write lock: turn ``state`` catching-up (buffering ``batch``, the one that found the gap)
-        and start copying from a peer in the background. The sink's apply returns at once."""
+        and start copying from a peer (``prefer`` first, when it holds the partition) in the background.
+        The sink's apply returns at once."""
         assert self._rebuilder is not None
         generation = state.start_catch_up()
+        state.prefer_peer = prefer
         if batch is not None:
             state.buffer(*batch)
         rebuilder = self._rebuilder
@@ -378,10 +382,12 @@ class QueryCore:
             return []
         return self.catch_up([p for p, state in self.partitions.items() if state.state not in (SERVING, REBUILDING)])
 
-    def catch_up(self, partitions: Iterable[int]) -> list[int]:
+    def catch_up(self, partitions: Iterable[int], prefer: str | None = None) -> list[int]:
         """Copy ``partitions`` from a live peer and catch them up (a move's new copy: ``runtime.moves``),
         whatever their state, unless one is catching up already; returns those it started. A serving
-        copy stops serving until it is in sync again. Without peers, nothing happens."""
+        copy stops serving until it is in sync again. Without peers, nothing happens. ``prefer``: the holder
+        asked first (a move's: the copy it replaces, which holds what it must reach; the active, asked
+        first otherwise, may be a batch behind that copy, a standby, and was taken again at every ask)."""
         if self._rebuilder is None:
             return []
         started = []
@@ -389,7 +395,7 @@ class QueryCore:
             for p in sorted(partitions):
                 state = self.partitions.get(p)
                 if state is not None and state.state != CATCHING_UP:
-                    self._start_catch_up(state, None)
+                    self._start_catch_up(state, None, prefer)
                     started.append(p)
         return started
 

@@ -192,7 +192,10 @@ class Rebuilder:
         partition = state.partition
         own = state.engine.position()
         outcome = "no-peer"
-        for uuid in self.peers.holders(partition):
+        holders = self.peers.holders(partition)
+        if state.prefer_peer in holders:
+            holders = [state.prefer_peer, *(u for u in holders if u != state.prefer_peer)]
+        for uuid in holders:
             if uuid == self.me:
                 continue
             try:  # a holder Ray no longer names is skipped like one that gives no snapshot

@@ -254,11 +254,12 @@ class QueryVerticle:
         """Positions and metric samples, for the HTTP verticles' readiness and metrics (``runtime.health``)."""
         return self.core.stats()
 
-    def catch_up(self, partitions: Sequence[int]) -> list[int]:
-        """Copy ``partitions`` from live peers and catch them up (a move's new copy; ``QueryCore.catch_up``)."""
-        started = self.core.catch_up(partitions)
+    def catch_up(self, partitions: Sequence[int], prefer: str | None = None) -> list[int]:
+        """Copy ``partitions`` from live peers, ``prefer`` first, and catch them up (a move's new copy;
+        ``QueryCore.catch_up``)."""
+        started = self.core.catch_up(partitions, prefer)
         if started:
-            self.log.info("copying partitions %s from live peers", started)
+            self.log.info("copying partitions %s from live peers%s", started, f", {prefer} first" if prefer else "")
         return started
 
     def seal(self, seconds: float | None) -> dict[int, dict[str, Any]]:

@@ -996,3 +996,33 @@ def test_standby_copies_are_removed_whole_after_a_grace_and_the_store_says_what_
     env.actors[first].core.catch_up_on_gap = True
     registry.actor_moved(first, view.actors[first].node_id, "10.0.0.9")
     assert not env.actors[first].core.catch_up_on_gap
+
+
+def test_a_mover_asks_the_new_copy_to_copy_from_the_one_it_replaces_and_an_older_actor_without() -> None:
+    from riqr.moves import _catch_up
+    from runtime.errors import InternalError
+
+    asked: list[tuple[Any, ...]] = []
+
+    def ask(uuid: str, method: str, *args: Any) -> Any:
+        asked.append((uuid, method, *args))
+        return [0]
+
+    _catch_up(ask, "new", [0, 2], "old")
+    assert asked == [("new", "catch_up", [0, 2], "old")]
+
+    def older(uuid: str, method: str, *args: Any) -> Any:
+        asked.append((uuid, method, *args))
+        if len(args) == 2:
+            raise InternalError("catch_up on query actor new failed inside the actor: TypeError: takes 2 arguments")
+        return [0]
+
+    asked.clear()
+    _catch_up(older, "new", [1], "old")
+    assert asked == [("new", "catch_up", [1], "old"), ("new", "catch_up", [1])]
+
+    def broken(uuid: str, method: str, *args: Any) -> Any:
+        raise InternalError("catch_up on query actor new failed inside the actor: OSError: disk full")
+
+    with pytest.raises(InternalError, match="disk full"):
+        _catch_up(broken, "new", [1], "old")

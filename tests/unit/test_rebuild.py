@@ -709,3 +709,27 @@ def test_only_a_copy_that_served_catches_up_in_place(tmp_path: Path, monkeypatch
     monkeypatch.setattr(rebuild, "open_engine", too_many_files)
     assert me.catch_up([0]) == [0] and jobs.pop()() == "gave-up"
     assert me.positions()[0]["state"] == INCOMPLETE
+
+
+def test_a_moves_new_copy_asked_again_copies_from_the_copy_it_replaces_first(kind: str, tmp_path: Path) -> None:
+    """A black-box run: the active at 58 and the moved copy, a standby, at 59 (fed first; the topology then
+    killed). The new copy took the active's 58 at every ask of the mover and never reached 59: the drain
+    spun until its timeout. Asked with ``prefer``, it copies the copy it replaces first."""
+    s = Setup(kind, tmp_path, at=58)  # "peer": the active, at 58
+    old_core = QueryCore(s.spec, [0], directory=tmp_path / "old")
+    for n in range(60):
+        old_core.apply("q", n, batch(n))  # the moved standby, at 59
+    old = Peer(old_core)
+    rebuilder = s.me._rebuilder
+    assert rebuilder is not None
+    rebuilder.peers = Peers({"peer": s.peer, "old": old})  # the registry's order: the active first
+    s.me.apply("q", 58, batch(58))  # a gap for a copy with nothing: it copies
+    assert s.run() == "in-sync" and s.me.positions()[0]["batch_id"] == 58  # the active's copy
+    assert s.me.catch_up([0]) == [0]  # the mover's ask, as before: the active's 58 again
+    assert s.run() == "in-sync" and s.me.positions()[0]["batch_id"] == 58 and old.opens == 0
+    assert s.me.catch_up([0], prefer="old") == [0]
+    assert s.run() == "in-sync" and old.opens == 1
+    assert s.me.positions()[0] == {"source": "q", "batch_id": 59, "state": SERVING}
+    assert s.contents(s.me) == s.contents(old_core)
+    assert s.me.partitions[0].prefer_peer is None  # for that catch-up only
+    old_core.close()
