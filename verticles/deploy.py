@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +163,10 @@ class RayEnv:
         return str(ray.util.get_node_ip_address())
 
     def restarted(self) -> bool:
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        # Ray's property reads its own deprecated ``actor_id``: every query actor's log had the warning.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
     def data_dir(self) -> Path | None:
         return riqr_data(self.namespace)
