@@ -147,6 +147,10 @@ class _Kafka:
         from confluent_kafka import KafkaError
 
         absent = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+        # A partition without a leader. Not any partition error: REPLICA_NOT_AVAILABLE says a follower's
+        # broker is down while the leader serves, and refusing it stopped every start while one was (a
+        # diff review).
+        leaderless = (KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION)
         for attempt in range(_METADATA_READS):
             if attempt:
                 time.sleep(_METADATA_RETRY)
@@ -161,8 +165,9 @@ class _Kafka:
                         troubled[f"topic {topic}"] = meta.error
                     continue
                 for p, part in sorted(meta.partitions.items()):
-                    if getattr(part, "error", None) is not None:
-                        troubled[f"topic {topic} partition {p}"] = part.error
+                    error = getattr(part, "error", None)
+                    if getattr(part, "leader", 0) < 0 or (error is not None and error.code() in leaderless):
+                        troubled[f"topic {topic} partition {p}"] = error or "no leader"
             if not troubled:
                 return metadata
         raise RuntimeError(

@@ -280,6 +280,7 @@ class RayEnv:
         self, asks: Sequence[tuple[StoreSpec, str, Sequence[int], str]]
     ) -> list[ActorInfo | Exception]:
         for _, uuid, _, _ in asks:
+            self._ping_handles.pop(uuid, None)  # the new actor under this name is another: its pings too
             with contextlib.suppress(ValueError):  # its node is gone: stop Ray from waiting for it forever
                 ray.kill(ray.get_actor(uuid, namespace=self.namespace), no_restart=True)
         # One deadline for all, with room for their processes starting side by side on a few cores.
@@ -356,8 +357,8 @@ class RayEnv:
 
     def send_ping(self, uuid: str) -> Any:
         # A GCS lookup per ping was one a second per five actors on the registry's one thread: handles are
-        # kept for a minute (an actor re-created on another node has a new one; until it is looked up
-        # again, its pings fail at once, as answered, and the node's loss is the registry's other check's).
+        # kept for a minute, and dropped when the registry kills or re-creates the actor (a new actor under
+        # the name has a new handle; the old one's pings fail at once, which counts as answered).
         now = time.monotonic()
         cached = self._ping_handles.get(uuid)
         if cached is None or now - cached[1] > _PING_HANDLE_SECONDS:

@@ -148,6 +148,11 @@ def test_a_topic_whose_metadata_says_a_passing_error_is_read_again_not_taken_for
     consumer = _Consumer([{"t": leaderless}, {"t": _Meta(partitions=(0, 1))}])
     monkeypatch.setattr(reader.kafka, "consumer", lambda: consumer)
     assert reader.initialOffset() == {"t/0": 9, "t/1": 9} and consumer.listed == 2
+    # A follower's broker down (the leader serves): its offsets read at once, not a start refused.
+    follower_down = _Meta(partitions=(0, 1), part_error=KafkaError(KafkaError.REPLICA_NOT_AVAILABLE))
+    consumer = _Consumer([{"t": follower_down}])
+    monkeypatch.setattr(reader.kafka, "consumer", lambda: consumer)
+    assert reader.initialOffset() == {"t/0": 9, "t/1": 9} and consumer.listed == 1
     # A running query's end offsets are read once: a topic left out keeps the offsets known (later_offsets).
     running = _Consumer([{"t": electing}])
     monkeypatch.setattr(reader.kafka, "consumer", lambda: running)
