@@ -149,6 +149,9 @@ class Rebuilder:
                 if state.generation != generation:
                     return "aborted"
                 state.swapping()
+            where = {"store": self.spec.name, "partition": state.partition}
+            log.info("partition %d: every peer that answered is behind this copy (batch %d): it catches up in place",
+                     state.partition, state.engine.position().batch_id, extra=where)  # fmt: skip
             step = self._apply_buffer(state, generation)
             return "behind" if step == "gap" else step
         if isinstance(found, str):
