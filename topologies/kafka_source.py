@@ -119,7 +119,8 @@ class _Kafka:
     def watermarks(self, *, low: bool, strict: bool = False) -> dict[str, int]:
         """``{"topic/partition": offset}`` of the start (``low``) or the end of every partition. ``strict``
         (where a query starts, and a batch read): metadata that says an error is read again, then raised
-        (``_metadata``); otherwise a topic it leaves out keeps the offsets known (``later_offsets``)."""
+        (``_metadata``); otherwise a topic it leaves out, or a partition without a leader (an election,
+        whose offsets would wait out ``_TIMEOUT``), keeps the offsets known (``later_offsets``)."""
         consumer = self.consumer()
         try:
             from confluent_kafka import TopicPartition
@@ -130,7 +131,9 @@ class _Kafka:
                 meta = metadata.topics.get(topic)
                 if meta is None or meta.error is not None:
                     continue  # not created yet: no partitions, no offsets
-                for p in sorted(meta.partitions):
+                for p, part in sorted(meta.partitions.items()):
+                    if getattr(part, "leader", 0) < 0:
+                        continue  # no leader now (``strict`` read again until there was one)
                     lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT)
                     out[f"{topic}/{p}"] = lo if low else hi
             return out

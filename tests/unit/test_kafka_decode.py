@@ -1,5 +1,7 @@
 """riqr's Kafka source: keys and values that are not UTF-8 become dead letters, not altered records."""
 
+from typing import Any
+
 import pytest
 
 from topologies.kafka_source import _decode, _problem
@@ -93,8 +95,8 @@ def test_a_start_from_the_earliest_offsets_that_kafka_has_moved_on_says_so(
 
 
 class _Part:
-    def __init__(self, error: object = None) -> None:
-        self.error = error
+    def __init__(self, error: object = None, leader: int = 1) -> None:
+        self.error, self.leader = error, leader
 
 
 class _Meta:
@@ -157,3 +159,16 @@ def test_a_topic_whose_metadata_says_a_passing_error_is_read_again_not_taken_for
     running = _Consumer([{"t": electing}])
     monkeypatch.setattr(reader.kafka, "consumer", lambda: running)
     assert reader.kafka.watermarks(low=False) == {} and running.listed == 1
+    # So does a partition without a leader, whose offsets would wait out the 30 s timeout: not asked.
+    election = _Meta(partitions=(0, 1))
+    election.partitions[1].leader = -1
+
+    class NoLeaderFor1(_Consumer):
+        def get_watermark_offsets(self, part: Any, timeout: float) -> tuple[int, int]:
+            assert part.partition != 1, "a leaderless partition's offsets were asked for"
+            return super().get_watermark_offsets(part, timeout)
+
+    running = NoLeaderFor1([{"t": election}])
+    monkeypatch.setattr(reader.kafka, "consumer", lambda: running)
+    assert reader.kafka.watermarks(low=False) == {"t/0": 9}
+    assert reader.latestOffset({"t/0": 3, "t/1": 4}) == {"t/0": 9, "t/1": 4}
