@@ -434,7 +434,7 @@ def _catch_up(ask: Callable[..., Any], new: str, partitions: list[int], source: 
     try:
         ask(new, "catch_up", partitions, source)
     except InternalError as err:
-        if "TypeError" not in err.message:
+        if not raycalls.refused_arguments(err):
             raise
         ask(new, "catch_up", partitions)
 

@@ -41,6 +41,7 @@ __all__ = [
     "wait_looking",
     "is_restarting",
     "is_dead",
+    "refused_arguments",
     "no_auto_connect",
 ]
 
@@ -79,6 +80,13 @@ def is_dead(exc: BaseException) -> bool:
     from ray.exceptions import ActorUnavailableError, RayActorError
 
     return isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError)
+
+
+def refused_arguments(exc: BaseException) -> bool:
+    """Whether ``exc`` is a call's arguments refused for its method's signature: an actor of an older riqr
+    binding an argument added since (a ``TypeError`` inside it, as ``translate`` says it), or this process's
+    older class. Callers that added one ask again without it (during an upgrade, old and new actors meet)."""
+    return isinstance(exc, TypeError) or (isinstance(exc, InternalError) and "TypeError" in exc.message)
 
 
 def unwrapped(exc: RiqrError) -> RiqrError:

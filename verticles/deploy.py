@@ -582,8 +582,8 @@ class RaySnapshotPeer:
         args: tuple[Any, ...] = (partition,) if at_least is None else (partition, at_least)
         try:
             return self._export(args)
-        except (InternalError, TypeError) as err:  # raised there (an older actor), or here (an older class)
-            if at_least is None or (isinstance(err, InternalError) and "TypeError" not in err.message):
+        except (InternalError, TypeError) as err:
+            if at_least is None or not raycalls.refused_arguments(err):
                 raise
             return self._export((partition,))
 
