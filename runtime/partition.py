@@ -295,12 +295,14 @@ class PartitionState:
 
     # -- catching up from a peer (driven by runtime.rebuild, under the caller's write lock) -------------
 
-    def start_catch_up(self) -> int:
+    def start_catch_up(self, prefer: str | None = None) -> int:
         """Turn ``catching-up``: from now on batches are buffered, not applied. Returns the generation the
         catch-up must present to install and to apply its buffer. The marker stays (or is written), so a
-        crash before the catch-up ends reopens the partition as incomplete, not as serving an old state."""
+        crash before the catch-up ends reopens the partition as incomplete, not as serving an old state.
+        ``prefer``: the holder to ask first (``prefer_peer``), for this catch-up only."""
         self._end_catch_up()
         self.whole_before_catch_up = self.state == SERVING
+        self.prefer_peer = prefer
         self._write_marker("it lost its state and is being rebuilt from a live peer")
         self.state, self.reason = CATCHING_UP, "it is being rebuilt from a live peer and has not caught up yet"
         return self.generation

@@ -365,8 +365,7 @@ class QueryCore:
         and start copying from a peer (``prefer`` first, when it holds the partition) in the background.
         The sink's apply returns at once."""
         assert self._rebuilder is not None
-        generation = state.start_catch_up()
-        state.prefer_peer = prefer
+        generation = state.start_catch_up(prefer)
         if batch is not None:
             state.buffer(*batch)
         rebuilder = self._rebuilder

@@ -69,7 +69,6 @@ from topologies.inflight import IN_FLIGHT, BatchGivenUp
 
 __all__ = ["BatchDelivery", "registry", "lineage_of", "DEFAULT_DELIVERY_TIMEOUT"]
 
-
 log = logging.getLogger(__name__)
 
 DEFAULT_DELIVERY_TIMEOUT = 60.0
