@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -55,18 +55,25 @@ def drop_unrepresentable_times(table: pa.Table, columns: Sequence[str], store: s
         column = table.column(name)
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
-        bounds = pc.min_max(column)
-        low, high = bounds["min"].as_py(), bounds["max"].as_py()
-        if low is None or (low >= MIN_MICROS and high <= MAX_MICROS):
-            continue
-        out = pc.fill_null(pc.or_(pc.less(column, MIN_MICROS), pc.greater(column, MAX_MICROS)), False)
-        outside = out if outside is None else pc.or_(outside, out)
+        out = _outside(column, MIN_MICROS, MAX_MICROS)
+        if out is not None:
+            outside = out if outside is None else pc.or_(outside, out)
     if outside is None:
         return table
     dropped = pc.sum(outside).as_py()
     log.warning("store %s: dropped %d rows whose timestamp key or window lies outside years 1 to 9999", store,
                 dropped, extra={"store": store})  # fmt: skip
     return table.filter(pc.invert(outside))
+
+
+def _outside(numbers: pa.Array | pa.ChunkedArray, low: int, high: int) -> Any:
+    """Which of ``numbers`` lie outside ``[low, high]`` (a null does not), or None when none does: one
+    min/max, the usual case, and only then a comparison of each."""
+    bounds = pc.min_max(numbers)
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if lo is None or (lo >= low and hi <= high):
+        return None
+    return pc.fill_null(pc.or_(pc.less(numbers, low), pc.greater(numbers, high)), False)
 
 
 # A date's days since 1970-01-01 that answers can hold (Python's ``date``): 0001-01-01 to 9999-12-31.
@@ -167,11 +174,9 @@ def _rows_out_of_range(array: pa.Array) -> np.ndarray | None:
         return found
     else:
         return None
-    bounds = pc.min_max(numbers)
-    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-    if lo is None or (lo >= low and hi <= high):
+    out = _outside(numbers, low, high)
+    if out is None:
         return np.zeros(len(array), dtype=bool)
-    out = pc.fill_null(pc.or_(pc.less(numbers, low), pc.greater(numbers, high)), False)
     return np.asarray(out.to_numpy(zero_copy_only=False), dtype=bool)
 
 
