@@ -444,8 +444,11 @@ class QueryCore:
                     )
             exports = self._exports
             if exports is None:
-                root = Path(tempfile.mkdtemp()) / "exports" if self.directory is None else self.directory / ".exports"
-                exports = self._exports = SnapshotExports(root)
+                if self.directory is None:  # a temporary directory of its own, deleted with the exports
+                    exports = SnapshotExports(Path(tempfile.mkdtemp(prefix="riqr-exports-")), temporary=True)
+                else:
+                    exports = SnapshotExports(self.directory / ".exports")
+                self._exports = exports
             token, dest = exports.new_directory()
         try:
             with self._writing:

@@ -173,6 +173,8 @@ class Rebuilder:
                 return "aborted"
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
+            if self.directory is None:  # the temporary directory made for it (``_incoming_dir``)
+                shutil.rmtree(incoming.parent, ignore_errors=True)
         log.info("partition %d: installed a peer's copy at batch %d (%d bytes); applying the batches since",
                  state.partition, offer.position.batch_id, offer.size,
                  extra={"store": self.spec.name, "partition": state.partition})  # fmt: skip

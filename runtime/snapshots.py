@@ -190,15 +190,24 @@ def remove_leftovers(parent: Path, name: str) -> None:
 class SnapshotExports:
     """The peer's side: exported copies by token, in ``root``, deleted when closed, or once unread for
     ``ttl`` seconds (each read renews it: a copy that takes longer than ``ttl`` in all, as many partitions
-    copying from one peer after a node loss may, still completes)."""
+    copying from one peer after a node loss may, still completes). ``temporary``: ``root`` was just made
+    for them (a private temporary directory, kept as it is until ``close_all`` deletes it)."""
 
-    def __init__(self, root: Path, *, clock: Callable[[], float] = time.monotonic, ttl: float = EXPORT_TTL) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ttl: float = EXPORT_TTL,
+        temporary: bool = False,
+    ) -> None:
         self.root = root
         self._clock = clock
         self._ttl = ttl
         self._lock = threading.Lock()
         self._open: dict[str, tuple[Path, float]] = {}
-        shutil.rmtree(root, ignore_errors=True)  # exports do not survive their actor
+        if not temporary:
+            shutil.rmtree(root, ignore_errors=True)  # exports do not survive their actor
 
     def new_directory(self) -> tuple[str, Path]:
         """A token and the (absent) directory to checkpoint into; expired exports are deleted first."""
