@@ -86,7 +86,8 @@ def _writer_id(checkpoint: Path) -> str:
     return hashlib.sha256(str(checkpoint.resolve()).encode("utf-8")).hexdigest()[:12]
 
 
-def _write_batch(directory: Path, name: str, lines: Iterator[str]) -> None:
+def _write_batch(directory: Path, name: str, lines: Iterator[str]) -> int:
+    """Write ``lines`` as the file ``name`` (none if there are no lines); returns how many were written."""
     tmp = directory / f".{name}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as out:
@@ -99,6 +100,7 @@ def _write_batch(directory: Path, name: str, lines: Iterator[str]) -> None:
         if written:
             os.replace(tmp, directory / name)
             fsync_directory(directory)  # the letters are on disk before the batch is done
+        return written
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -145,6 +147,9 @@ def write_dead_letters(
     )
 
     run: list[str] = []  # the checkpoint's query id, read at the first batch (Spark writes it as it starts)
+    # The total so far, from earlier runs too (a restarted topology reports it before its first bad
+    # record): the files are read once here, not at every batch, whose cost grew with every file written.
+    tally = _Tally(directory, writer) if namespace is not None else None
 
     def deliver(batch: Any, batch_id: int) -> None:
         # Dead letters are few; the driver writes them, one file per batch, so a replay overwrites. The
@@ -155,9 +160,10 @@ def write_dead_letters(
             if not run:
                 run.append((query_id(str(checkpoint)) or "none")[:8])
             rows = (row.letter for row in batch.toLocalIterator())
-            _write_batch(directory, f"{writer}-{run[0]}-{batch_id:012d}{_SUFFIX}", rows)
-            if namespace is not None:
-                _report(namespace, consumer, topic, _count(directory, writer))
+            file = f"{writer}-{run[0]}-{batch_id:012d}{_SUFFIX}"
+            written = _write_batch(directory, file, rows)
+            if namespace is not None and tally is not None:
+                _report(namespace, consumer, topic, tally.wrote(file, written))
 
     query = (
         letters.writeStream.queryName(name)
@@ -166,19 +172,31 @@ def write_dead_letters(
         .trigger(**(trigger or DEAD_LETTER_TRIGGER))
         .start()
     )
-    if namespace is not None:
-        # The total so far, from earlier runs too: a restarted topology reports it before its first bad record.
-        _report(namespace, consumer, topic, _count(directory, writer))
+    if namespace is not None and tally is not None:
+        _report(namespace, consumer, topic, tally.total)
     return query
 
 
-def _count(directory: Path, writer: str) -> int:
-    """The dead letters one writer (one consumer of one topic) has written so far."""
-    count = 0
-    for path in directory.glob(f"{writer}-*{_SUFFIX}"):
-        with open(path, "rb") as lines:
-            count += sum(1 for line in lines if line.strip())
-    return count
+def _lines_in(path: Path) -> int:
+    with open(path, "rb") as lines:
+        return sum(1 for line in lines if line.strip())
+
+
+class _Tally:
+    """The dead letters one writer (one consumer of one topic) has written so far: its files counted
+    once, then each batch's file as it is written. A replay's file replaces the one of the same name, so
+    it replaces that file's count too; a batch with no letters writes no file and changes nothing."""
+
+    def __init__(self, directory: Path, writer: str) -> None:
+        self._files = {path.name: _lines_in(path) for path in directory.glob(f"{writer}-*{_SUFFIX}")}
+        self.total = sum(self._files.values())
+
+    def wrote(self, name: str, lines: int) -> int:
+        """The batch's file ``name`` was written with ``lines`` letters (0: not written); the new total."""
+        if lines:
+            self.total += lines - self._files.get(name, 0)
+            self._files[name] = lines
+        return self.total
 
 
 def _report(namespace: str, consumer: str, topic: str, count: int) -> None:
