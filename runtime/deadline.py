@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from runtime.errors import DeadlineExceeded
 
-__all__ = ["Deadline", "within"]
+__all__ = ["Deadline", "backoff", "within"]
 
 T = TypeVar("T")
 
@@ -42,3 +42,10 @@ async def within(deadline: Deadline, awaitable: Awaitable[T], what: str) -> T:
             return await awaitable
     except TimeoutError:
         raise deadline.exceeded(what) from None
+
+
+def backoff(first: float, attempts: int, most: float) -> float:
+    """The wait after the ``attempts``-th failure in a row (1: the first): ``first``, doubled at each
+    failure since, at most ``most``, for any count: the doubling stops at 64 (``2 ** 1024`` times a float
+    is an ``OverflowError``, which a registry retrying a failing actor once a minute met in 17 hours)."""
+    return min(most, first * (1 << min(max(0, attempts - 1), 64)))

@@ -46,7 +46,7 @@ from runtime.config import (
     FEED_HEARTBEAT_INTERVAL,
     FEED_STALE_AFTER,
 )
-from runtime.deadline import Deadline
+from runtime.deadline import Deadline, backoff
 from runtime.errors import NotConnected, SchemaError, StoreInUse
 from runtime.feeds import RUNNING, FeedReport
 from runtime.ingest import PARTITION_COLUMN, WINDOW_END_COLUMN
@@ -119,6 +119,7 @@ REBUILD_WAIT_MAX = 1800.0
 _RUNNING: dict[str, tuple[BatchDelivery, Callable[..., Any]]] = {}
 # query name -> when this process rebuilt it in place (time.monotonic).
 _REBUILT: dict[str, list[float]] = {}
+_REBUILT_KEPT = 16
 _RUNNING_LOCK = threading.Lock()
 # Every store a supervised topology feeds is looked at this often (seconds), in a thread of its own, so a
 # copy lost while the store gets no batch (no new input) is noticed too. A partition counts when two looks
@@ -166,7 +167,7 @@ def rebuild_due(name: str, now: float | None = None) -> list[int]:
     if not running[0].rebuild_from_input:
         _say_no_rebuild(running[0])
         return []
-    if times and now - times[-1] < min(REBUILD_WAIT_MAX, REBUILD_WAIT * 2 ** (len(times) - 1)):
+    if times and now - times[-1] < backoff(REBUILD_WAIT, len(times), REBUILD_WAIT_MAX):
         return []
     return unheld
 
@@ -348,7 +349,9 @@ def stop_for_rebuild(name: str, query: Any) -> None:
     the batch in progress to end, bounded (``topologies.inflight``), rather than cancelling it."""
     with _RUNNING_LOCK:
         delivery = _RUNNING[name][0]
-        _REBUILT.setdefault(name, []).append(time.monotonic())
+        rebuilt = _REBUILT.setdefault(name, [])
+        rebuilt.append(time.monotonic())
+        del rebuilt[:-_REBUILT_KEPT]  # the wait stops growing long before: a store rebuilt for weeks keeps a few
         _LOOKS.pop(name, None)  # looks at the old checkpoint say nothing of the new one
     delivery.retired = True
     delivery.feeder.attach(delivery.spec.name, None)

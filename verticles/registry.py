@@ -59,6 +59,7 @@ from runtime.config import (
     SUSPECT_CHECK_GAP,
     seconds_setting,
 )
+from runtime.deadline import backoff
 from runtime.errors import Conflict, InvalidParameter, NotFound, RiqrError, StoreInUse, StoreNotFound, Unavailable
 from runtime.feeds import RUNNING, FeedBook, FeedReport, delete_book, load_book, save_book
 from runtime.liveness import Pings
@@ -142,7 +143,7 @@ class _Failures:
         """One more failed attempt after ``failures`` (None: the first): the next try waits ``first_wait``,
         doubled at each attempt since, up to ``RECREATE_BACKOFF_MAX``."""
         attempts = 1 if failures is None else failures.attempts + 1
-        return _Failures(attempts, now + min(RECREATE_BACKOFF_MAX, first_wait * 2 ** (attempts - 1)))
+        return _Failures(attempts, now + backoff(first_wait, attempts, RECREATE_BACKOFF_MAX))
 
 
 class Registry:

@@ -193,6 +193,14 @@ def test_in_place_rebuilds_of_one_store_come_no_more_often_than_the_wait_allows(
         waits.append(wait)
         sink._REBUILT["q"].append(last + wait)
     assert waits == [60, 120, 240, 480, 960, 1800, 1800, 1800]
+    # A store that keeps losing its copies for weeks: the wait stays at its most (it raised OverflowError
+    # at the 1,025th rebuild, which ended the topology), and only the last few times are kept.
+    sink._REBUILT["q"] = [1000.0 + 1800.0 * n for n in range(2000)]
+    last = sink._REBUILT["q"][-1]
+    assert sink.rebuild_due("q", now=last + 1799) == [] and sink.rebuild_due("q", now=last + 1800) == [2]
+    for _ in range(40):
+        sink.stop_for_rebuild("q", FakeQuery("q"))
+    assert len(sink._REBUILT["q"]) == sink._REBUILT_KEPT
 
 
 def test_a_store_whose_source_cannot_read_its_input_again_is_never_rebuilt_in_place(

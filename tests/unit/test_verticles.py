@@ -459,6 +459,32 @@ def test_the_wait_between_failed_attempts_is_at_most_a_minute() -> None:
         assert env.replace_calls == calls + 1
 
 
+def test_an_actor_that_fails_to_start_for_days_is_still_tried_once_a_minute() -> None:
+    # 2 ** 1024 is a float OverflowError: at the 1,025th failure (17 hours of one a minute) the check
+    # raised, and the registry then tried every check instead of every minute.
+    env, clock, registry, victim, _ = _gone_for_good(after=2.0)
+    env.vanished, env.refuse = {victim}, {"node-b"}
+    registry.check_nodes()
+    clock.now += 2.0
+    registry.check_nodes()
+    for _ in range(1100):
+        clock.now += 60.0
+        calls = env.replace_calls
+        registry.check_nodes()
+        assert env.replace_calls == calls + 1
+    clock.now += 30.0
+    calls = env.replace_calls
+    registry.check_nodes()
+    assert env.replace_calls == calls  # not before its minute
+
+
+def test_backoff_doubles_up_to_its_most_for_any_count() -> None:
+    from runtime.deadline import backoff
+
+    assert [backoff(4.0, n, 60.0) for n in range(0, 7)] == [4.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert backoff(4.0, 10**6, 60.0) == 60.0 and backoff(0.0, 10**6, 60.0) == 0.0
+
+
 def test_nothing_is_created_again_when_it_is_off_or_the_runtime_goes_down() -> None:
     env, clock, registry, victim, _ = _gone_for_good(after=None)  # RIQR_RECREATE_AFTER=off
     env.vanished = {victim}
