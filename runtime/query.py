@@ -212,6 +212,8 @@ class QueryCore:
         # Held while this process keeps its data there: a node's sweeper never deletes a directory whose
         # lock is held (``runtime.orphans``).
         self._owner = None if directory is None else OwnerLock.take(directory)
+        if directory is not None:  # an earlier process's exports (killed, it could not delete them): stale now
+            shutil.rmtree(directory / ".exports", ignore_errors=True)
         try:
             for p in sorted(partitions):
                 path = None if directory is None else directory / f"p{p}"
@@ -672,6 +674,8 @@ class QueryCore:
 
     def stats(self) -> dict[str, Any]:
         """Positions and states plus this core's metric samples: what a node's probe asks for (``runtime.health``)."""
+        if self._exports is not None:  # one whose receiver went away, deleted without waiting for the next export
+            self._exports.expire()
         samples = [(s.name, s.labels, s.value) for s in self.metrics.samples()]
         return {"partitions": self.positions(), "samples": samples, "incarnation": self._incarnation}
 

@@ -137,3 +137,38 @@ def test_an_export_being_read_does_not_expire_however_long_the_copy_takes(tmp_pa
     exports.new_directory()
     with pytest.raises(SnapshotCorrupt, match="closed or expired"):
         exports.read(token, "x", 0, 1)
+
+
+def test_a_query_cores_unclosed_export_goes_without_another_export_and_a_dead_processs_at_start(
+    tmp_path: Path,
+) -> None:
+    """An export whose receiver went away was deleted only when the same actor exported again, maybe never:
+    a RocksDB export holds the partition's SST files as they were. The probes' ``stats`` expire it now, and
+    a process that was killed with exports open leaves them to the next one, which deletes them at start."""
+    import pyarrow as pa
+
+    from runtime.query import QueryCore
+    from runtime.snapshots import EXPORT_TTL
+    from tests.unit.fakes import kv_spec
+
+    spec = kv_spec("s", partitions=1, actors=1)
+    core = QueryCore(spec, [0], directory=tmp_path / "a")
+    core.apply("q", 0, {0: pa.table({"key": ["k"], "value": ["v"]})})
+    core.open_snapshot(0)
+    exports = tmp_path / "a" / ".exports"
+    assert len(list(exports.iterdir())) == 1
+    core.stats()
+    assert len(list(exports.iterdir())) == 1  # not yet expired
+    assert core._exports is not None
+    later = core._exports._clock() + EXPORT_TTL + 1
+    core._exports._clock = lambda: later
+    core.stats()
+    assert list(exports.iterdir()) == []
+    core.open_snapshot(0)
+    assert len(list(exports.iterdir())) == 1
+    for state in core.partitions.values():  # the process dies: nothing is closed, its owner lock goes with it
+        state.engine.close()
+    assert core._owner is not None
+    core._owner.release()
+    QueryCore(spec, [0], directory=tmp_path / "a").close()
+    assert not exports.exists()
