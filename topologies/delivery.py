@@ -292,6 +292,13 @@ class BatchDelivery:
                 raise OwnerUnavailable(f"query actor {uuid} is not running", actor=uuid) from None
         return handle
 
+    def _keep_handles(self, ownership: OwnershipTable, readers: Sequence[ReaderCopy]) -> None:
+        """Forget the handles of actors the view no longer names (a move's old actors, dropped readers):
+        kept, they grew by every actor a long-running feed ever sent to."""
+        named = set(ownership.all_owners()) | {reader.actor for reader in readers}
+        if any(uuid not in named for uuid in self._handles):
+            self._handles = {uuid: handle for uuid, handle in self._handles.items() if uuid in named}
+
     def forget_handles(self) -> None:
         """Look every owner up again at its next call (one may have been re-created under its name)."""
         self._handles.clear()
@@ -359,6 +366,7 @@ class BatchDelivery:
         if ownership is None:
             raise NotConnected(self.gone(), store=self.spec.name)
         readers = view.readers_of(self.spec.name)
+        self._keep_handles(ownership, readers)
         clock = self._lap("view", clock)
         results: list[Any] = []
         # The memory engine keeps Python keys: nothing to share. Small batches neither (SHARE_ENCODED_ROWS).

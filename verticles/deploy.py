@@ -147,6 +147,7 @@ class RayEnv:
         self.namespace = namespace
         # The registry's pings' handles: uuid -> (handle, when looked up) (``send_ping``).
         self._ping_handles: dict[str, tuple[Any, float]] = {}
+        self._pings_swept = time.monotonic()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"namespace": self.namespace}  # handles stay in the process that looked them up
@@ -360,6 +361,10 @@ class RayEnv:
         # kept for a minute, and dropped when the registry kills or re-creates the actor (a new actor under
         # the name has a new handle; the old one's pings fail at once, which counts as answered).
         now = time.monotonic()
+        if now - self._pings_swept > _PING_HANDLE_SECONDS:  # actors no longer pinged (dropped, moved away)
+            self._pings_swept = now
+            kept = {u: c for u, c in self._ping_handles.items() if now - c[1] <= _PING_HANDLE_SECONDS}
+            self._ping_handles = kept
         cached = self._ping_handles.get(uuid)
         if cached is None or now - cached[1] > _PING_HANDLE_SECONDS:
             cached = self._ping_handles[uuid] = (ray.get_actor(uuid, namespace=self.namespace), now)

@@ -103,6 +103,10 @@ class Facade:
             # lineage: its marks stay, so reads stay monotonic across it).
             if before is None or store not in lineage or before.isdisjoint(lineage[store]):
                 self.marks.forget(store)
+        if not set(self._holders) <= set(view.tables):
+            # A store was dropped: its series go (the HTTP verticle's ``/metrics`` does so at each scrape; a
+            # facade whose metrics no one scrapes, the Python client's, kept every store's it ever served).
+            self.metrics.retain_stores(view.tables)
         self._holders = holders
 
     @property

@@ -209,3 +209,32 @@ def test_a_peer_of_the_riqr_before_at_least_is_asked_again_without_it(monkeypatc
     assert peer.open_snapshot(3, Position("q", 7)) == "offer"
     assert peer.open_snapshot(3) == "offer"
     assert sent == [(3, Position("q", 7)), (3,), (3,)]
+
+
+def test_the_registrys_ping_handles_of_actors_no_longer_pinged_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry's handle cache for pings kept every query actor it ever pinged (dropped stores', moved
+    actors'): handles unused for their minute go at the next ping."""
+    from verticles import deploy
+
+    now = [1000.0]
+
+    class Actor:
+        class ping:  # noqa: N801 - a Ray method's shape
+            @staticmethod
+            def options(**_: Any) -> Any:
+                return Actor.ping
+
+            @staticmethod
+            def remote() -> str:
+                return "pinged"
+
+    monkeypatch.setattr(deploy.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(deploy.ray, "get_actor", lambda name, namespace=None: Actor())
+    env = deploy.RayEnv("riqr-pings")
+    for n in range(5):
+        env.send_ping(f"dropped-{n}")
+    assert len(env._ping_handles) == 5  # noqa: SLF001
+    for _ in range(3):  # only one actor is still pinged, every 30 s
+        now[0] += 30.0
+        assert env.send_ping("alive") == "pinged"
+    assert sorted(env._ping_handles) == ["alive"]  # noqa: SLF001

@@ -1056,3 +1056,26 @@ async def test_a_registry_gone_for_good_is_logged_once_without_a_traceback_and_i
         assert await core.get(KeyQuery("customers", "1")) == "john"  # served from the cached view all along
     finally:
         await core.stop()
+
+
+async def test_a_dropped_stores_series_go_from_a_facade_no_one_scrapes(bus: FakeBus) -> None:
+    """Only ``/metrics`` forgot a dropped store's series: the Python client's facades, whose metrics no one
+    scrapes, kept those of every store they ever served."""
+    bus.create_store(kv_spec("dropped"))
+    bus.load("dropped", {"1": "x"})
+    core = Facade(bus, timeout=1.0, refresh_interval=0.01)
+    await core.start()
+    try:
+        assert await core.get(KeyQuery("customers", "1")) == "john"
+        assert await core.get(KeyQuery("dropped", "1")) == "x"
+
+        def stores() -> set[str]:
+            core.metrics.fold()
+            return {dict(s.labels).get("store", "") for s in core.metrics.samples()} - {""}
+
+        assert stores() == {"customers", "dropped"}
+        bus.state.drop("dropped")
+        await eventually(lambda: "dropped" not in core.view.tables)
+        assert stores() == {"customers"}
+    finally:
+        await core.stop()

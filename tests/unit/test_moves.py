@@ -444,6 +444,26 @@ def test_the_sink_delivers_a_batch_again_to_the_copies_the_registry_names_when_o
         delivery._apply_everywhere("q", 8, {}, 0)
 
 
+def test_a_feed_forgets_the_handles_of_actors_its_store_no_longer_names(tmp_path: Path) -> None:
+    """A long-running feed kept a Ray handle for every actor it ever sent a batch to (every move's old
+    actor, every dropped read replica): each batch's view now keeps only the ones it names."""
+    import types
+
+    from tests.unit.test_runner import FakeFeeder
+    from topologies.delivery import BatchDelivery
+
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=1, standbys=0))
+    delivery = BatchDelivery(view.tables["s"].spec, "ns", "unused", query_name="riqr-ns-s", feeder=FakeFeeder())  # type: ignore[arg-type]
+    (first,) = view.actors
+    delivery._handles = {first: "owner", "moved-away": "old", "http-1": "reader", "http-gone": "dropped reader"}
+    reader = types.SimpleNamespace(actor="http-1")
+    delivery._keep_handles(view.tables["s"], [reader])  # type: ignore[list-item]
+    assert delivery._handles == {first: "owner", "http-1": "reader"}
+
+
 def test_a_feed_follows_its_store_through_moves_even_across_a_registry_restart(tmp_path: Path) -> None:
     from tests.unit.test_runner import FakeFeeder
     from topologies.delivery import BatchDelivery
