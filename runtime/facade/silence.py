@@ -110,12 +110,13 @@ class Silence:
         self._missed.pop(uuid, None)
 
     def keep_only(self, uuids: Iterable[str]) -> None:
-        """Forget the owners not in ``uuids`` (gone from the view)."""
+        """Forget the owners not in ``uuids`` (gone from the view). The driver API's callers' threads record
+        misses while the loop thread runs this: the keys are copied at once (``list`` of a dict holds the
+        GIL throughout; iterating it here could raise "dictionary changed size during iteration")."""
         kept = set(uuids)
-        for uuid in [u for u in self._missed if u not in kept]:
-            del self._missed[uuid]
-        for uuid in [u for u in self._slow if u not in kept]:
-            del self._slow[uuid]
+        for marks in (self._missed, self._slow):
+            for uuid in [u for u in list(marks) if u not in kept]:
+                marks.pop(uuid, None)
 
     def in_order(self, holders: Sequence[str]) -> tuple[str, ...]:
         """``holders`` (a partition's copies, the active first) with the silent or slow ones after the

@@ -143,3 +143,35 @@ def test_an_answer_that_comes_while_the_ping_is_out_is_taken_whatever_the_ping_d
 
 def test_a_ping_that_fails_otherwise_than_by_gone_says_nothing_and_the_call_is_awaited() -> None:
     assert _race(0.3, "breaks", 5.0) == ("answer", ["ping"])
+
+
+def test_forgetting_owners_while_other_threads_record_misses_never_raises() -> None:
+    """The driver API's callers record misses from their own threads while the loop thread forgets the
+    owners a new view lacks: iterating the dict there raised "dictionary changed size during iteration",
+    which skipped the view's other listeners."""
+    import sys
+    import threading
+    import time
+
+    silence = Silence()
+    done = threading.Event()
+
+    def record() -> None:
+        n = 0
+        while not done.is_set():
+            silence.missed(f"u{n % 5000}")
+            n += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    writer = threading.Thread(target=record)
+    writer.start()
+    try:
+        kept = [f"u{j}" for j in range(0, 5000, 2)]
+        ends = time.monotonic() + 1.0
+        while time.monotonic() < ends:
+            silence.keep_only(kept)
+    finally:
+        done.set()
+        writer.join()
+        sys.setswitchinterval(interval)
