@@ -8,8 +8,11 @@ it with) and ``commits/<batch id>`` (the batches done).
 from __future__ import annotations
 
 import datetime as _dt
+import glob
 import json
+import logging
 import os
+import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,7 +29,13 @@ __all__ = [
     "rebuild_pending",
     "rebuild_delivered",
     "batch_watermark",
+    "SUPERSEDED_KEPT",
 ]
+
+log = logging.getLogger(__name__)
+
+# How many superseded checkpoints of one checkpoint are kept (``supersede``): the newest.
+SUPERSEDED_KEPT = 3
 
 
 def local_path(checkpoint: str) -> Path:
@@ -88,13 +97,20 @@ def rebuild_delivered(checkpoint: str) -> None:
 
 
 def supersede(checkpoint: str) -> Path:
-    """Move a checkpoint aside (kept, not deleted: ``<checkpoint>.superseded-<UTC time>``) so the query
-    starts again from an empty one. Returns where it went."""
+    """Move a checkpoint aside (kept for inspection: ``<checkpoint>.superseded-<UTC time>``) so the query
+    starts again from an empty one. Returns where it went. Only the newest ``SUPERSEDED_KEPT`` of one
+    checkpoint are kept: each holds Spark's state, and a store that keeps losing its copies is rebuilt up to
+    twice an hour for as long as that lasts."""
     path = local_path(checkpoint)
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     target = path.with_name(f"{path.name}.superseded-{stamp}")
     os.replace(path, target)
     fsync_directory(path.parent)  # a crash must not bring the superseded checkpoint back into use
+    # The stamps sort as the times do; the one just made is the newest.
+    older = sorted(path.parent.glob(f"{glob.escape(path.name)}.superseded-*"))[:-SUPERSEDED_KEPT]
+    for stale in older:
+        log.info("deleting %s: %d newer superseded checkpoints of %s are kept", stale, SUPERSEDED_KEPT, path.name)
+        shutil.rmtree(stale, ignore_errors=True)
     return target
 
 

@@ -64,6 +64,21 @@ def test_a_superseded_checkpoint_is_kept_aside(tmp_path: Path) -> None:
     assert not Path(cp).exists() and moved.name.startswith("cp.superseded-") and (moved / "metadata").exists()
 
 
+def test_only_the_newest_superseded_checkpoints_of_one_are_kept(tmp_path: Path) -> None:
+    """Each rebuild set the whole checkpoint aside, Spark's state with it, and none was ever deleted."""
+    from topologies.checkpoint import SUPERSEDED_KEPT
+
+    other = make(tmp_path / "other", offsets=[0], commits=[0])
+    supersede(other)
+    moved = []
+    for _ in range(SUPERSEDED_KEPT + 3):
+        cp = make(tmp_path, offsets=[0], commits=[0])
+        moved.append(supersede(cp))
+    left = sorted(tmp_path.glob("cp.superseded-*"))
+    assert left == moved[-SUPERSEDED_KEPT:] and all((p / "metadata").exists() for p in left)
+    assert len(list((tmp_path / "other").glob("cp.superseded-*"))) == 1  # another checkpoint's are its own
+
+
 def _pos(source: str, batch: int, state: str = "serving") -> dict[str, object]:
     return {"source": source, "batch_id": batch, "state": state}
 
