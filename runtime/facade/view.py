@@ -42,6 +42,8 @@ class ViewCache:
         self._watcher: asyncio.Task[None] | None = None
         self._soon: asyncio.Task[None] | None = None
         self._failures = 0  # consecutive failed refreshes of the watcher
+        self._fetches = 0  # fetches begun (``refresh``), and the number of the last that succeeded
+        self._fetched = -1
         # Called with every new view (the router drops batchers of actors that are gone).
         self.listeners: list[Callable[[ClusterView], None]] = []
 
@@ -91,12 +93,17 @@ class ViewCache:
                     self._failures, what, exc_info=not expected)  # fmt: skip
 
     async def refresh(self) -> ClusterView:
-        """Fetch the view from the registry (one fetch at a time; concurrent callers share it)."""
-        epoch_before = self._view.epoch
+        """Fetch the view from the registry (one fetch at a time; concurrent callers share it: a caller
+        that waited on a fetch begun after it asked takes that fetch's view, which is as new as any it could
+        fetch itself. Before, each request naming a store that does not exist cost the registry a call of
+        its own, one after the other.)"""
+        epoch_before, asked = self._view.epoch, self._fetches
         async with self._lock:
-            if self._view.epoch != epoch_before:
+            if self._view.epoch != epoch_before or self._fetched >= asked:
                 return self._view
+            fetch, self._fetches = self._fetches, self._fetches + 1
             view = await self._bus.fetch_view()
+            self._fetched = fetch  # a failed fetch is no one's answer: the callers waiting try their own
             if view.epoch >= self._view.epoch:
                 self._view = view
                 for gone in [uuid for uuid in self._suspected if uuid not in view.actors]:

@@ -4,6 +4,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -1077,5 +1078,51 @@ async def test_a_dropped_stores_series_go_from_a_facade_no_one_scrapes(bus: Fake
         bus.state.drop("dropped")
         await eventually(lambda: "dropped" not in core.view.tables)
         assert stores() == {"customers"}
+    finally:
+        await core.stop()
+
+
+async def test_requests_for_stores_that_do_not_exist_share_the_registrys_view_fetches() -> None:
+    """Each request naming a store the view lacks cost the registry a fetch of its own, one after the other:
+    a client asking for a wrong name (or anyone, without auth) kept the registry busy with view calls. A
+    request takes a fetch begun after it asked, which is as new as its own would be; one begun before
+    does not do (the store may have been created meanwhile), and a failed one is no one's answer."""
+
+    class SlowBus(FakeBus):
+        fail = False
+
+        async def fetch_view(self) -> Any:
+            self.view_fetches += 1
+            view = self.state.view()  # as the registry answers: the view when the call reached it
+            await asyncio.sleep(0.02)
+            if self.fail:
+                raise OwnerUnavailable("the registry is restarting", retry_after=1)
+            return view
+
+    bus = SlowBus()
+    bus.create_store(kv_spec("customers"))
+    bus.load("customers", CUSTOMERS)
+    core = Facade(bus, timeout=1.0, refresh_interval=60)
+    await core.start()
+    try:
+        fetches = bus.view_fetches
+        answers = await asyncio.gather(*(core.get(KeyQuery("nope", "1")) for _ in range(50)), return_exceptions=True)
+        assert all(isinstance(a, StoreNotFound) for a in answers)
+        # Two: the first request's, begun before the others asked, and one begun after they did (51 before).
+        assert bus.view_fetches - fetches == 2
+
+        # A fetch in flight began before the store was made: the request asked after it fetches again.
+        early = asyncio.ensure_future(core.views.refresh())
+        await asyncio.sleep(0.005)
+        bus.create_store(kv_spec("late"))
+        bus.load("late", {"1": "x"})
+        assert await core.get(KeyQuery("late", "1")) == "x"
+        await early
+
+        bus.fail = True
+        fetches = bus.view_fetches
+        answers = await asyncio.gather(*(core.get(KeyQuery("nope", "1")) for _ in range(3)), return_exceptions=True)
+        assert all(isinstance(a, OwnerUnavailable) for a in answers), answers
+        assert bus.view_fetches - fetches == 3  # each tried: none was given another's failure as an answer
     finally:
         await core.stop()
