@@ -174,15 +174,30 @@ _COMPONENTS: dict[str, Any] = {
     },
     "Instances": {
         "type": "object",
+        "required": ["result"],
         "properties": {"result": {"type": "array", "items": {"$ref": "#/components/schemas/Instance"}}},
+    },  # fmt: skip
+    "KeyInstance": {
+        "type": "object",
+        "required": ["result"],
+        "properties": {"result": {"$ref": "#/components/schemas/Instance"}},
     },  # fmt: skip
     "Store": {
         "type": "object",
         "properties": {
             "name": {"type": "string"},
-            "kind": {"type": "string"},
+            "kind": {"enum": ["kv", "window", "session"]},
+            "key": {
+                "type": "object",
+                "description": "the first key column (column, type) and every key column (columns)",
+                "additionalProperties": True,
+            },
+            "value": {"type": "array", "items": _OBJECT, "description": "the value columns (column, type)"},
             "partitions": {"type": "integer"},
+            "actors": {"type": "integer", "description": "query actors holding the active copies"},
             "standbys": {"type": ["integer", "null"]},
+            "engine": {"type": "string", "description": "the copies' storage engine: rocksdb or memory"},
+            "read_replicas": {"type": "boolean", "description": "whether HTTP verticles keep copies of the store"},
             "ingest": {"type": ["object", "null"], "additionalProperties": True},
             "positions": {
                 "type": "array",
@@ -217,8 +232,9 @@ _COMPONENTS: dict[str, Any] = {
             "partitions": {"type": "integer"},
             "missing": {
                 "type": "array",
-                "description": "a partition with no serving copy (store, partition, state, reason), or a store "
-                "whose feed failed or went stale, no heartbeat (store, ingest, reason)",
+                "description": "a partition with no serving copy (store, partition, state, reason), a store "
+                "whose feed failed or went stale, no heartbeat (store, ingest, reason), or, when this node "
+                "never reached the registry, {registry: 'unreachable', reason}",
                 "items": _OBJECT,
             },
         },
@@ -236,26 +252,50 @@ def _answer(name: str) -> dict[str, Any]:
     if name == "html":
         return {"description": "OK", "content": {"text/html": {"schema": {"type": "string"}}}}
     if name == "prometheus":
-        return {"description": "OK", "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}}}
+        media = "text/plain; version=0.0.4; charset=utf-8"
+        return {"description": "OK", "content": {media: {"schema": {"type": "string"}}}}
     if "/" in name:  # a media type: a static file
         return {"description": "OK", "content": {name: {"schema": {"type": "string"}}}}
     ref = {"$ref": f"#/components/schemas/{name}"}
+    if name == "OpenAPI":  # this document is JSON whatever the Accept header asks
+        return {"description": "OK", "content": {"application/json": {"schema": ref}}}
     content: dict[str, Any] = {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}
     if name == "Entries":
         content["application/x-ndjson"] = {"schema": {"$ref": "#/components/schemas/Entry"}}
     return {"description": "OK", "content": content}
 
 
+# The headers an error answer comes with, by status.
+_ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer, with the error (RFC 6750)", "schema": {"type": "string"}}},
+    405: {"Allow": {"description": "the methods the path takes", "schema": {"type": "string"}}},
+    503: {"Retry-After": {"description": "seconds to wait before asking again", "schema": {"type": "integer"}}},
+}
+# An answer made of the store's copies says what it reflects (docs/api.md, "What an answer reflects").
+_POSITION_HEADER = {
+    "X-Riqr-Position": {
+        "description": "per partition read, the source and batch the answer reflects (left off when "
+        "nothing was read, on streams, and when too long for proxies)",
+        "schema": {"type": "string"},
+    },
+}
+
+
 def _error(status: int) -> dict[str, Any]:
     codes = ", ".join(ERROR_CODES[status])
     ref = {"$ref": "#/components/schemas/Error"}
-    return {"description": f"{_REASONS[status]} (error codes: {codes})",
-            "content": {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}}  # fmt: skip
+    answer = {"description": f"{_REASONS[status]} (error codes: {codes})",
+              "content": {"application/json": {"schema": ref}, "application/msgpack": {"schema": ref}}}  # fmt: skip
+    if status in _ERROR_HEADERS:
+        answer["headers"] = _ERROR_HEADERS[status]
+    return answer
 
 
 def _operation(route: Route, auth_enabled: bool) -> dict[str, Any]:
     statuses = set(route.errors) | set(COMMON_ERRORS) | (set() if route.public or not auth_enabled else {401})
     responses: dict[str, Any] = {"200": _answer(route.answer)}
+    if route.tag == "stores" and route.answer in ("Value", "Entries", "Count"):
+        responses["200"]["headers"] = _POSITION_HEADER
     responses.update({str(s): _error(s) for s in sorted(statuses)})
     if route.answer == "Ready":  # not ready is a 503 whose body says what is missing, not an error
         responses["503"] = {**_answer("Ready"), "description": "Not ready: 'missing' lists what"}

@@ -69,7 +69,10 @@ KEY = Param(
     f"{MAX_KEY_CHARS} characters as written. Typed by the store's key schema (see GET /stores).",
     (("type", "string"), ("maxLength", MAX_KEY_CHARS)),
 )
-PREFIX = Param("prefix", "path", "A key prefix (string keys, or a composite key's string first column).")
+_BOUND = (("type", "string"), ("maxLength", MAX_KEY_CHARS))
+PREFIX = Param(
+    "prefix", "path", "A key prefix (string keys, or a composite key's string first column).", _BOUND
+)  # fmt: skip
 REVERSE = Param("reverse", "query", "Descending key order.", (("type", "boolean"),))
 LIMIT = Param(
     "limit",
@@ -80,10 +83,10 @@ LIMIT = Param(
 )
 CURSOR = Param("cursor", "query", "The 'next' of the previous page: continues that scan (its bounds travel with it).")
 PAGING = (REVERSE, LIMIT, CURSOR)
-FROM_KEY = Param("from", "query", "Lower key bound, inclusive; optional.")
-TO_KEY = Param("to", "query", "Upper key bound, inclusive; optional.")
-KEY_FROM = Param("keyFrom", "query", "Lower key bound, inclusive; optional.")
-KEY_TO = Param("keyTo", "query", "Upper key bound, inclusive; optional.")
+FROM_KEY = Param("from", "query", "Lower key bound, inclusive; optional.", _BOUND)
+TO_KEY = Param("to", "query", "Upper key bound, inclusive; optional.", _BOUND)
+KEY_FROM = Param("keyFrom", "query", "Lower key bound, inclusive; optional.", _BOUND)
+KEY_TO = Param("keyTo", "query", "Upper key bound, inclusive; optional.", _BOUND)
 TIME_FROM = Param("from", "query", "Windows starting at or after this ISO-8601 time.", (("type", "string"),))
 TIME_TO = Param("to", "query", "Windows starting at or before this ISO-8601 time.", (("type", "string"),))
 EARLIEST_END = Param("earliestEnd", "query", "Sessions ending at or after this ISO-8601 time.")
@@ -142,7 +145,7 @@ ROUTES: tuple[Route, ...] = (
         h.metadata_for_key,
         "the instance owning a key's partition",
         (STORE, KEY),
-        "Instance",
+        "KeyInstance",
         _KEYED,
         tag="metadata",
     ),  # fmt: skip

@@ -236,4 +236,5 @@ def test_the_openapi_document_describes_ready_and_metrics() -> None:
     assert ready["security"] == [] and "401" not in ready["responses"]
     assert ready["responses"]["503"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Ready"}
     metrics = doc["paths"]["/metrics"]["get"]
-    assert "text/plain; version=0.0.4" in metrics["responses"]["200"]["content"] and "401" in metrics["responses"]
+    assert "text/plain; version=0.0.4; charset=utf-8" in metrics["responses"]["200"]["content"]
+    assert "401" in metrics["responses"]

@@ -373,6 +373,55 @@ async def test_a_store_name_too_long_says_so_and_the_accept_headers_weights_are_
     assert set(msgpack.unpackb(await answer.read(), strict_map_key=False)) == {"result"}
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/stores/strings/get/a",
+        "/stores/strings/all",
+        "/stores/strings/all?limit=1",
+        "/stores/strings/approximate-num-entries",
+        "/stores/clicks/windows",
+        "/stores",
+        "/metadata",
+        "/metadata/stores/strings",
+        "/metadata/stores/strings/key/a",
+        "/health",
+    ],
+)
+async def test_answers_match_the_openapi_documents_schemas_field_for_field(client, path: str) -> None:  # type: ignore[no-untyped-def]
+    """The key metadata's answer is {"result": instance} (seed 000), but the document described a bare
+    instance; it validated only because the schema allowed any field. Every top-level field of an answer
+    is now one its schema names, and the answer validates."""
+    import jsonschema
+
+    doc = openapi_document(ROUTES)
+    resp = await client.get(path)
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    route = doc["paths"][next(p for p in doc["paths"] if _matches(p, URL(path).path))]["get"]
+    schema = route["responses"]["200"]["content"]["application/json"]["schema"]
+    named = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    assert set(body) <= set(named["properties"]), (path, sorted(set(body) - set(named["properties"])))
+    jsonschema.validate(body, {**schema, "components": doc["components"]})
+    if path.startswith("/stores/strings/"):
+        assert "X-Riqr-Position" in route["responses"]["200"]["headers"] and resp.headers.get("X-Riqr-Position")
+
+
+def _matches(template: str, path: str) -> bool:
+    """Whether an OpenAPI path template (``/stores/{store}/get/{key}``) matches ``path``: a ``{key}`` at
+    the end takes the rest of the path, any other parameter one segment."""
+    import re
+
+    parts = re.split(r"(\{\w+\})", template)
+    pattern = "".join(
+        ("[\\s\\S]*" if part == "{key}" and n == len(parts) - 2 else "[^/]+")
+        if part.startswith("{")
+        else re.escape(part)
+        for n, part in enumerate(parts)
+    )
+    return re.fullmatch(pattern, path) is not None
+
+
 def test_the_error_codes_of_the_openapi_document_are_those_docs_api_md_lists() -> None:
     from pathlib import Path
 
