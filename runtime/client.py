@@ -139,6 +139,12 @@ class Client:
         position, ``replica_state`` and ``lag_batches`` / ``lag_seconds``."""
         return self.call("metadata")
 
+    async def stores_async(self) -> list[dict[str, Any]]:
+        return await self.call_async("catalog")
+
+    async def metadata_async(self) -> list[dict[str, Any]]:
+        return await self.call_async("metadata")
+
 
 class Store:
     """Queries on one store, in sync (``get``) and async (``get_async``) forms."""
@@ -222,12 +228,20 @@ class Store:
         key's partition with its position, replica state and lag."""
         return self._client.call("metadata_for_key", KeyQuery(self.name, key))
 
+    def instances(self) -> list[dict[str, Any]]:
+        """The metadata instances of the query actors holding this store (REST's
+        ``/metadata/stores/{store}``); ``StoreNotFound`` for an unknown store."""
+        return self._client.call("metadata_for_store", self.name)
+
     def replicas(self) -> dict[int, list[dict[str, Any]]]:
         """Partition -> its copies, the active first: each one's ``role``, ``actor``, ``node``, position
         (``source``, ``batch_id``), ``state``, ``replica_state`` (active, in-sync, catching-up, incomplete,
         unavailable) and ``lag_batches`` / ``lag_seconds`` behind the newest acknowledged batch (None when
         unknown; see docs/operations.md). From the catalog; ``StoreNotFound`` for an unknown store."""
-        for store in self._client.stores():
+        return self._replicas_in(self._client.stores())
+
+    def _replicas_in(self, catalog: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+        for store in catalog:
             if store["name"] == self.name:
                 return {int(p["partition"]): list(p.get("replicas", ())) for p in store.get("positions", ())}
         raise StoreNotFound(f"no store named {self.name!r}", store=self.name)
@@ -402,6 +416,15 @@ class Store:
 
     async def approximate_num_entries_async(self) -> int:
         return await self._client.call_async("count", self.name)
+
+    async def owner_async(self, key: Any) -> dict[str, Any]:
+        return await self._client.call_async("metadata_for_key", KeyQuery(self.name, key))
+
+    async def instances_async(self) -> list[dict[str, Any]]:
+        return await self._client.call_async("metadata_for_store", self.name)
+
+    async def replicas_async(self) -> dict[int, list[dict[str, Any]]]:
+        return self._replicas_in(await self._client.stores_async())
 
     async def windows_async(
         self, key: Any, time_from: Any = None, time_to: Any = None, *, reverse: bool = False

@@ -82,6 +82,24 @@ def test_catalog_and_owner(client: runtime.Client) -> None:
     assert (owner["partition"], owner["partitions"], owner["state-store-names"]) == (3, [1, 3], ["order-count"])
     assert len(client.metadata()) == 4
     assert owner["actor"] in {i["actor"] for i in client.metadata() if i["partitions"] == [1, 3]}
+    store = client.store("order-count")
+    assert {i["actor"] for i in store.instances()} == {
+        i["actor"] for i in client.metadata() if i["state-store-names"] == ["order-count"]
+    }
+
+    async def the_async_forms() -> list[object]:
+        return list(
+            await asyncio.gather(
+                client.stores_async(), client.metadata_async(), store.owner_async("1"), store.instances_async(),
+                store.replicas_async(),
+            )
+        )  # fmt: skip
+
+    stores, metadata, owner_async, instances, replicas = asyncio.run(the_async_forms())
+    assert [s["name"] for s in stores] == [s["name"] for s in client.stores()]  # type: ignore[attr-defined]
+    assert len(metadata) == 4 and owner_async["actor"] == owner["actor"]  # type: ignore[arg-type,index]
+    assert {i["actor"] for i in instances} == {i["actor"] for i in store.instances()}  # type: ignore[attr-defined]
+    assert sorted(replicas) == sorted(store.replicas()) == [0, 1, 2, 3]  # type: ignore[arg-type]
 
 
 def test_failures_are_riqrs_errors_never_rays(client: runtime.Client) -> None:
