@@ -3,7 +3,7 @@ the batch in progress end instead of cancelling it.
 
 Spark's ``StreamingQuery.stop()`` cancels the jobs of the micro-batch in progress at once. riqr's sink
 (``topologies.delivery.BatchDelivery``) and the dead-letter writer (``topologies.deadletter``) run their
-batch's job inside their Python ``foreachBatch`` function (``toArrow``, ``toLocalIterator``), so the
+batch's job inside their Python ``foreachBatch`` function (``toArrow``), so the
 cancellation comes back through py4j as an error in that function. py4j logs it with a traceback, hands
 it back to the JVM, and the query's stream thread logs it again (Spark's check of whether the error was
 the stop's runs regular expressions over the whole Python traceback, and once overflowed the thread's
