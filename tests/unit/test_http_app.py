@@ -1,7 +1,9 @@
 """The REST contract of seed 000 on the app factory, over a fake bus (no Ray)."""
 
+import contextlib
 import datetime as dt
 import json
+import logging
 from typing import Any
 
 import msgpack
@@ -400,3 +402,43 @@ async def test_a_whole_msgpack_answer_past_its_bound_is_a_400_naming_the_ways_ou
     assert resp.status == 400 and error["code"] == "result-too-large" and "limit" in error["message"]
     small = await client.get("/stores/big/range?from=k000000&to=k000009", headers={"Accept": "application/msgpack"})
     assert small.status == 200 and len(msgpack.unpackb(await small.read())["result"]) == 10
+
+
+@pytest.mark.parametrize("accept", ["application/x-ndjson", "application/json"])
+@pytest.mark.parametrize("gone", ["end", "drain"])
+async def test_a_client_gone_when_a_stream_ends_is_a_client_that_left_not_a_500(  # type: ignore[no-untyped-def]
+    big, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, accept: str, gone: str
+) -> None:
+    """A soak run cut 7,300 streams: 1,177 were counted as 500s, each with an error and a traceback in the
+    log, because the client was found gone only at the stream's end (aiohttp's ClientConnectionResetError
+    from ``write_eof``) or while a write drained (a plain ``ConnectionError``), past the stream's own
+    handling of a client that left."""
+    import aiohttp
+    from aiohttp import web
+
+    _, client = big
+    if gone == "end":
+        failure: Exception = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+        async def write_eof(self: Any, data: bytes = b"") -> None:
+            raise failure
+
+        monkeypatch.setattr(web.StreamResponse, "write_eof", write_eof)
+    else:
+        real = web.StreamResponse.write
+        writes = [0]
+
+        async def write(self: Any, data: Any) -> None:
+            writes[0] += 1
+            if writes[0] == 3:
+                raise ConnectionError("Connection lost")
+            await real(self, data)
+
+        monkeypatch.setattr(web.StreamResponse, "write", write)
+    with contextlib.suppress(aiohttp.ClientError):
+        await (await client.get("/stores/big/all", headers={"Accept": accept})).read()
+    monkeypatch.undo()
+    counted = await (await client.get("/metrics")).text()
+    assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="500") == 0
+    assert _value(counted, "riqr_http_requests_total", route="/stores/{store}/all", status="499") == 1
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
