@@ -37,6 +37,7 @@ import jwt
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
+from runtime import logs
 from runtime.errors import Forbidden, Unauthorized
 
 __all__ = [
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# Refused tokens and requests: anyone can cause them, so their lines are throttled (``logs.Throttled``).
+_REFUSALS = logs.Throttled(log)
 
 DEFAULT_AUDIENCE = "riqr"
 DEMO_TTL_SECONDS = 24 * 3600
@@ -358,7 +361,7 @@ def _verify(config: AuthConfig, token: str) -> Verified:
         )
     except (jwt.PyJWTError, ValueError, TypeError) as exc:
         # `from None`: pyjwt's message may quote parts of the token; it must not reach a traceback.
-        log.info("rejected a bearer token: %s", type(exc).__name__)
+        _REFUSALS.info("rejected a bearer token: %s", type(exc).__name__)
         raise Unauthorized("invalid token") from None
     # RFC 7519 4.1.4-4.1.6: NumericDate is a JSON number; pyjwt reads "exp": "9999999999" with int(), so a
     # time written as text would pass its checks and not ours.
@@ -367,7 +370,7 @@ def _verify(config: AuthConfig, token: str) -> Verified:
         if claim in claims and (
             isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
         ):
-            log.info("rejected a bearer token: its %s is not a number", claim)
+            _REFUSALS.info("rejected a bearer token: its %s is not a number", claim)
             raise Unauthorized("invalid token")
     subject = claims.get("sub")
     principal = Principal(
@@ -476,7 +479,7 @@ class Authenticator:
             if store is not None:
                 authorize(self.config, principal, store)
         except (Unauthorized, Forbidden) as err:
-            log.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
+            _REFUSALS.info("%s %s -> %d %s", request.method, request.path, err.status, err.message)
             raise
         request[PRINCIPAL] = principal
 

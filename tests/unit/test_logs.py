@@ -91,3 +91,27 @@ def test_py4j_traces_each_call_from_the_jvm_at_info_and_only_its_warnings_are_ke
     logs.configure("error", "kv", stream=stream)
     py4j.warning("a py4j warning")  # below the level asked for
     assert "a py4j warning" not in stream.getvalue()
+
+
+def test_throttled_lines_are_logged_at_most_so_often_and_the_rest_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """A client sending bad tokens wrote two lines a request into the HTTP verticle's log (a soak run's
+    1.6 bad requests a second made most of it): such lines are throttled, and what was left out is said."""
+    import logging
+
+    from runtime.logs import Throttled
+
+    now = [0.0]
+    logger = logging.getLogger("riqr-test-throttled")
+    throttled = Throttled(logger, most=3, per=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="riqr-test-throttled"):
+        for n in range(10):
+            throttled.info("refused %d", n)
+        now[0] += 60.0
+        throttled.info("refused %d", 10)
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused 0",
+        "refused 1",
+        "refused 2",
+        "7 more such lines were not logged (at most 3 a 60s)",
+        "refused 10",
+    ]
