@@ -106,8 +106,9 @@ def supersede(checkpoint: str) -> Path:
     target = path.with_name(f"{path.name}.superseded-{stamp}")
     os.replace(path, target)
     fsync_directory(path.parent)  # a crash must not bring the superseded checkpoint back into use
-    # The stamps sort as the times do; the one just made is the newest.
-    older = sorted(path.parent.glob(f"{glob.escape(path.name)}.superseded-*"))[:-SUPERSEDED_KEPT]
+    # The stamps sort as the times do (the one just made is kept whatever the clock did).
+    others = sorted(p for p in path.parent.glob(f"{glob.escape(path.name)}.superseded-*") if p != target)
+    older = others[: max(0, len(others) - (SUPERSEDED_KEPT - 1))]
     for stale in older:
         log.info("deleting %s: %d newer superseded checkpoints of %s are kept", stale, SUPERSEDED_KEPT, path.name)
         shutil.rmtree(stale, ignore_errors=True)

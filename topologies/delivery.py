@@ -296,8 +296,9 @@ class BatchDelivery:
         """Forget the handles of actors the view no longer names (a move's old actors, dropped readers):
         kept, they grew by every actor a long-running feed ever sent to."""
         named = set(ownership.all_owners()) | {reader.actor for reader in readers}
-        if any(uuid not in named for uuid in self._handles):
-            self._handles = {uuid: handle for uuid, handle in self._handles.items() if uuid in named}
+        handles = dict(self._handles)  # the copy looks' thread adds to it meanwhile: walk a copy
+        if any(uuid not in named for uuid in handles):
+            self._handles = {uuid: handle for uuid, handle in handles.items() if uuid in named}
 
     def forget_handles(self) -> None:
         """Look every owner up again at its next call (one may have been re-created under its name)."""

@@ -97,9 +97,11 @@ class ViewCache:
         that waited on a fetch begun after it asked takes that fetch's view, which is as new as any it could
         fetch itself. Before, each request naming a store that does not exist cost the registry a call of
         its own, one after the other.)"""
-        epoch_before, asked = self._view.epoch, self._fetches
+        asked = self._fetches
         async with self._lock:
-            if self._view.epoch != epoch_before or self._fetched >= asked:
+            # Not "the epoch moved meanwhile": a fetch begun before this caller asked can bring a newer
+            # epoch and still predate the store it asks for (made between that fetch and this request).
+            if self._fetched >= asked:
                 return self._view
             fetch, self._fetches = self._fetches, self._fetches + 1
             view = await self._bus.fetch_view()

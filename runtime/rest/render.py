@@ -257,8 +257,8 @@ async def json_result(
             return web.Response(body=b'{"result":[' + items + b"]}", content_type="application/json", headers=headers())
         response = web.StreamResponse(headers={"Content-Type": "application/json", **COMMON_HEADERS})
         await response.prepare(request)
-        await response.write(b'{"result":[' + _as_array_items(b"".join(pieces)))
         try:
+            await response.write(b'{"result":[' + _as_array_items(b"".join(pieces)))  # the likeliest to find it gone
             async for chunk in chunks:
                 if chunk:
                     await response.write(b"," + _as_array_items(chunk))
@@ -329,5 +329,6 @@ async def _end(request: web.Request, response: web.StreamResponse, last: bytes) 
             await response.write(last)
         await response.write_eof()
     except ConnectionError:
-        broke_off(request, CLIENT_LEFT)
+        if request.get(BROKE_OFF) is None:  # a stream that ended in an error is counted as that error
+            broke_off(request, CLIENT_LEFT)
     return response

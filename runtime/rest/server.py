@@ -23,12 +23,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_request import BaseRequest
 
+from runtime import logs
 from runtime.config import MAX_URL_CHARS
 from runtime.rest.render import COMMON_HEADERS, encode_json
 
 __all__ = ["JsonErrorRequestHandler", "serve_json_parser_errors", "start_runner", "parser_error"]
 
 log = logging.getLogger(__name__)
+# Anyone can send a malformed request: its lines are throttled (``logs.Throttled``).
+_MALFORMED = logs.Throttled(log)
 
 
 def parser_error(status: int, exc: BaseException | None) -> tuple[int, dict[str, Any]]:
@@ -134,7 +137,7 @@ class JsonErrorRequestHandler(web.RequestHandler):
             log.error("error serving a request: %s", type(exc).__name__, exc_info=exc)
         else:
             # Only the kind: the exception text quotes request bytes, which may hold credentials.
-            log.info("rejected a malformed request with %d: %s", status, type(exc).__name__)
+            _MALFORMED.info("rejected a malformed request with %d: %s", status, type(exc).__name__)
         response = web.Response(
             body=encode_json(body), status=status, content_type="application/json", headers=COMMON_HEADERS
         )

@@ -77,6 +77,11 @@ def test_only_the_newest_superseded_checkpoints_of_one_are_kept(tmp_path: Path) 
     left = sorted(tmp_path.glob("cp.superseded-*"))
     assert left == moved[-SUPERSEDED_KEPT:] and all((p / "metadata").exists() for p in left)
     assert len(list((tmp_path / "other").glob("cp.superseded-*"))) == 1  # another checkpoint's are its own
+    # A clock stepped back: the one just made sorts first, and is kept all the same.
+    for day in range(1, SUPERSEDED_KEPT + 1):
+        (tmp_path / f"cp.superseded-299901{day:02d}T000000000000Z").mkdir()
+    newest = supersede(make(tmp_path, offsets=[0], commits=[0]))
+    assert newest.exists() and len(list(tmp_path.glob("cp.superseded-*"))) == SUPERSEDED_KEPT
 
 
 def _pos(source: str, batch: int, state: str = "serving") -> dict[str, object]:

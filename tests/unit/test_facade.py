@@ -1111,7 +1111,9 @@ async def test_requests_for_stores_that_do_not_exist_share_the_registrys_view_fe
         # Two: the first request's, begun before the others asked, and one begun after they did (51 before).
         assert bus.view_fetches - fetches == 2
 
-        # A fetch in flight began before the store was made: the request asked after it fetches again.
+        # A fetch in flight began before the store was made: the request asked after it fetches again,
+        # even when that fetch brings a newer epoch (another store made just before it).
+        bus.create_store(kv_spec("other"))
         early = asyncio.ensure_future(core.views.refresh())
         await asyncio.sleep(0.005)
         bus.create_store(kv_spec("late"))
