@@ -516,6 +516,13 @@ class Registry:
         # destroys them when it restarts, rather than take them back from their answers.
         self._save_members(without=name, strict=True, dropping=members)
         self._dropping.update(members)
+        # A move or a standby copy of its actors admitted and under way ends with the store (its driver's
+        # next call finds no such actor): forgotten, or each stayed for the registry's life. One asked for
+        # and not admitted yet (``_starting``) is stopped at its start timeout, as any.
+        for new in [n for n in self._moving if n in members]:
+            del self._moving[new]
+            self._copying.pop(new, None)
+        self._raised.pop(name, None)
         uuids = self.state.drop(name)
         self._first_active = {k: v for k, v in self._first_active.items() if k[0] != name}
         if self.feeds.forget(name):

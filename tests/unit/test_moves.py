@@ -766,6 +766,27 @@ def test_the_registry_adds_a_standby_copy_that_catches_up_and_stays_with_no_batc
     assert registry.abandon_move(first, late)["outcome"] == "given-up" and late not in registry.view().actors
 
 
+def test_a_store_dropped_while_a_copy_and_a_move_of_its_actors_are_under_way_leaves_nothing_of_them(
+    tmp_path: Path,
+) -> None:
+    """Their drivers killed after admission, the store then dropped: the registry kept each entry for its
+    life (a long-lived process's slow growth)."""
+    env = MoveEnv(tmp_path)
+    registry = Registry("ns", env, new_uuid=uuids(), clock=Clock())
+    env.registry = registry
+    view = registry.create_store(kv_spec("s", partitions=2, actors=2, standbys=0))
+    first, second = sorted(view.actors)
+    copy = registry.add_standby(first, "node-b", view.tables["s"].all_owners()[first])["uuid"]
+    registry.admit(first, copy)
+    moved = _join(registry, second, "node-c")
+    assert {copy, moved} <= set(registry.view().actors)
+    registry.drop_store("s")
+    assert not registry._moving and not registry._copying
+    with pytest.raises(NotFound):
+        registry.keep(first, copy)  # its driver's next call: no such actor
+    assert registry.abandon_move(second, moved)["outcome"] == "none"
+
+
 def test_copies_added_to_a_store_without_standbys_make_every_copy_catch_up_from_peers_and_stay_once_kept(
     tmp_path: Path,
 ) -> None:
