@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import signal
 import sys
@@ -340,8 +341,8 @@ def _actors_on(namespace: str, nodes: set[str], stores: Sequence[str] | None) ->
 
 def _positive_seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    if not (value > 0 and math.isfinite(value)):  # nan never times out; inf never gives up
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds more than 0, got {text}")
     return value
 
 
@@ -517,6 +518,16 @@ def _ttl(text: str) -> int:
 _ttl.__name__ = "number of seconds"
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:  # past bind()'s range the HTTP verticle failed inside Ray, not here
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535 (0: any free port), got {value}")
+    return value
+
+
+_port.__name__ = "port"
+
+
 def _subject(text: str) -> str:
     if not text.strip() or not text.isprintable():
         raise argparse.ArgumentTypeError(f"must be a name without control characters, got {text!r}")
@@ -534,8 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the seed-000 food-orders example on a local Ray and Spark")
-    demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"REST port (default {DEFAULT_PORT})")
-    demo.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to")
+    demo.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"REST port (default {DEFAULT_PORT})")
+    demo.add_argument("--host", default="127.0.0.1", help="address to bind the REST API to (default 127.0.0.1)")
     demo.add_argument(
         "--home",
         default=None,
@@ -545,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     demo.add_argument(
-        "--ready-timeout", type=float, default=180.0,
+        "--ready-timeout", type=_positive_seconds, default=180.0,
         help="seconds to wait for the seed records to reach the stores before giving up (default 180)",
     )  # fmt: skip
     demo.add_argument(
@@ -562,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=_NAMESPACE_HELP)
     up.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=DEFAULT_PORT,
         help=f"REST port on every node (default {DEFAULT_PORT}; 0: any free port)",
     )
@@ -714,6 +725,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RiqrError as err:
         _say(f"riqr: {err.message}")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: said in a line, not a traceback (the demo and the movers stop on their own)
+        _say("riqr: interrupted")
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # `riqr query S all | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again
@@ -733,6 +747,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"riqr: {err}")
         return 2
     except Exception as err:
+        from topologies.spark import SparkNotStarted
+
+        if isinstance(err, SparkNotStarted):  # no Java, or not one Spark runs on: said, no traceback
+            _say(f"riqr: {err}")
+            return 2
         if type(err).__module__.startswith("ray."):  # Ray refused the connection (its auth token) or failed
             _say(f"riqr: Ray: {type(err).__name__}: {err}")
             return 2

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from runtime.config import http_url
+
 __all__ = [
     "STORE_COLUMNS",
     "lag",
@@ -175,7 +177,7 @@ def store_rows(
 
 def endpoint_rows(endpoints: Mapping[str, tuple[str, int]]) -> list[tuple[str, str]]:
     """(node, URL) of each node's REST API, by node id."""
-    return [(_short(node), f"http://{host}:{port}/") for node, (host, port) in sorted(endpoints.items())]
+    return [(_short(node), f"{http_url(host, port)}/") for node, (host, port) in sorted(endpoints.items())]
 
 
 def render_status(

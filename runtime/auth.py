@@ -159,7 +159,7 @@ class AuthConfig:
         if (self.secret is None) == (self.public_key is None):
             raise ValueError("auth needs exactly one of a JWT secret (HS256) or a PEM public key (RS256/ES256)")
         if self.secret is not None and len(self.secret.encode("utf-8")) < MIN_SECRET_BYTES:
-            raise ValueError(f"the JWT secret must be at least {MIN_SECRET_BYTES} bytes; see generate_secret()")
+            raise ValueError(f"the JWT secret must be at least {MIN_SECRET_BYTES} bytes; {_MAKE_ONE}")
         family = "HS" if self.secret is not None else _key_family(self.public_key or "")
         if not self.algorithms:
             object.__setattr__(self, "algorithms", (_DEFAULT_ALGORITHM[family],))
@@ -547,7 +547,11 @@ def _check_secret(secret: str, algorithms: Iterable[str]) -> None:
     need = max((_MIN_SECRET_BYTES.get(a, MIN_SECRET_BYTES) for a in algorithms), default=MIN_SECRET_BYTES)
     if len(secret.encode("utf-8")) < need:
         which = ", ".join(a for a in algorithms if _MIN_SECRET_BYTES.get(a, MIN_SECRET_BYTES) == need) or "HS256"
-        raise ValueError(f"the JWT secret must be at least {need} bytes for {which}; see generate_secret()")
+        raise ValueError(f"the JWT secret must be at least {need} bytes for {which}; {_MAKE_ONE}")
+
+
+# What an operator runs for a secret long enough for every HS algorithm (86 characters, 64 random bytes).
+_MAKE_ONE = "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(64))'"
 
 
 def generate_secret() -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -618,6 +619,16 @@ def _canonical(address: str) -> str | None:
     return str(resolved) if resolved else None
 
 
+def _named(target: str, resolved: str) -> str:
+    """Where ``target`` came from, for an operator: the address given, ``$RAY_ADDRESS``'s, or the local
+    cluster's, with what Ray made of it when that differs (a local host is written as the node's IP)."""
+    if target == "auto":
+        given = os.environ.get("RAY_ADDRESS")
+        origin = f"$RAY_ADDRESS={given}" if given else "this machine's Ray cluster"
+        return f"{origin} ({resolved})" if given != resolved else origin
+    return resolved if resolved == target else f"{target} ({resolved})"
+
+
 def _probe_bootstrap(target: str, timeout: float) -> ConnectionError | bool:
     """The error that says nothing listens at ``target`` (Ray's "auto", ``host:port``); else True when a TCP
     connection opens there, False when the address cannot be read here (``ray.init`` then says what is
@@ -631,7 +642,7 @@ def _probe_bootstrap(target: str, timeout: float) -> ConnectionError | bool:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except (OSError, ValueError) as err:
-        where = resolved if resolved == target else f"{target} ({resolved})"
+        where = _named(target, resolved)
         return ConnectionError(f"no Ray cluster answers at {where} ({err}); is it running (ray status)?")
     return True
 

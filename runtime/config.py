@@ -4,6 +4,7 @@ module uses stays beside its use)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -64,6 +65,15 @@ __all__ = [
 
 DEFAULT_NAMESPACE = "riqr"
 DEFAULT_PORT = 7400
+
+
+def http_url(host: str, port: int) -> str:
+    """``http://host:port``, an IPv6 address in brackets (RFC 3986): ``http://[::1]:7400``, not ``::1:7400``."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 # A store's layout: partitions are fixed for its life (the partitioner depends on them), actors share them.
 DEFAULT_PARTITIONS = 4
 DEFAULT_ACTORS = 2
@@ -261,3 +271,11 @@ class RuntimeConfig:
     # Advertised host in metadata; None means the node's IP address.
     advertise_host: str | None = None
     auth: AuthConfig | None = None
+
+    def __post_init__(self) -> None:
+        # Refused here, in the caller's process: past bind()'s range each node's HTTP verticle failed inside
+        # Ray, and kept the setting for every later start until riqr down.
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be a TCP port, 0 to 65535 (0: any free port), got {self.http_port}")
+        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
+            raise ValueError(f"request_timeout must be finite seconds more than 0, got {self.request_timeout}")

@@ -73,11 +73,11 @@ def run_topology(
     parser.add_argument("--home", default=None, help="landing dirs and checkpoints; default $RIQR_HOME or ~/.riqr")
     parser.add_argument("--address", default=None, help="Ray address; default $RAY_ADDRESS or the running local one")
     parser.add_argument("--master", default=None, help="Spark master; default $RIQR_SPARK_MASTER or local[*]")
-    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each store")
-    parser.add_argument("--actors", type=int, default=DEFAULT_ACTORS, help="query actors of each store")
+    parser.add_argument("--partitions", type=_count(1), default=DEFAULT_PARTITIONS, help="partitions of each store")
+    parser.add_argument("--actors", type=_count(1), default=DEFAULT_ACTORS, help="query actors of each store")
     parser.add_argument(
         "--standbys",
-        type=int,
+        type=_count(0),
         default=DEFAULT_STANDBYS,
         help="standby copies of each partition (on other nodes); default 1 when the cluster has more than one node "
         "and the store more than one actor, else 0",
@@ -173,7 +173,7 @@ def run_topology(
              home / "data", home / "checkpoints")  # fmt: skip
 
     from runtime.client import JoinRefused, join_ray
-    from topologies.spark import shared_archive_options, spark_session
+    from topologies.spark import SparkNotStarted, shared_archive_options, spark_session
 
     try:
         join_ray(args.address, args.namespace)
@@ -185,7 +185,11 @@ def run_topology(
                   "`riqr up`) or give --address", err)  # fmt: skip
         return 1
     java_options = () if args.no_class_archive else shared_archive_options()
-    spark = spark_session(args.master, app_name=parser.prog, java_options=java_options)
+    try:
+        spark = spark_session(args.master, app_name=parser.prog, java_options=java_options)
+    except SparkNotStarted as err:  # no Java: said plainly, no traceback
+        log.error("not started: %s", err)
+        return 1
     try:
         try:
             queries = start(spark, home, args.topology, **(extra(args) if extra else {}))
@@ -212,6 +216,20 @@ def run_topology(
         return supervise(queries)
     finally:
         spark.stop()
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number at least ``least``; refused before Ray and Spark start, where a store's
+    spec refused it 10 to 20 s later."""
+
+    def whole(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    whole.__name__ = "whole number"  # argparse's "invalid <name> value" message
+    return whole
 
 
 def _interval(value: str) -> str:

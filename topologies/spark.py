@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "spark_session",
+    "SparkNotStarted",
     "DEFAULT_CONF",
     "local_shuffle_partitions",
     "ClassArchive",
@@ -108,10 +109,42 @@ def spark_session(  # type: ignore[no-untyped-def]
         settings["spark.sql.shuffle.partitions"] = str(local)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as err:
+        if _condition(err) == "JAVA_GATEWAY_EXITED":  # spark-submit's own words are on standard error above
+            raise SparkNotStarted(_no_jvm_reason()) from err
+        raise
     spark.sparkContext.setLogLevel("ERROR")
     ignore_sigterm_in_jvm(spark)
     return spark
+
+
+class SparkNotStarted(RuntimeError):
+    """Spark's driver JVM did not start: most often no Java, or not one Spark 4 runs on."""
+
+
+def _condition(err: BaseException) -> str | None:
+    """A PySpark error's condition (``JAVA_GATEWAY_EXITED``...), None for any other exception."""
+    condition = getattr(err, "getCondition", None)
+    try:
+        return str(condition()) if callable(condition) else None
+    except Exception:  # noqa: BLE001 - not PySpark's, or one without a condition
+        return None
+
+
+def _no_jvm_reason() -> str:
+    """What to say when the driver JVM exited before it answered: the Java it would have used."""
+    java_home = os.environ.get("JAVA_HOME")
+    on_path = shutil.which("java")
+    if java_home:
+        where = f"JAVA_HOME={java_home}" + ("" if Path(java_home, "bin", "java").exists() else " (no bin/java there)")
+    else:
+        where = f"JAVA_HOME is not set; java on PATH: {on_path or 'none'}"
+    return (
+        f"Spark's driver JVM did not start ({where}): Spark 4 needs Java 17 or 21, as java on PATH or JAVA_HOME; "
+        "spark-submit's own words, if any, are above"
+    )
 
 
 def ignore_sigterm_in_jvm(spark: Any) -> bool:

@@ -38,6 +38,7 @@ from runtime.config import (
     RuntimeConfig,
     facade_name,
     http_name,
+    http_url,
     riqr_data,
 )
 from runtime.deadline import Deadline
@@ -666,7 +667,7 @@ class NodeEndpoint:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return http_url(self.host, self.port)
 
 
 @dataclass(frozen=True)

@@ -182,15 +182,15 @@ class HttpVerticle:
             site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
             try:
                 await site.start()
-            except OSError as err:
+            except (OSError, OverflowError) as err:  # OverflowError: a port past 65535 (bind()'s own check)
                 await runner.cleanup()
                 await self._unpublish("its REST API could not listen")  # up kills this verticle next
                 # A riqr error, so its reason reaches the caller of ``riqr up`` (Ray's translation turns any
                 # other exception into "failed inside the actor"). The errno's own words (aiohttp's text
                 # repeats the address); a name that does not resolve (socket.gaierror, errno below 0) has its
                 # resolver's.
-                errno = err.errno or 0
-                reason = os.strerror(errno) if errno > 0 else (err.strerror or str(err))
+                errno = (err.errno if isinstance(err, OSError) else None) or 0
+                reason = os.strerror(errno) if errno > 0 else (getattr(err, "strerror", None) or str(err))
                 raise CannotListen(f"cannot listen on {self.host}:{self.port}: {reason}") from err
             self._runner = runner
             addresses = runner.addresses

@@ -476,3 +476,57 @@ def test_spark_s_jvm_gone_under_riqr_run_is_not_called_ray_unreachable(tmp_path,
     monkeypatch.setattr(cli, "_cmd_run", refused_elsewhere)
     assert cli.main(["run", "food_orders"]) == 2
     assert capsys.readouterr().err.startswith("riqr: cannot reach the Ray cluster")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["up", "--port", "99999"], "must be a TCP port, 0 to 65535"),
+        (["up", "--port", "-5"], "must be a TCP port, 0 to 65535"),
+        (["demo", "--port", "65536"], "must be a TCP port, 0 to 65535"),
+        (["demo", "--ready-timeout", "nan"], "must be a finite number of seconds"),
+        (["demo", "--ready-timeout", "-5"], "must be a finite number of seconds"),
+        (["rebalance", "--timeout", "inf"], "must be a finite number of seconds"),
+    ],
+)
+def test_ports_and_seconds_no_command_can_use_are_refused_before_it_joins_ray(argv, words, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A port past 65535 failed inside each node's HTTP verticle (OverflowError from bind(), not the
+    OSError it handled), which then kept that port for every later `riqr up` until `riqr down`; a nan
+    timeout never ended and inf never gave up."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_a_command_with_a_line_and_130_not_a_traceback(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_produce", interrupted)
+    assert cli.main(["produce", "t"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "riqr: interrupted\n" and "Traceback" not in captured.out
+
+
+def test_a_command_whose_spark_cannot_start_says_what_java_it_looked_for(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from topologies.spark import SparkNotStarted
+
+    def no_java(args: Any) -> int:
+        raise SparkNotStarted("Spark's driver JVM did not start (JAVA_HOME is not set; java on PATH: none)")
+
+    monkeypatch.setattr(cli, "_cmd_demo", no_java)
+    assert cli.main(["demo"]) == 2
+    said = capsys.readouterr().err
+    assert said == "riqr: Spark's driver JVM did not start (JAVA_HOME is not set; java on PATH: none)\n"
+
+
+def test_an_unreachable_ray_address_from_the_environment_is_named_as_such(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert f"no Ray cluster answers at $RAY_ADDRESS=127.0.0.1:{port}" in err and " auto" not in err

@@ -1241,3 +1241,46 @@ def test_a_query_spark_refuses_at_start_is_one_line_naming_the_topologys_own_lin
         assert error_cause(err) == (
             "AnalysisException: [PATH_NOT_FOUND] Path does not exist: /srv/readings. SQLSTATE: 42K03"
         )
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [(["--partitions", "0"], "at least 1, got 0"), (["--actors", "-1"], "at least 1, got -1"),
+     (["--standbys", "-3"], "at least 0, got -3"), (["--partitions", "two"], "invalid whole number value")],
+)  # fmt: skip
+def test_store_sizes_a_topology_cannot_have_are_refused_before_ray_and_spark_start(
+    flags: list[str], words: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store's spec refused them, 10 to 20 s later, with Ray joined and Spark's JVM started."""
+    import argparse
+
+    import ray
+
+    from topologies.runner import run_topology
+
+    def no_ray(**_: object) -> None:
+        raise AssertionError("Ray joined for flags argparse refuses")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    with pytest.raises(SystemExit) as exit_:
+        run_topology(argparse.ArgumentParser(prog="t"), flags, lambda *a: [])
+    assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_topology_whose_spark_cannot_start_says_why_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import argparse
+
+    import topologies.spark
+    from topologies.runner import run_topology
+
+    monkeypatch.setattr("runtime.client.join_ray", lambda *a, **k: None)
+
+    def no_java(*_: object, **__: object) -> None:
+        raise topologies.spark.SparkNotStarted("Spark's driver JVM did not start (JAVA_HOME is not set)")
+
+    monkeypatch.setattr(topologies.spark, "spark_session", no_java)
+    with caplog.at_level(logging.ERROR):
+        assert run_topology(argparse.ArgumentParser(prog="t"), ["--log-format", "kv"], lambda *a: []) == 1
+    assert "not started: Spark's driver JVM did not start" in caplog.text

@@ -18,7 +18,15 @@ import aiohttp
 import pytest
 
 from runtime.catalog import StoreSpec
-from runtime.errors import DeadlineExceeded, PartitionUnavailable, StoreConflict, StoreInUse, StoreNotFound, Unavailable
+from runtime.errors import (
+    CannotListen,
+    DeadlineExceeded,
+    PartitionUnavailable,
+    StoreConflict,
+    StoreInUse,
+    StoreNotFound,
+    Unavailable,
+)
 from runtime.feeds import FeedReport
 from runtime.membership import UndecodableRecord
 from runtime.ownership import ActorInfo, Endpoint, ReaderCopy
@@ -1379,6 +1387,17 @@ async def test_the_http_verticle_serves_registers_and_unregisters() -> None:
     assert await _get(port, "/stores/s/get/k") == (200, {"response": "v"})
     await verticle.stop()
     assert "node-a" not in env.endpoints and await verticle.where() is None
+
+
+async def test_a_port_bind_refuses_is_cannot_listen_whatever_its_error() -> None:
+    """bind() checks a port past 65535 with an OverflowError, not the OSError the start handled: riqr up
+    reported Ray's "failed inside the actor" and the verticle, not killed, kept that port for every later
+    start. (The CLI and RuntimeConfig refuse such a port before this now.)"""
+    env = FakeEnv()
+    verticle = HttpVerticle(_bus(), env, "127.0.0.1", 99999)
+    with pytest.raises(CannotListen, match="cannot listen on 127.0.0.1:99999"):
+        await verticle.start()
+    assert not env.endpoints and await verticle.where() is None
 
 
 async def test_a_start_whose_registration_failed_registers_when_tried_again() -> None:
