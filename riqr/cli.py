@@ -460,6 +460,9 @@ def query_lines(store: Any, args: argparse.Namespace) -> Iterator[str]:
 def _cmd_query(args: argparse.Namespace) -> int:
     from runtime.client import connect
 
+    if args.op == "range":  # a bound given twice is the command line's error: said before joining Ray
+        for which in ("lo", "hi"):
+            _bound(args, which)
     _connect_ray(args.address, args.namespace)
     store = connect(args.namespace).store(args.store)
     for line in query_lines(store, args):

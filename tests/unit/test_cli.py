@@ -530,3 +530,15 @@ def test_an_unreachable_ray_address_from_the_environment_is_named_as_such(monkey
     assert cli.main(["status"]) == 2
     err = capsys.readouterr().err
     assert f"no Ray cluster answers at $RAY_ADDRESS=127.0.0.1:{port}" in err and " auto" not in err
+
+
+def test_a_range_bound_given_twice_is_said_before_joining_ray(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """It was found only once the store was being read: with no cluster there, the operator was told the
+    cluster was unreachable instead."""
+
+    def joins(*_: Any, **__: Any) -> None:
+        raise AssertionError("joined Ray for a command line that cannot run")
+
+    monkeypatch.setattr(cli, "_connect_ray", joins)
+    assert cli.main(["query", "s", "range", "1", "5", "--from", "2"]) == 2
+    assert "the lower bound is given twice: as an argument and --from" in capsys.readouterr().err
