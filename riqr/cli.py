@@ -191,8 +191,16 @@ def _cmd_down(args: argparse.Namespace) -> int:
             return 2
         with steps.step("stopping every riqr actor and deleting the stores' data"):
             stopped = deploy.down(args.namespace)
-    _say(f"stopped {len(stopped)} riqr actors in namespace {args.namespace}")
+    # Which cluster: without --address, Ray's "auto" joins whichever this machine runs (docs/operations.md).
+    _say(f"stopped {len(stopped)} riqr actors in namespace {args.namespace} of the Ray cluster at {_cluster()}")
     return 0
+
+
+def _cluster() -> str:
+    """The address of the Ray cluster this process joined."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
 
 
 def _cmd_drop(args: argparse.Namespace) -> int:

@@ -194,7 +194,10 @@ def test_topology_as_a_ray_job(ray_cluster: RayCluster, tmp_path: Path) -> None:
             subprocess.run(
                 [BIN / "ray", "job", "stop", "--address", dashboard, job_id], capture_output=True, timeout=120, cwd=REPO
             )
-        run(BIN / "riqr", "down", "--address", ray_cluster.address, "--namespace", namespace)
+        said = run(BIN / "riqr", "down", "--address", ray_cluster.address, "--namespace", namespace)
+    # It says which cluster it acted on (without --address, Ray's "auto" picks whichever this machine runs).
+    port = ray_cluster.address.rsplit(":", 1)[1]
+    assert f"riqr actors in namespace {namespace} of the Ray cluster at " in said and f":{port}" in said, said
     # The verticles are gone: nothing of the namespace is left behind.
     left = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
     assert left == []
