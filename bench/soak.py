@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -295,6 +296,15 @@ def print_figures(
     return wrong, lost
 
 
+def _driver_counts(output: str) -> Counter[str]:
+    """The driver-API load's last whole ``RESULT`` line (one cut short by its end is skipped)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("RESULT "):
+            with contextlib.suppress(ValueError):
+                return Counter(json.loads(line[len("RESULT ") :]))
+    return Counter({"process:died": 1})
+
+
 def run(args: argparse.Namespace) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="soakbench-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
@@ -347,11 +357,15 @@ def run(args: argparse.Namespace) -> int:
                     driver_proc.send_signal(signal.SIGTERM)
                     driver_proc.wait(timeout=60)
             loaded_s = time.monotonic() - t0
-            lines = [line for line in driver_out.read_text().splitlines() if line.startswith("RESULT ")]
-            driver = Counter(json.loads(lines[-1][len("RESULT ") :])) if lines else Counter({"process:died": 1})
+            driver = _driver_counts(driver_out.read_text())
             say("load stopped; the producer writes one key per partition last")
             producer.finish(args.partitions)
-            verdict = verify(head, produced, args)
+            try:
+                verdict = verify(head, produced, args)
+            except Exception as err:  # noqa: BLE001 - the load's figures still print, and the run fails
+                verdict = Verdict()
+                verdict.wrong["verification failed"] += 1
+                verdict.examples.append(f"verification failed: {type(err).__name__}: {err}"[:300])
             disk = {name: disk_usage(path) for name, path in (
                 ("landing", head.home / "data"), ("checkpoints", head.home / "checkpoints"),
                 ("dead letters", head.home / "deadletter"), ("stores' state", work / "data"),

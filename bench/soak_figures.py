@@ -370,7 +370,7 @@ EXPECTED: Mapping[str, frozenset[int | str]] = {
     "no-store": frozenset({404}),
     "bad-param": frozenset({400}),
 }
-HONEST = frozenset({503, 504})
+HONEST = frozenset({503, 504, "error:503", "error:504"})
 
 
 def judge_status(kind: str, outcome: int | str) -> str:
@@ -383,6 +383,35 @@ def judge_status(kind: str, outcome: int | str) -> str:
     if outcome in HONEST:
         return "honest"
     return "unexpected"
+
+
+def stream_outcome(status: int, last_line: bytes | None) -> int | str:
+    """An NDJSON stream's outcome: its HTTP status, unless its last line is the error it ended with (the 200
+    was sent before the error came: a copy lost mid-scan, a deadline, a bug), then that error's status, as
+    ``error:<status>`` (``error:503`` is as honest as a 503 answer; ``error:500`` is not)."""
+    if last_line is None or not last_line.startswith(b'{"error"'):
+        return status
+    try:
+        code = json.loads(last_line)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return f"error:{last_line[:40]!r}"
+    return f"error:{_ERROR_STATUS.get(code, code)}"
+
+
+def _statuses() -> dict[str, int]:
+    """Each riqr error code's HTTP status."""
+    from runtime.errors import RiqrError
+
+    out: dict[str, int] = {}
+    todo: list[type[RiqrError]] = [RiqrError]
+    while todo:
+        cls = todo.pop()
+        out[cls.code] = cls.status
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+_ERROR_STATUS = _statuses()
 
 
 def judge_count(got: Any, produced: int, last_seen: int | None) -> str | None:

@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.soak_cluster import BIN, NAMESPACE, Head, sample_processes, say
-from bench.soak_figures import Sample, judge_count, judge_status, sentinel_keys
+from bench.soak_cluster import BIN, NAMESPACE, Head, process_table, sample_processes, say
+from bench.soak_figures import Sample, descendants, judge_count, judge_status, sentinel_keys, stream_outcome
 
 __all__ = ["Produced", "Producer", "RestLoad", "Churn", "Sampler"]
 
@@ -285,6 +285,8 @@ class RestLoad:
         self, session: aiohttp.ClientSession, key: str, headers: dict[str, str], seen: dict[str, int]
     ) -> None:
         status, body = await self._get(session, "get", f"/stores/order-count/get/{key}", headers)
+        if status == 404 and seen.get(key):  # a count this client saw, gone: a restored copy missing data
+            self.wrong.append(f"order-count/get/{key}: absent after {seen[key]}")
         if status != 200:
             return
         got = json.loads(body).get("response")
@@ -312,14 +314,14 @@ class RestLoad:
             async with session.get(
                 f"{self.url}/stores/{store}/all", headers={**headers, "Accept": "application/x-ndjson"}
             ) as resp:
-                lines = 0
-                async for _ in resp.content:
-                    lines += 1
+                lines, last = 0, None
+                async for line in resp.content:
+                    lines, last = lines + 1, line
                     if cut_at is not None and lines >= cut_at:
                         resp.close()  # the connection dropped mid-stream
                         self._count(kind, "cut")
                         return
-                self._count(kind, resp.status, f"{store}: {lines} lines")
+                self._count(kind, stream_outcome(resp.status, last), f"{store}: {lines} lines")
         except (TimeoutError, aiohttp.ClientError) as err:
             self._count(kind, type(err).__name__, store)
 
@@ -395,6 +397,8 @@ class Churn(threading.Thread):
         handle = ray.get_actor(victim, namespace=NAMESPACE)
         if sum(self.kills.values()) % 2 == 0:
             pid = worker_pid(handle)
+            if pid not in descendants(process_table(), os.getpid()):  # the bench's own cluster's, or nothing
+                raise RuntimeError(f"query actor {victim[:8]}'s pid {pid} is not this bench's: not killed")
             os.kill(pid, signal.SIGKILL)
             how = f"SIGKILL of query actor {victim[:8]} (pid {pid})"
             self.kills["SIGKILL"] += 1

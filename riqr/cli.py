@@ -34,6 +34,7 @@ from runtime.config import (
     DEFAULT_PORT,
     REGISTRY_NAME,
     RuntimeConfig,
+    http_url,
     riqr_home,
 )
 from runtime.errors import BadRequest, NotConnected, RiqrError
@@ -406,7 +407,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     catalog, instances = client.stores(), client.metadata()
     if args.json:
         print(_json({"stores": catalog, "instances": instances,
-                       "endpoints": {n: f"http://{h}:{p}/" for n, (h, p) in endpoints.items()}}))  # fmt: skip
+                       "endpoints": {n: f"{http_url(h, p)}/" for n, (h, p) in endpoints.items()}}))  # fmt: skip
         return 0
     from rich.console import Console
 
@@ -738,7 +739,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # Ctrl-C: said in a line, not a traceback (the demo and the movers stop on their own)
         _say("riqr: interrupted")
-        return 128 + signal.SIGINT
+        # Raised on, with the traceback silenced: Python then ends by SIGINT itself, which a shell running
+        # the command in a loop or a script takes as the user's stop (a plain exit 130 it would go on from).
+        previous = sys.excepthook
+        sys.excepthook = lambda kind, *rest: None if kind is KeyboardInterrupt else previous(kind, *rest)
+        raise
     except BrokenPipeError:  # `riqr query S all | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again

@@ -179,6 +179,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     log_to_driver=False,
                     configure_logging=False,
                 )
+            if spark_started.done() and spark_started.exception() is not None:  # no Java: said now, not after
+                spark_started.result()  # the verticles' start (the finally below stops Ray)
             # Auth on, as for riqr up: the deployment's own secret (or the operator's, from RIQR_JWT_*).
             try:
                 with steps.step("starting the registry, facades and HTTP verticles"):

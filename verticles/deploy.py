@@ -474,7 +474,7 @@ class RayEnv:
             with contextlib.suppress(Exception):
                 ray.kill(http, no_restart=True)
             return False, err.message if isinstance(err, CannotListen) else str(err)
-        return True, f"http://{where['host']}:{where['port']}"
+        return True, http_url(str(where["host"]), int(where["port"]))
 
     def _ask_each(self, names: Sequence[str], method: str, kind: str) -> list[Any]:
         """The answers of the actors ``names`` to ``method``, asked of all at once and waited for within one

@@ -23,7 +23,7 @@ from aiohttp import web
 from runtime import logs
 from runtime.auth import AuthConfig, authenticate
 from runtime.bus import Bus
-from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name
+from runtime.config import DEFAULT_REQUEST_TIMEOUT, http_name, http_url
 from runtime.errors import CannotListen, RiqrError
 from runtime.facade import Facade
 from runtime.metrics import Metrics
@@ -201,7 +201,7 @@ class HttpVerticle:
             assert self.bound_port is not None
             await self._env.register_endpoint(Endpoint(self.node_id, self.advertise_host, self.bound_port))
             self._registered = True
-            log.info("riqr REST API on http://%s:%s (auth %s)", self.advertise_host, self.bound_port,
+            log.info("riqr REST API on %s (auth %s)", http_url(self.advertise_host, self.bound_port),
                      "on" if self.auth.enabled else "off")  # fmt: skip
             if not self.auth.enabled and self.host not in ("127.0.0.1", "::1", "localhost"):
                 log.warning("the REST API on %s:%s has no authentication: anyone who reaches it reads every store",

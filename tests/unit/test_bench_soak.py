@@ -208,3 +208,22 @@ def test_statuses_are_summed_per_kind_with_their_verdicts() -> None:
     assert summary["no-token"]["wrong"] == 1 and summary["no-token"]["ok"] == 7
     driver = summarise_statuses(Counter({("get", "ok"): 3, ("get", "OwnerUnavailable"): 1}), judge_driver_call)
     assert driver["get"]["ok"] == 3 and driver["get"]["honest"] == 1
+
+
+def test_a_stream_that_ends_in_an_error_line_is_that_errors_outcome_not_its_200() -> None:
+    """riqr sends a stream's 200 before its entries; a copy lost mid-scan ends it with an error line, which
+    the load counted as the 200 it began with."""
+    from bench.soak_figures import judge_status, stream_outcome
+
+    unavailable = b'{"error": {"code": "partition-unavailable", "message": "m", "store": "s"}}\n'
+    internal = b'{"error": {"code": "internal", "message": "m"}}\n'
+    assert stream_outcome(200, b'{"key": "1", "value": 2}\n') == 200 and stream_outcome(200, None) == 200
+    assert stream_outcome(200, unavailable) == "error:503" and judge_status("ndjson", "error:503") == "honest"
+    assert stream_outcome(200, internal) == "error:500" and judge_status("ndjson", "error:500") == "unexpected"
+
+
+def test_the_driver_loads_last_whole_result_line_counts() -> None:
+    from bench.soak import _driver_counts
+
+    out = 'x\nRESULT {"get:ok": 3}\nRESULT {"get:ok": 5}\nRESULT {"get:o'
+    assert _driver_counts(out) == {"get:ok": 5} and _driver_counts("nothing") == {"process:died": 1}

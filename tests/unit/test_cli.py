@@ -498,14 +498,29 @@ def test_ports_and_seconds_no_command_can_use_are_refused_before_it_joins_ray(ar
     assert exit_.value.code == 2 and words in capsys.readouterr().err
 
 
-def test_ctrl_c_ends_a_command_with_a_line_and_130_not_a_traceback(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    def interrupted(args: Any) -> int:
-        raise KeyboardInterrupt
+def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback_and_by_sigint(tmp_path: Path) -> None:
+    """A traceback before; then a plain exit 130, which a shell loop runs on from (`for s in a b; do riqr
+    query $s all; done` needed a Ctrl-C per store). Now one line, and the process ends by SIGINT."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
 
-    monkeypatch.setattr(cli, "_cmd_produce", interrupted)
-    assert cli.main(["produce", "t"]) == 130
-    captured = capsys.readouterr()
-    assert captured.err == "riqr: interrupted\n" and "Traceback" not in captured.out
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        textwrap.dedent("""
+        import sys
+        from riqr import cli
+        def interrupted(args):
+            raise KeyboardInterrupt
+        cli._cmd_produce = interrupted
+        sys.exit(cli.main(["produce", "t"]))
+    """)
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(cli.__file__).parents[1])  # fmt: skip
+    assert done.returncode == -signal.SIGINT, (done.returncode, done.stderr)
+    assert done.stderr == "riqr: interrupted\n" and done.stdout == ""
 
 
 def test_a_command_whose_spark_cannot_start_says_what_java_it_looked_for(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
