@@ -102,9 +102,10 @@ def sample_processes(t: float, root: int | None = None) -> list[Sample]:
     return out
 
 
-def _zombie(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: there, and not a zombie waiting to be reaped."""
     stat = _read(f"/proc/{pid}/stat")
-    return stat is None or stat.rsplit(b")", 1)[1].split()[0] == b"Z"
+    return stat is not None and stat.rsplit(b")", 1)[1].split()[0] != b"Z"
 
 
 def stop_descendants(grace: float = 10.0, root: int | None = None) -> list[str]:
@@ -113,7 +114,7 @@ def stop_descendants(grace: float = 10.0, root: int | None = None) -> list[str]:
     touched. (Exited orphans reparented here are only reaped.)"""
     me = root or os.getpid()
     _reap()
-    left = [pid for pid in descendants(process_table(), me) if not _zombie(pid)]
+    left = [pid for pid in descendants(process_table(), me) if alive(pid)]
     said = [f"{pid} {' '.join(_cmdline(pid))[:120]}" for pid in left]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for pid in left:
@@ -122,8 +123,8 @@ def stop_descendants(grace: float = 10.0, root: int | None = None) -> list[str]:
         deadline = time.monotonic() + wait
         while left and time.monotonic() < deadline:
             _reap()
-            alive = set(descendants(process_table(), me))
-            left = [p for p in left if p in alive and not _zombie(p)]
+            under = set(descendants(process_table(), me))
+            left = [p for p in left if p in under and alive(p)]
             time.sleep(0.2)
     _reap()
     return said

@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.soak_cluster import alive, process_table
+from bench.soak_figures import descendants
+
 FLOOR = """
 import json, time
 t0 = time.monotonic()
@@ -68,42 +71,9 @@ class Round:
     log: list[str] = field(default_factory=list)  # the demo's stderr, for when it fails
 
 
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        out.setdefault(ppid, []).append(int(entry))
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Ray's daemons and workers, Spark's JVM)."""
-    tree, found, todo = _children(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def stop(proc: subprocess.Popen[str], what: str) -> None:
     """SIGINT (Ctrl-C) ``proc``, wait, and make sure every process it started is gone."""
-    tree = descendants(proc.pid)
+    tree = descendants(process_table(), proc.pid)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:
