@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from runtime.codec import encode_json
 from runtime.config import (
@@ -34,6 +33,8 @@ from runtime.config import (
     DEFAULT_PORT,
     REGISTRY_NAME,
     RuntimeConfig,
+    check_port,
+    check_seconds,
     http_url,
     riqr_home,
 )
@@ -43,6 +44,8 @@ from runtime.queries import UrlKey
 from runtime.windows import Windowed
 
 __all__ = ["main", "build_parser"]
+
+T = TypeVar("T")
 
 
 def _say(message: str) -> None:
@@ -349,10 +352,7 @@ def _actors_on(namespace: str, nodes: set[str], stores: Sequence[str] | None) ->
 
 
 def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):  # nan never times out; inf never gives up
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds more than 0, got {text}")
-    return value
+    return _checked(check_seconds, float(text))
 
 
 _positive_seconds.__name__ = "number of seconds"  # argparse's "invalid <name> value" message
@@ -531,10 +531,16 @@ _ttl.__name__ = "number of seconds"
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:  # past bind()'s range the HTTP verticle failed inside Ray, not here
-        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535 (0: any free port), got {value}")
-    return value
+    return _checked(check_port, int(text))
+
+
+def _checked(check: Callable[[T], T], value: T) -> T:
+    """``check(value)`` (``runtime.config``'s rules, which ``RuntimeConfig`` applies too) as argparse's
+    usage error."""
+    try:
+        return check(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 _port.__name__ = "port"

@@ -67,6 +67,27 @@ DEFAULT_NAMESPACE = "riqr"
 DEFAULT_PORT = 7400
 
 
+def check_port(port: int, what: str = "") -> int:
+    """``port`` if a TCP port can be it (0: any free one); else ``ValueError``, naming ``what`` if given.
+    Past bind()'s range each node's HTTP verticle failed inside Ray, and kept the setting for every later
+    start."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{_named(what)}must be a TCP port, 0 to 65535 (0: any free port), got {port}")
+    return port
+
+
+def check_seconds(seconds: float, what: str = "") -> float:
+    """``seconds`` if a wait can last that long; else ``ValueError``, naming ``what`` if given (nan never
+    times out, inf never gives up, 0 or less gives up at once)."""
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{_named(what)}must be a finite number of seconds more than 0, got {seconds}")
+    return seconds
+
+
+def _named(what: str) -> str:
+    return f"{what} " if what else ""
+
+
 def http_url(host: str, port: int) -> str:
     """``http://host:port``, an IPv6 address in brackets (RFC 3986): ``http://[::1]:7400``, not ``::1:7400``."""
     if ":" in host and not host.startswith("["):
@@ -273,9 +294,6 @@ class RuntimeConfig:
     auth: AuthConfig | None = None
 
     def __post_init__(self) -> None:
-        # Refused here, in the caller's process: past bind()'s range each node's HTTP verticle failed inside
-        # Ray, and kept the setting for every later start until riqr down.
-        if not 0 <= self.http_port <= 65535:
-            raise ValueError(f"http_port must be a TCP port, 0 to 65535 (0: any free port), got {self.http_port}")
-        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
-            raise ValueError(f"request_timeout must be finite seconds more than 0, got {self.request_timeout}")
+        # Refused here, in the caller's process, not inside each node's verticles.
+        check_port(self.http_port, "http_port")
+        check_seconds(self.request_timeout, "request_timeout")
