@@ -32,7 +32,17 @@ from typing import IO
 
 from bench.soak_figures import Sample, classify, descendants
 
-__all__ = ["Head", "become_subreaper", "disk_usage", "process_table", "sample_processes", "stop_descendants", "REPO"]
+__all__ = [
+    "Head",
+    "alive",
+    "become_subreaper",
+    "disk_usage",
+    "process_table",
+    "processes_under",
+    "sample_processes",
+    "stop_descendants",
+    "REPO",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -94,12 +104,17 @@ def _status(pid: int) -> tuple[int, int, int] | None:
 def sample_processes(t: float, root: int | None = None) -> list[Sample]:
     """One look at every process under ``root`` (this process by default) that plays a role."""
     out = []
-    for pid in descendants(process_table(), root or os.getpid()):
+    for pid in processes_under(root or os.getpid()):
         role = classify(_cmdline(pid))
         status = _status(pid) if role else None
         if role and status:
             out.append(Sample(t, pid, role, *status))
     return out
+
+
+def processes_under(pid: int) -> list[int]:
+    """Every process below ``pid`` now (children, theirs, ...), from ``/proc``."""
+    return descendants(process_table(), pid)
 
 
 def alive(pid: int) -> bool:
@@ -114,7 +129,7 @@ def stop_descendants(grace: float = 10.0, root: int | None = None) -> list[str]:
     touched. (Exited orphans reparented here are only reaped.)"""
     me = root or os.getpid()
     _reap()
-    left = [pid for pid in descendants(process_table(), me) if alive(pid)]
+    left = [pid for pid in processes_under(me) if alive(pid)]
     said = [f"{pid} {' '.join(_cmdline(pid))[:120]}" for pid in left]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for pid in left:
@@ -123,7 +138,7 @@ def stop_descendants(grace: float = 10.0, root: int | None = None) -> list[str]:
         deadline = time.monotonic() + wait
         while left and time.monotonic() < deadline:
             _reap()
-            under = set(descendants(process_table(), me))
+            under = set(processes_under(me))
             left = [p for p in left if p in under and alive(p)]
             time.sleep(0.2)
     _reap()

@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.soak_cluster import BIN, NAMESPACE, Head, process_table, sample_processes, say
-from bench.soak_figures import Sample, descendants, judge_count, judge_status, sentinel_keys, stream_outcome
+from bench.soak_cluster import BIN, NAMESPACE, Head, processes_under, sample_processes, say
+from bench.soak_figures import Sample, judge_count, judge_status, sentinel_keys, stream_outcome
 
 __all__ = ["Produced", "Producer", "RestLoad", "Churn", "Sampler"]
 
@@ -397,7 +397,7 @@ class Churn(threading.Thread):
         handle = ray.get_actor(victim, namespace=NAMESPACE)
         if sum(self.kills.values()) % 2 == 0:
             pid = worker_pid(handle)
-            if pid not in descendants(process_table(), os.getpid()):  # the bench's own cluster's, or nothing
+            if pid not in processes_under(os.getpid()):  # the bench's own cluster's, or nothing
                 raise RuntimeError(f"query actor {victim[:8]}'s pid {pid} is not this bench's: not killed")
             os.kill(pid, signal.SIGKILL)
             how = f"SIGKILL of query actor {victim[:8]} (pid {pid})"

@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.soak_cluster import alive, process_table
-from bench.soak_figures import descendants
+from bench.soak_cluster import alive, processes_under
 
 FLOOR = """
 import json, time
@@ -73,7 +72,7 @@ class Round:
 
 def stop(proc: subprocess.Popen[str], what: str) -> None:
     """SIGINT (Ctrl-C) ``proc``, wait, and make sure every process it started is gone."""
-    tree = descendants(process_table(), proc.pid)
+    tree = processes_under(proc.pid)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:

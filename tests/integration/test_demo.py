@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.startup import alive, descendants, get, seed_answers
+from bench.soak_cluster import alive, processes_under
+from bench.startup import get, seed_answers
 from tests.integration.conftest import REPO
 from tests.integration.helpers import wait_for
 
@@ -60,7 +61,7 @@ class Demo:
 
     def interrupt(self) -> tuple[int, list[int]]:
         """Ctrl-C; returns its exit code and the processes it started that are still alive 30 s later."""
-        tree = descendants(self.proc.pid)
+        tree = processes_under(self.proc.pid)
         self.proc.send_signal(signal.SIGINT)
         assert self.proc.stdout is not None
         self.lines += [line.rstrip("\n") for line in self.proc.stdout]
@@ -72,7 +73,7 @@ class Demo:
         return code, [p for p in tree if alive(p)]
 
     def kill(self) -> None:
-        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+        for pid in [*processes_under(self.proc.pid), self.proc.pid]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait()
@@ -125,7 +126,7 @@ def test_ctrl_c_as_the_demo_becomes_ready_stops_it(demo: Demo) -> None:
 def test_ctrl_c_before_the_topology_stops_the_jvm_started_beside_ray(demo: Demo) -> None:
     demo.read_until(r"starting the registry, facades and HTTP verticles \.\.\.$")
     java = wait_for(
-        lambda: [p for p in descendants(demo.proc.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()],
+        lambda: [p for p in processes_under(demo.proc.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()],
         timeout=60,
         what="Spark's JVM to be started",
     )

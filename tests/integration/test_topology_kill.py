@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from bench.faults import KEYS
-from bench.startup import alive, descendants
+from bench.soak_cluster import alive, processes_under
 from riqr.demo import SEED_CUSTOMERS as SEED_CUSTOMERS_LINES
 from riqr.demo import SEED_ORDERS as SEED_ORDERS_LINES
 from runtime import raycalls
@@ -75,10 +75,10 @@ class TopologyProcess:
 
     def sigkill(self, tree: list[int] | None = None) -> None:
         """SIGKILL the whole process group at once (no handler runs, no last word to the registry), and make
-        sure Spark's JVM went with it. ``tree``: the process's descendants, found beforehand (``descendants``
+        sure Spark's JVM went with it. ``tree``: the process's descendants, found beforehand (``processes_under``
         reads all of /proc: a kill meant to land inside a batch cannot wait for it)."""
         assert self.proc is not None and self.proc.poll() is None, self.log()
-        tree = descendants(self.proc.pid) if tree is None else tree
+        tree = processes_under(self.proc.pid) if tree is None else tree
         assert tree, "the topology process started no JVM"
         os.killpg(self.proc.pid, signal.SIGKILL)
         assert self.proc.wait(timeout=30) == -signal.SIGKILL
@@ -194,7 +194,7 @@ def test_food_orders_killed_with_sigkill_under_load_and_restarted_on_its_checkpo
             _a_second_feed_is_refused(spark, runtime_ns, tmp_path, monkeypatch)
             for attempt in range(1, 4):
                 assert topology.proc is not None
-                tree = descendants(topology.proc.pid)
+                tree = processes_under(topology.proc.pid)
                 split = topology.wait_for(lambda: _split_batches(owners), timeout=120, interval=0.005,
                                           what="a batch half delivered")  # fmt: skip
                 topology.sigkill(tree)
