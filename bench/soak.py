@@ -285,12 +285,14 @@ def print_figures(
 
     print(f"\nRSS per role (summed over its processes), warm-up the first {args.warmup:.0%} of the load; "
           f"looks every {args.sample_every:g}s")  # fmt: skip
-    print(f"{'role':<14}{'procs':>6}{'first MB':>10}{'start MB':>10}{'end MB':>9}{'MB/h':>9}{'end/start':>10}"
+    print(f"{'role':<14}{'procs':>6}{'first MB':>10}{'start MB':>10}{'end MB':>9}{'MB/h':>9}{'late MB/h':>10}"
+          f"{'end/start':>10}"
           f"{'threads':>12}{'fds':>12}")  # fmt: skip
     for g in growth:
         ratio = "-" if g.ratio is None else f"{g.ratio:.3f}"
         print(f"{g.role:<14}{g.processes:>6}{g.first_mb:>10.0f}{g.start_mb:>10.0f}{g.end_mb:>9.0f}"
-              f"{_mb_h(g.mb_per_hour):>9}{ratio:>10}{f'{g.threads[0]}->{g.threads[1]}':>12}"
+              f"{_mb_h(g.mb_per_hour):>9}{_mb_h(g.late_mb_per_hour):>10}{ratio:>10}"
+              f"{f'{g.threads[0]}->{g.threads[1]}':>12}"
               f"{f'{g.fds[0]}->{g.fds[1]}':>12}")  # fmt: skip
     print("\nchurn: " + "; ".join(f"{e.t:.0f}s {e.what}" for e in churn.events if "token" not in e.what))
     return wrong, lost
@@ -303,6 +305,13 @@ def _driver_counts(output: str) -> Counter[str]:
             with contextlib.suppress(ValueError):
                 return Counter(json.loads(line[len("RESULT ") :]))
     return Counter({"process:died": 1})
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 1, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -328,7 +337,8 @@ def run(args: argparse.Namespace) -> int:
             tokens = [head.token]
             sampler = Sampler(work / "samples.csv", stop, t0, args.sample_every)
             producer = Producer(head.home, produced, stop, orders_per_s=args.orders_per_s,
-                                customers_per_s=args.customers_per_s, malformed_every=args.malformed_every)  # fmt: skip
+                                customers_per_s=args.customers_per_s, malformed_every=args.malformed_every,
+                                new_keys=args.new_keys)  # fmt: skip
             churn = Churn(head, tokens, stop, t0, kill_every=args.kill_every, first_kill=args.warmup * load_s,
                           token_every=args.token_every)  # fmt: skip
             driver_argv = [sys.executable, "-m", "bench.soak_driver", "--address", head.address,
@@ -389,6 +399,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of load (70: the manual soak's)")
     parser.add_argument("--orders-per-s", type=int, default=100, help="order records a second (one file a second)")
     parser.add_argument("--customers-per-s", type=int, default=10, help="customer records a second (a file every 5 s)")
+    parser.add_argument(
+        "--new-keys", type=_fraction, default=0.08,
+        help="fraction of the orders for keys never seen before (0: the stores stop growing after ~20 min)",
+    )  # fmt: skip
     parser.add_argument("--malformed-every", type=float, default=60.0, help="seconds between malformed lines")
     parser.add_argument("--rest-rate", type=float, default=30.0, help="REST requests a second, in all")
     parser.add_argument("--rest-concurrency", type=int, default=4, help="concurrent REST loops")

@@ -153,7 +153,9 @@ def after_warmup(points: Sequence[tuple[float, float]], fraction: float) -> list
 class RoleGrowth:
     """How one role's processes grew: RSS summed over its processes at each look (MB), at the first look,
     at the first look after the warm-up ("start") and at the last ("end"); the least-squares slope after
-    the warm-up in MB per hour; threads and descriptors summed likewise (start, end); processes at the end."""
+    the warm-up in MB per hour, and over the last half of that span alone (``late_mb_per_hour``: a mark
+    that levels off has it near 0, a leak keeps it near the whole slope); threads and descriptors summed
+    likewise (start, end); processes at the end."""
 
     role: str
     processes: int
@@ -161,6 +163,7 @@ class RoleGrowth:
     start_mb: float
     end_mb: float
     mb_per_hour: float | None
+    late_mb_per_hour: float | None
     threads: tuple[int, int]
     fds: tuple[int, int]
 
@@ -195,6 +198,7 @@ def growth_by_role(samples: Iterable[Sample], warmup: float = 0.2) -> list[RoleG
                 start_mb=warm[0][1],
                 end_mb=rss[-1][1],
                 mb_per_hour=slope_per_hour(warm),
+                late_mb_per_hour=slope_per_hour(after_warmup(warm, 0.5)),
                 threads=(totals[start_t][0], totals[end_t][0]),
                 fds=(totals[start_t][1], totals[end_t][1]),
             )

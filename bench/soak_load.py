@@ -32,6 +32,7 @@ __all__ = ["Produced", "Producer", "RestLoad", "Churn", "Sampler"]
 FOODS = ("pizza", "pasta", "sushi", "ramen", "tacos", "salad", "curry", "burger")
 NAMES = ("john", "adam", "daniel", "james", "jack", "mathew", "will", "anna", "eve", "zoe")
 HOT_KEYS = 2000  # most orders go to these keys; REST and driver reads too
+COLD_KEYS = 10000  # the rest of the orders that are not for new keys, and the customers
 
 
 @dataclass
@@ -54,18 +55,26 @@ class Produced:
 
 
 class Producer(threading.Thread):
-    """Order records into ``home``'s landing files, one file a second at ``orders_per_s`` (8% new keys
-    ``n<i>``, 82% of the rest among ``HOT_KEYS``, 0.2% of them a minute late), ``customers_per_s`` customer
-    records as one file every 5 s, and every ``malformed_every`` seconds one line that is not JSON, as a
-    file of its own in the order topic (a foreign writer's; both consumers of the topic dead-letter it)."""
+    """Order records into ``home``'s landing files, one file a second at ``orders_per_s`` (a fraction
+    ``new_keys`` of them, 8% by default, for new keys ``n<i>``, 90% of the rest among ``HOT_KEYS`` and the
+    others among ``COLD_KEYS``; 0.2% of them a minute late), ``customers_per_s`` customer records as one file
+    every 5 s, and every ``malformed_every`` seconds one line that is not JSON, as a
+    file of its own in the order topic (a foreign writer's; both consumers of the topic dead-letter it).
+
+    With ``new_keys`` 0 the stores stop growing once every key of ``COLD_KEYS`` has been seen (about 20
+    minutes at 250 orders/s): a run so tells a memory high-water mark that follows the stores' size from
+    a leak."""
 
     def __init__(
         self, home: Path, produced: Produced, stop: threading.Event, *, orders_per_s: int, customers_per_s: int,
-        malformed_every: float, seed: int = 1,
+        malformed_every: float, new_keys: float = 0.08, seed: int = 1,
     ) -> None:  # fmt: skip
         super().__init__(name="soak-producer", daemon=True)
         self.home, self.produced, self.stop = home, produced, stop
         self.orders_per_s, self.customers_per_s, self.malformed_every = orders_per_s, customers_per_s, malformed_every
+        if not 0.0 <= new_keys <= 1.0:
+            raise ValueError(f"new_keys is a fraction of the orders (0 to 1), got {new_keys}")
+        self.new_key_share = new_keys
         self.rng = random.Random(seed)
         self.new_keys = 0
 
@@ -91,11 +100,12 @@ class Producer(threading.Thread):
         records, late = [], 0
         for _ in range(self.orders_per_s):
             r = rng.random()
-            if r < 0.08:
+            if r < self.new_key_share:
                 self.new_keys += 1
                 key = f"n{self.new_keys}"
             else:
-                key = str(rng.randint(1, HOT_KEYS) if r < 0.9 else rng.randint(1, 10000))
+                hot = rng.random() < 0.9
+                key = str(rng.randint(1, HOT_KEYS) if hot else rng.randint(1, COLD_KEYS))
             if rng.random() < 0.002:
                 late += 1
                 ts = now - 60_000
@@ -111,7 +121,7 @@ class Producer(threading.Thread):
     def _customers(self, n: int) -> None:
         from runtime.landing import Record, write_records
 
-        records = [Record(str(self.rng.randint(1, 10000)), self.rng.choice(NAMES)) for _ in range(n)]
+        records = [Record(str(self.rng.randint(1, COLD_KEYS)), self.rng.choice(NAMES)) for _ in range(n)]
         write_records(self.home, "customer", records)
         with self.produced.lock:
             self.produced.customers += n

@@ -103,6 +103,39 @@ def test_growth_sums_a_roles_processes_at_each_look_so_a_restarted_actor_stays_i
     assert query.threads == (40, 40)
 
 
+def test_the_late_slope_tells_a_mark_that_levels_off_from_a_steady_leak() -> None:
+    looks = range(0, 3601, 300)  # 13 looks over an hour
+    samples = [Sample(t, 1, "http", int((100 + t / 60) * 1024), 1, 1) for t in looks]  # +60 MB/h throughout
+    # rises 40 MB over the first 25 minutes, then flat
+    samples += [Sample(t, 2, "facade", int((100 + min(t, 1500) / 1500 * 40) * 1024), 1, 1) for t in looks]
+    growth = {g.role: g for g in growth_by_role(samples, warmup=0.2)}
+    leak, mark = growth["http"], growth["facade"]
+    assert leak.mb_per_hour == pytest.approx(60.0) and leak.late_mb_per_hour == pytest.approx(60.0)
+    assert mark.mb_per_hour is not None and mark.mb_per_hour > 5  # the whole slope still sees the rise
+    assert mark.late_mb_per_hour == pytest.approx(0.0)  # the last half of it does not
+
+
+def test_the_producer_keeps_to_a_bounded_key_space_without_new_keys(tmp_path: Path) -> None:
+    import threading
+
+    from bench.soak_load import COLD_KEYS, Produced, Producer
+
+    bounded = Produced()
+    producer = Producer(tmp_path / "a", bounded, threading.Event(), orders_per_s=2000, customers_per_s=0,
+                        malformed_every=0, new_keys=0.0)  # fmt: skip
+    producer._orders()
+    assert sum(bounded.orders.values()) == 2000
+    assert all(1 <= int(key) <= COLD_KEYS for key in bounded.orders)  # never an ``n<i>`` key
+    growing = Produced()
+    Producer(tmp_path / "b", growing, threading.Event(), orders_per_s=2000, customers_per_s=0,
+             malformed_every=0)._orders()  # fmt: skip
+    new = [key for key in growing.orders if key.startswith("n")]
+    assert 100 < len(new) < 220  # about 8% of 2,000, one order each
+    with pytest.raises(ValueError, match="fraction"):
+        Producer(tmp_path / "c", Produced(), threading.Event(), orders_per_s=1, customers_per_s=0,
+                 malformed_every=0, new_keys=1.5)  # fmt: skip
+
+
 def test_a_landing_line_is_a_record_only_with_every_field_of_its_type() -> None:
     assert parse_landing_line(_line("1", "pizza", 5, 7)) == {"key": "1", "value": "pizza", "ts": 5, "seq": 7}
     assert parse_landing_line(_line(None, None)) is not None  # nulls are records (a tombstone, a dropped key)
