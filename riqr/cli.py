@@ -38,7 +38,7 @@ from runtime.config import (
     http_url,
     riqr_home,
 )
-from runtime.errors import BadRequest, NotConnected, RiqrError
+from runtime.errors import BadRequest, DeadlineExceeded, KeyNotFound, NotConnected, RiqrError, Unavailable
 from runtime.landing import parse_console_bytes, topic_dir, write_records
 from runtime.queries import UrlKey
 from runtime.windows import Windowed
@@ -466,6 +466,12 @@ def query_lines(store: Any, args: argparse.Namespace) -> Iterator[str]:
             return
 
 
+# ``riqr query``'s exit statuses beside 0 (an answer) and 2 (an error: the command line, an unknown store,
+# no cluster or no riqr there), so a script can tell them apart without reading stderr:
+EXIT_ABSENT = 1  # ``get``: the key is not in the store; an answer, "nothing", as grep's 1 is
+EXIT_TRY_AGAIN = 75  # sysexits' EX_TEMPFAIL: no copy could answer now (503) or not in time (504); retry later
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     from runtime.client import connect
 
@@ -474,8 +480,21 @@ def _cmd_query(args: argparse.Namespace) -> int:
             _bound(args, which)
     _connect_ray(args.address, args.namespace)
     store = connect(args.namespace).store(args.store)
-    for line in query_lines(store, args):
-        print(line, flush=args.op != "get")
+    return print_query(store, args)
+
+
+def print_query(store: Any, args: argparse.Namespace) -> int:
+    """Print ``query_lines``; the exit status says whether what was printed is the whole answer. A scan
+    cut by an unavailable partition has printed only some entries: its status (75) says so."""
+    try:
+        for line in query_lines(store, args):
+            print(line, flush=args.op != "get")
+    except KeyNotFound as err:
+        _say(f"riqr: {err.message}")
+        return EXIT_ABSENT
+    except (Unavailable, DeadlineExceeded) as err:
+        _say(f"riqr: {err.message} (try again)")
+        return EXIT_TRY_AGAIN
     return 0
 
 
@@ -631,7 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
         "query",
         help="query a store: get KEY, range [FROM [TO]], prefix P, all (JSON lines)",
         description="Keys and bounds as in a REST path: composite keys' components joined by '/', "
-        "percent-escapes allowed. Values print as JSON; scans one {key, value} per line.",
+        "percent-escapes allowed. Values print as JSON; scans one {key, value} per line. Exit status: 0 the "
+        "answer, 1 get's key is absent, 75 nothing could answer now (503/504: try again), 2 an error.",
     )
     query.add_argument("store", help="the store's name (riqr status lists them)")
     query.add_argument("--address", default=None, help=_ADDRESS_HELP)

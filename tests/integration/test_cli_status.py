@@ -71,16 +71,19 @@ def test_status_shows_stores_partitions_replicas_positions_ingest_and_endpoints(
 def test_query_prints_values_and_entries_as_json_lines(seeded: Runtime, ray_cluster: RayCluster) -> None:
     where = ("--address", ray_cluster.address, "--namespace", seeded.namespace)
     store = ("query", "customer-v1-changelog", *where)
-    get, scan, first, missing = _riqr_at_once(
+    get, scan, first, missing, unknown = _riqr_at_once(
         (*store, "get", "2"), (*store, "range", "2", "4"), (*store, "all", "--limit", "2", "--reverse"),
-        (*store, "get", "99"),
+        (*store, "get", "99"), ("query", "no-such-store", *where, "get", "1"),
     )  # fmt: skip
     assert get.returncode == 0 and get.stdout == '"adam"\n', get.stderr
     assert [json.loads(line) for line in scan.stdout.splitlines()] == [
         {"key": k, "value": SEED_CUSTOMERS[k]} for k in "234"
     ]
     assert [json.loads(line)["key"] for line in first.stdout.splitlines()] == ["7", "6"]
-    assert missing.returncode == 2 and "riqr:" in missing.stderr and "Traceback" not in missing.stderr
+    # an absent key is an answer (exit 1, as grep's), an unknown store the command's error (exit 2)
+    assert missing.returncode == 1 and missing.stdout == "" and "riqr:" in missing.stderr, missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert unknown.returncode == 2 and "no-such-store" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_up_reports_its_steps_as_plain_lines_off_a_terminal(ray_cluster: RayCluster) -> None:

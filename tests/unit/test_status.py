@@ -12,7 +12,7 @@ from rich.console import Console
 from riqr import cli
 from riqr.progress import Steps
 from riqr.status import endpoint_rows, lag, render_status, replicas_per_node, store_rows
-from runtime.errors import BadRequest
+from runtime.errors import BadRequest, DeadlineExceeded, KeyNotFound, OwnerUnavailable, StoreNotFound
 from runtime.queries import UrlKey
 from runtime.windows import Windowed
 
@@ -252,6 +252,44 @@ def test_query_takes_either_bound_alone_and_its_options_after_the_query() -> Non
     before = parser.parse_args(["query", "--namespace", "x", "s", "get", "1"])
     assert (before.namespace, before.address) == ("x", None)
     assert parser.parse_args(["query", "s", "get", "1"]).namespace == "riqr"
+
+
+def test_query_exit_status_tells_an_absent_key_and_a_retry_from_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class Flaky(FakeStore):
+        def iterate(self, **kwargs: Any) -> Any:
+            yield ("1", "a")
+            raise OwnerUnavailable("partition 1's owner is restarting", retry_after=1)
+
+        def get(self, key: UrlKey) -> Any:
+            if key.text() == "slow":
+                raise DeadlineExceeded("no answer within 10s")
+            return super().get(key)
+
+    def run(store: Any, *argv: str) -> int:
+        return cli.print_query(store, cli.build_parser().parse_args(["query", "s", *argv]))
+
+    store = Flaky({"1": "a"})
+    assert run(store, "get", "1") == 0 and capsys.readouterr().out == '"a"\n'
+
+    class Missing(FakeStore):
+        def get(self, key: UrlKey) -> Any:
+            raise KeyNotFound(f"key {key.text()!r} not found in store 's'")
+
+    assert run(Missing({}), "get", "9") == cli.EXIT_ABSENT == 1
+    assert "not found" in capsys.readouterr().err
+    assert run(store, "get", "slow") == cli.EXIT_TRY_AGAIN == 75
+    assert run(store, "all") == 75  # a scan cut short: what was printed is not the whole store
+    out, err = capsys.readouterr()
+    assert out == '{"key":"1","value":"a"}\n' and "restarting" in err and "try again" in err
+
+    class Unknown(FakeStore):
+        def get(self, key: UrlKey) -> Any:
+            raise StoreNotFound("store 'x' not found")
+
+    with pytest.raises(StoreNotFound):  # an error of the command: main says it and exits 2
+        run(Unknown({}), "get", "1")
 
 
 def test_query_prints_windows_with_their_bounds() -> None:
