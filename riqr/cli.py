@@ -33,6 +33,7 @@ from runtime.config import (
     DEFAULT_PORT,
     REGISTRY_NAME,
     RuntimeConfig,
+    check_count,
     check_port,
     check_seconds,
     http_url,
@@ -333,10 +334,7 @@ def _copying_options(parser: argparse.ArgumentParser, unit: str, units: str) -> 
 
 
 def _standby_count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+    return _checked(check_count, int(text), 0)
 
 
 _standby_count.__name__ = "number of standby copies"
@@ -524,10 +522,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return _checked(check_count, int(text), 1)
 
 
 _positive.__name__ = "positive integer"  # argparse's "invalid <name> value" message
@@ -553,11 +548,11 @@ def _port(text: str) -> int:
     return _checked(check_port, int(text))
 
 
-def _checked(check: Callable[[T], T], value: T) -> T:
-    """``check(value)`` (``runtime.config``'s rules, which ``RuntimeConfig`` applies too) as argparse's
-    usage error."""
+def _checked(check: Callable[..., T], value: T, *rule: Any) -> T:
+    """``check(value, *rule)`` (``runtime.config``'s rules, which ``RuntimeConfig`` and the topologies'
+    runner apply too) as argparse's usage error."""
     try:
-        return check(value)
+        return check(value, *rule)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 

@@ -84,6 +84,14 @@ def check_seconds(seconds: float, what: str = "") -> float:
     return seconds
 
 
+def check_count(count: int, least: int, what: str = "") -> int:
+    """``count`` if it is at least ``least`` (partitions and actors 1, standby copies 0, a page's entries 1);
+    else ``ValueError``, naming ``what`` if given."""
+    if count < least:
+        raise ValueError(f"{_named(what)}must be at least {least}, got {count}")
+    return count
+
+
 def _named(what: str) -> str:
     return f"{what} " if what else ""
 

@@ -222,11 +222,14 @@ def _count(least: int) -> Callable[[str], int]:
     """An argparse type: a whole number at least ``least``; refused before Ray and Spark start, where a store's
     spec refused it 10 to 20 s later."""
 
+    from runtime.config import check_count
+
     def whole(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
+        value = int(text)  # its ValueError is argparse's "invalid whole number value"
+        try:
+            return check_count(value, least)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
     whole.__name__ = "whole number"  # argparse's "invalid <name> value" message
     return whole

@@ -487,6 +487,9 @@ def test_spark_s_jvm_gone_under_riqr_run_is_not_called_ray_unreachable(tmp_path,
         (["demo", "--ready-timeout", "nan"], "must be a finite number of seconds"),
         (["demo", "--ready-timeout", "-5"], "must be a finite number of seconds"),
         (["rebalance", "--timeout", "inf"], "must be a finite number of seconds"),
+        (["standbys", "order-count", "-1"], "argument N: must be at least 0, got -1"),
+        (["query", "s", "all", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
+        (["query", "s", "all", "--limit", "two"], "invalid positive integer value: 'two'"),
     ],
 )
 def test_ports_and_seconds_no_command_can_use_are_refused_before_it_joins_ray(argv, words, capsys) -> None:  # type: ignore[no-untyped-def]
