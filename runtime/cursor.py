@@ -14,7 +14,10 @@ unpacked), and it is keyed per deployment so every node's facades accept each ot
 restarted verticle keeps accepting the ones it issued. The body is still checked against the store's key
 schema and the shape of its scans on decode, because a genuine cursor can outlive its store: a store
 dropped and recreated under the same name with other key types must get a 400, never an error inside an
-owner.
+owner. With the same key types it must get a 400 too: the new store's keys before the cursor's last one
+would be skipped without a word. So a cursor names one query actor of the store that issued it (its
+``issuer``: the active copy of partition 0), and is taken only while that actor is in the store's lineage
+(its copies now, and the actors moves replaced): a store declared again has new actors.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import hashlib
 import hmac
 import secrets
 import zlib
+from collections.abc import Collection
 from typing import Any
 
 import msgpack
@@ -32,9 +36,10 @@ import msgpack
 from runtime.catalog import StoreSpec
 from runtime.errors import MalformedCursor
 from runtime.keys import TOP, KeyType
+from runtime.ownership import OwnershipTable
 from runtime.scan import Bound, Scan, TimeFilter
 
-__all__ = ["CursorCodec", "MAX_CURSOR_CHARS", "generate_cursor_key"]
+__all__ = ["CursorCodec", "MAX_CURSOR_CHARS", "generate_cursor_key", "issuer_of"]
 
 _CURSOR_VERSION = 2
 _TOP_EXT = 1
@@ -44,6 +49,16 @@ _TAG_BYTES = 16
 MAX_CURSOR_CHARS = 65536
 _DEFLATED = b"\x00"
 _NOT_OURS = "the cursor is not one this server issued"
+
+
+def issuer_of(table: OwnershipTable) -> str | None:
+    """The query actor a cursor of ``table``'s store names: the active copy of the first partition that has
+    one (a promotion keeps it as a standby, a move in ``moved_from``: in the lineage either way), else any
+    copy; None for a table with no copy."""
+    for owners in table.partitions:
+        if owners.active is not None:
+            return owners.active
+    return min(table.all_owners(), default=None)
 
 
 def generate_cursor_key() -> bytes:
@@ -93,27 +108,35 @@ class CursorCodec:
     def _tag(self, body: bytes) -> bytes:
         return hmac.new(self._key, body, hashlib.sha256).digest()[:_TAG_BYTES]
 
-    def encode(self, store: str, shape: str, scan: Scan, last_key: Any, key_types: str | None = None) -> str:
+    def encode(
+        self, store: str, shape: str, scan: Scan, last_key: Any, key_types: str | None = None, issuer: str | None = None
+    ) -> str:
         """An opaque token continuing ``scan`` of ``store`` (issued by a ``shape`` query) after ``last_key``;
-        ``key_types`` (the store's ``KeySchema.type_label``), when given, is checked by ``decode``."""
+        ``key_types`` (the store's ``KeySchema.type_label``) and ``issuer`` (one query actor of the store,
+        ``issuer_of``), when given, are checked by ``decode``."""
         hi = None if scan.hi is None else [_wire_key(scan.hi.key), scan.hi.inclusive]
         lo = None if scan.lo is None else [_wire_key(scan.lo.key), scan.lo.inclusive]
         times = None if scan.times is None else scan.times.to_wire()
         fields = [_CURSOR_VERSION, store, shape, scan.reverse, lo, hi, _wire_key(last_key), times]
-        if key_types is not None:
+        if key_types is not None or issuer is not None:
             fields.append(key_types)
+        if issuer is not None:
+            fields.append(issuer)
         body = msgpack.packb(fields, use_bin_type=True, default=_pack_default)
         if len(body) > 64:  # short bodies do not shrink
             deflated = _DEFLATED + zlib.compress(body, 9)
             body = deflated if len(deflated) < len(body) else body
         return f"{_b64(body)}.{_b64(self._tag(body))}"
 
-    def decode(self, spec: StoreSpec, shape: str, token: str) -> Scan:
+    def decode(self, spec: StoreSpec, shape: str, token: str, lineage: Collection[str] | None = None) -> Scan:
         """The scan a cursor continues, already moved past its last key; ``MalformedCursor`` unless this
-        deployment issued it for ``spec``'s store and a ``shape`` query, and it fits the store's schema."""
-        return self.decode_with_origin(spec, shape, token)[1]
+        deployment issued it for ``spec``'s store and a ``shape`` query, it fits the store's schema, and
+        (given the store's ``lineage``, ``OwnershipTable.lineage``) the store that issued it is this one."""
+        return self.decode_with_origin(spec, shape, token, lineage)[1]
 
-    def decode_with_origin(self, spec: StoreSpec, shape: str, token: str) -> tuple[Scan, Scan]:
+    def decode_with_origin(
+        self, spec: StoreSpec, shape: str, token: str, lineage: Collection[str] | None = None
+    ) -> tuple[Scan, Scan]:
         """``(the scan that issued the cursor, that scan moved past its last key)``, checked as ``decode``."""
         body = self._verified_body(spec.name, token)
         try:
@@ -123,13 +146,16 @@ class CursorCodec:
                 if not inflate.eof:
                     raise ValueError("not a whole deflated body")
             fields = msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=True)
-            # The key's types came later (a cursor issued before has eight fields, and is taken as it was).
-            version, store, issued_for, reverse, lo, hi, last, times, *types = fields
+            # The key's types and the issuer came later (a cursor issued before has eight or nine fields, and
+            # is taken as it was).
+            version, store, issued_for, reverse, lo, hi, last, times, *later = fields
         except MalformedCursor:
             raise MalformedCursor(_NOT_OURS, store=spec.name) from None
         except (ValueError, TypeError, zlib.error, msgpack.UnpackException):
             raise MalformedCursor(_NOT_OURS, store=spec.name) from None
-        if version != _CURSOR_VERSION or store != spec.name or issued_for != shape or len(types) > 1:
+        types = later[:1] if later and later[0] is not None else []
+        issuer = later[1] if len(later) > 1 else None
+        if version != _CURSOR_VERSION or store != spec.name or issued_for != shape or len(later) > 2:
             raise MalformedCursor(f"the cursor belongs to another query, not to this {shape} query of store "
                                   f"{spec.name!r}", store=spec.name)  # fmt: skip
         if types and types[0] != spec.key.type_label:
@@ -138,6 +164,13 @@ class CursorCodec:
             raise MalformedCursor(
                 f"the cursor was issued for store {spec.name!r} when its key was {types[0]}; it is "
                 f"{spec.key.type_label} now (the store was declared again)",
+                store=spec.name,
+            )
+        if issuer is not None and lineage is not None and issuer not in lineage:
+            # Another store of that name, dropped and declared again since: it has other actors.
+            raise MalformedCursor(
+                f"the cursor was issued by an earlier store {spec.name!r}, dropped and declared again since "
+                "(or by copies of it all removed since): begin the scan again",
                 store=spec.name,
             )
         try:

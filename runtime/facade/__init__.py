@@ -25,7 +25,7 @@ from typing import Any
 from runtime.bus import Bus
 from runtime.codec import decode_value, encode_json
 from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
-from runtime.cursor import CursorCodec
+from runtime.cursor import CursorCodec, issuer_of
 from runtime.deadline import Deadline, within
 from runtime.errors import MalformedCursor, RiqrError
 from runtime.facade import metadata
@@ -155,7 +155,7 @@ class Facade:
         scan = query.bind(table.spec)  # validates the query even when a cursor continues it
         if cursor is None:
             return table, scan, scan
-        origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor)
+        origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor, table.lineage())
         if scan != origin and query.reverse is None and origin.reverse:
             # The direction left unsaid is the cursor's own, with the other parameters repeated as without
             # them (Python's ``page(limit, next, lo=..., hi=...)`` after a reverse first page was refused).
@@ -182,7 +182,9 @@ class Facade:
 
         def cursor_after(last_key: Any) -> str:
             # The scan as begun, not as continued: every page's cursor then fits the query's parameters.
-            return self.cursors.encode(table.spec.name, query.shape, origin, last_key, table.spec.key.type_label)
+            return self.cursors.encode(
+                table.spec.name, query.shape, origin, last_key, table.spec.key.type_label, issuer_of(table)
+            )
 
         page = await self.scatter.page(table, scan, request.limit, cursor_after)
         self._scanned(query.store, len(page.entries))

@@ -191,3 +191,32 @@ def test_a_cursor_of_a_store_declared_again_with_other_key_types_is_refused() ->
         codec.decode(times, "range", token)
     before = codec.encode("s", "range", Scan(), 1_700_000_000_000_000)
     assert codec.decode(times, "range", before) == Scan().after(1_700_000_000_000_000)
+
+
+def test_a_cursor_is_taken_while_its_issuer_is_in_the_stores_lineage() -> None:
+    """A store dropped and declared again with the same key types: the cursor verified and went on after
+    its last key, skipping the new store's keys before it. It names the actor that issued it (partition
+    0's active); a move keeps that actor in ``moved_from``, a store declared again has other actors."""
+    from dataclasses import replace
+
+    from runtime.cursor import issuer_of
+    from runtime.ownership import OwnershipTable, PartitionOwners
+
+    codec, spec = CursorCodec(KEY), kv_spec("s", partitions=2)
+    table = OwnershipTable(spec, (PartitionOwners("a", ("b",)), PartitionOwners("b", ("a",))))
+    assert issuer_of(table) == "a"
+    assert issuer_of(OwnershipTable(spec, (PartitionOwners(None, ()), PartitionOwners(None, ("c", "b"))))) == "b"
+    token = codec.encode("s", "range", Scan(), "k5", spec.key.type_label, issuer_of(table))
+    assert codec.decode(spec, "range", token, table.lineage()) == Scan().after("k5")
+    moved = replace(
+        table, partitions=(PartitionOwners("m", ("b",)), PartitionOwners("b", ("m",))), moved_from=frozenset({"a"})
+    )
+    assert codec.decode(spec, "range", token, moved.lineage()) == Scan().after("k5")  # a move: the same store
+    again = OwnershipTable(spec, (PartitionOwners("x", ("y",)), PartitionOwners("y", ("x",))))
+    with pytest.raises(MalformedCursor, match="dropped and declared again since"):
+        codec.decode(spec, "range", token, again.lineage())
+    assert codec.decode(spec, "range", token) == Scan().after("k5")  # no lineage to check against
+    before = codec.encode("s", "range", Scan(), "k5", spec.key.type_label)  # issued before issuers were carried
+    assert codec.decode(spec, "range", before, again.lineage()) == Scan().after("k5")
+    untyped = codec.encode("s", "range", Scan(), "k5", None, "a")
+    assert codec.decode(spec, "range", untyped, table.lineage()) == Scan().after("k5")

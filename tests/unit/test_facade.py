@@ -13,6 +13,7 @@ from runtime.errors import (
     DeadlineExceeded,
     InvalidParameter,
     KeyNotFound,
+    MalformedCursor,
     MalformedKey,
     MalformedRange,
     OwnerUnavailable,
@@ -524,6 +525,46 @@ async def test_a_dead_active_is_reported_to_the_registry_once_and_its_promotion_
     calls = len(bus.owners[active].calls)
     assert await facade.get(KeyQuery("r", "k007")) == "v7"
     assert len(bus.owners[active].calls) == calls  # the promoted copy is asked first: no failover
+
+
+async def test_a_cursor_of_a_store_dropped_and_declared_again_is_refused_not_continued(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    """Same name, same key types: the old cursor verified and continued after its last key on the new
+    store, whose keys before it never appeared (a read-path review). Its issuer is not among the new
+    store's actors: a 400 saying to begin again."""
+    bus, facade = replicated
+    first = await facade.page(RangeQuery("r"), PageRequest(5))
+    assert [k for k, _ in first.entries] == [f"k{i:03d}" for i in range(5)]
+    bus.state.drop("r")
+    bus.create_store(kv_spec("r", standbys=1))
+    bus.load("r", {f"k{i:03d}": "new" for i in range(10)})
+    await eventually(lambda: facade.view.epoch == bus.state.epoch, timeout=0.5, what="the new store's view")
+    with pytest.raises(MalformedCursor, match="dropped and declared again"):
+        await facade.page(RangeQuery("r"), PageRequest(100, first.next))
+    again = await facade.page(RangeQuery("r"), PageRequest(100))
+    assert [v for _, v in again.entries] == ["new"] * 10
+
+
+async def test_a_cursor_goes_on_after_the_copy_that_issued_it_is_promoted_away(
+    replicated: tuple[FakeBus, Facade],
+) -> None:
+    """The same store with another actor answering: the issuer (partition 0's active) is a standby now;
+    its cursors are the store's still (a move's ``moved_from``: ``test_cursor``)."""
+    from runtime.cursor import issuer_of
+
+    bus, facade = replicated
+    table = bus.state.view().tables["r"]
+    issuer = issuer_of(table)
+    seen, page = [], await facade.page(RangeQuery("r"), PageRequest(40))
+    seen += page.entries
+    bus.state.replace_table(table.promote({issuer}))  # type: ignore[arg-type]
+    await eventually(lambda: facade.view.epoch == bus.state.epoch, timeout=0.5, what="the promotion")
+    assert issuer_of(bus.state.view().tables["r"]) != issuer
+    while page.next is not None:
+        page = await facade.page(RangeQuery("r"), PageRequest(40, page.next))
+        seen += page.entries
+    assert [k for k, _ in seen] == [f"k{i:03d}" for i in range(300)]
 
 
 async def test_a_slow_active_is_passed_over_within_the_deadline(
