@@ -194,13 +194,17 @@ def _with_active(owners: PartitionOwners, uuid: str) -> PartitionOwners:
 
 @dataclass(frozen=True)
 class ActorInfo:
-    """A query actor: its uuid (its name on the bus), its store, where it runs, what it holds."""
+    """A query actor: its uuid (its name on the bus), its store, where it runs, what it holds, and its
+    ``incarnation``: how many times the registry heard it restarted (``RegistryState.actor_moved``; 0 again
+    after a registry restart). A batch's delivery that sees it change goes to that copy again: a restarted
+    copy may have lost what it acknowledged (``BatchDelivery._to_copies_admitted_meanwhile``)."""
 
     uuid: str
     store: str
     node_id: str
     node_ip: str
     partitions: tuple[int, ...]
+    incarnation: int = 0
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,8 @@ class QueryCore:
     a restart of the actor: it reopens at its last position. Without one (unit tests), partitions are
     in memory only, and a restarted actor (``recovered``) has lost them: they answer 503, never as an
     empty store. ``new_copy``: a move's new actor or an added standby, whose empty partitions are by
-    design (said at info, not as a warning of lost data).
+    design (said at info, not as a warning of lost data). ``announce``: a restarted actor's report of its
+    restart to the registry, waited for before its first catch-up asks a peer (``runtime.rebuild``).
     """
 
     def __init__(
@@ -193,6 +194,7 @@ class QueryCore:
         catch_up_on_gap: bool = True,
         clock: Callable[[], float] = time.monotonic,
         reset_check: Callable[[str], str | None] | None = None,
+        announce: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
         # Asked before a batch 0 resets a partition: why that source may not (another feed holds the store
@@ -238,7 +240,9 @@ class QueryCore:
         # With ``peers``, a copy that lost its state is rebuilt from a live peer (``runtime.rebuild``) in a
         # thread that ``spawn`` starts; peers copy from this core through the exports.
         self._rebuilder = (
-            None if peers is None else Rebuilder(spec, me, peers, self._writing, directory, settings=rebuild)
+            None
+            if peers is None
+            else Rebuilder(spec, me, peers, self._writing, directory, settings=rebuild, announce=announce)
         )
         self._spawn = spawn or _start_thread
         # Whether a copy that finds a gap or restarts with nothing starts a catch-up by itself (a store with

@@ -91,8 +91,16 @@ class Rebuilder:
         settings: RebuildSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        announce: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
+        # A restarted actor's first catch-up tells the registry of the restart, and waits for its answer,
+        # before it asks any peer (``announce``; a RiqrError is tried again like a failed copy): the peer it
+        # copies may not have the batch this copy acknowledged before it restarted (a standby is fed before
+        # its active), and the delivery of that batch, which asks the registry's epoch after its rounds,
+        # then sees the new incarnation and sends the batch again (``BatchDelivery``). Once per process.
+        self._announce = announce
+        self._announcing = threading.Lock()
         self.me = me
         self.peers = peers
         self.lock = lock
@@ -139,6 +147,10 @@ class Rebuilder:
     def _attempt(self, state: PartitionState, generation: int) -> str:
         if state.generation != generation:
             return "aborted"
+        with self._announcing:
+            if self._announce is not None:
+                self._announce()
+                self._announce = None
         found = self._open(state)
         if found == "behind" and state.whole_before_catch_up:
             # Every peer that answered is behind this copy, which served when the catch-up began and whose

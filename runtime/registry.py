@@ -126,10 +126,12 @@ class RegistryState:
         return self.epoch
 
     def actor_moved(self, uuid: str, node_id: str, node_ip: str) -> int:
-        """A restarted actor came back, possibly on another node."""
+        """A restarted actor came back, possibly on another node: another incarnation of it, whichever node
+        (a copy restarted without its data is rebuilt from a peer, which may not have the batch the copy
+        acknowledged before; the delivery of that batch sees the incarnation change and sends it again)."""
         info = self._actors.get(uuid)
-        if info is not None and (info.node_id, info.node_ip) != (node_id, node_ip):
-            self._actors[uuid] = replace(info, node_id=node_id, node_ip=node_ip)
+        if info is not None:
+            self._actors[uuid] = replace(info, node_id=node_id, node_ip=node_ip, incarnation=info.incarnation + 1)
             self._bump()
         return self.epoch
 

@@ -405,24 +405,34 @@ class BatchDelivery:
         """The batch for the copies the registry admitted while it went out (a move's new actor, a copy
         ``riqr standbys`` adds): ``view`` did not list them, so neither round reached them, and one that
         copied a peer from before this batch, with nothing buffered, would call itself in sync and serve
-        the batch before this one after the batch is acknowledged (a write-path review). One epoch call a
-        batch; a copy listed by now gets the batch like any other (it buffers it while catching up, or
-        skips it if its copy had it already)."""
+        the batch before this one after the batch is acknowledged (a write-path review). Likewise for a copy
+        that restarted meanwhile (another ``ActorInfo.incarnation``): one that acknowledged the batch in the
+        standby round, then lost its data and copied the active before the active round reached it, would
+        serve the batch before (a read-path review; it tells the registry of its restart before it asks a
+        peer, ``runtime.rebuild``). One epoch call a batch; a copy listed by now gets the batch like any
+        other (it buffers it while catching up, or skips it if its copy had it already)."""
         if self._ask_registry(lambda reg: reg.epoch.remote(), "registry epoch", deadline=deadline) == view.epoch:
             return []
-        now = self.table(self._ask_registry(lambda reg: reg.view.remote(), "registry view", deadline=deadline))
+        latest = self._ask_registry(lambda reg: reg.view.remote(), "registry view", deadline=deadline)
+        now = self.table(latest)
         if now is None:
             return []
         before = slices_for_owners(ownership, split)
         pending: dict[str, dict[int, Shared | None]] = {}
+        restarted = set()
         for uuid, slices in slices_for_owners(now, split).items():
+            then, since = view.actors.get(uuid), latest.actors.get(uuid)
+            again = then is not None and since is not None and since.incarnation != then.incarnation
+            if again:
+                restarted.add(uuid)
             for p, rows in slices.items():
-                if p not in before.get(uuid, {}):  # a copy of partition p the batch's view did not list
+                if again or p not in before.get(uuid, {}):  # a copy of partition p the batch may have missed
                     pending.setdefault(uuid, {})[p] = rows
         if not pending:
             return []
-        log.info("store %s: batch %d goes to copies admitted while it was delivered too: %s", self.spec.name,
-                 batch_id, ", ".join(sorted(pending)), extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
+        named = ", ".join(f"{u} (restarted)" if u in restarted else u for u in sorted(pending))
+        log.info("store %s: batch %d goes to copies admitted or restarted while it was delivered too: %s",
+                 self.spec.name, batch_id, named, extra={"store": self.spec.name, "batch": batch_id})  # fmt: skip
         return self._apply_to(source, batch_id, pending, deadline, hold=hold)
 
     def _send_to_readers(

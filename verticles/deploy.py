@@ -48,6 +48,7 @@ from runtime.errors import (
     DeadlineExceeded,
     DeploymentConflict,
     InternalError,
+    NotConnected,
     OwnerUnavailable,
     RiqrError,
 )
@@ -214,6 +215,14 @@ class RayEnv:
             self._registry().actor_moved.remote(uuid, node_id, node_ip)
         except ValueError:
             log.warning("registry not found while reporting the restart of %s", uuid)
+
+    def report_restart(self, uuid: str, node_id: str, node_ip: str) -> None:
+        try:
+            registry = self._registry()
+        except ValueError:
+            raise NotConnected(f"no registry in namespace {self.namespace!r} to tell of the restart") from None
+        raycalls.get(registry.actor_moved.remote(uuid, node_id, node_ip), "telling the registry of the restart",
+                     timeout=_CALL_TIMEOUT)  # fmt: skip
 
     async def endpoint_of(self, node_id: str) -> Endpoint | None:
         view = await self._ask_registry("view")

@@ -67,6 +67,11 @@ class RegistryLink(Protocol):
         """Tell the registry where a restarted query actor now runs (fire and forget)."""
         ...
 
+    def report_restart(self, uuid: str, node_id: str, node_ip: str) -> None:
+        """``report_moved``, waited for: returns once the registry has the restart (another incarnation of
+        the actor in its view); a ``RiqrError`` if it could not be told. Blocking: a catch-up's thread."""
+        ...
+
     async def endpoint_of(self, node_id: str) -> Endpoint | None:
         """The HTTP endpoint the registry lists for ``node_id``, if any."""
         ...

@@ -134,7 +134,12 @@ class QueryVerticle:
             me=uuid,
             catch_up_on_gap=(spec.standbys or 0) > 0,
             reset_check=peers.reset_refused,
-        )
+            # Before a restarted actor's first catch-up asks a peer (``runtime.rebuild``): the registry then
+            # lists another incarnation, and the delivery of a batch this copy acknowledged before it lost
+            # its data, if the peer has not applied it yet, sees that and sends the batch again.
+            announce=(lambda: env.report_restart(uuid, self.node_id, self.node_ip)) if restarted or replacement
+            else None,
+        )  # fmt: skip
         self.opened_in = time.monotonic() - started
         env.export_metrics(metrics)
         if restarted or replacement:

@@ -54,11 +54,14 @@ class Setup:
         self.sleeps: list[Callable[[], None]] = []
         self.me = self.open_copy(None if volatile_copy else root / "me")
 
-    def open_copy(self, directory: Path | None, recovered: bool = False) -> QueryCore:
+    def open_copy(
+        self, directory: Path | None, recovered: bool = False, announce: Callable[[], None] | None = None
+    ) -> QueryCore:
         """A copy whose catch-ups run on the fake clock: each backoff sleep runs a queued action."""
         core = QueryCore(
             self.spec, [0], directory=directory, recovered=recovered, peers=Peers({"peer": self.peer}), me="me",
             spawn=self.jobs.append, rebuild=RebuildSettings(chunk=512, first_backoff=1, max_backoff=1, give_up_after=5),
+            announce=announce,
         )  # fmt: skip
 
         def sleep(seconds: float) -> None:
@@ -766,3 +769,40 @@ def test_a_moves_new_copy_asked_again_copies_from_the_copy_it_replaces_first(kin
     assert s.contents(s.me) == s.contents(old_core)
     assert s.me.partitions[0].prefer_peer is None  # for that catch-up only
     old_core.close()
+
+
+def test_a_restarted_copy_tells_the_registry_before_it_copies_a_peer_and_takes_the_batch_sent_again(
+    kind: str, tmp_path: Path
+) -> None:
+    """A standby acknowledges batch 57 (the standby round), loses its data and is re-created before the
+    active applies 57; it copied the active at 56 and, with nothing buffered, served 56 after 57 was
+    acknowledged (a read-path review). Now it tells the registry of its restart before asking any peer,
+    waiting for the answer (so the delivery of 57, which asks the registry's epoch after its rounds, sees
+    another incarnation of it and sends 57 again), and takes 57 as the next batch."""
+    s = Setup(kind, tmp_path)
+    s.me.apply("q", 57, batch(57))  # the standby round: acknowledged
+    s.me.close()
+    shutil.rmtree(tmp_path / "me")  # its node died: re-created elsewhere, nothing on disk
+    told: list[int] = []
+
+    def announce() -> None:
+        assert s.peer.opens == 0  # before any peer is asked for a copy
+        told.append(1)
+        if len(told) == 1:
+            raise OwnerUnavailable("registry actor_moved: the actor is restarting")  # tried again, as a copy is
+
+    again = s.open_copy(tmp_path / "me", recovered=True, announce=announce)
+    assert again.rebuild_unserved() == [0]
+    assert s.run() == "in-sync" and told == [1, 1]  # the first try failed; the second was answered
+    assert again.positions()[0]["batch_id"] == 56  # the active's copy: 57 had not reached it
+    s.peer_core.apply("q", 57, batch(57))  # the active round: 57 acknowledged
+    [sent_again] = again.apply("q", 57, batch(57))  # the delivery saw the new incarnation
+    assert sent_again.applied and again.positions()[0] == {"source": "q", "batch_id": 57, "state": SERVING}
+    values, _ = again.get_many([(0, "last")])
+    assert decode_value(values[0]) == "57"
+    for n in (58, 59, 60):
+        s.peer_core.apply("q", n, batch(n))
+    [gap] = again.apply("q", 60, batch(60))  # 58 and 59 missed: a catch-up of its own
+    assert gap.state == CATCHING_UP
+    assert s.run() == "in-sync" and again.positions()[0]["batch_id"] == 60
+    assert told == [1, 1]  # once per process: the registry has this incarnation already

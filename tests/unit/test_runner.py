@@ -868,6 +868,48 @@ def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch:
     assert sent == [{"new": {0: "rows of partition 0"}}]
 
 
+def test_a_copy_restarted_while_a_batch_goes_out_gets_that_batch_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby that acknowledged batch N in the standby round, then lost its data and was re-created (same
+    uuid) before the active round, copies the active from before N and, with nothing buffered, served N-1
+    after N was acknowledged (a read-path review). Its restart is another incarnation in the registry's
+    view: the copies whose incarnation changed get the batch again, for every partition they hold."""
+    from runtime.deadline import Deadline
+    from runtime.ownership import ActorInfo, ClusterView
+    from topologies import delivery as delivery_module
+    from topologies.delivery import BatchDelivery
+
+    table = string_table(("a", ("b",)), ("b", ("a",)))
+
+    def actors(b_incarnation: int) -> dict[str, ActorInfo]:
+        return {
+            "a": ActorInfo("a", "s", "n1", "10.0.0.1", (0, 1)),
+            "b": ActorInfo("b", "s", "n2", "10.0.0.2", (0, 1), incarnation=b_incarnation),
+        }
+
+    before = ClusterView(3, {"s": table}, actors(0))
+    latest = [ClusterView(4, {"s": table}, actors(0))]  # the epoch moved for another reason
+
+    class Registry:
+        def __init__(self) -> None:
+            self.epoch = _Answer(lambda: latest[0].epoch)
+            self.view = _Answer(lambda: latest[0])
+
+    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
+    monkeypatch.setattr(delivery_module.raycalls, "get", lambda ref, *_, **__: ref)
+    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        delivery, "_apply_to", lambda source, batch_id, pending, *a, **k: sent.append(pending) or ["ok"]
+    )
+    split = {0: "rows of partition 0", 1: "rows of partition 1"}
+    deadline = Deadline.after(5)
+    assert delivery._to_copies_admitted_meanwhile(before, table, "q", 7, split, deadline, None) == []  # type: ignore[arg-type]
+    assert sent == []  # the same copies, the same incarnations: nothing sent again
+    latest[0] = ClusterView(5, {"s": table}, actors(1))  # b restarted (its node died, re-created elsewhere)
+    assert delivery._to_copies_admitted_meanwhile(before, table, "q", 7, split, deadline, None) == ["ok"]  # type: ignore[arg-type]
+    assert sent == [{"b": {0: "rows of partition 0", 1: "rows of partition 1"}}]
+
+
 def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
