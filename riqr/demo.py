@@ -231,8 +231,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print("\n".join("  " + c for c in seed_curls(base, token)), flush=True)
         _say("\n  the web console: " + base + "/ (paste the token)")
         _say("  the API, browsable: " + base + "/docs (its OpenAPI document: " + base + "/openapi.json)")
+        gcs = ray.get_runtime_context().gcs_address
         _say(
             f"\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order --home {home}"
+            + "\n  query it from another shell:  .venv/bin/riqr query order-count all"
+            + f"\n  (its Ray, at {gcs}, runs with Ray's token auth: Ray sends this machine's token to a cluster it"
+            + "\n  finds by itself, so naming it with --address or RAY_ADDRESS needs RAY_AUTH_MODE=token as well)"
             + "\n\n[riqr demo] serving until Ctrl-C"
         )
 
