@@ -304,9 +304,16 @@ class Unauthorized(RiqrError):
     status = 401
     code = "unauthorized"
 
+    # The refusals of a token that was sent (RFC 6750, 3.1: ``invalid_token``, so a client knows to get a new
+    # one); a request with no token, or two Authorization headers, gets the bare challenge.
+    REFUSED_TOKENS = frozenset({"invalid token", "token expired", "token not yet valid"})
+
     def headers(self) -> dict[str, str]:
-        # RFC 7235 requires a challenge on every 401; RFC 6750 names the scheme.
-        return {"WWW-Authenticate": 'Bearer realm="riqr"'}
+        # RFC 7235 requires a challenge on every 401; RFC 6750 names the scheme and its error codes.
+        challenge = 'Bearer realm="riqr"'
+        if self.message in self.REFUSED_TOKENS:
+            challenge += ', error="invalid_token"'
+        return {"WWW-Authenticate": challenge}
 
 
 class Forbidden(RiqrError):

@@ -267,7 +267,12 @@ def _answer(name: str) -> dict[str, Any]:
 
 # The headers an error answer comes with, by status.
 _ERROR_HEADERS: dict[int, dict[str, Any]] = {
-    401: {"WWW-Authenticate": {"description": "Bearer, with the error (RFC 6750)", "schema": {"type": "string"}}},
+    401: {
+        "WWW-Authenticate": {
+            "description": 'Bearer realm="riqr", with error="invalid_token" for a token sent and refused (RFC 6750)',
+            "schema": {"type": "string"},
+        }
+    },
     405: {"Allow": {"description": "the methods the path takes", "schema": {"type": "string"}}},
     503: {"Retry-After": {"description": "seconds to wait before asking again", "schema": {"type": "integer"}}},
 }

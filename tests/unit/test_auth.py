@@ -99,8 +99,9 @@ async def _refused(resp: Any, status: int, message: str) -> None:
     assert resp.status == status, body
     assert body["error"]["code"] == ("unauthorized" if status == 401 else "forbidden")
     assert body["error"]["message"] == message
-    if status == 401:
-        assert resp.headers["WWW-Authenticate"] == CHALLENGE
+    if status == 401:  # RFC 6750, 3.1: a token sent and refused says invalid_token; none sent, the bare challenge
+        refused = message in ("invalid token", "token expired", "token not yet valid")
+        assert resp.headers["WWW-Authenticate"] == (CHALLENGE + ', error="invalid_token"' if refused else CHALLENGE)
 
 
 async def test_a_valid_hs256_token_reads_the_stores_it_names(client: Any) -> None:
