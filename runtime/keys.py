@@ -160,12 +160,13 @@ class KeyType:
             hint = plus if text.startswith(" ") and INTEGER_TEXT.fullmatch("+" + text[1:]) else ""
             raise MalformedKey(f"key {text!r} is not a valid {self.name}{hint}", key=text, type=self.name)
         if len(text) > MAX_INTEGER_CHARS:
-            raise MalformedKey(f"key {text[:24]!r}... is out of range for {self.name}", key=text[:24], type=self.name)
+            raise MalformedKey(f"key {text[:24]!r}... is out of range for {_a(self.name)} key", key=text[:24],
+                               type=self.name)  # fmt: skip
         return self._check_int(int(text, 10), text)
 
     def _check_int(self, value: int, shown: Any) -> int:
         if not self.lo <= value <= self.hi:
-            raise MalformedKey(f"key {shown!r} is out of range for {self.name}", key=str(shown), type=self.name)
+            raise MalformedKey(f"key {shown!r} is out of range for {_a(self.name)} key", key=str(shown), type=self.name)
         return value
 
     def _parse_timestamp(self, text: str) -> int:
@@ -211,7 +212,7 @@ class KeyType:
                 raise _too_precise(str(value), self.name)
             return self._instant(value, value.isoformat())
         raise MalformedKey(
-            f"key {value!r} of type {type(value).__name__} does not fit a {self.name} key", type=self.name
+            f"key {value!r} of type {type(value).__name__} does not fit {_a(self.name)} key", type=self.name
         )
 
     def external(self, value: Any) -> Any:
@@ -354,3 +355,8 @@ class KeySchema:
             "type": self.type_name,
             "columns": [{"column": name, "type": t.name} for name, t in self.columns],
         }
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article: "an int", "a long"."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
