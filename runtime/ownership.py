@@ -195,9 +195,11 @@ def _with_active(owners: PartitionOwners, uuid: str) -> PartitionOwners:
 @dataclass(frozen=True)
 class ActorInfo:
     """A query actor: its uuid (its name on the bus), its store, where it runs, what it holds, and its
-    ``incarnation``: how many times the registry heard it restarted (``RegistryState.actor_moved``; 0 again
-    after a registry restart). A batch's delivery that sees it change goes to that copy again: a restarted
-    copy may have lost what it acknowledged (``BatchDelivery._to_copies_admitted_meanwhile``)."""
+    ``incarnation``: the registry's epoch when it listed the actor or last heard it restarted
+    (``RegistryState.install``, ``actor_moved``), so it only grows, across a registry restart too (a
+    restarted registry's epochs start past every earlier one). A batch's delivery that sees it change goes
+    to that copy again: a restarted copy may have lost what it acknowledged
+    (``BatchDelivery._to_copies_admitted_meanwhile``)."""
 
     uuid: str
     store: str

@@ -48,10 +48,11 @@ class RegistryState:
         return table
 
     def install(self, table: OwnershipTable, actors: list[ActorInfo]) -> int:
-        """Register a new store with its actors."""
+        """Register a new store with its actors (or, in a restarted registry, a store it found again: its
+        actors' incarnations are then past every one an earlier registry handed out, see ``ActorInfo``)."""
         self._tables[table.spec.name] = table
         for info in actors:
-            self._actors[info.uuid] = info
+            self._actors[info.uuid] = replace(info, incarnation=self.epoch + 1)
         return self._bump()
 
     def replace_table(self, table: OwnershipTable) -> int:
@@ -131,7 +132,7 @@ class RegistryState:
         acknowledged before; the delivery of that batch sees the incarnation change and sends it again)."""
         info = self._actors.get(uuid)
         if info is not None:
-            self._actors[uuid] = replace(info, node_id=node_id, node_ip=node_ip, incarnation=info.incarnation + 1)
+            self._actors[uuid] = replace(info, node_id=node_id, node_ip=node_ip, incarnation=self.epoch + 1)
             self._bump()
         return self.epoch
 

@@ -910,6 +910,61 @@ def test_a_copy_restarted_while_a_batch_goes_out_gets_that_batch_again(monkeypat
     assert sent == [{"b": {0: "rows of partition 0", 1: "rows of partition 1"}}]
 
 
+@pytest.mark.parametrize("registry_restarts", [False, True])
+def test_a_copy_restarted_during_a_batch_gets_it_again_through_the_real_registry(
+    monkeypatch: pytest.MonkeyPatch, registry_restarts: bool
+) -> None:
+    """The whole chain, with the registry's own code: the standby reports its restart (twice: the actor's
+    start and its catch-up's announce), the registry may itself restart before the sink's look after the
+    rounds (its incarnations were counts from 0 then, and a copy that restarted twice could read 0 again:
+    a review of the fix), and the sink sends the batch again to the restarted copy."""
+    from runtime.deadline import Deadline
+    from tests.unit.fakes import kv_spec
+    from tests.unit.test_verticles import Clock, FakeEnv, _infos, uuids
+    from topologies import delivery as delivery_module
+    from topologies.delivery import BatchDelivery
+    from verticles.registry import Registry
+
+    env, clock = FakeEnv(), Clock()
+    registry = Registry("ns", env, new_uuid=uuids(), clock=clock)
+    spec = kv_spec("s", partitions=2, actors=2, standbys=1)
+    registry.create_store(spec)
+    batch_view = registry.view()  # the view the batch goes out with
+    table = batch_view.table("s")
+    assert table is not None
+    standby = table.partitions[0].standbys[0]
+    info = batch_view.actors[standby]
+    registry.actor_moved(standby, info.node_id, info.node_ip)  # its start, after it acknowledged round 1
+    registry.actor_moved(standby, info.node_id, info.node_ip)  # its catch-up's announce
+    latest = registry.view()
+    if registry_restarts:  # Ray restarts the registry before the active round ends
+        again = FakeEnv(restarted=True)
+        again.membership, again.infos = env.membership, _infos(registry.view())
+        clock.now += 5
+        latest = Registry("ns", again, new_uuid=uuids(), clock=clock).view()
+
+    class Answers:
+        def __init__(self) -> None:
+            self.epoch = _Answer(lambda: latest.epoch)
+            self.view = _Answer(lambda: latest)
+
+    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Answers())
+    monkeypatch.setattr(delivery_module.raycalls, "get", lambda ref, *_, **__: ref)
+    delivery = BatchDelivery(spec, "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        delivery, "_apply_to", lambda source, batch_id, pending, *a, **k: sent.append(pending) or ["ok"]
+    )
+    split = {0: "rows 0", 1: "rows 1"}
+    assert delivery._to_copies_admitted_meanwhile(batch_view, table, "q", 7, split, Deadline.after(5), None) == ["ok"]  # type: ignore[arg-type]
+    [pending] = sent
+    assert pending[standby] == {p: split[p] for p in table.all_owners()[standby]}
+    if not registry_restarts:
+        assert set(pending) == {standby}  # only the copy that restarted
+    else:
+        assert set(pending) == set(table.all_owners())  # every copy: a replay each of them skips
+
+
 def test_claiming_a_feed_waits_for_the_other_to_let_go_then_gives_up_naming_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -50,7 +50,7 @@ class FakeEnv:
         self.destroyed: list[str] = []
         self.told: list[tuple[str, str]] = []  # query_actor_tell
         self.moves: list[tuple[str, str, str]] = []
-        self.restarts: list[tuple[str, str, str]] = []  # ``report_restart``: waited for by a catch-up
+        self.restart_reports: list[tuple[str, str, str]] = []  # ``report_restart``: waited for by a catch-up
         self.endpoints: dict[str, Endpoint] = {}
         self.infos: list[dict[str, Any]] = []
         self.data: Path | None = None
@@ -107,7 +107,7 @@ class FakeEnv:
         self.moves.append((uuid, node_id, node_ip))
 
     def report_restart(self, uuid: str, node_id: str, node_ip: str) -> None:
-        self.restarts.append((uuid, node_id, node_ip))
+        self.restart_reports.append((uuid, node_id, node_ip))
 
     async def endpoint_of(self, node_id: str) -> Endpoint | None:
         return self.endpoints.get(node_id)
@@ -1367,7 +1367,7 @@ def test_a_restarted_query_actor_with_wiped_data_rebuilds_from_its_peer_in_the_b
     assert restarted.positions() == peer.positions()
     assert restarted.scan([0, 1], Scan()) == peer.scan([0, 1], Scan())
     # Told the registry of its restart, and waited for it, before copying: once, for both partitions.
-    assert again.restarts == [("u1", again.node_id(), again.node_ip())]
+    assert again.restart_reports == [("u1", again.node_id(), again.node_ip())]
     restarted.core.close()
 
 
