@@ -853,7 +853,10 @@ def test_a_restarted_registry_remembers_the_actors_that_do_not_answer_and_create
     restarted = Registry("ns", again, clock=clock)
     rebuilt = restarted.view()
     assert sorted(rebuilt.tables) == ["s", "t"]  # neither store is left out
-    assert rebuilt.actors[victim] == view.actors[victim] and rebuilt.actors[lone] == view.actors[lone]
+    # The same actors, where they were; each stamped anew (``ActorInfo.incarnation``: past every earlier one)
+    assert _placed(rebuilt.actors[victim]) == _placed(view.actors[victim])
+    assert _placed(rebuilt.actors[lone]) == _placed(view.actors[lone])
+    assert rebuilt.actors[victim].incarnation > view.actors[victim].incarnation
     assert sorted(p for a in rebuilt.actors.values() if a.store == "s" for p in a.partitions) == [0, 1, 2, 3]
     assert _members(again.membership) == _members(env.membership)  # saved again as rebuilt: nothing was forgotten
     # From there they are actors gone for good: created again on their own nodes, where their data is.
@@ -892,7 +895,7 @@ def test_a_restarted_registry_waits_for_its_saved_members_and_never_writes_over_
     again.membership, again.infos, again.load_failures = env.membership, _infos(view, without=(victim,)), 6
     restarted = Registry("ns", again, clock=clock, sleep=waits.append)
     assert waits == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
-    assert restarted.view().actors[victim] == view.actors[victim]
+    assert _placed(restarted.view().actors[victim]) == _placed(view.actors[victim])
     assert _members(again.membership) == _members(env.membership)  # nothing to change in it but the epochs' bound
     assert again.membership_writes == 1 and again.membership["epochs_below"] > restarted.view().epoch
 
@@ -1369,6 +1372,11 @@ def test_a_restarted_query_actor_with_wiped_data_rebuilds_from_its_peer_in_the_b
     # Told the registry of its restart, and waited for it, before copying: once, for both partitions.
     assert again.restart_reports == [("u1", again.node_id(), again.node_ip())]
     restarted.core.close()
+
+
+def _placed(info: ActorInfo) -> ActorInfo:
+    """``info`` without its incarnation (a restarted registry stamps every actor anew)."""
+    return dataclasses.replace(info, incarnation=0)
 
 
 def _bus() -> FakeBus:
