@@ -830,6 +830,29 @@ def test_a_read_replica_that_missed_a_batch_is_dropped_even_while_the_registry_r
         delivery._settle_readers({"r1": RuntimeError("no answer")}, 7, Deadline.after(0))  # type: ignore[dict-item]
 
 
+def _after_the_rounds(
+    monkeypatch: pytest.MonkeyPatch, epoch: Callable[[], int], view: Callable[[], Any], spec: Any = None
+) -> tuple[Any, list[dict[str, Any]]]:
+    """A ``BatchDelivery`` whose registry answers ``epoch()`` and ``view()``, and the list its look after a
+    batch's rounds (``_to_copies_admitted_meanwhile``) puts what it sends in (its ``_apply_to`` faked)."""
+    from topologies import delivery as delivery_module
+    from topologies.delivery import BatchDelivery
+
+    class Registry:
+        def __init__(self) -> None:
+            self.epoch = _Answer(epoch)
+            self.view = _Answer(view)
+
+    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
+    monkeypatch.setattr(delivery_module.raycalls, "get", lambda ref, *_, **__: ref)
+    delivery = BatchDelivery(spec or one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        delivery, "_apply_to", lambda source, batch_id, pending, *a, **k: sent.append(pending) or ["ok"]
+    )
+    return delivery, sent
+
+
 def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """A move's new actor (or a copy ``riqr standbys`` adds) admitted while batch N is delivered with a view
     from before: neither round reaches it, and having copied a peer from before N with nothing buffered,
@@ -837,25 +860,13 @@ def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch:
     says whether the view moved; the copies listed since get the batch (and only those)."""
     from runtime.deadline import Deadline
     from runtime.ownership import ClusterView
-    from topologies import delivery as delivery_module
-    from topologies.delivery import BatchDelivery
 
     before = string_table(("a", ("b",)), ("b", ("a",)))
     after = string_table(("a", ("b", "new")), ("b", ("a",)))
     epoch = [3]
     fetched: list[int] = []
-
-    class Registry:
-        def __init__(self) -> None:
-            self.epoch = _Answer(lambda: epoch[0])
-            self.view = _Answer(lambda: fetched.append(epoch[0]) or ClusterView(epoch[0], {"s": after}))
-
-    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
-    monkeypatch.setattr(delivery_module.raycalls, "get", lambda ref, *_, **__: ref)
-    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
-    sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(
-        delivery, "_apply_to", lambda source, batch_id, pending, *a, **k: sent.append(pending) or ["ok"]
+    delivery, sent = _after_the_rounds(
+        monkeypatch, lambda: epoch[0], lambda: fetched.append(epoch[0]) or ClusterView(epoch[0], {"s": after})
     )
     split = {0: "rows of partition 0", 1: "rows of partition 1"}
     deadline = Deadline.after(5)
@@ -875,8 +886,6 @@ def test_a_copy_restarted_while_a_batch_goes_out_gets_that_batch_again(monkeypat
     view: the copies whose incarnation changed get the batch again, for every partition they hold."""
     from runtime.deadline import Deadline
     from runtime.ownership import ActorInfo, ClusterView
-    from topologies import delivery as delivery_module
-    from topologies.delivery import BatchDelivery
 
     table = string_table(("a", ("b",)), ("b", ("a",)))
 
@@ -888,19 +897,7 @@ def test_a_copy_restarted_while_a_batch_goes_out_gets_that_batch_again(monkeypat
 
     before = ClusterView(3, {"s": table}, actors(0))
     latest = [ClusterView(4, {"s": table}, actors(0))]  # the epoch moved for another reason
-
-    class Registry:
-        def __init__(self) -> None:
-            self.epoch = _Answer(lambda: latest[0].epoch)
-            self.view = _Answer(lambda: latest[0])
-
-    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Registry())
-    monkeypatch.setattr(delivery_module.raycalls, "get", lambda ref, *_, **__: ref)
-    delivery = BatchDelivery(one_string_store(), "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
-    sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(
-        delivery, "_apply_to", lambda source, batch_id, pending, *a, **k: sent.append(pending) or ["ok"]
-    )
+    delivery, sent = _after_the_rounds(monkeypatch, lambda: latest[0].epoch, lambda: latest[0])
     split = {0: "rows of partition 0", 1: "rows of partition 1"}
     deadline = Deadline.after(5)
     assert delivery._to_copies_admitted_meanwhile(before, table, "q", 7, split, deadline, None) == []  # type: ignore[arg-type]
@@ -921,8 +918,6 @@ def test_a_copy_restarted_during_a_batch_gets_it_again_through_the_real_registry
     from runtime.deadline import Deadline
     from tests.unit.fakes import kv_spec
     from tests.unit.test_verticles import Clock, FakeEnv, _infos, uuids
-    from topologies import delivery as delivery_module
-    from topologies.delivery import BatchDelivery
     from verticles.registry import Registry
 
     env, clock = FakeEnv(), Clock()
@@ -942,19 +937,7 @@ def test_a_copy_restarted_during_a_batch_gets_it_again_through_the_real_registry
         again.membership, again.infos = env.membership, _infos(registry.view())
         clock.now += 5
         latest = Registry("ns", again, new_uuid=uuids(), clock=clock).view()
-
-    class Answers:
-        def __init__(self) -> None:
-            self.epoch = _Answer(lambda: latest.epoch)
-            self.view = _Answer(lambda: latest)
-
-    monkeypatch.setattr(delivery_module, "registry", lambda _ns: Answers())
-    monkeypatch.setattr(delivery_module.raycalls, "get", lambda ref, *_, **__: ref)
-    delivery = BatchDelivery(spec, "ns", "unused", feeder=FakeFeeder())  # type: ignore[arg-type]
-    sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(
-        delivery, "_apply_to", lambda source, batch_id, pending, *a, **k: sent.append(pending) or ["ok"]
-    )
+    delivery, sent = _after_the_rounds(monkeypatch, lambda: latest.epoch, lambda: latest, spec)
     split = {0: "rows 0", 1: "rows 1"}
     assert delivery._to_copies_admitted_meanwhile(batch_view, table, "q", 7, split, Deadline.after(5), None) == ["ok"]  # type: ignore[arg-type]
     [pending] = sent
