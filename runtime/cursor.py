@@ -17,7 +17,8 @@ dropped and recreated under the same name with other key types must get a 400, n
 owner. With the same key types it must get a 400 too: the new store's keys before the cursor's last one
 would be skipped without a word. So a cursor names one query actor of the store that issued it (its
 ``issuer``: the active copy of partition 0), and is taken only while that actor is in the store's lineage
-(its copies now, and the actors moves replaced): a store declared again has new actors.
+(its copies now, and the ones moves replaced or ``riqr standbys`` removed): a store declared again has
+new actors.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import msgpack
 
 from runtime.catalog import StoreSpec
-from runtime.errors import MalformedCursor
+from runtime.errors import CursorOfAnotherStore, MalformedCursor
 from runtime.keys import TOP, KeyType
 from runtime.ownership import OwnershipTable
 from runtime.scan import Bound, Scan, TimeFilter
@@ -168,9 +169,9 @@ class CursorCodec:
             )
         if issuer is not None and lineage is not None and issuer not in lineage:
             # Another store of that name, dropped and declared again since: it has other actors.
-            raise MalformedCursor(
-                f"the cursor was issued by an earlier store {spec.name!r}, dropped and declared again since "
-                "(or by copies of it all removed since): begin the scan again",
+            raise CursorOfAnotherStore(
+                f"the cursor was issued by an earlier store {spec.name!r}, dropped and declared again since: "
+                "begin the scan again",
                 store=spec.name,
             )
         try:

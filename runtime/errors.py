@@ -112,6 +112,12 @@ class MalformedCursor(BadRequest):
     code = "malformed-cursor"
 
 
+class CursorOfAnotherStore(MalformedCursor):
+    """A cursor issued by an earlier store of the same name (dropped, and declared again since): its issuer
+    is not in the store's lineage (``runtime.cursor``). A facade whose view may be older than the actor
+    that issued it looks at the registry's view again before it says so."""
+
+
 class MalformedPath(BadRequest):
     """A path segment that is not valid percent-encoded UTF-8 (a store name such as ``%FF``)."""
 
@@ -304,16 +310,18 @@ class Unauthorized(RiqrError):
     status = 401
     code = "unauthorized"
 
-    # The refusals of a token that was sent (RFC 6750, 3.1: ``invalid_token``, so a client knows to get a new
-    # one); a request with no token, or two Authorization headers, gets the bare challenge.
-    REFUSED_TOKENS = frozenset({"invalid token", "token expired", "token not yet valid"})
+    def headers(self) -> dict[str, str]:
+        # RFC 7235 requires a challenge on every 401; RFC 6750 names the scheme. A request with no token,
+        # or with two Authorization headers, gets the bare challenge.
+        return {"WWW-Authenticate": 'Bearer realm="riqr"'}
+
+
+class TokenRefused(Unauthorized):
+    """A bearer token was sent and is not taken (invalid, expired, not yet valid): the challenge says
+    ``error="invalid_token"`` (RFC 6750, 3.1), so a client knows to get a new one. Same code and status."""
 
     def headers(self) -> dict[str, str]:
-        # RFC 7235 requires a challenge on every 401; RFC 6750 names the scheme and its error codes.
-        challenge = 'Bearer realm="riqr"'
-        if self.message in self.REFUSED_TOKENS:
-            challenge += ', error="invalid_token"'
-        return {"WWW-Authenticate": challenge}
+        return {"WWW-Authenticate": 'Bearer realm="riqr", error="invalid_token"'}
 
 
 class Forbidden(RiqrError):

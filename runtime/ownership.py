@@ -61,8 +61,10 @@ class OwnershipTable:
 
     spec: StoreSpec
     partitions: tuple[PartitionOwners, ...]
-    # Query actors this store had before a move replaced them (``runtime.moves``): a topology that declared
-    # the store with those still feeds the same store, not one dropped and declared again.
+    # Query actors this store had before a move replaced them (``runtime.moves``) or its copies were removed
+    # (``retired``: ``riqr standbys``, a move given up): a topology that declared the store with those
+    # still feeds the same store, not one dropped and declared again, and a cursor one of them issued is the
+    # store's still (``runtime.cursor``).
     moved_from: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -166,6 +168,12 @@ class OwnershipTable:
         owners = tuple(replace(o, standbys=tuple(u for u in o.standbys if u != uuid)) for o in self.partitions)
         return replace(self, partitions=owners)
 
+    def retired(self, uuid: str) -> OwnershipTable:
+        """``without_standby(uuid)``, with ``uuid`` kept in ``moved_from``: a copy removed for good (``riqr
+        standbys``, a move given up) was the store's, and a cursor it issued while it answered for partition
+        0 (promoted meanwhile) is the store's still (``runtime.cursor``)."""
+        return replace(self.without_standby(uuid), moved_from=self.moved_from | {uuid})
+
     def fewest_standbys(self) -> int:
         """The fewest standby copies any partition has (a store's ``standbys`` as its table stands)."""
         return min(len(o.standbys) for o in self.partitions)
@@ -199,7 +207,7 @@ class ActorInfo:
     (``RegistryState.install``, ``actor_moved``), so it only grows, across a registry restart too (a
     restarted registry's epochs start past every earlier one). A batch's delivery that sees it change goes
     to that copy again: a restarted copy may have lost what it acknowledged
-    (``BatchDelivery._to_copies_admitted_meanwhile``)."""
+    (``BatchDelivery._to_copies_changed_meanwhile``)."""
 
     uuid: str
     store: str

@@ -27,7 +27,7 @@ from runtime.codec import decode_value, encode_json
 from runtime.config import DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, MAX_PAGE, VIEW_REFRESH_INTERVAL
 from runtime.cursor import CursorCodec, issuer_of
 from runtime.deadline import Deadline, within
-from runtime.errors import MalformedCursor, RiqrError
+from runtime.errors import CursorOfAnotherStore, MalformedCursor, RiqrError
 from runtime.facade import metadata
 from runtime.facade.routing import KeyRouter, LocalCopies, route_or_unavailable
 from runtime.facade.scatter import ScatterGather
@@ -155,7 +155,15 @@ class Facade:
         scan = query.bind(table.spec)  # validates the query even when a cursor continues it
         if cursor is None:
             return table, scan, scan
-        origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor, table.lineage())
+        try:
+            origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor, table.lineage())
+        except CursorOfAnotherStore:
+            # Issued by an actor this view may not list yet (another facade's newer view, say): a fresh look
+            # before refusing a scan of the same store.
+            await self.views.refresh()
+            table = await self.views.table(query.store)
+            scan = query.bind(table.spec)
+            origin, continued = self.cursors.decode_with_origin(table.spec, query.shape, cursor, table.lineage())
         if scan != origin and query.reverse is None and origin.reverse:
             # The direction left unsaid is the cursor's own, with the other parameters repeated as without
             # them (Python's ``page(limit, next, lo=..., hi=...)`` after a reverse first page was refused).

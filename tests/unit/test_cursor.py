@@ -212,6 +212,10 @@ def test_a_cursor_is_taken_while_its_issuer_is_in_the_stores_lineage() -> None:
         table, partitions=(PartitionOwners("m", ("b",)), PartitionOwners("b", ("m",))), moved_from=frozenset({"a"})
     )
     assert codec.decode(spec, "range", token, moved.lineage()) == Scan().after("k5")  # a move: the same store
+    # promoted away, then removed by `riqr standbys` (a review: its cursors were refused as another store's)
+    removed = OwnershipTable(spec, (PartitionOwners("b", ("a",)), PartitionOwners("b", ("a",)))).retired("a")
+    assert "a" not in removed.all_owners()
+    assert codec.decode(spec, "range", token, removed.lineage()) == Scan().after("k5")
     again = OwnershipTable(spec, (PartitionOwners("x", ("y",)), PartitionOwners("y", ("x",))))
     with pytest.raises(MalformedCursor, match="dropped and declared again since"):
         codec.decode(spec, "range", token, again.lineage())

@@ -540,8 +540,10 @@ async def test_a_cursor_of_a_store_dropped_and_declared_again_is_refused_not_con
     bus.create_store(kv_spec("r", standbys=1))
     bus.load("r", {f"k{i:03d}": "new" for i in range(10)})
     await eventually(lambda: facade.view.epoch == bus.state.epoch, timeout=0.5, what="the new store's view")
+    fetches = bus.view_fetches
     with pytest.raises(MalformedCursor, match="dropped and declared again"):
         await facade.page(RangeQuery("r"), PageRequest(100, first.next))
+    assert bus.view_fetches == fetches + 1  # looked at the registry's view again before refusing
     again = await facade.page(RangeQuery("r"), PageRequest(100))
     assert [v for _, v in again.entries] == ["new"] * 10
 
