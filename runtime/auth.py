@@ -38,7 +38,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from runtime import logs
-from runtime.errors import Forbidden, Unauthorized
+from runtime.errors import Forbidden, TokenRefused, Unauthorized
 
 __all__ = [
     "AuthConfig",
@@ -299,7 +299,7 @@ def _names(claims: Mapping[str, Any], claim: str) -> frozenset[str]:
         return frozenset(value.split())
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return frozenset(value)
-    raise Unauthorized("invalid token")
+    raise TokenRefused("invalid token")
 
 
 # One wording for a request without a bearer token, whether it sent no Authorization header or another
@@ -362,7 +362,7 @@ def _verify(config: AuthConfig, token: str) -> Verified:
     except (jwt.PyJWTError, ValueError, TypeError) as exc:
         # `from None`: pyjwt's message may quote parts of the token; it must not reach a traceback.
         _REFUSALS.info("rejected a bearer token: %s", type(exc).__name__)
-        raise Unauthorized("invalid token") from None
+        raise TokenRefused("invalid token") from None
     # RFC 7519 4.1.4-4.1.6: NumericDate is a JSON number; pyjwt reads "exp": "9999999999" with int(), so a
     # time written as text would pass its checks and not ours.
     for claim in ("exp", "nbf", "iat"):
@@ -371,7 +371,7 @@ def _verify(config: AuthConfig, token: str) -> Verified:
             isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
         ):
             _REFUSALS.info("rejected a bearer token: its %s is not a number", claim)
-            raise Unauthorized("invalid token")
+            raise TokenRefused("invalid token")
     subject = claims.get("sub")
     principal = Principal(
         subject=subject if isinstance(subject, str) else "",
@@ -384,9 +384,9 @@ def _verify(config: AuthConfig, token: str) -> Verified:
     verified = Verified(principal, max(starts, default=float("-inf")) - leeway, float(claims["exp"]) + leeway)
     now = time.time()  # pyjwt's rule, with its leeway: valid while exp + leeway is ahead, nbf and iat not
     if now >= verified.valid_until:
-        raise Unauthorized("token expired")
+        raise TokenRefused("token expired")
     if now < verified.valid_from:
-        raise Unauthorized("token not yet valid")
+        raise TokenRefused("token not yet valid")
     return verified
 
 
