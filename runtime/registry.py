@@ -70,7 +70,7 @@ class RegistryState:
         if table.spec.name not in self._tables:
             raise StoreNotFound(f"store {table.spec.name!r} is not known", store=table.spec.name)
         self._tables[table.spec.name] = table
-        self._actors[actor.uuid] = actor
+        self._actors[actor.uuid] = replace(actor, incarnation=self.epoch + 1)
         return self._bump()
 
     def remove_actor(self, table: OwnershipTable, uuid: str) -> int:

@@ -389,10 +389,10 @@ class BatchDelivery:
                 self._settle_readers(sent, batch_id, deadline)
             if pending or sent:
                 clock = self._lap(role, clock)
-        results.extend(self._to_copies_admitted_meanwhile(view, ownership, source, batch_id, split, deadline, hold))
+        results.extend(self._to_copies_changed_meanwhile(view, ownership, source, batch_id, split, deadline, hold))
         return results
 
-    def _to_copies_admitted_meanwhile(
+    def _to_copies_changed_meanwhile(
         self,
         view: ClusterView,
         ownership: OwnershipTable,

@@ -12,6 +12,7 @@ the partition from a live peer (``runtime.rebuild``), and serves it once it has 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import sys
 import time
@@ -137,7 +138,9 @@ class QueryVerticle:
             # Before a restarted actor's first catch-up asks a peer (``runtime.rebuild``): the registry then
             # lists another incarnation, and the delivery of a batch this copy acknowledged before it lost
             # its data, if the peer has not applied it yet, sees that and sends the batch again.
-            announce=(lambda: env.report_restart(uuid, self.node_id, self.node_ip)) if restarted or replacement
+            # An env of an older riqr (Ray restarts an actor with its first arguments) has no report: as before.
+            announce=functools.partial(report, uuid, self.node_id, self.node_ip)
+            if (restarted or replacement) and (report := getattr(env, "report_restart", None)) is not None
             else None,
         )  # fmt: skip
         self.opened_in = time.monotonic() - started

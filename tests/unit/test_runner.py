@@ -834,7 +834,7 @@ def _after_the_rounds(
     monkeypatch: pytest.MonkeyPatch, epoch: Callable[[], int], view: Callable[[], Any], spec: Any = None
 ) -> tuple[Any, list[dict[str, Any]]]:
     """A ``BatchDelivery`` whose registry answers ``epoch()`` and ``view()``, and the list its look after a
-    batch's rounds (``_to_copies_admitted_meanwhile``) puts what it sends in (its ``_apply_to`` faked)."""
+    batch's rounds (``_to_copies_changed_meanwhile``) puts what it sends in (its ``_apply_to`` faked)."""
     from topologies import delivery as delivery_module
     from topologies.delivery import BatchDelivery
 
@@ -870,11 +870,11 @@ def test_a_copy_admitted_while_a_batch_goes_out_gets_that_batch_too(monkeypatch:
     )
     split = {0: "rows of partition 0", 1: "rows of partition 1"}
     deadline = Deadline.after(5)
-    assert delivery._to_copies_admitted_meanwhile(ClusterView(3, {"s": before}), before, "q", 7, split, deadline,  # type: ignore[arg-type]
+    assert delivery._to_copies_changed_meanwhile(ClusterView(3, {"s": before}), before, "q", 7, split, deadline,  # type: ignore[arg-type]
                                                   None) == []  # fmt: skip
     assert sent == [] and fetched == []  # the epoch did not move: no view fetched
     epoch[0] = 4
-    assert delivery._to_copies_admitted_meanwhile(ClusterView(3, {"s": before}), before, "q", 7, split, deadline,  # type: ignore[arg-type]
+    assert delivery._to_copies_changed_meanwhile(ClusterView(3, {"s": before}), before, "q", 7, split, deadline,  # type: ignore[arg-type]
                                                   None) == ["ok"]  # fmt: skip
     assert sent == [{"new": {0: "rows of partition 0"}}]
 
@@ -900,10 +900,10 @@ def test_a_copy_restarted_while_a_batch_goes_out_gets_that_batch_again(monkeypat
     delivery, sent = _after_the_rounds(monkeypatch, lambda: latest[0].epoch, lambda: latest[0])
     split = {0: "rows of partition 0", 1: "rows of partition 1"}
     deadline = Deadline.after(5)
-    assert delivery._to_copies_admitted_meanwhile(before, table, "q", 7, split, deadline, None) == []  # type: ignore[arg-type]
+    assert delivery._to_copies_changed_meanwhile(before, table, "q", 7, split, deadline, None) == []  # type: ignore[arg-type]
     assert sent == []  # the same copies, the same incarnations: nothing sent again
     latest[0] = ClusterView(5, {"s": table}, actors(1))  # b restarted (its node died, re-created elsewhere)
-    assert delivery._to_copies_admitted_meanwhile(before, table, "q", 7, split, deadline, None) == ["ok"]  # type: ignore[arg-type]
+    assert delivery._to_copies_changed_meanwhile(before, table, "q", 7, split, deadline, None) == ["ok"]  # type: ignore[arg-type]
     assert sent == [{"b": {0: "rows of partition 0", 1: "rows of partition 1"}}]
 
 
@@ -939,7 +939,7 @@ def test_a_copy_restarted_during_a_batch_gets_it_again_through_the_real_registry
         latest = Registry("ns", again, new_uuid=uuids(), clock=clock).view()
     delivery, sent = _after_the_rounds(monkeypatch, lambda: latest.epoch, lambda: latest, spec)
     split = {0: "rows 0", 1: "rows 1"}
-    assert delivery._to_copies_admitted_meanwhile(batch_view, table, "q", 7, split, Deadline.after(5), None) == ["ok"]  # type: ignore[arg-type]
+    assert delivery._to_copies_changed_meanwhile(batch_view, table, "q", 7, split, Deadline.after(5), None) == ["ok"]  # type: ignore[arg-type]
     [pending] = sent
     assert pending[standby] == {p: split[p] for p in table.all_owners()[standby]}
     if not registry_restarts:
