@@ -401,7 +401,7 @@ def main() -> None:
     parser.add_argument("--customers-per-s", type=int, default=10, help="customer records a second (a file every 5 s)")
     parser.add_argument(
         "--new-keys", type=_fraction, default=0.08,
-        help="fraction of the orders for keys never seen before (0: the stores stop growing after ~20 min)",
+        help="fraction of the orders for keys never seen before (0: at most 10,000 keys, levelling off)",
     )  # fmt: skip
     parser.add_argument("--malformed-every", type=float, default=60.0, help="seconds between malformed lines")
     parser.add_argument("--rest-rate", type=float, default=30.0, help="REST requests a second, in all")

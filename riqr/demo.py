@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from runtime.config import RuntimeConfig, riqr_home
+from runtime.config import DEFAULT_NAMESPACE, RuntimeConfig, riqr_home
 from runtime.errors import RiqrError
 from runtime.landing import parse_console_lines, write_records
 
@@ -235,6 +235,7 @@ def run_demo(args: argparse.Namespace) -> int:
         _say(
             f"\n  produce more while it runs, e.g.:  echo '3--tacos' | .venv/bin/riqr produce order --home {home}"
             + "\n  query it from another shell:  .venv/bin/riqr query order-count all"
+            + ("" if namespace == DEFAULT_NAMESPACE else f" --namespace {namespace}")
             + f"\n  (its Ray, at {gcs}, runs with Ray's token auth: Ray sends this machine's token to a cluster it"
             + "\n  finds by itself, so naming it with --address or RAY_ADDRESS needs RAY_AUTH_MODE=token as well)"
             + "\n\n[riqr demo] serving until Ctrl-C"

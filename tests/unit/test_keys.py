@@ -29,6 +29,15 @@ def test_malformed_long_keys_are_400s(text: str) -> None:
     assert info.value.status == 400
 
 
+def test_range_and_type_errors_name_the_key_type_with_its_article() -> None:
+    with pytest.raises(MalformedKey, match="is out of range for an int key$"):
+        INT.parse(str(2**40))
+    with pytest.raises(MalformedKey, match="is out of range for a long key$"):
+        LONG.parse(str(2**63))
+    with pytest.raises(MalformedKey, match="of type float does not fit an int key"):
+        INT.coerce(1.5)
+
+
 def test_a_plus_sign_read_as_a_space_is_named_in_the_error() -> None:
     """``range?from=+2`` arrives as " 2" (a raw '+' in a query string is a space): still a 400, saying why."""
     with pytest.raises(MalformedKey, match="arrives as a space: write it %2B"):
