@@ -1373,6 +1373,19 @@ def test_a_restarted_query_actor_with_wiped_data_rebuilds_from_its_peer_in_the_b
     assert again.restart_reports == [("u1", again.node_id(), again.node_ip())]
     restarted.core.close()
 
+    class OlderEnv(FakeEnv):  # an env of an older riqr, which Ray gives a restarted actor: no such report
+        report_restart = None  # type: ignore[assignment]
+
+    shutil.rmtree(tmp_path / "b")
+    older = OlderEnv(restarted=True)
+    older.data, older.peers = tmp_path / "b", {"u1": None, "u2": peer}
+    rebuilt = QueryVerticle("u1", spec, [0, 1], older)  # rebuilt from its peer as before, without the report
+    deadline = time.monotonic() + 30
+    while any(pos["state"] != "serving" for pos in rebuilt.positions().values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rebuilt.positions() == peer.positions()
+    rebuilt.core.close()
+
 
 def _placed(info: ActorInfo) -> ActorInfo:
     """``info`` without its incarnation (a restarted registry stamps every actor anew)."""
