@@ -61,10 +61,10 @@ class OwnershipTable:
 
     spec: StoreSpec
     partitions: tuple[PartitionOwners, ...]
-    # Query actors this store had before a move replaced them (``runtime.moves``) or its copies were removed
-    # (``retired``: ``riqr standbys``, a move given up): a topology that declared the store with those
-    # still feeds the same store, not one dropped and declared again, and a cursor one of them issued is the
-    # store's still (``runtime.cursor``).
+    # Query actors this store had before a move replaced them (``runtime.moves``) or the registry removed
+    # them (``RegistryState.remove_actor``: ``riqr standbys``, a move given up): a topology that declared the
+    # store with those still feeds the same store, not one dropped and declared again, and a cursor one of
+    # them issued is the store's still (``runtime.cursor``).
     moved_from: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -167,12 +167,6 @@ class OwnershipTable:
             raise ValueError(f"{uuid} answers for a partition of store {self.spec.name}")
         owners = tuple(replace(o, standbys=tuple(u for u in o.standbys if u != uuid)) for o in self.partitions)
         return replace(self, partitions=owners)
-
-    def retired(self, uuid: str) -> OwnershipTable:
-        """``without_standby(uuid)``, with ``uuid`` kept in ``moved_from``: a copy removed for good (``riqr
-        standbys``, a move given up) was the store's, and a cursor it issued while it answered for partition
-        0 (promoted meanwhile) is the store's still (``runtime.cursor``)."""
-        return replace(self.without_standby(uuid), moved_from=self.moved_from | {uuid})
 
     def fewest_standbys(self) -> int:
         """The fewest standby copies any partition has (a store's ``standbys`` as its table stands)."""

@@ -74,10 +74,12 @@ class RegistryState:
         return self._bump()
 
     def remove_actor(self, table: OwnershipTable, uuid: str) -> int:
-        """A move switched over (``table`` no longer lists ``uuid``), or was given up: one epoch."""
+        """A move switched over (``table`` no longer lists ``uuid``), was given up, or a copy left (``riqr
+        standbys``): one epoch. ``uuid`` stays in the table's ``moved_from``: it was the store's, and a
+        cursor it issued while it answered for partition 0 is the store's still (``runtime.cursor``)."""
         if table.spec.name not in self._tables:
             raise StoreNotFound(f"store {table.spec.name!r} is not known", store=table.spec.name)
-        self._tables[table.spec.name] = table
+        self._tables[table.spec.name] = replace(table, moved_from=table.moved_from | {uuid})
         self._actors.pop(uuid, None)
         return self._bump()
 

@@ -834,7 +834,7 @@ class Registry:
             self._dropping.discard(uuid)
             raise
         self._leaving[uuid] = self._clock() + MOVE_LEAVE_GRACE
-        epoch = self.state.remove_actor(table.retired(uuid), uuid)
+        epoch = self.state.remove_actor(table.without_standby(uuid), uuid)
         after = self.state.view().table(info.store)
         assert after is not None
         standbys = self._store_standbys(after)
@@ -925,7 +925,7 @@ class Registry:
             outcome = "kept"
         else:
             self._dropping.add(new)
-            self.state.remove_actor(table.retired(new), new)
+            self.state.remove_actor(table.without_standby(new), new)
             log.warning("gave up moving query actor %s of %s: its new actor %s is destroyed", old, joined.store,
                         new, extra=fields)  # fmt: skip
             outcome, why = "given-up", None

@@ -200,7 +200,8 @@ def test_a_cursor_is_taken_while_its_issuer_is_in_the_stores_lineage() -> None:
     from dataclasses import replace
 
     from runtime.cursor import issuer_of
-    from runtime.ownership import OwnershipTable, PartitionOwners
+    from runtime.ownership import ActorInfo, OwnershipTable, PartitionOwners
+    from runtime.registry import RegistryState
 
     codec, spec = CursorCodec(KEY), kv_spec("s", partitions=2)
     table = OwnershipTable(spec, (PartitionOwners("a", ("b",)), PartitionOwners("b", ("a",))))
@@ -213,7 +214,11 @@ def test_a_cursor_is_taken_while_its_issuer_is_in_the_stores_lineage() -> None:
     )
     assert codec.decode(spec, "range", token, moved.lineage()) == Scan().after("k5")  # a move: the same store
     # promoted away, then removed by `riqr standbys` (a review: its cursors were refused as another store's)
-    removed = OwnershipTable(spec, (PartitionOwners("b", ("a",)), PartitionOwners("b", ("a",)))).retired("a")
+    registry = RegistryState()
+    promoted = OwnershipTable(spec, (PartitionOwners("b", ("a",)), PartitionOwners("b", ("a",))))
+    registry.install(promoted, [ActorInfo(u, "s", "n", "10.0.0.1", (0, 1)) for u in ("a", "b")])
+    registry.remove_actor(promoted.without_standby("a"), "a")
+    removed = registry.view().tables["s"]
     assert "a" not in removed.all_owners()
     assert codec.decode(spec, "range", token, removed.lineage()) == Scan().after("k5")
     again = OwnershipTable(spec, (PartitionOwners("x", ("y",)), PartitionOwners("y", ("x",))))
