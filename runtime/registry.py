@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from runtime.catalog import StoreSpec
 from runtime.errors import StoreConflict, StoreNotFound
@@ -52,7 +53,7 @@ class RegistryState:
         actors' incarnations are then past every one an earlier registry handed out, see ``ActorInfo``)."""
         self._tables[table.spec.name] = table
         for info in actors:
-            self._actors[info.uuid] = replace(info, incarnation=self.epoch + 1)
+            self._actors[info.uuid] = self._stamped(info)
         return self._bump()
 
     def replace_table(self, table: OwnershipTable) -> int:
@@ -70,7 +71,7 @@ class RegistryState:
         if table.spec.name not in self._tables:
             raise StoreNotFound(f"store {table.spec.name!r} is not known", store=table.spec.name)
         self._tables[table.spec.name] = table
-        self._actors[actor.uuid] = replace(actor, incarnation=self.epoch + 1)
+        self._actors[actor.uuid] = self._stamped(actor)
         return self._bump()
 
     def remove_actor(self, table: OwnershipTable, uuid: str) -> int:
@@ -134,9 +135,14 @@ class RegistryState:
         acknowledged before; the delivery of that batch sees the incarnation change and sends it again)."""
         info = self._actors.get(uuid)
         if info is not None:
-            self._actors[uuid] = replace(info, node_id=node_id, node_ip=node_ip, incarnation=self.epoch + 1)
+            self._actors[uuid] = self._stamped(info, node_id=node_id, node_ip=node_ip)
             self._bump()
         return self.epoch
+
+    def _stamped(self, info: ActorInfo, **changes: Any) -> ActorInfo:
+        """``info`` (with ``changes``) stamped with the epoch the ``_bump`` that follows it gives: its
+        ``incarnation`` (``ActorInfo``)."""
+        return replace(info, incarnation=self.epoch + 1, **changes)
 
     def _bump(self) -> int:
         self.epoch += 1
