@@ -72,7 +72,7 @@ from bench.soak_figures import (
     recount_home,
     summarise_statuses,
 )
-from bench.soak_load import Churn, Produced, Producer, RestLoad, Sampler
+from bench.soak_load import Churn, Produced, Producer, RestLoad, Sampler, check_fraction
 
 __all__ = ["Verdict", "main"]
 
@@ -308,10 +308,11 @@ def _driver_counts(output: str) -> Counter[str]:
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:  # nan fails both comparisons
-        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 1, got {text}")
-    return value
+    value = float(text)  # its ValueError is argparse's "invalid value"
+    try:
+        return check_fraction(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,6 +54,13 @@ class Produced:
             return self.orders[key]
 
 
+def check_fraction(value: float, what: str = "") -> float:
+    """``value`` if it is a fraction, 0 to 1 (nan fails both comparisons); else ``ValueError``."""
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{what + ' ' if what else ''}must be a fraction from 0 to 1, got {value}")
+    return value
+
+
 class Producer(threading.Thread):
     """Order records into ``home``'s landing files, one file a second at ``orders_per_s`` (a fraction
     ``new_keys`` of them, 8% by default, for new keys ``n<i>``, 90% of the rest among ``HOT_KEYS`` and the
@@ -73,9 +80,7 @@ class Producer(threading.Thread):
         super().__init__(name="soak-producer", daemon=True)
         self.home, self.produced, self.stop = home, produced, stop
         self.orders_per_s, self.customers_per_s, self.malformed_every = orders_per_s, customers_per_s, malformed_every
-        if not 0.0 <= new_keys <= 1.0:
-            raise ValueError(f"new_keys is a fraction of the orders (0 to 1), got {new_keys}")
-        self.new_key_share = new_keys
+        self.new_key_share = check_fraction(new_keys, "new_keys")
         self.rng = random.Random(seed)
         self.keys_made = 0  # new keys ``n<i>`` so far
 
